@@ -1,1 +1,32 @@
-pub fn _p(){}
+//! # alloc-core
+//!
+//! The device-agnostic engine of a caching GPU memory allocator in the manner
+//! of PyTorch's `CUDACachingAllocator`: segments obtained from a
+//! [`MemoryBackend`] are tiled by blocks kept in an arena ([`Heap`]); a
+//! [`Policy`] decides rounding, best fit, splitting and merging; the
+//! [`Engine`] adds streams and events (`record_stream`), the out-of-memory
+//! path, statistics in PyTorch's model and snapshots. A simulated device
+//! ([`SimMemory`], [`SimStreams`]) backs tests and trace replay.
+
+pub mod backend;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod heap;
+pub mod policy;
+pub mod sim;
+pub mod snapshot;
+pub mod stats;
+pub mod types;
+mod validate;
+
+pub use backend::{MemoryBackend, StreamBackend};
+pub use config::{AllocatorConfig, ConfigError};
+pub use engine::{Allocation, Engine, EngineOptions, MAX_REQUEST};
+pub use error::{AllocError, BackendError, OomReport};
+pub use heap::{coalesce, Block, BlockState, Heap, Segment};
+pub use policy::{OomRelease, Policy, Pressure, Request};
+pub use sim::{SimEvent, SimMemory, SimStreams};
+pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
+pub use stats::{human_bytes, Stat, StatArray, Stats};
+pub use types::{BlockId, PoolKind, SegmentId, StreamId, GIB, KIB, MIB};

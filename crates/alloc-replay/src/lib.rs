@@ -1,1 +1,15 @@
 //! Trace replay.
+//!
+//! * [`trace`]: the allocation-trace model ([`Trace`], [`TraceEvent`]) and readers for the
+//!   text format and PyTorch memory snapshot pickles.
+//! * [`plot`]: dependency-free SVG line charts of memory over time.
+
+#![warn(missing_docs)]
+
+pub mod plot;
+pub mod trace;
+
+pub use trace::{
+    load_trace, parse_bytes, parse_pickle, parse_pickle_device, parse_text, trace_name, Trace,
+    TraceError, TraceEvent,
+};

@@ -1,0 +1,397 @@
+//! Allocator configuration in the syntax of `PYTORCH_CUDA_ALLOC_CONF`:
+//! `key:value` pairs separated by commas, with the list form
+//! `roundup_power2_divisions:[256:1,512:2,>:4]`.
+
+use thiserror::Error;
+
+use crate::types::MIB;
+
+/// PyTorch's `kLargeBuffer`: the smallest accepted `max_split_size_mb`, and the
+/// default slack allowed when an oversize block serves a smaller request.
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+
+/// Number of power-of-two size intervals (1 MiB .. 64 GiB) that
+/// `roundup_power2_divisions` configures.
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+/// A configuration string that could not be accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    /// The key is not an option of this allocator.
+    #[error("unknown allocator option `{key}` (known: {known})")]
+    UnknownKey {
+        /// The offending key.
+        key: String,
+        /// The accepted keys, comma separated.
+        known: &'static str,
+    },
+    /// The value is malformed or out of range.
+    #[error("invalid value `{value}` for allocator option `{key}`: {reason}")]
+    InvalidValue {
+        /// The option.
+        key: String,
+        /// The offending value.
+        value: String,
+        /// What is expected instead.
+        reason: String,
+    },
+    /// The string does not follow the `key:value,...` syntax.
+    #[error("malformed allocator configuration near token {position} (`{token}`): {reason}")]
+    Syntax {
+        /// Token index where parsing stopped.
+        position: usize,
+        /// The token found there.
+        token: String,
+        /// What was expected.
+        reason: &'static str,
+    },
+}
+
+/// Parsed allocator settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AllocatorConfig {
+    /// Blocks at or above this size are never split (`max_split_size_mb`);
+    /// `u64::MAX` when unset.
+    pub max_split_size: u64,
+    /// How far above its size an oversize block may serve a request
+    /// (`max_non_split_rounding_mb`, default 20 MiB).
+    pub max_non_split_rounding: u64,
+    /// Divisions per power-of-two interval (`roundup_power2_divisions`);
+    /// index 0 covers sizes below 2 MiB, index 15 sizes from 32 GiB. 0 or 1 =
+    /// plain 512-byte rounding.
+    pub roundup_power2_divisions: [u32; ROUNDUP_INTERVALS],
+    /// Reclaim cached segments once reserved memory passes this fraction of
+    /// the limit (`garbage_collection_threshold`); `None` when off.
+    pub garbage_collection_threshold: Option<f64>,
+    /// Grow segments on the virtual-memory API (`expandable_segments`).
+    pub expandable_segments: bool,
+    /// Reuse blocks still awaiting other streams' events by making the
+    /// allocating stream wait on those events (`stream_wait_reuse`, ours).
+    pub stream_wait_reuse: bool,
+    /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
+    /// optionally with `+gc-age`.
+    pub policy: Option<String>,
+}
+
+impl Default for AllocatorConfig {
+    fn default() -> Self {
+        AllocatorConfig {
+            max_split_size: u64::MAX,
+            max_non_split_rounding: LARGE_BUFFER,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            garbage_collection_threshold: None,
+            expandable_segments: false,
+            stream_wait_reuse: false,
+            policy: None,
+        }
+    }
+}
+
+const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
+roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
+stream_wait_reuse, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+pinned_num_register_threads, pinned_use_background_threads";
+
+impl AllocatorConfig {
+    /// Parses a configuration string. An empty string gives the defaults.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let tokens = lex(text);
+        let mut p = Parser { tokens, pos: 0 };
+        let mut cfg = AllocatorConfig::default();
+        while let Some(key) = p.next_token() {
+            if key == "," {
+                continue;
+            }
+            p.expect(":")?;
+            match key.as_str() {
+                "max_split_size_mb" => cfg.max_split_size = p.megabytes(&key)?,
+                "max_non_split_rounding_mb" => cfg.max_non_split_rounding = p.megabytes(&key)?,
+                "garbage_collection_threshold" => {
+                    let v = p.value(&key)?;
+                    let f: f64 = v
+                        .parse()
+                        .map_err(|_| invalid(&key, &v, "expected a number"))?;
+                    if !(f > 0.0 && f < 1.0) {
+                        return Err(invalid(&key, &v, "must be strictly between 0.0 and 1.0"));
+                    }
+                    cfg.garbage_collection_threshold = Some(f);
+                }
+                "roundup_power2_divisions" => p.divisions(&mut cfg.roundup_power2_divisions)?,
+                "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
+                "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
+                "policy" => cfg.policy = Some(p.value(&key)?),
+                "backend" => {
+                    let v = p.value(&key)?;
+                    if v != "native" {
+                        return Err(invalid(
+                            &key,
+                            &v,
+                            "this allocator is itself the backend; only `native` is accepted",
+                        ));
+                    }
+                }
+                // PyTorch's host-side options: accepted so that an existing
+                // PYTORCH_CUDA_ALLOC_CONF works unchanged, but they do not
+                // concern device memory.
+                "release_lock_on_cudamalloc"
+                | "pinned_use_cuda_host_register"
+                | "pinned_use_background_threads" => {
+                    p.boolean(&key)?;
+                }
+                "pinned_num_register_threads" => {
+                    p.value(&key)?;
+                }
+                _ => {
+                    return Err(ConfigError::UnknownKey {
+                        key,
+                        known: KNOWN_KEYS,
+                    })
+                }
+            }
+            match p.next_token() {
+                None => break,
+                Some(t) if t == "," => {}
+                Some(t) => {
+                    return Err(ConfigError::Syntax {
+                        position: p.pos - 1,
+                        token: t,
+                        reason: "expected `,` between options",
+                    })
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Divisions that apply to a (non-zero) size, per PyTorch's interval rule.
+    pub fn divisions_for(&self, size: u64) -> u32 {
+        let log = 63 - size.max(1).leading_zeros() as usize;
+        let index = log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
+        self.roundup_power2_divisions[index]
+    }
+}
+
+fn invalid(key: &str, value: &str, reason: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Splits like PyTorch's lexer: `,`, `:`, `[` and `]` are tokens of their
+/// own; spaces are dropped.
+fn lex(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut buf = String::new();
+    for c in text.chars() {
+        match c {
+            ',' | ':' | '[' | ']' => {
+                if !buf.is_empty() {
+                    out.push(std::mem::take(&mut buf));
+                }
+                out.push(c.to_string());
+            }
+            c if c.is_whitespace() => {}
+            c => buf.push(c),
+        }
+    }
+    if !buf.is_empty() {
+        out.push(buf);
+    }
+    out
+}
+
+struct Parser {
+    tokens: Vec<String>,
+    pos: usize,
+}
+
+impl Parser {
+    fn next_token(&mut self) -> Option<String> {
+        let t = self.tokens.get(self.pos).cloned();
+        if t.is_some() {
+            self.pos += 1;
+        }
+        t
+    }
+
+    fn expect(&mut self, want: &'static str) -> Result<(), ConfigError> {
+        match self.next_token() {
+            Some(t) if t == want => Ok(()),
+            other => Err(ConfigError::Syntax {
+                position: self.pos.saturating_sub(1),
+                token: other.unwrap_or_default(),
+                reason: match want {
+                    ":" => "expected `:` after an option name",
+                    "," => "expected `,`",
+                    _ => "unexpected token",
+                },
+            }),
+        }
+    }
+
+    fn value(&mut self, key: &str) -> Result<String, ConfigError> {
+        match self.next_token() {
+            Some(t) if !matches!(t.as_str(), "," | ":" | "[" | "]") => Ok(t),
+            other => Err(invalid(key, &other.unwrap_or_default(), "missing value")),
+        }
+    }
+
+    fn boolean(&mut self, key: &str) -> Result<bool, ConfigError> {
+        let v = self.value(key)?;
+        match v.to_ascii_lowercase().as_str() {
+            "true" | "1" => Ok(true),
+            "false" | "0" => Ok(false),
+            _ => Err(invalid(key, &v, "expected True or False")),
+        }
+    }
+
+    fn megabytes(&mut self, key: &str) -> Result<u64, ConfigError> {
+        let v = self.value(key)?;
+        let mb: u64 = v
+            .parse()
+            .map_err(|_| invalid(key, &v, "expected a whole number of MiB"))?;
+        if mb < LARGE_BUFFER / MIB {
+            return Err(invalid(key, &v, "must be at least 20 (MiB)"));
+        }
+        Ok(mb.saturating_mul(MIB))
+    }
+
+    fn power_of_two(&self, key: &str, v: &str, allow_zero: bool) -> Result<u32, ConfigError> {
+        let n: u32 = v
+            .parse()
+            .map_err(|_| invalid(key, v, "expected an integer"))?;
+        if n.is_power_of_two() || (allow_zero && n == 0) {
+            Ok(n)
+        } else {
+            Err(invalid(key, v, "must be a power of two"))
+        }
+    }
+
+    fn divisions(&mut self, out: &mut [u32; ROUNDUP_INTERVALS]) -> Result<(), ConfigError> {
+        const KEY: &str = "roundup_power2_divisions";
+        let first = self
+            .next_token()
+            .ok_or_else(|| invalid(KEY, "", "missing value"))?;
+        if first != "[" {
+            let n = self.power_of_two(KEY, &first, false)?;
+            out.fill(n);
+            return Ok(());
+        }
+        // List form: `[<size_mb>:<divisions>, ..., >:<divisions>]`.
+        let mut last_index = 0;
+        let mut first_entry = true;
+        loop {
+            let interval = self
+                .next_token()
+                .ok_or_else(|| invalid(KEY, "", "unterminated list"))?;
+            if interval == "]" {
+                break;
+            }
+            self.expect(":")?;
+            let v = self.value(KEY)?;
+            let divisions = self.power_of_two(KEY, &v, true)?;
+            if interval == ">" {
+                out[last_index..].fill(divisions);
+            } else {
+                let mb: u64 = interval.parse().map_err(|_| {
+                    invalid(KEY, &interval, "interval must be a size in MiB or `>`")
+                })?;
+                if !mb.is_power_of_two() {
+                    return Err(invalid(KEY, &interval, "interval must be a power of two"));
+                }
+                let index = (mb.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+                if first_entry {
+                    out[..index].fill(divisions);
+                    first_entry = false;
+                }
+                out[index] = divisions;
+                last_index = index;
+            }
+            match self.next_token().as_deref() {
+                Some(",") => {}
+                Some("]") => break,
+                other => {
+                    return Err(invalid(
+                        KEY,
+                        other.unwrap_or(""),
+                        "expected `,` or `]` in list",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_is_default() {
+        assert_eq!(
+            AllocatorConfig::parse("").unwrap(),
+            AllocatorConfig::default()
+        );
+        assert_eq!(
+            AllocatorConfig::parse("  ").unwrap(),
+            AllocatorConfig::default()
+        );
+    }
+
+    #[test]
+    fn parses_every_key() {
+        let c = AllocatorConfig::parse(
+            "max_split_size_mb:128, garbage_collection_threshold:0.6,expandable_segments:True,\
+             policy:buddy,stream_wait_reuse:true,backend:native,max_non_split_rounding_mb:64",
+        )
+        .unwrap();
+        assert_eq!(c.max_split_size, 128 * MIB);
+        assert_eq!(c.max_non_split_rounding, 64 * MIB);
+        assert_eq!(c.garbage_collection_threshold, Some(0.6));
+        assert!(c.expandable_segments && c.stream_wait_reuse);
+        assert_eq!(c.policy.as_deref(), Some("buddy"));
+    }
+
+    #[test]
+    fn divisions_single_value_and_list() {
+        let c = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
+        assert!(c.roundup_power2_divisions.iter().all(|&d| d == 4));
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,>:4]").unwrap();
+        // Entries below 256 MiB take the first value; 512 MiB gets 2; `>` fills
+        // from the last interval named (inclusive), as PyTorch does.
+        assert_eq!(&c.roundup_power2_divisions[..8], &[1; 8]);
+        assert_eq!(c.roundup_power2_divisions[8], 1);
+        assert_eq!(&c.roundup_power2_divisions[9..], &[4; 7]);
+        assert_eq!(c.divisions_for(300 * MIB), 1);
+        assert_eq!(c.divisions_for(5 << 30), 4);
+        assert_eq!(c.divisions_for(100), 1);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let e = AllocatorConfig::parse("max_split_size_mb:10").unwrap_err();
+        assert!(e.to_string().contains("max_split_size_mb"), "{e}");
+        let e = AllocatorConfig::parse("bogus:1").unwrap_err();
+        assert!(matches!(e, ConfigError::UnknownKey { ref key, .. } if key == "bogus"));
+        assert!(e.to_string().contains("bogus"));
+        for bad in [
+            "garbage_collection_threshold:1.5",
+            "garbage_collection_threshold:x",
+            "expandable_segments:maybe",
+            "roundup_power2_divisions:3",
+            "roundup_power2_divisions:[100:2]",
+            "roundup_power2_divisions:[256:3]",
+            "roundup_power2_divisions:[256:2",
+            "backend:cudaMallocAsync",
+            "policy",
+            "policy:",
+            "max_split_size_mb:64 max_split_size_mb:32",
+        ] {
+            assert!(AllocatorConfig::parse(bad).is_err(), "{bad} accepted");
+        }
+        assert!(AllocatorConfig::parse("max_split_size_mb:64 policy:buddy").is_err());
+    }
+}

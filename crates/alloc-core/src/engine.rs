@@ -1,0 +1,529 @@
+//! The caching allocator: generic over the policy, the memory backend and the
+//! stream/event backend. Owns the heap, the pointer table, deferred frees
+//! (`record_stream`), the out-of-memory path and the statistics.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use crate::backend::{MemoryBackend, StreamBackend};
+use crate::config::AllocatorConfig;
+use crate::error::{AllocError, BackendError, OomReport};
+use crate::heap::{BlockState, Heap};
+use crate::policy::{Policy, Pressure, Request};
+use crate::snapshot::Snapshot;
+use crate::stats::Stats;
+use crate::types::{BlockId, SegmentId, StreamId};
+
+/// Largest request the engine accepts (1 PiB): anything larger is a caller
+/// bug, refused before any arithmetic could overflow.
+pub const MAX_REQUEST: u64 = 1 << 50;
+
+/// Engine behaviour that is not policy: taken from an [`AllocatorConfig`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineOptions {
+    /// `garbage_collection_threshold`, handed to the policy's collector.
+    pub garbage_collection_threshold: Option<f64>,
+    /// Reuse blocks awaiting events by making the allocating stream wait on
+    /// them instead of reserving new memory.
+    pub stream_wait_reuse: bool,
+}
+
+impl From<&AllocatorConfig> for EngineOptions {
+    fn from(cfg: &AllocatorConfig) -> Self {
+        EngineOptions {
+            garbage_collection_threshold: cfg.garbage_collection_threshold,
+            stream_wait_reuse: cfg.stream_wait_reuse,
+        }
+    }
+}
+
+/// A block handed out by [`Engine::malloc`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address.
+    pub addr: u64,
+    /// Usable size of the block (the request rounded up by the policy).
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The allocating stream.
+    pub stream: StreamId,
+}
+
+/// An event recorded when a block used on another stream was freed.
+struct PendingEvent<E> {
+    /// `None` once consumed by a stream wait.
+    event: Option<E>,
+    block: BlockId,
+}
+
+/// Events of one stream, in recording order (they complete in that order).
+struct StreamQueue<E> {
+    stream: StreamId,
+    events: VecDeque<PendingEvent<E>>,
+}
+
+/// The caching allocator.
+pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
+    policy: P,
+    memory: M,
+    streams: S,
+    heap: Heap,
+    options: EngineOptions,
+    /// Address of every allocated block.
+    live: FxHashMap<u64, BlockId>,
+    /// Extra streams that used an allocated block (`record_stream`).
+    uses: FxHashMap<BlockId, SmallVec<[StreamId; 2]>>,
+    /// Outstanding event count of each block awaiting events.
+    awaiting: FxHashMap<BlockId, u32>,
+    queues: Vec<StreamQueue<S::Event>>,
+    /// Reserved-bytes limit from `set_memory_fraction`.
+    limit: Option<u64>,
+}
+
+impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
+    /// A new, empty allocator.
+    pub fn new(policy: P, memory: M, streams: S, options: EngineOptions) -> Self {
+        let heap = Heap::new(policy.oversize_threshold());
+        Engine {
+            policy,
+            memory,
+            streams,
+            heap,
+            options,
+            live: FxHashMap::default(),
+            uses: FxHashMap::default(),
+            awaiting: FxHashMap::default(),
+            queues: Vec::new(),
+            limit: None,
+        }
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`.
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        if size == 0 {
+            return Err(AllocError::InvalidSize {
+                size,
+                reason: "zero-byte allocations have no address",
+            });
+        }
+        if size > MAX_REQUEST {
+            return Err(AllocError::InvalidSize {
+                size,
+                reason: "larger than any device (1 PiB)",
+            });
+        }
+        self.process_events()?;
+        let req = self.policy.plan(size, stream);
+        self.heap.tick(req.pool);
+        let mut found = self.policy.take_free(&self.heap, &req);
+        if found.is_none() && self.options.stream_wait_reuse && !self.awaiting.is_empty() {
+            if self.reuse_by_stream_wait(&req)? {
+                found = self.policy.take_free(&self.heap, &req);
+            }
+        }
+        let block = match found {
+            Some(b) => b,
+            None => self.grow(&req)?,
+        };
+        let piece = self.policy.carve(&mut self.heap, block, &req);
+        self.heap.set_state(piece, BlockState::Allocated, size);
+        let b = self.heap.block(piece);
+        let alloc = Allocation {
+            addr: b.addr,
+            size: b.size,
+            requested: size,
+            stream,
+        };
+        self.live.insert(alloc.addr, piece);
+        Ok(alloc)
+    }
+
+    /// Frees a block. If other streams used it (`record_stream`), it becomes
+    /// reusable only once events recorded on them now have completed.
+    pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
+        let Some(id) = self.live.remove(&addr) else {
+            return Err(self.bad_pointer(addr));
+        };
+        let uses = if self.uses.is_empty() {
+            None
+        } else {
+            self.uses.remove(&id)
+        };
+        match uses {
+            None => self.release_to_cache(id),
+            Some(streams) => {
+                self.heap.set_state(id, BlockState::AwaitingEvents, 0);
+                let mut recorded = 0;
+                for s in streams {
+                    let event = match self.streams.record(s) {
+                        Ok(e) => e,
+                        Err(e) => {
+                            // Keep the block out of reuse (a leak, never a hazard).
+                            self.awaiting.insert(id, recorded);
+                            return Err(e.into());
+                        }
+                    };
+                    recorded += 1;
+                    self.queue_for(s).push_back(PendingEvent {
+                        event: Some(event),
+                        block: id,
+                    });
+                }
+                self.awaiting.insert(id, recorded);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks an allocated block as used by `stream` too, so that a later free
+    /// defers its reuse until `stream`'s work queued before the free is done.
+    pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
+        let Some(&id) = self.live.get(&addr) else {
+            return Err(self.bad_pointer(addr));
+        };
+        if self.heap.block(id).stream == stream {
+            return Ok(());
+        }
+        let uses = self.uses.entry(id).or_default();
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Polls recorded events; blocks whose events all completed become free.
+    pub fn process_events(&mut self) -> Result<(), AllocError> {
+        if self.awaiting.is_empty() {
+            return Ok(());
+        }
+        for qi in 0..self.queues.len() {
+            loop {
+                let Some(front) = self.queues[qi].events.front() else {
+                    break;
+                };
+                if let Some(ev) = &front.event {
+                    if !self.streams.is_complete(ev)? {
+                        break;
+                    }
+                }
+                let entry = self.queues[qi].events.pop_front().expect("front exists");
+                if let Some(ev) = entry.event {
+                    self.streams.release(ev);
+                    self.event_done(entry.block);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Returns every idle cached segment to the device, after waiting for all
+    /// outstanding events (as PyTorch's `empty_cache`).
+    pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.synchronize_events()?;
+        self.release_idle_segments()
+    }
+
+    /// Limits reserved memory to `fraction` of the device capacity.
+    pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(AllocError::InvalidArgument(format!(
+                "memory fraction {fraction} must be in (0, 1]"
+            )));
+        }
+        self.limit = Some((self.memory.capacity() as f64 * fraction) as u64);
+        Ok(())
+    }
+
+    /// The reserved-bytes limit set by [`Engine::set_memory_fraction`].
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> &Stats {
+        &self.heap.stats
+    }
+
+    /// Makes every peak equal to its current value.
+    pub fn reset_peak_stats(&mut self) {
+        self.heap.stats.reset_peaks();
+    }
+
+    /// Clears cumulative counters.
+    pub fn reset_accumulated_stats(&mut self) {
+        self.heap.stats.reset_accumulated();
+    }
+
+    /// Every segment with its blocks.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::of(&self.heap)
+    }
+
+    /// The block sizes handed out for `addr`, if it is allocated.
+    pub fn allocation(&self, addr: u64) -> Option<Allocation> {
+        let b = self.heap.block(*self.live.get(&addr)?);
+        Some(Allocation {
+            addr,
+            size: b.size,
+            requested: b.requested,
+            stream: b.stream,
+        })
+    }
+
+    /// Number of blocks awaiting stream events.
+    pub fn awaiting_events(&self) -> usize {
+        self.awaiting.len()
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &P {
+        &self.policy
+    }
+
+    /// The memory backend.
+    pub fn memory(&self) -> &M {
+        &self.memory
+    }
+
+    /// The stream backend.
+    pub fn streams(&self) -> &S {
+        &self.streams
+    }
+
+    /// The stream backend, mutably (tests complete simulated events here).
+    pub fn streams_mut(&mut self) -> &mut S {
+        &mut self.streams
+    }
+
+    /// The heap (read-only), for inspection.
+    pub fn heap(&self) -> &Heap {
+        &self.heap
+    }
+
+    /// Checks every invariant; returns a description of the first violation.
+    pub fn validate(&self) -> Result<(), String> {
+        crate::validate::check(
+            &self.heap,
+            &self.policy,
+            &self.live,
+            &self.awaiting,
+            self.pending_events(),
+        )
+    }
+
+    fn pending_events(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.queues.iter().flat_map(|q| {
+            q.events
+                .iter()
+                .filter(|e| e.event.is_some())
+                .map(|e| e.block)
+        })
+    }
+
+    // ----- internals -----
+
+    fn bad_pointer(&self, addr: u64) -> AllocError {
+        match self.heap.block_at(addr) {
+            Some(id) if self.heap.block(id).state != BlockState::Allocated => {
+                AllocError::DoubleFree { addr }
+            }
+            _ => AllocError::UnknownPointer { addr },
+        }
+    }
+
+    fn queue_for(&mut self, stream: StreamId) -> &mut VecDeque<PendingEvent<S::Event>> {
+        let i = match self.queues.iter().position(|q| q.stream == stream) {
+            Some(i) => i,
+            None => {
+                self.queues.push(StreamQueue {
+                    stream,
+                    events: VecDeque::new(),
+                });
+                self.queues.len() - 1
+            }
+        };
+        &mut self.queues[i].events
+    }
+
+    fn release_to_cache(&mut self, id: BlockId) {
+        self.heap.set_state(id, BlockState::Free, 0);
+        self.policy.insert_free(&mut self.heap, id);
+    }
+
+    /// One event of `block` completed (or was waited for).
+    fn event_done(&mut self, block: BlockId) {
+        let left = self.awaiting.get_mut(&block).expect("awaiting block");
+        *left -= 1;
+        if *left == 0 {
+            self.awaiting.remove(&block);
+            self.release_to_cache(block);
+        }
+    }
+
+    /// Waits for every outstanding event on the host.
+    fn synchronize_events(&mut self) -> Result<(), AllocError> {
+        self.heap.stats.num_sync_all_streams += 1;
+        for qi in 0..self.queues.len() {
+            while let Some(entry) = self.queues[qi].events.pop_front() {
+                if let Some(ev) = entry.event {
+                    let synced = self.streams.synchronize(&ev);
+                    if let Err(e) = synced {
+                        self.queues[qi].events.push_front(PendingEvent {
+                            event: Some(ev),
+                            block: entry.block,
+                        });
+                        return Err(e.into());
+                    }
+                    self.streams.release(ev);
+                    self.event_done(entry.block);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream-wait reuse: hands blocks still awaiting events on other streams
+    /// to `req`'s stream by making it wait on those events. Prefers the
+    /// smallest single block that fits; otherwise converts every awaiting
+    /// block of the stream and pool so merges can make room. Returns whether
+    /// anything was converted.
+    fn reuse_by_stream_wait(&mut self, req: &Request) -> Result<bool, AllocError> {
+        let candidates: Vec<BlockId> = self
+            .awaiting
+            .keys()
+            .copied()
+            .filter(|&id| {
+                let b = self.heap.block(id);
+                b.stream == req.stream && b.pool == req.pool
+            })
+            .collect();
+        let best = candidates
+            .iter()
+            .copied()
+            .filter(|&id| self.heap.block(id).size >= req.size)
+            .min_by_key(|&id| (self.heap.block(id).size, self.heap.block(id).addr));
+        let chosen: Vec<BlockId> = match best {
+            Some(id) => vec![id],
+            None => candidates,
+        };
+        for &block in &chosen {
+            for qi in 0..self.queues.len() {
+                for ei in 0..self.queues[qi].events.len() {
+                    let entry = &mut self.queues[qi].events[ei];
+                    if entry.block != block {
+                        continue;
+                    }
+                    if let Some(ev) = entry.event.take() {
+                        if let Err(e) = self.streams.make_stream_wait(req.stream, &ev) {
+                            self.queues[qi].events[ei].event = Some(ev);
+                            return Err(e.into());
+                        }
+                        self.streams.release(ev);
+                        self.event_done(block);
+                    }
+                }
+            }
+        }
+        Ok(!chosen.is_empty())
+    }
+
+    /// No cached block fits: garbage-collect, then reserve a new segment,
+    /// releasing cache and retrying as PyTorch does; returns its free block.
+    fn grow(&mut self, req: &Request) -> Result<BlockId, AllocError> {
+        let pressure = Pressure {
+            reserved: self.reserved(),
+            limit: self.limit.unwrap_or_else(|| self.memory.capacity()),
+            fraction_set: self.limit.is_some(),
+            threshold: self.options.garbage_collection_threshold,
+        };
+        let garbage = self.policy.collect_garbage(&self.heap, &pressure);
+        self.release_segments(&garbage)?;
+        if let Some(b) = self.new_segment(req, false)? {
+            return Ok(b);
+        }
+        let release = self.policy.release_for_oom(&self.heap, req);
+        self.release_segments(&release.segments)?;
+        if release.sufficient {
+            if let Some(b) = self.new_segment(req, false)? {
+                return Ok(b);
+            }
+        }
+        self.synchronize_events()?;
+        self.release_idle_segments()?;
+        if let Some(b) = self.new_segment(req, true)? {
+            return Ok(b);
+        }
+        self.heap.stats.num_ooms += 1;
+        Err(AllocError::OutOfMemory(Box::new(OomReport {
+            requested: req.requested,
+            capacity: self.memory.capacity(),
+            device_free: self.memory.free_bytes(),
+            allocated: self.heap.stats.allocated_bytes.all.current as u64,
+            reserved: self.reserved(),
+            limit: self.limit,
+        })))
+    }
+
+    fn reserved(&self) -> u64 {
+        self.heap.stats.reserved_bytes.all.current as u64
+    }
+
+    /// Reserves a segment for `req`; `Ok(None)` when the device or the limit
+    /// has no room.
+    fn new_segment(
+        &mut self,
+        req: &Request,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if is_retry {
+            self.heap.stats.num_alloc_retries += 1;
+        }
+        let size = self.policy.segment_size(req);
+        if self
+            .limit
+            .is_some_and(|limit| self.reserved() + size > limit)
+        {
+            return Ok(None);
+        }
+        match self.memory.allocate(size) {
+            Ok(addr) => {
+                self.heap.stats.num_device_alloc += 1;
+                let (_, block) = self.heap.add_segment(addr, size, req.pool, req.stream);
+                Ok(Some(block))
+            }
+            Err(BackendError::OutOfMemory) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn release_idle_segments(&mut self) -> Result<(), AllocError> {
+        let idle: Vec<SegmentId> = self
+            .heap
+            .segments()
+            .filter(|(_, s)| s.is_idle())
+            .map(|(id, _)| id)
+            .collect();
+        self.release_segments(&idle)
+    }
+
+    fn release_segments(&mut self, segments: &[SegmentId]) -> Result<(), AllocError> {
+        for &seg_id in segments {
+            let seg = self.heap.segment(seg_id);
+            if !seg.is_idle() {
+                debug_assert!(false, "policy asked to release a busy segment");
+                continue;
+            }
+            self.memory.free(seg.addr, seg.size)?;
+            let blocks: SmallVec<[BlockId; 8]> = self.heap.segment_blocks(seg_id).collect();
+            for b in blocks {
+                self.policy.remove_free(&self.heap, b);
+            }
+            self.heap.remove_segment(seg_id);
+            self.heap.stats.num_device_free += 1;
+        }
+        Ok(())
+    }
+}

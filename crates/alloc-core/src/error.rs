@@ -1,0 +1,93 @@
+//! Typed errors: every failure a caller can cause or meet is a value, never a panic.
+
+use thiserror::Error;
+
+use crate::stats::human_bytes;
+
+/// What went wrong in a memory or stream backend.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum BackendError {
+    /// The device has no room for the requested segment.
+    #[error("device out of memory")]
+    OutOfMemory,
+    /// Any other driver failure, with the driver's description.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The figures reported with an out-of-memory error, like PyTorch's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OomReport {
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// Total memory of the device.
+    pub capacity: u64,
+    /// Bytes the device reports free.
+    pub device_free: u64,
+    /// Bytes handed out to callers by this allocator.
+    pub allocated: u64,
+    /// Bytes reserved from the device by this allocator.
+    pub reserved: u64,
+    /// The reserved-bytes limit set by a memory fraction, if any.
+    pub limit: Option<u64>,
+}
+
+impl std::fmt::Display for OomReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tried to allocate {}; device has a total capacity of {} of which {} is free; \
+             {} is allocated by this allocator and {} is reserved but unallocated",
+            human_bytes(self.requested),
+            human_bytes(self.capacity),
+            human_bytes(self.device_free),
+            human_bytes(self.allocated),
+            human_bytes(self.reserved.saturating_sub(self.allocated)),
+        )?;
+        if let Some(limit) = self.limit {
+            write!(
+                f,
+                "; the memory fraction limits reserved memory to {}",
+                human_bytes(limit)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Errors of the allocator's public operations.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum AllocError {
+    /// No memory could be found even after freeing the cache.
+    #[error("out of memory: {0}")]
+    OutOfMemory(Box<OomReport>),
+    /// The pointer was never handed out by this allocator (or not at a block start).
+    #[error("pointer {addr:#x} was not allocated by this allocator")]
+    UnknownPointer {
+        /// The offending address.
+        addr: u64,
+    },
+    /// The pointer belongs to a block that is already free.
+    #[error("double free of pointer {addr:#x}")]
+    DoubleFree {
+        /// The offending address.
+        addr: u64,
+    },
+    /// A size of zero, or larger than any device could hold.
+    #[error("invalid allocation size {size}: {reason}")]
+    InvalidSize {
+        /// The requested size.
+        size: u64,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+    /// An argument other than a size was out of range.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The memory or stream backend failed.
+    #[error("backend failure: {0}")]
+    Backend(#[from] BackendError),
+    /// A configuration string could not be parsed.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+}

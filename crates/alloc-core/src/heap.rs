@@ -1,0 +1,459 @@
+//! The block arena: segments (device allocations) tiled by address-ordered
+//! blocks, with the generic split and merge every policy builds on.
+//!
+//! All mutation goes through a few primitives (`split`, `merge_next`,
+//! `set_state`, segment creation and removal) which keep the live
+//! statistics exact, so policies never touch the statistics themselves.
+
+use std::collections::BTreeMap;
+
+use slab::Slab;
+
+use crate::stats::Stats;
+use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+
+/// Life-cycle state of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockState {
+    /// Cached: available for reuse, indexed by the policy.
+    Free,
+    /// Handed out to a caller.
+    Allocated,
+    /// Freed by the caller, but other streams may still use it: reusable only
+    /// once the events recorded on those streams complete.
+    AwaitingEvents,
+}
+
+/// A contiguous piece of a segment.
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// Device address of the first byte.
+    pub addr: u64,
+    /// Size in bytes (after rounding).
+    pub size: u64,
+    /// Bytes the caller asked for (0 while free).
+    pub requested: u64,
+    /// The segment this block lies in.
+    pub segment: SegmentId,
+    /// Address-ordered neighbour before this block in the same segment.
+    pub prev: Option<BlockId>,
+    /// Address-ordered neighbour after this block in the same segment.
+    pub next: Option<BlockId>,
+    /// Current state.
+    pub state: BlockState,
+    /// The stream the block (its segment) belongs to.
+    pub stream: StreamId,
+    /// The pool of its segment.
+    pub pool: PoolKind,
+    /// Free for a policy's own bookkeeping (a size class, a buddy order, ...).
+    pub tag: u32,
+    /// Per-pool allocator clock value when the block last became free.
+    pub freed_at: u64,
+}
+
+/// One device allocation.
+#[derive(Clone, Debug)]
+pub struct Segment {
+    /// Device address of the first byte.
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The stream whose requests it serves.
+    pub stream: StreamId,
+    /// The pool it belongs to.
+    pub pool: PoolKind,
+    /// The lowest-addressed block.
+    pub first: BlockId,
+    /// Number of blocks tiling it.
+    pub blocks: u32,
+    /// Number of blocks that are not free.
+    pub busy: u32,
+    /// Pool clock value when the last busy block became free (for age-based GC).
+    pub idle_since: u64,
+}
+
+impl Segment {
+    /// True when every block in it is free, so it can go back to the device.
+    #[inline]
+    pub fn is_idle(&self) -> bool {
+        self.busy == 0
+    }
+}
+
+/// Arena of blocks and segments plus the statistics they determine.
+#[derive(Debug, Default)]
+pub struct Heap {
+    blocks: Slab<Block>,
+    segments: Slab<Segment>,
+    by_addr: BTreeMap<u64, SegmentId>,
+    /// Live statistics; the engine adds its event counters to them.
+    pub stats: Stats,
+    /// Blocks at or above this size count as oversize (PyTorch's `max_split_size`).
+    pub oversize_threshold: u64,
+    /// Per-pool logical clock: one tick per cache lookup, used for ages.
+    pub clock: [u64; 2],
+}
+
+impl Heap {
+    /// An empty heap; `oversize_threshold` as in [`Heap::oversize_threshold`].
+    pub fn new(oversize_threshold: u64) -> Self {
+        Heap {
+            oversize_threshold,
+            ..Heap::default()
+        }
+    }
+
+    /// The block with this id.
+    #[inline]
+    pub fn block(&self, id: BlockId) -> &Block {
+        &self.blocks[id.index()]
+    }
+
+    /// The segment with this id.
+    #[inline]
+    pub fn segment(&self, id: SegmentId) -> &Segment {
+        &self.segments[id.index()]
+    }
+
+    /// Sets the policy-private tag of a block.
+    #[inline]
+    pub fn set_tag(&mut self, id: BlockId, tag: u32) {
+        self.blocks[id.index()].tag = tag;
+    }
+
+    /// Number of segments.
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Number of blocks.
+    pub fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// All segments in address order.
+    pub fn segments(&self) -> impl Iterator<Item = (SegmentId, &Segment)> + '_ {
+        self.by_addr
+            .values()
+            .map(move |&id| (id, &self.segments[id.index()]))
+    }
+
+    /// All blocks in arena order.
+    pub fn blocks(&self) -> impl Iterator<Item = (BlockId, &Block)> + '_ {
+        self.blocks.iter().map(|(i, b)| (BlockId(i as u32), b))
+    }
+
+    /// The blocks of one segment in address order.
+    pub fn segment_blocks(&self, seg: SegmentId) -> SegmentBlocks<'_> {
+        SegmentBlocks {
+            heap: self,
+            next: Some(self.segment(seg).first),
+        }
+    }
+
+    /// The segment containing `addr`, if any.
+    pub fn segment_containing(&self, addr: u64) -> Option<SegmentId> {
+        let (_, &id) = self.by_addr.range(..=addr).next_back()?;
+        let seg = self.segment(id);
+        (addr < seg.addr + seg.size).then_some(id)
+    }
+
+    /// The block that starts exactly at `addr`, if any.
+    pub fn block_at(&self, addr: u64) -> Option<BlockId> {
+        let seg = self.segment_containing(addr)?;
+        self.segment_blocks(seg)
+            .find(|&id| self.block(id).addr == addr)
+    }
+
+    /// Adds a segment made of one free block; returns the segment and the block.
+    pub fn add_segment(
+        &mut self,
+        addr: u64,
+        size: u64,
+        pool: PoolKind,
+        stream: StreamId,
+    ) -> (SegmentId, BlockId) {
+        let seg_entry = self.segments.vacant_entry();
+        let seg_id = SegmentId(seg_entry.key() as u32);
+        let block_id = BlockId(self.blocks.insert(Block {
+            addr,
+            size,
+            requested: 0,
+            segment: seg_id,
+            prev: None,
+            next: None,
+            state: BlockState::Free,
+            stream,
+            pool,
+            tag: 0,
+            freed_at: self.clock[pool.index()],
+        }) as u32);
+        seg_entry.insert(Segment {
+            addr,
+            size,
+            stream,
+            pool,
+            first: block_id,
+            blocks: 1,
+            busy: 0,
+            idle_since: self.clock[pool.index()],
+        });
+        self.by_addr.insert(addr, seg_id);
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, size);
+        if size >= self.oversize_threshold {
+            self.stats.oversize_segments.increase(1);
+        }
+        (seg_id, block_id)
+    }
+
+    /// Removes an idle segment and all its blocks; returns its address and size.
+    ///
+    /// The caller must have taken its blocks out of the policy's index first.
+    pub fn remove_segment(&mut self, seg_id: SegmentId) -> (u64, u64) {
+        debug_assert!(self.segment(seg_id).is_idle());
+        let ids: smallvec::SmallVec<[BlockId; 4]> = self.segment_blocks(seg_id).collect();
+        for id in ids {
+            self.account(id, -1);
+            self.blocks.remove(id.index());
+        }
+        let seg = self.segments.remove(seg_id.index());
+        self.by_addr.remove(&seg.addr);
+        self.stats.segment.decrease(seg.pool, 1);
+        self.stats.reserved_bytes.decrease(seg.pool, seg.size);
+        if seg.size >= self.oversize_threshold {
+            self.stats.oversize_segments.decrease(1);
+        }
+        (seg.addr, seg.size)
+    }
+
+    /// Splits a free block: it keeps its first `first_size` bytes and a new free
+    /// block takes the rest; returns the new block.
+    pub fn split(&mut self, id: BlockId, first_size: u64) -> BlockId {
+        let b = &self.blocks[id.index()];
+        debug_assert!(b.state == BlockState::Free && first_size > 0 && first_size < b.size);
+        let rest = Block {
+            addr: b.addr + first_size,
+            size: b.size - first_size,
+            requested: 0,
+            prev: Some(id),
+            tag: 0,
+            ..b.clone()
+        };
+        self.account(id, -1);
+        let rest_id = BlockId(self.blocks.insert(rest) as u32);
+        let b = &mut self.blocks[id.index()];
+        let old_next = b.next.replace(rest_id);
+        b.size = first_size;
+        let seg = b.segment;
+        if let Some(n) = old_next {
+            self.blocks[n.index()].prev = Some(rest_id);
+        }
+        self.segments[seg.index()].blocks += 1;
+        self.account(id, 1);
+        self.account(rest_id, 1);
+        rest_id
+    }
+
+    /// Merges the free block `id` with its free successor; the successor's id
+    /// is retired and `id` grows to cover both.
+    pub fn merge_next(&mut self, id: BlockId) {
+        let next = self.blocks[id.index()]
+            .next
+            .expect("merge_next without successor");
+        debug_assert!(self.block(id).state == BlockState::Free);
+        debug_assert!(self.block(next).state == BlockState::Free);
+        self.account(id, -1);
+        self.account(next, -1);
+        let absorbed = self.blocks.remove(next.index());
+        let b = &mut self.blocks[id.index()];
+        b.size += absorbed.size;
+        b.next = absorbed.next;
+        b.freed_at = b.freed_at.max(absorbed.freed_at);
+        let seg = b.segment;
+        if let Some(n) = absorbed.next {
+            self.blocks[n.index()].prev = Some(id);
+        }
+        self.segments[seg.index()].blocks -= 1;
+        self.account(id, 1);
+    }
+
+    /// Moves a block to a new state, recording `requested` bytes when it
+    /// becomes allocated.
+    pub fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
+        self.account(id, -1);
+        let clock = self.clock;
+        let b = &mut self.blocks[id.index()];
+        let was_free = b.state == BlockState::Free;
+        b.state = state;
+        if state == BlockState::Allocated {
+            b.requested = requested;
+        }
+        let now_free = state == BlockState::Free;
+        let seg = &mut self.segments[b.segment.index()];
+        if was_free && !now_free {
+            seg.busy += 1;
+        } else if !was_free && now_free {
+            b.requested = 0;
+            b.freed_at = clock[b.pool.index()];
+            seg.busy -= 1;
+            if seg.busy == 0 {
+                seg.idle_since = clock[b.pool.index()];
+            }
+        }
+        self.account(id, 1);
+    }
+
+    /// Adds (`sign = 1`) or removes (`sign = -1`) one block's contribution to
+    /// the live statistics. Every mutation removes the contributions of the
+    /// blocks it touches, changes them, and adds them back.
+    #[inline]
+    fn account(&mut self, id: BlockId, sign: i8) {
+        let b = &self.blocks[id.index()];
+        let split = self.segments[b.segment.index()].blocks > 1;
+        let (pool, size, requested, state) = (b.pool, b.size, b.requested, b.state);
+        let s = &mut self.stats;
+        let apply = |array: &mut crate::stats::StatArray, amount: u64| {
+            if sign > 0 {
+                array.increase(pool, amount)
+            } else {
+                array.decrease(pool, amount)
+            }
+        };
+        match state {
+            BlockState::Free => {
+                if split {
+                    apply(&mut s.inactive_split, 1);
+                    apply(&mut s.inactive_split_bytes, size);
+                }
+            }
+            BlockState::Allocated | BlockState::AwaitingEvents => {
+                apply(&mut s.active, 1);
+                apply(&mut s.active_bytes, size);
+                apply(&mut s.requested_bytes, requested);
+                if state == BlockState::Allocated {
+                    apply(&mut s.allocation, 1);
+                    apply(&mut s.allocated_bytes, size);
+                    if size >= self.oversize_threshold {
+                        if sign > 0 {
+                            s.oversize_allocations.increase(1)
+                        } else {
+                            s.oversize_allocations.decrease(1)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Advances the clock of one pool (one cache lookup).
+    #[inline]
+    pub fn tick(&mut self, pool: PoolKind) {
+        self.clock[pool.index()] += 1;
+    }
+}
+
+/// Iterator over a segment's blocks in address order.
+pub struct SegmentBlocks<'a> {
+    heap: &'a Heap,
+    next: Option<BlockId>,
+}
+
+impl Iterator for SegmentBlocks<'_> {
+    type Item = BlockId;
+
+    fn next(&mut self) -> Option<BlockId> {
+        let id = self.next?;
+        self.next = self.heap.block(id).next;
+        Some(id)
+    }
+}
+
+/// Merges a free block with its free address neighbours in the same segment,
+/// calling `unindex` for each neighbour before it is absorbed; returns the
+/// surviving block. This is the coalescing step of best-fit-with-coalescing
+/// policies.
+pub fn coalesce(heap: &mut Heap, id: BlockId, mut unindex: impl FnMut(&Heap, BlockId)) -> BlockId {
+    let mut id = id;
+    if let Some(next) = heap.block(id).next {
+        if heap.block(next).state == BlockState::Free {
+            unindex(heap, next);
+            heap.merge_next(id);
+        }
+    }
+    if let Some(prev) = heap.block(id).prev {
+        if heap.block(prev).state == BlockState::Free {
+            unindex(heap, prev);
+            heap.merge_next(prev);
+            id = prev;
+        }
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heap_with_segment(size: u64) -> (Heap, SegmentId, BlockId) {
+        let mut heap = Heap::new(u64::MAX);
+        let (s, b) = heap.add_segment(0x1000, size, PoolKind::Large, 0);
+        (heap, s, b)
+    }
+
+    #[test]
+    fn split_tiles_segment_and_counts_inactive_split() {
+        let (mut heap, seg, b) = heap_with_segment(1000);
+        let rest = heap.split(b, 300);
+        assert_eq!(heap.block(b).size, 300);
+        assert_eq!(heap.block(rest).addr, 0x1000 + 300);
+        assert_eq!(heap.segment(seg).blocks, 2);
+        assert_eq!(heap.stats.inactive_split.all.current, 2);
+        assert_eq!(heap.stats.inactive_split_bytes.all.current, 1000);
+        heap.set_state(b, BlockState::Allocated, 250);
+        assert_eq!(heap.stats.inactive_split.all.current, 1);
+        assert_eq!(heap.stats.inactive_split_bytes.all.current, 700);
+        assert_eq!(heap.stats.allocated_bytes.all.current, 300);
+        assert_eq!(heap.stats.requested_bytes.all.current, 250);
+        assert_eq!(heap.segment(seg).busy, 1);
+    }
+
+    #[test]
+    fn coalesce_merges_both_neighbours() {
+        let (mut heap, seg, a) = heap_with_segment(900);
+        let b = heap.split(a, 300);
+        let c = heap.split(b, 300);
+        heap.set_state(b, BlockState::Allocated, 300);
+        heap.set_state(b, BlockState::Free, 0);
+        let mut unindexed = vec![];
+        let survivor = coalesce(&mut heap, b, |_, id| unindexed.push(id));
+        assert_eq!(survivor, a);
+        assert_eq!(unindexed, vec![c, a]);
+        assert_eq!(heap.block(a).size, 900);
+        assert_eq!(heap.segment(seg).blocks, 1);
+        assert_eq!(heap.stats.inactive_split.all.current, 0);
+        assert!(heap.segment(seg).is_idle());
+    }
+
+    #[test]
+    fn remove_segment_restores_stats() {
+        let (mut heap, seg, a) = heap_with_segment(900);
+        heap.split(a, 100);
+        assert_eq!(heap.remove_segment(seg), (0x1000, 900));
+        assert_eq!(heap.stats.reserved_bytes.all.current, 0);
+        assert_eq!(heap.stats.inactive_split.all.current, 0);
+        assert_eq!(heap.block_count(), 0);
+        assert_eq!(heap.stats.segment.all.peak, 1);
+    }
+
+    #[test]
+    fn address_lookup() {
+        let (mut heap, seg, a) = heap_with_segment(900);
+        let b = heap.split(a, 100);
+        assert_eq!(heap.segment_containing(0x1000 + 899), Some(seg));
+        assert_eq!(heap.segment_containing(0x1000 + 900), None);
+        assert_eq!(heap.segment_containing(0x10), None);
+        assert_eq!(heap.block_at(0x1000 + 100), Some(b));
+        assert_eq!(heap.block_at(0x1000 + 101), None);
+    }
+}

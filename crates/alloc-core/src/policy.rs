@@ -1,0 +1,153 @@
+//! The policy seam: how sizes are rounded, which cached block serves a
+//! request, how blocks are split and merged, and which cached segments go back
+//! to the device under pressure. The engine owns everything else (streams,
+//! events, statistics, the out-of-memory path).
+
+use crate::heap::Heap;
+use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+
+/// A request after the policy has rounded it and chosen its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// Bytes the block will have (rounded).
+    pub size: u64,
+    /// Pool to serve it from.
+    pub pool: PoolKind,
+    /// The allocating stream.
+    pub stream: StreamId,
+}
+
+/// Memory pressure, as the engine sees it when a new segment is needed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pressure {
+    /// Bytes reserved from the device now.
+    pub reserved: u64,
+    /// The reserved-bytes limit: the memory fraction's, or the device capacity.
+    pub limit: u64,
+    /// True when the limit comes from `set_memory_fraction`.
+    pub fraction_set: bool,
+    /// The configured `garbage_collection_threshold`, if any.
+    pub threshold: Option<f64>,
+}
+
+/// Segments a policy chose to give back when a device allocation failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OomRelease {
+    /// Idle segments to free, in order.
+    pub segments: Vec<SegmentId>,
+    /// Whether freeing them is expected to make room for the request (if
+    /// false the engine frees them anyway and moves to the next step, as
+    /// PyTorch does).
+    pub sufficient: bool,
+}
+
+/// An allocation strategy over the shared [`Heap`].
+///
+/// The engine calls these in a fixed protocol: [`Policy::plan`] for every
+/// request; [`Policy::take_free`] to find a cached block; when none fits, a
+/// new segment of [`Policy::segment_size`] bytes is made and handed to
+/// [`Policy::carve`] as one free block; [`Policy::carve`] also receives the
+/// blocks found by `take_free`. A block that becomes free again goes to
+/// [`Policy::insert_free`]. Before a segment is freed, its free blocks go to
+/// [`Policy::remove_free`].
+pub trait Policy {
+    /// Short name shown in reports.
+    fn name(&self) -> &str;
+
+    /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool.
+    fn plan(&self, requested: u64, stream: StreamId) -> Request;
+
+    /// Size of the device allocation to make when no cached block fits.
+    fn segment_size(&self, req: &Request) -> u64;
+
+    /// Finds a cached free block for `req` on its stream and pool, removes it
+    /// from the index and returns it. It may be larger than `req.size`.
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId>;
+
+    /// Cuts the block to hand out from the unindexed free `block` (at least
+    /// `req.size` bytes), indexing any remainder; returns the block to hand out.
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId;
+
+    /// Takes back a block that just became free: merges it as the policy
+    /// wants and indexes the result.
+    fn insert_free(&mut self, heap: &mut Heap, block: BlockId);
+
+    /// Removes an indexed free block from the index (its segment is about to
+    /// be released).
+    fn remove_free(&mut self, heap: &Heap, block: BlockId);
+
+    /// Device allocation failed: idle segments to release before the engine
+    /// falls back to releasing every idle segment. Default: none.
+    fn release_for_oom(&mut self, _heap: &Heap, _req: &Request) -> OomRelease {
+        OomRelease::default()
+    }
+
+    /// A new segment is about to be allocated under `pressure`: idle segments
+    /// to release first (garbage collection). Default: none.
+    fn collect_garbage(&mut self, _heap: &Heap, _pressure: &Pressure) -> Vec<SegmentId> {
+        Vec::new()
+    }
+
+    /// Whether free address neighbours are always merged (checked by
+    /// validation: no two adjacent free blocks).
+    fn coalesces(&self) -> bool;
+
+    /// Blocks at or above this size count as oversize in the statistics.
+    fn oversize_threshold(&self) -> u64 {
+        u64::MAX
+    }
+
+    /// Every indexed block, for validation.
+    fn indexed_blocks(&self) -> Vec<BlockId>;
+
+    /// Policy-specific invariants over the heap, for validation.
+    fn check(&self, _heap: &Heap) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Forwards every call to the boxed or referenced policy, so `Box<dyn Policy>`
+/// works wherever a policy does.
+impl<P: Policy + ?Sized> Policy for Box<P> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+        (**self).plan(requested, stream)
+    }
+    fn segment_size(&self, req: &Request) -> u64 {
+        (**self).segment_size(req)
+    }
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        (**self).take_free(heap, req)
+    }
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        (**self).carve(heap, block, req)
+    }
+    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
+        (**self).insert_free(heap, block)
+    }
+    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
+        (**self).remove_free(heap, block)
+    }
+    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
+        (**self).release_for_oom(heap, req)
+    }
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        (**self).collect_garbage(heap, pressure)
+    }
+    fn coalesces(&self) -> bool {
+        (**self).coalesces()
+    }
+    fn oversize_threshold(&self) -> u64 {
+        (**self).oversize_threshold()
+    }
+    fn indexed_blocks(&self) -> Vec<BlockId> {
+        (**self).indexed_blocks()
+    }
+    fn check(&self, heap: &Heap) -> Result<(), String> {
+        (**self).check(heap)
+    }
+}

@@ -1,0 +1,221 @@
+//! A simulated device: address bookkeeping without memory, and streams whose
+//! events complete when the test (or replay) says so.
+
+use std::collections::HashMap;
+
+use crate::backend::{MemoryBackend, StreamBackend};
+use crate::error::BackendError;
+use crate::types::StreamId;
+
+/// Address alignment and spacing of simulated segments (the driver's 2 MiB
+/// granularity).
+const SIM_ALIGN: u64 = 2 << 20;
+/// First simulated address: a typical CUDA device address.
+const SIM_BASE: u64 = 0x7f00_0000_0000;
+
+/// A device that hands out addresses only. Never touches memory.
+#[derive(Debug, Clone)]
+pub struct SimMemory {
+    capacity: u64,
+    used: u64,
+    next_addr: u64,
+    live: HashMap<u64, u64>,
+    /// Number of successful `allocate` calls.
+    pub allocs: u64,
+    /// Number of successful `free` calls.
+    pub frees: u64,
+}
+
+impl SimMemory {
+    /// A device with `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        SimMemory {
+            capacity,
+            used: 0,
+            next_addr: SIM_BASE,
+            live: HashMap::new(),
+            allocs: 0,
+            frees: 0,
+        }
+    }
+
+    /// Bytes currently allocated from the device.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+}
+
+impl MemoryBackend for SimMemory {
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
+        if size == 0 || size > self.capacity - self.used {
+            return Err(BackendError::OutOfMemory);
+        }
+        let addr = self.next_addr;
+        // Leave a gap so that no two segments are address neighbours: the
+        // engine must never merge across segments.
+        self.next_addr += size.div_ceil(SIM_ALIGN) * SIM_ALIGN + SIM_ALIGN;
+        self.used += size;
+        self.live.insert(addr, size);
+        self.allocs += 1;
+        Ok(addr)
+    }
+
+    fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        match self.live.remove(&addr) {
+            Some(s) if s == size => {
+                self.used -= size;
+                self.frees += 1;
+                Ok(())
+            }
+            Some(s) => {
+                self.live.insert(addr, s);
+                Err(BackendError::Other(format!(
+                    "simulated free of {addr:#x} with size {size}, allocated with {s}"
+                )))
+            }
+            None => Err(BackendError::Other(format!(
+                "simulated free of unknown segment {addr:#x}"
+            ))),
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.capacity - self.used
+    }
+}
+
+/// Handle of a simulated event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SimEvent(u64);
+
+#[derive(Debug, Clone)]
+struct SimEventState {
+    stream: StreamId,
+    complete: bool,
+}
+
+/// Simulated streams: every recorded event stays pending until completed by
+/// [`SimStreams::complete`], [`SimStreams::complete_stream`] or
+/// [`SimStreams::complete_all`] (or a host synchronize).
+#[derive(Debug, Clone, Default)]
+pub struct SimStreams {
+    next: u64,
+    events: HashMap<u64, SimEventState>,
+    /// Every `(stream, event)` wait the engine asked for, in order.
+    pub waits: Vec<(StreamId, SimEvent)>,
+    /// Number of host synchronizations.
+    pub synchronizations: u64,
+    /// Events recorded and not yet released.
+    pub outstanding: usize,
+}
+
+impl SimStreams {
+    /// No events yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Completes one event.
+    pub fn complete(&mut self, event: SimEvent) {
+        if let Some(e) = self.events.get_mut(&event.0) {
+            e.complete = true;
+        }
+    }
+
+    /// Completes every event recorded on `stream` (the stream ran dry).
+    pub fn complete_stream(&mut self, stream: StreamId) {
+        for e in self.events.values_mut().filter(|e| e.stream == stream) {
+            e.complete = true;
+        }
+    }
+
+    /// Completes every event.
+    pub fn complete_all(&mut self) {
+        for e in self.events.values_mut() {
+            e.complete = true;
+        }
+    }
+
+    /// Pending (recorded, not complete, not released) events.
+    pub fn pending(&self) -> usize {
+        self.events.values().filter(|e| !e.complete).count()
+    }
+}
+
+impl StreamBackend for SimStreams {
+    type Event = SimEvent;
+
+    fn record(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
+        self.next += 1;
+        self.events.insert(
+            self.next,
+            SimEventState {
+                stream,
+                complete: false,
+            },
+        );
+        self.outstanding += 1;
+        Ok(SimEvent(self.next))
+    }
+
+    fn is_complete(&mut self, event: &SimEvent) -> Result<bool, BackendError> {
+        self.events
+            .get(&event.0)
+            .map(|e| e.complete)
+            .ok_or_else(|| BackendError::Other(format!("query of released event {}", event.0)))
+    }
+
+    fn synchronize(&mut self, event: &SimEvent) -> Result<(), BackendError> {
+        self.synchronizations += 1;
+        self.complete(*event);
+        Ok(())
+    }
+
+    fn make_stream_wait(&mut self, stream: StreamId, event: &SimEvent) -> Result<(), BackendError> {
+        self.waits.push((stream, *event));
+        Ok(())
+    }
+
+    fn release(&mut self, event: SimEvent) {
+        if self.events.remove(&event.0).is_some() {
+            self.outstanding -= 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_respects_capacity_and_checks_frees() {
+        let mut m = SimMemory::new(10 << 20);
+        let a = m.allocate(6 << 20).unwrap();
+        assert_eq!(m.allocate(6 << 20), Err(BackendError::OutOfMemory));
+        let b = m.allocate(4 << 20).unwrap();
+        assert!(b >= a + (6 << 20));
+        assert!(m.free(a, 1).is_err());
+        m.free(a, 6 << 20).unwrap();
+        assert!(m.free(a, 6 << 20).is_err());
+        assert_eq!(m.free_bytes(), 6 << 20);
+        assert_eq!((m.allocs, m.frees), (2, 1));
+    }
+
+    #[test]
+    fn events_complete_on_command() {
+        let mut s = SimStreams::new();
+        let e1 = s.record(1).unwrap();
+        let e2 = s.record(2).unwrap();
+        assert!(!s.is_complete(&e1).unwrap());
+        s.complete_stream(1);
+        assert!(s.is_complete(&e1).unwrap());
+        assert!(!s.is_complete(&e2).unwrap());
+        s.release(e1);
+        assert!(s.is_complete(&e1).is_err());
+        assert_eq!(s.outstanding, 1);
+    }
+}

@@ -1,0 +1,118 @@
+//! Memory snapshots: every segment with its blocks, serialisable to JSON.
+//! Field and state names follow `torch.cuda.memory._snapshot()`.
+
+use serde::Serialize;
+
+use crate::heap::{BlockState, Heap};
+use crate::types::{PoolKind, StreamId};
+
+/// State of a block as PyTorch names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    /// Handed out.
+    ActiveAllocated,
+    /// Freed, waiting for other streams' events.
+    ActivePendingFree,
+    /// Cached.
+    Inactive,
+}
+
+impl From<BlockState> for SnapshotState {
+    fn from(s: BlockState) -> Self {
+        match s {
+            BlockState::Allocated => SnapshotState::ActiveAllocated,
+            BlockState::AwaitingEvents => SnapshotState::ActivePendingFree,
+            BlockState::Free => SnapshotState::Inactive,
+        }
+    }
+}
+
+/// One block of a segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockSnapshot {
+    /// Device address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Bytes requested by the caller (0 when inactive).
+    pub requested_size: u64,
+    /// State.
+    pub state: SnapshotState,
+    /// Stream of the block.
+    pub stream: StreamId,
+}
+
+/// One segment (device allocation).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SegmentSnapshot {
+    /// Device address.
+    pub address: u64,
+    /// Size in bytes.
+    pub total_size: u64,
+    /// Stream it serves.
+    pub stream: StreamId,
+    /// `small` or `large`.
+    pub segment_type: PoolKind,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of allocated or pending blocks.
+    pub active_size: u64,
+    /// Bytes requested over active blocks.
+    pub requested_size: u64,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+/// The whole allocator state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Snapshot {
+    /// Segments in address order.
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+impl Snapshot {
+    /// Captures the state of a heap.
+    pub fn of(heap: &Heap) -> Self {
+        let segments = heap
+            .segments()
+            .map(|(seg_id, seg)| {
+                let blocks: Vec<BlockSnapshot> = heap
+                    .segment_blocks(seg_id)
+                    .map(|id| {
+                        let b = heap.block(id);
+                        BlockSnapshot {
+                            address: b.addr,
+                            size: b.size,
+                            requested_size: b.requested,
+                            state: b.state.into(),
+                            stream: b.stream,
+                        }
+                    })
+                    .collect();
+                let sum = |f: fn(&BlockSnapshot) -> bool, v: fn(&BlockSnapshot) -> u64| {
+                    blocks.iter().filter(|b| f(b)).map(v).sum()
+                };
+                SegmentSnapshot {
+                    address: seg.addr,
+                    total_size: seg.size,
+                    stream: seg.stream,
+                    segment_type: seg.pool,
+                    allocated_size: sum(|b| b.state == SnapshotState::ActiveAllocated, |b| b.size),
+                    active_size: sum(|b| b.state != SnapshotState::Inactive, |b| b.size),
+                    requested_size: sum(
+                        |b| b.state != SnapshotState::Inactive,
+                        |b| b.requested_size,
+                    ),
+                    blocks,
+                }
+            })
+            .collect();
+        Snapshot { segments }
+    }
+
+    /// The snapshot as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("snapshot serialises")
+    }
+}

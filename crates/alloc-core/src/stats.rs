@@ -1,0 +1,279 @@
+//! Statistics in PyTorch's model (`torch.cuda.memory_stats()`): each quantity
+//! has a current value, a peak, and cumulative allocated / freed totals, kept for
+//! all pools together and for the small and large pools apart.
+
+use serde::Serialize;
+
+use crate::types::PoolKind;
+
+/// One tracked quantity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stat {
+    /// Present value.
+    pub current: i64,
+    /// Highest value since creation or the last `reset_peak`.
+    pub peak: i64,
+    /// Sum of all increases.
+    pub allocated: u64,
+    /// Sum of all decreases.
+    pub freed: u64,
+}
+
+impl Stat {
+    /// Adds `amount` to the current value.
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        self.current += amount as i64;
+        self.allocated += amount;
+        self.peak = self.peak.max(self.current);
+    }
+
+    /// Subtracts `amount` from the current value.
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        self.current -= amount as i64;
+        self.freed += amount;
+    }
+
+    /// Makes the peak equal to the current value.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    /// Clears the cumulative totals.
+    pub fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// A quantity tracked for all pools, the small pool and the large pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatArray {
+    /// Both pools together.
+    pub all: Stat,
+    /// The small pool.
+    pub small_pool: Stat,
+    /// The large pool.
+    pub large_pool: Stat,
+}
+
+impl StatArray {
+    #[inline]
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Small => &mut self.small_pool,
+            PoolKind::Large => &mut self.large_pool,
+        }
+    }
+
+    /// The entry of one pool.
+    pub fn pool(&self, pool: PoolKind) -> &Stat {
+        match pool {
+            PoolKind::Small => &self.small_pool,
+            PoolKind::Large => &self.large_pool,
+        }
+    }
+
+    /// Increases the entry for `pool` and the total.
+    #[inline]
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    /// Decreases the entry for `pool` and the total.
+    #[inline]
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        f(&mut self.all);
+        f(&mut self.small_pool);
+        f(&mut self.large_pool);
+    }
+}
+
+/// Every statistic the allocator keeps, named as in `torch.cuda.memory_stats()`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Number of blocks handed out to callers.
+    pub allocation: StatArray,
+    /// Number of device allocations (segments) held.
+    pub segment: StatArray,
+    /// Number of blocks in use or waiting for stream events.
+    pub active: StatArray,
+    /// Number of free blocks inside segments that are split (not wholly free).
+    pub inactive_split: StatArray,
+    /// Bytes of blocks handed out to callers (after rounding).
+    pub allocated_bytes: StatArray,
+    /// Bytes reserved from the device.
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of free blocks inside split segments.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes callers asked for (before rounding), over active blocks.
+    pub requested_bytes: StatArray,
+    /// Device allocations retried after freeing the whole cache.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed with out of memory.
+    pub num_ooms: u64,
+    /// Times every pending stream event was waited for (cache flushes).
+    pub num_sync_all_streams: u64,
+    /// Device allocation calls (cudaMalloc).
+    pub num_device_alloc: u64,
+    /// Device free calls (cudaFree).
+    pub num_device_free: u64,
+    /// Allocations at or above the oversize threshold (`max_split_size_mb`).
+    pub oversize_allocations: Stat,
+    /// Segments at or above the oversize threshold.
+    pub oversize_segments: Stat,
+}
+
+impl Stats {
+    /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
+    pub fn reset_peaks(&mut self) {
+        for array in self.arrays_mut() {
+            array.for_each(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// Clears cumulative totals and event counters (`reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&mut self) {
+        for array in self.arrays_mut() {
+            array.for_each(Stat::reset_accumulated);
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// The statistics as a flat map with PyTorch's key names
+    /// (`allocated_bytes.all.current`, `num_device_alloc`, ...).
+    pub fn to_flat_map(&self) -> std::collections::BTreeMap<String, i64> {
+        let mut out = std::collections::BTreeMap::new();
+        let arrays: [(&str, &StatArray); 9] = [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ];
+        for (name, array) in arrays {
+            for (pool, stat) in [
+                ("all", &array.all),
+                ("small_pool", &array.small_pool),
+                ("large_pool", &array.large_pool),
+            ] {
+                insert_stat(&mut out, &format!("{name}.{pool}"), stat);
+            }
+        }
+        insert_stat(&mut out, "oversize_allocations", &self.oversize_allocations);
+        insert_stat(&mut out, "oversize_segments", &self.oversize_segments);
+        for (name, value) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+        ] {
+            out.insert(name.to_string(), value as i64);
+        }
+        out
+    }
+}
+
+fn insert_stat(out: &mut std::collections::BTreeMap<String, i64>, prefix: &str, stat: &Stat) {
+    out.insert(format!("{prefix}.current"), stat.current);
+    out.insert(format!("{prefix}.peak"), stat.peak);
+    out.insert(format!("{prefix}.allocated"), stat.allocated as i64);
+    out.insert(format!("{prefix}.freed"), stat.freed as i64);
+}
+
+/// Formats a byte count with a binary unit (`1.50 GiB`, `512 B`).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_tracks_peak_and_totals() {
+        let mut s = Stat::default();
+        s.increase(10);
+        s.increase(5);
+        s.decrease(12);
+        assert_eq!((s.current, s.peak, s.allocated, s.freed), (3, 15, 15, 12));
+        s.reset_peak();
+        assert_eq!(s.peak, 3);
+    }
+
+    #[test]
+    fn array_updates_pool_and_total() {
+        let mut a = StatArray::default();
+        a.increase(PoolKind::Small, 4);
+        a.increase(PoolKind::Large, 6);
+        a.decrease(PoolKind::Small, 4);
+        assert_eq!(a.all.current, 6);
+        assert_eq!(a.small_pool.current, 0);
+        assert_eq!(a.large_pool.peak, 6);
+    }
+
+    #[test]
+    fn flat_map_uses_pytorch_names() {
+        let mut stats = Stats::default();
+        stats.allocated_bytes.increase(PoolKind::Large, 100);
+        stats.num_device_alloc = 2;
+        let map = stats.to_flat_map();
+        assert_eq!(map["allocated_bytes.all.current"], 100);
+        assert_eq!(map["allocated_bytes.large_pool.peak"], 100);
+        assert_eq!(map["num_device_alloc"], 2);
+        assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 5);
+    }
+
+    #[test]
+    fn human_bytes_picks_unit() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.50 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.00 GiB");
+    }
+}

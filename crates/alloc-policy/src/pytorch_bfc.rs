@@ -1,0 +1,351 @@
+//! PyTorch 2.x's default policy (`c10/cuda/CUDACachingAllocator.cpp`): best
+//! fit with coalescing over per-pool free sets ordered by (stream, size,
+//! address), 512-byte rounding with optional power-of-two divisions, small and
+//! large pools, PyTorch's segment sizes and split thresholds,
+//! `max_split_size_mb` oversize handling, and garbage collection by age.
+
+use std::collections::BTreeSet;
+
+use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
+use alloc_core::{
+    coalesce, BlockId, Heap, OomRelease, Policy, PoolKind, Pressure, Request, SegmentId, StreamId,
+    MIB,
+};
+
+/// All sizes are rounded to at least this (`kMinBlockSize`).
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Largest small-pool request (`kSmallSize`).
+pub const SMALL_SIZE: u64 = MIB;
+/// Segment size of the small pool (`kSmallBuffer`).
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// Segment size for requests between 1 and 10 MiB (`kLargeBuffer`).
+pub const LARGE_BUFFER: u64 = 20 * MIB;
+/// Requests from this size get a segment of their own size (`kMinLargeAlloc`).
+pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
+/// Large segments are rounded to this (`kRoundLarge`).
+pub const ROUND_LARGE: u64 = 2 * MIB;
+
+/// Settings of the PyTorch policy, from the allocator configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BfcSettings {
+    /// `max_split_size_mb` in bytes (`u64::MAX` = unlimited).
+    pub max_split_size: u64,
+    /// `max_non_split_rounding_mb` in bytes.
+    pub max_non_split_rounding: u64,
+    /// `roundup_power2_divisions` per interval.
+    pub divisions: [u32; ROUNDUP_INTERVALS],
+}
+
+impl Default for BfcSettings {
+    fn default() -> Self {
+        Self::from(&AllocatorConfig::default())
+    }
+}
+
+impl From<&AllocatorConfig> for BfcSettings {
+    fn from(cfg: &AllocatorConfig) -> Self {
+        BfcSettings {
+            max_split_size: cfg.max_split_size,
+            max_non_split_rounding: cfg.max_non_split_rounding,
+            divisions: cfg.roundup_power2_divisions,
+        }
+    }
+}
+
+impl BfcSettings {
+    /// PyTorch's `round_size`.
+    pub fn round_size(&self, size: u64) -> u64 {
+        if size < MIN_BLOCK_SIZE {
+            return MIN_BLOCK_SIZE;
+        }
+        let log = 63 - size.leading_zeros() as usize;
+        let divisions = self.divisions[log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1)] as u64;
+        if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+            round_to_power2_division(size, divisions)
+        } else {
+            size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        }
+    }
+}
+
+/// Rounds `size` up to the next of `divisions` equal steps between the powers
+/// of two around it (PyTorch's `roundup_power2_next_division`).
+fn round_to_power2_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> divisions.trailing_zeros();
+    if step == 0 {
+        return floor << 1;
+    }
+    let down = size & !(step - 1);
+    if down == size {
+        size
+    } else {
+        down + step
+    }
+}
+
+/// PyTorch's segment size for a rounded request (`get_allocation_size`).
+pub fn allocation_size(size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+type FreeKey = (StreamId, u64, u64, BlockId);
+
+fn key(heap: &Heap, id: BlockId) -> FreeKey {
+    let b = heap.block(id);
+    (b.stream, b.size, b.addr, id)
+}
+
+/// PyTorch's best fit with coalescing.
+#[derive(Debug, Clone, Default)]
+pub struct PytorchBfc {
+    settings: BfcSettings,
+    /// Free blocks per pool, ordered as PyTorch's `BlockComparatorSize`.
+    free: [BTreeSet<FreeKey>; 2],
+}
+
+impl PytorchBfc {
+    /// A policy with the given settings.
+    pub fn new(settings: BfcSettings) -> Self {
+        PytorchBfc {
+            settings,
+            free: Default::default(),
+        }
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &BfcSettings {
+        &self.settings
+    }
+
+    fn should_split(&self, pool: PoolKind, block_size: u64, size: u64) -> bool {
+        let remaining = block_size - size;
+        match pool {
+            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
+            PoolKind::Large => size < self.settings.max_split_size && remaining > SMALL_SIZE,
+        }
+    }
+
+    /// Smallest free block of `stream` in `pool` with size >= `size`.
+    fn lower_bound(&self, pool: PoolKind, stream: StreamId, size: u64) -> Option<FreeKey> {
+        let k = *self.free[pool.index()]
+            .range((stream, size, 0, BlockId::MIN)..)
+            .next()?;
+        (k.0 == stream).then_some(k)
+    }
+}
+
+impl Policy for PytorchBfc {
+    fn name(&self) -> &str {
+        "pytorch-bfc"
+    }
+
+    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+        let size = self.settings.round_size(requested);
+        let pool = if size <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        Request {
+            requested,
+            size,
+            pool,
+            stream,
+        }
+    }
+
+    fn segment_size(&self, req: &Request) -> u64 {
+        allocation_size(req.size)
+    }
+
+    fn take_free(&mut self, _heap: &Heap, req: &Request) -> Option<BlockId> {
+        let k = self.lower_bound(req.pool, req.stream, req.size)?;
+        let max_split = self.settings.max_split_size;
+        // Do not hand an oversize block to a small request, nor one much larger
+        // than an oversize request.
+        if req.size < max_split && k.1 >= max_split {
+            return None;
+        }
+        if req.size >= max_split && k.1 >= req.size.saturating_add(self.settings.max_non_split_rounding) {
+            return None;
+        }
+        self.free[req.pool.index()].remove(&k);
+        Some(k.3)
+    }
+
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        if self.should_split(req.pool, heap.block(block).size, req.size) {
+            let rest = heap.split(block, req.size);
+            self.free[req.pool.index()].insert(key(heap, rest));
+        }
+        block
+    }
+
+    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
+        let free = &mut self.free;
+        let survivor = coalesce(heap, block, |h, n| {
+            free[h.block(n).pool.index()].remove(&key(h, n));
+        });
+        let pool = heap.block(survivor).pool;
+        self.free[pool.index()].insert(key(heap, survivor));
+    }
+
+    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
+        self.free[heap.block(block).pool.index()].remove(&key(heap, block));
+    }
+
+    /// PyTorch's `release_available_cached_blocks`: free the smallest
+    /// oversize block that covers the request, else the largest oversize
+    /// blocks of the stream until their sizes add up to it.
+    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
+        let max_split = self.settings.max_split_size;
+        if max_split == u64::MAX {
+            return OomRelease::default();
+        }
+        let target = req.size.max(max_split);
+        let set = &self.free[req.pool.index()];
+        let whole = |k: &FreeKey| heap.segment(heap.block(k.3).segment).blocks == 1;
+        if let Some(k) = self.lower_bound(req.pool, req.stream, target) {
+            if whole(&k) {
+                return OomRelease {
+                    segments: vec![heap.block(k.3).segment],
+                    sufficient: true,
+                };
+            }
+        }
+        let mut released = 0;
+        let mut segments = Vec::new();
+        for k in set.range(..(req.stream, target, 0, BlockId::MIN)).rev() {
+            if released >= target || k.1 < max_split || k.0 != req.stream {
+                break;
+            }
+            if whole(k) {
+                released += k.1;
+                segments.push(heap.block(k.3).segment);
+            }
+        }
+        OomRelease {
+            sufficient: released >= target,
+            segments,
+        }
+    }
+
+    /// PyTorch's `garbage_collect_cached_blocks`: with a memory fraction and a
+    /// threshold set, once reserved memory passes threshold x limit, release
+    /// unsplit large-pool blocks at least as old as the average, repeatedly,
+    /// until enough is reclaimed.
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        let Some(threshold) = pressure.threshold.filter(|_| pressure.fraction_set) else {
+            return Vec::new();
+        };
+        let gc_threshold = (threshold * pressure.limit as f64) as u64;
+        if pressure.reserved <= gc_threshold {
+            return Vec::new();
+        }
+        let target = pressure.reserved - gc_threshold;
+        let now = heap.clock[PoolKind::Large.index()];
+        let mut candidates: Vec<(BlockId, u64, u64)> = self.free[PoolKind::Large.index()]
+            .iter()
+            .filter(|k| heap.segment(heap.block(k.3).segment).blocks == 1)
+            .map(|k| (k.3, k.1, now - heap.block(k.3).freed_at))
+            .collect();
+        let mut total_age: u64 = candidates.iter().map(|c| c.2).sum();
+        let mut reclaimed = 0;
+        let mut released = Vec::new();
+        while reclaimed < target && !candidates.is_empty() {
+            let threshold_age = total_age as f64 / candidates.len() as f64;
+            let before = candidates.len();
+            candidates.retain(|&(id, size, age)| {
+                if age as f64 >= threshold_age {
+                    reclaimed += size;
+                    total_age -= age;
+                    released.push(heap.block(id).segment);
+                    false
+                } else {
+                    true
+                }
+            });
+            if candidates.len() == before {
+                break;
+            }
+        }
+        released
+    }
+
+    fn coalesces(&self) -> bool {
+        true
+    }
+
+    fn oversize_threshold(&self) -> u64 {
+        self.settings.max_split_size
+    }
+
+    fn indexed_blocks(&self) -> Vec<BlockId> {
+        self.free.iter().flatten().map(|k| k.3).collect()
+    }
+
+    fn check(&self, heap: &Heap) -> Result<(), String> {
+        for (pool, set) in [PoolKind::Small, PoolKind::Large].iter().zip(&self.free) {
+            for k in set {
+                if key(heap, k.3) != *k || heap.block(k.3).pool != *pool {
+                    return Err(format!("stale free-set key for block at {:#x}", k.2));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_matches_pytorch() {
+        let s = BfcSettings::default();
+        assert_eq!(s.round_size(1), 512);
+        assert_eq!(s.round_size(512), 512);
+        assert_eq!(s.round_size(513), 1024);
+        assert_eq!(s.round_size(3 * MIB + 1), 3 * MIB + 512);
+        let cfg = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
+        let s = BfcSettings::from(&cfg);
+        // 1200 B: below 512 x 4, plain rounding.
+        assert_eq!(s.round_size(1200), 1536);
+        // 5 MiB + 1: floor 4 MiB, step 1 MiB -> 6 MiB.
+        assert_eq!(s.round_size(5 * MIB + 1), 6 * MIB);
+        assert_eq!(s.round_size(8 * MIB), 8 * MIB);
+        assert_eq!(s.round_size(6 * MIB), 6 * MIB);
+    }
+
+    #[test]
+    fn segment_sizes_match_pytorch() {
+        assert_eq!(allocation_size(512), 2 * MIB);
+        assert_eq!(allocation_size(MIB), 2 * MIB);
+        assert_eq!(allocation_size(MIB + 512), 20 * MIB);
+        assert_eq!(allocation_size(10 * MIB - 512), 20 * MIB);
+        assert_eq!(allocation_size(10 * MIB), 10 * MIB);
+        assert_eq!(allocation_size(11 * MIB + 1), 12 * MIB);
+    }
+
+    #[test]
+    fn split_thresholds() {
+        let p = PytorchBfc::default();
+        assert!(p.should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 512));
+        assert!(!p.should_split(PoolKind::Small, 1024, 1024));
+        assert!(!p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB));
+        assert!(p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB - 512));
+        let p = PytorchBfc::new(BfcSettings::from(&AllocatorConfig::parse("max_split_size_mb:64").unwrap()));
+        assert!(!p.should_split(PoolKind::Large, 200 * MIB, 64 * MIB));
+        assert!(p.should_split(PoolKind::Large, 200 * MIB, 63 * MIB));
+    }
+}

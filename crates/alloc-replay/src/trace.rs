@@ -1,0 +1,294 @@
+//! Allocation traces: the in-memory model and the readers for the on-disk formats.
+//!
+//! Two formats are understood:
+//!
+//! * the **text** format of `/work/shared/traces` (optionally gzip'd):
+//!
+//!   ```text
+//!   # <comment>                         header line; '# segment_alloc <bytes>' marks a cudaMalloc
+//!   a <id> <requested_bytes> <stream>   allocation request; id is unique among live allocations
+//!   f <id> <stream>                     free request of allocation <id>
+//!   ```
+//!
+//! * a **PyTorch memory snapshot pickle** as written by
+//!   `torch.cuda.memory._dump_snapshot(path)` (see [`parse_pickle`]).
+//!
+//! [`load_trace`] detects the format from the file content, not its name.
+
+mod pickle;
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+pub use pickle::{parse_pickle, parse_pickle_device};
+
+/// One request in an allocation trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TraceEvent {
+    /// An allocation request of `size` bytes (as requested, before any rounding) on `stream`.
+    ///
+    /// `id` identifies the allocation until it is freed; it may be reused afterwards.
+    Alloc {
+        /// Identifier of the allocation, unique among live allocations.
+        id: u64,
+        /// Requested size in bytes.
+        size: u64,
+        /// Stream id (0 = the default stream).
+        stream: u64,
+    },
+    /// A free request of allocation `id` on `stream`.
+    ///
+    /// Traces may contain frees of ids that were never allocated in the trace (allocations
+    /// made before recording began); such events are kept and left for the replayer to skip.
+    Free {
+        /// Identifier of the allocation being freed.
+        id: u64,
+        /// Stream id (0 = the default stream).
+        stream: u64,
+    },
+}
+
+/// A whole allocation trace: the request sequence plus the metadata recorded with it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Trace {
+    /// Name of the trace: the file stem without `.trace.gz`, `.pickle` and similar suffixes.
+    pub name: String,
+    /// The allocation and free requests, in request order.
+    pub events: Vec<TraceEvent>,
+    /// Sizes (bytes) of the segments the recording allocator obtained from the device
+    /// (`# segment_alloc <bytes>` markers in text, `segment_alloc` actions in pickles), in order.
+    pub segment_allocs: Vec<u64>,
+    /// The other comment lines, without the leading `# `.
+    pub header: Vec<String>,
+}
+
+impl Trace {
+    /// Serializes the trace in the text format accepted by [`parse_text`].
+    ///
+    /// Header lines come first, then the `segment_alloc` markers, then the events: the
+    /// positions of markers among the events are not part of the model, so they are not
+    /// reproduced, but `parse_text(name, &trace.to_text())` yields an equal [`Trace`].
+    pub fn to_text(&self) -> String {
+        let mut out = String::with_capacity(self.events.len() * 16);
+        for line in &self.header {
+            if line.is_empty() {
+                out.push_str("#\n");
+            } else {
+                let _ = writeln!(out, "# {line}");
+            }
+        }
+        for size in &self.segment_allocs {
+            let _ = writeln!(out, "# segment_alloc {size}");
+        }
+        for ev in &self.events {
+            let _ = match *ev {
+                TraceEvent::Alloc { id, size, stream } => writeln!(out, "a {id} {size} {stream}"),
+                TraceEvent::Free { id, stream } => writeln!(out, "f {id} {stream}"),
+            };
+        }
+        out
+    }
+
+    /// Number of [`TraceEvent::Alloc`] events.
+    pub fn alloc_count(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
+            .count()
+    }
+}
+
+/// Errors from reading or parsing a trace.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("cannot read trace {}: {source}", path.display())]
+    Io {
+        /// The file that was being read.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The content starts with the gzip magic bytes but does not decompress.
+    #[error("gzip decompression failed: {0}")]
+    Gzip(#[source] std::io::Error),
+    /// A line of a text trace is malformed.
+    #[error("line {line}: {reason}")]
+    Parse {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong with the line.
+        reason: String,
+    },
+    /// The bytes are not a pickle that can be decoded.
+    #[error("cannot decode pickle: {0}")]
+    Pickle(String),
+    /// The pickle decodes, but is not shaped like a PyTorch memory snapshot.
+    #[error("not a valid memory snapshot: {0}")]
+    Snapshot(String),
+}
+
+/// The two magic bytes that start every gzip member.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// The PROTO opcode that starts every pickle of protocol 2 or higher.
+const PICKLE_PROTO: u8 = 0x80;
+
+/// Reads a trace file, detecting its format from the content.
+///
+/// Gzip'd content (magic `1f 8b`) is decompressed first; content that then starts with the
+/// pickle PROTO opcode (`0x80`) is read as a PyTorch snapshot (device 0), anything else as
+/// the text format. The trace name is derived from the path with [`trace_name`].
+pub fn load_trace(path: &Path) -> Result<Trace, TraceError> {
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_bytes(&trace_name(path), &bytes)
+}
+
+/// Parses trace content held in memory, detecting the format as [`load_trace`] does.
+pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
+    if bytes.starts_with(&GZIP_MAGIC) {
+        let mut plain = Vec::new();
+        flate2::read::MultiGzDecoder::new(bytes)
+            .read_to_end(&mut plain)
+            .map_err(TraceError::Gzip)?;
+        return parse_plain(name, &plain);
+    }
+    parse_plain(name, bytes)
+}
+
+/// Dispatches uncompressed content to the pickle or the text reader.
+fn parse_plain(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
+    if bytes.first() == Some(&PICKLE_PROTO) {
+        return parse_pickle(name, bytes);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => parse_text(name, text),
+        Err(e) => {
+            let valid = &bytes[..e.valid_up_to()];
+            let line = 1 + valid.iter().filter(|&&b| b == b'\n').count();
+            Err(TraceError::Parse {
+                line,
+                reason: "invalid UTF-8 (not a text trace, gzip file or pickle)".into(),
+            })
+        }
+    }
+}
+
+/// Suffixes stripped (repeatedly, from the end) from a file name by [`trace_name`].
+const NAME_SUFFIXES: &[&str] = &[".gz", ".trace", ".txt", ".pickle", ".pkl", ".snapshot"];
+
+/// Derives a trace name from a path: the file name without `.gz`, `.trace`, `.txt`,
+/// `.pickle`, `.pkl` and `.snapshot` suffixes, so `gpt2_train.trace.gz` gives `gpt2_train`
+/// and `small_mlp.snapshot.pickle` gives `small_mlp`.
+pub fn trace_name(path: &Path) -> String {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut name = file.as_str();
+    while let Some(stripped) = NAME_SUFFIXES
+        .iter()
+        .find_map(|s| name.strip_suffix(s).filter(|rest| !rest.is_empty()))
+    {
+        name = stripped;
+    }
+    name.to_string()
+}
+
+/// Parses a trace in the text format (see the module documentation).
+///
+/// Blank lines are ignored. A free of an id that is not live is kept (the recording may
+/// have started after that allocation was made). Errors, all [`TraceError::Parse`] with the
+/// 1-based line number: an unknown operation, a wrong number of fields, a field that is not
+/// a non-negative integer, a malformed `# segment_alloc` marker, and an allocation whose id
+/// is still live.
+pub fn parse_text(name: &str, text: &str) -> Result<Trace, TraceError> {
+    let mut trace = Trace {
+        name: name.to_string(),
+        ..Trace::default()
+    };
+    let mut live: HashSet<u64> = HashSet::new();
+    for (idx, raw) in text.lines().enumerate() {
+        let line = idx + 1;
+        let err = |reason: String| TraceError::Parse { line, reason };
+        let content = raw.trim();
+        if content.is_empty() {
+            continue;
+        }
+        if let Some(comment) = content.strip_prefix('#') {
+            parse_comment(comment.trim(), &mut trace).map_err(err)?;
+            continue;
+        }
+        let fields: Vec<&str> = content.split_ascii_whitespace().collect();
+        match fields[0] {
+            "a" => {
+                expect_fields(&fields, 4, "a <id> <requested_bytes> <stream>").map_err(err)?;
+                let id = parse_u64(fields[1], "id").map_err(err)?;
+                let size = parse_u64(fields[2], "requested_bytes").map_err(err)?;
+                let stream = parse_u64(fields[3], "stream").map_err(err)?;
+                if !live.insert(id) {
+                    return Err(err(format!("allocation id {id} is already live")));
+                }
+                trace.events.push(TraceEvent::Alloc { id, size, stream });
+            }
+            "f" => {
+                expect_fields(&fields, 3, "f <id> <stream>").map_err(err)?;
+                let id = parse_u64(fields[1], "id").map_err(err)?;
+                let stream = parse_u64(fields[2], "stream").map_err(err)?;
+                live.remove(&id);
+                trace.events.push(TraceEvent::Free { id, stream });
+            }
+            op => {
+                return Err(err(format!(
+                    "unknown operation {op:?} (expected 'a', 'f' or a '#' comment)"
+                )))
+            }
+        }
+    }
+    Ok(trace)
+}
+
+/// Handles the text after `#` on a comment line.
+fn parse_comment(comment: &str, trace: &mut Trace) -> Result<(), String> {
+    let mut words = comment.split_ascii_whitespace();
+    if words.next() == Some("segment_alloc") {
+        let rest: Vec<&str> = words.collect();
+        let [bytes] = rest.as_slice() else {
+            return Err(format!(
+                "'# segment_alloc' takes exactly one size, found {} fields",
+                rest.len()
+            ));
+        };
+        trace.segment_allocs.push(parse_u64(bytes, "segment size")?);
+    } else {
+        trace.header.push(comment.to_string());
+    }
+    Ok(())
+}
+
+/// Checks the field count of an event line.
+fn expect_fields(fields: &[&str], want: usize, form: &str) -> Result<(), String> {
+    if fields.len() == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected {want} fields ({form}), found {}",
+            fields.len()
+        ))
+    }
+}
+
+/// Parses one non-negative integer field.
+fn parse_u64(field: &str, what: &str) -> Result<u64, String> {
+    field
+        .parse::<u64>()
+        .map_err(|e| format!("{what} {field:?} is not a non-negative integer ({e})"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! Reader for PyTorch memory snapshot pickles.
+//!
+//! `torch.cuda.memory._dump_snapshot(path)` writes `pickle.dumps(torch.cuda.memory._snapshot())`:
+//! a dict with `segments`, `device_traces` (one list of trace entries per device) and
+//! `allocator_settings`. Each trace entry is a dict with at least `action`, and for the
+//! actions used here `addr`, `size` and `stream` (optionally `requested_size`); other keys
+//! (`frames`, `time_us`, `compile_context`, `user_metadata`, ...) are ignored.
+
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
+
+use serde_pickle::{DeOptions, HashableValue, Value};
+
+use super::{Trace, TraceError, TraceEvent};
+
+/// Parses a PyTorch memory snapshot pickle, taking the trace of device 0.
+///
+/// See [`parse_pickle_device`] for how trace entries are mapped to [`TraceEvent`]s.
+pub fn parse_pickle(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
+    parse_pickle_device(name, bytes, 0)
+}
+
+/// Parses a PyTorch memory snapshot pickle, taking the trace of device `device`.
+///
+/// Mapping of `device_traces[device]` entries:
+/// * `alloc` becomes [`TraceEvent::Alloc`] with a fresh id for the address, of
+///   `requested_size` bytes when that field is present and nonzero, else `size` bytes;
+/// * `free_requested` becomes [`TraceEvent::Free`] of the id live at that address, or of a
+///   fresh id when the address is unknown (allocated before recording began);
+/// * `segment_alloc` appends its `size` to [`Trace::segment_allocs`];
+/// * every other action (`free_completed`, `segment_free`, `segment_map`, `segment_unmap`,
+///   `snapshot`, `oom`, ...) is ignored.
+///
+/// Raw stream handles are renumbered in order of first appearance, keeping raw 0 (the
+/// default stream) as 0. Python objects the reader cannot represent (class instances in
+/// `frames` or `user_metadata`, for example) are read as `None`.
+///
+/// Errors: [`TraceError::Pickle`] when the bytes do not decode, [`TraceError::Snapshot`]
+/// when the structure is not that of a snapshot, `device` has no trace, a used field is
+/// missing or not an integer, or an `alloc` names an address that is still live.
+pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Trace, TraceError> {
+    let options = DeOptions::new()
+        .replace_unresolved_globals()
+        .replace_recursive_structures();
+    let root = serde_pickle::value_from_slice(bytes, options)
+        .map_err(|e| TraceError::Pickle(e.to_string()))?;
+    let snap = |m: String| TraceError::Snapshot(m);
+    let Value::Dict(root) = root else {
+        return Err(snap(format!(
+            "top level is {}, expected a dict",
+            kind(&root)
+        )));
+    };
+    let traces = field(&root, "device_traces")
+        .ok_or_else(|| snap("no 'device_traces' key (was memory history recorded?)".into()))?;
+    let devices = as_seq(traces).map_err(|m| snap(format!("'device_traces': {m}")))?;
+    let entries = devices.get(device).ok_or_else(|| {
+        snap(format!(
+            "no trace for device {device}: the snapshot has {} device(s)",
+            devices.len()
+        ))
+    })?;
+    let entries = as_seq(entries).map_err(|m| snap(format!("device_traces[{device}]: {m}")))?;
+
+    let mut builder = Builder::default();
+    builder.trace.name = name.to_string();
+    builder
+        .trace
+        .header
+        .push(format!("pytorch memory snapshot, device {device}"));
+    if let Some(settings) = field(&root, "allocator_settings") {
+        builder
+            .trace
+            .header
+            .push(format!("allocator_settings {settings}"));
+    }
+    for (i, entry) in entries.iter().enumerate() {
+        builder
+            .entry(entry)
+            .map_err(|m| snap(format!("device_traces[{device}][{i}]: {m}")))?;
+    }
+    Ok(builder.trace)
+}
+
+/// Accumulates events while walking the trace entries.
+#[derive(Default)]
+struct Builder {
+    trace: Trace,
+    /// Live allocations: address -> id.
+    live: HashMap<u64, u64>,
+    /// Raw stream handle -> small stream id.
+    streams: HashMap<i128, u64>,
+    next_id: u64,
+}
+
+impl Builder {
+    fn entry(&mut self, entry: &Value) -> Result<(), String> {
+        let Value::Dict(map) = entry else {
+            return Err(format!("entry is {}, expected a dict", kind(entry)));
+        };
+        let action = match field(map, "action") {
+            Some(Value::String(s)) => s.as_str(),
+            Some(Value::Bytes(b)) => std::str::from_utf8(b).unwrap_or(""),
+            Some(other) => return Err(format!("'action' is {}, expected a string", kind(other))),
+            None => return Err("no 'action' key".into()),
+        };
+        match action {
+            "alloc" => {
+                let addr = uint(map, "addr")?;
+                let size = match field(map, "requested_size") {
+                    Some(v) if !matches!(v, Value::None) => match to_u64(v, "requested_size")? {
+                        0 => uint(map, "size")?,
+                        n => n,
+                    },
+                    _ => uint(map, "size")?,
+                };
+                let stream = self.stream(map)?;
+                let id = self.fresh_id();
+                match self.live.entry(addr) {
+                    Entry::Occupied(_) => {
+                        return Err(format!("alloc at address {addr:#x}, which is still live"))
+                    }
+                    Entry::Vacant(v) => v.insert(id),
+                };
+                self.trace
+                    .events
+                    .push(TraceEvent::Alloc { id, size, stream });
+            }
+            "free_requested" => {
+                let addr = uint(map, "addr")?;
+                let stream = self.stream(map)?;
+                let id = match self.live.remove(&addr) {
+                    Some(id) => id,
+                    None => self.fresh_id(),
+                };
+                self.trace.events.push(TraceEvent::Free { id, stream });
+            }
+            "segment_alloc" => {
+                let size = uint(map, "size")?;
+                self.trace.segment_allocs.push(size);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Maps the entry's raw `stream` (0 when absent) to a small id.
+    fn stream(&mut self, map: &BTreeMap<HashableValue, Value>) -> Result<u64, String> {
+        let raw = match field(map, "stream") {
+            None | Some(Value::None) => 0,
+            Some(v) => to_int(v, "stream")?,
+        };
+        if raw == 0 {
+            return Ok(0);
+        }
+        let next = self.streams.len() as u64 + 1;
+        Ok(*self.streams.entry(raw).or_insert(next))
+    }
+}
+
+/// Looks up a string key (as `str` or, from old pickles, as `bytes`).
+fn field<'a>(map: &'a BTreeMap<HashableValue, Value>, key: &str) -> Option<&'a Value> {
+    map.get(&HashableValue::String(key.to_string()))
+        .or_else(|| map.get(&HashableValue::Bytes(key.as_bytes().to_vec())))
+}
+
+/// A required non-negative integer field.
+fn uint(map: &BTreeMap<HashableValue, Value>, key: &str) -> Result<u64, String> {
+    match field(map, key) {
+        Some(v) => to_u64(v, key),
+        None => Err(format!("no '{key}' key")),
+    }
+}
+
+fn to_u64(v: &Value, what: &str) -> Result<u64, String> {
+    let n = to_int(v, what)?;
+    u64::try_from(n).map_err(|_| format!("'{what}' is {n}, expected a non-negative 64-bit integer"))
+}
+
+fn to_int(v: &Value, what: &str) -> Result<i128, String> {
+    match v {
+        Value::I64(n) => Ok(i128::from(*n)),
+        Value::Bool(b) => Ok(i128::from(*b)),
+        Value::Int(big) => big
+            .to_string()
+            .parse::<i128>()
+            .map_err(|_| format!("'{what}' is {big}, which is out of range")),
+        other => Err(format!("'{what}' is {}, expected an integer", kind(other))),
+    }
+}
+
+fn as_seq(v: &Value) -> Result<&[Value], String> {
+    match v {
+        Value::List(items) | Value::Tuple(items) => Ok(items),
+        other => Err(format!("is {}, expected a list", kind(other))),
+    }
+}
+
+/// Python-ish name of a value's type, for error messages.
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::None => "None",
+        Value::Bool(_) => "a bool",
+        Value::I64(_) | Value::Int(_) => "an int",
+        Value::F64(_) => "a float",
+        Value::Bytes(_) => "bytes",
+        Value::String(_) => "a string",
+        Value::List(_) => "a list",
+        Value::Tuple(_) => "a tuple",
+        Value::Set(_) | Value::FrozenSet(_) => "a set",
+        Value::Dict(_) => "a dict",
+    }
+}

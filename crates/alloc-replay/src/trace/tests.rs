@@ -1,0 +1,353 @@
+use super::*;
+use std::io::Write as _;
+
+fn alloc(id: u64, size: u64, stream: u64) -> TraceEvent {
+    TraceEvent::Alloc { id, size, stream }
+}
+
+fn free(id: u64, stream: u64) -> TraceEvent {
+    TraceEvent::Free { id, stream }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+fn parse_err(text: &str) -> (usize, String) {
+    match parse_text("t", text) {
+        Err(TraceError::Parse { line, reason }) => (line, reason),
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+}
+
+const SAMPLE: &str = "# workload demo torch 2.11\n\
+# segment_alloc 2097152\n\
+a 0 512 0\n\
+\n\
+a 1 1000 3\n\
+   \n\
+f 0 0\n\
+# segment_alloc 20971520\n\
+#   another note  \n\
+f 7 0\n\
+a 0 64 0\n";
+
+#[test]
+fn parses_sample() {
+    let t = parse_text("demo", SAMPLE).unwrap();
+    assert_eq!(t.name, "demo");
+    assert_eq!(
+        t.events,
+        vec![
+            alloc(0, 512, 0),
+            alloc(1, 1000, 3),
+            free(0, 0),
+            free(7, 0),
+            alloc(0, 64, 0)
+        ]
+    );
+    assert_eq!(t.segment_allocs, vec![2097152, 20971520]);
+    assert_eq!(t.header, vec!["workload demo torch 2.11", "another note"]);
+    assert_eq!(t.alloc_count(), 3);
+}
+
+#[test]
+fn accepts_crlf_and_tabs_and_bare_hash() {
+    let t = parse_text("t", "#\r\na\t1\t2\t0\r\nf 1 0\r\n").unwrap();
+    assert_eq!(t.header, vec![""]);
+    assert_eq!(t.events, vec![alloc(1, 2, 0), free(1, 0)]);
+}
+
+#[test]
+fn empty_text_is_an_empty_trace() {
+    let t = parse_text("e", "").unwrap();
+    assert!(t.events.is_empty() && t.segment_allocs.is_empty() && t.header.is_empty());
+}
+
+#[test]
+fn text_round_trip() {
+    let t = parse_text("demo", SAMPLE).unwrap();
+    let again = parse_text("demo", &t.to_text()).unwrap();
+    assert_eq!(t, again);
+    // And a trace built by hand, with an empty header line.
+    let built = Trace {
+        name: "x".into(),
+        events: vec![alloc(5, u64::MAX, 2), free(5, 2), free(9, 0)],
+        segment_allocs: vec![1, 2, 3],
+        header: vec!["".into(), "hello world".into()],
+    };
+    assert_eq!(parse_text("x", &built.to_text()).unwrap(), built);
+}
+
+#[test]
+fn error_unknown_op() {
+    let (line, reason) = parse_err("a 0 1 0\nx 1 2\n");
+    assert_eq!(line, 2);
+    assert!(reason.contains("unknown operation \"x\""), "{reason}");
+}
+
+#[test]
+fn error_wrong_token_count() {
+    let (line, reason) = parse_err("a 0 1\n");
+    assert_eq!(line, 1);
+    assert!(reason.contains("expected 4 fields"), "{reason}");
+    assert!(reason.contains("found 3"), "{reason}");
+    let (line, reason) = parse_err("\n\nf 0 0 0\n");
+    assert_eq!(line, 3);
+    assert!(reason.contains("expected 3 fields"), "{reason}");
+}
+
+#[test]
+fn error_non_integer_fields() {
+    let (_, reason) = parse_err("a x 1 0\n");
+    assert!(reason.contains("id \"x\""), "{reason}");
+    let (_, reason) = parse_err("a 0 1.5 0\n");
+    assert!(reason.contains("requested_bytes \"1.5\""), "{reason}");
+    let (_, reason) = parse_err("a 0 1 -1\n");
+    assert!(reason.contains("stream \"-1\""), "{reason}");
+    let (_, reason) = parse_err("f 0 zz\n");
+    assert!(reason.contains("stream \"zz\""), "{reason}");
+    let (_, reason) = parse_err("a 0 18446744073709551616 0\n");
+    assert!(reason.contains("non-negative integer"), "{reason}");
+}
+
+#[test]
+fn error_bad_segment_marker() {
+    let (line, reason) = parse_err("a 0 1 0\n# segment_alloc lots\n");
+    assert_eq!(line, 2);
+    assert!(reason.contains("segment size \"lots\""), "{reason}");
+    let (_, reason) = parse_err("# segment_alloc\n");
+    assert!(reason.contains("exactly one size"), "{reason}");
+    let (_, reason) = parse_err("# segment_alloc 1 2\n");
+    assert!(reason.contains("found 2 fields"), "{reason}");
+}
+
+#[test]
+fn error_duplicate_live_id() {
+    let (line, reason) = parse_err("a 4 1 0\na 5 1 0\na 4 8 0\n");
+    assert_eq!(line, 3);
+    assert!(reason.contains("id 4 is already live"), "{reason}");
+    // Reuse after a free is fine.
+    assert!(parse_text("t", "a 4 1 0\nf 4 0\na 4 8 0\n").is_ok());
+}
+
+#[test]
+fn error_display_includes_line() {
+    let e = parse_text("t", "a 0 1 0\nq\n").unwrap_err();
+    assert!(e.to_string().starts_with("line 2: "), "{e}");
+}
+
+#[test]
+fn gzip_is_detected() {
+    let plain = parse_bytes("demo", SAMPLE.as_bytes()).unwrap();
+    let zipped = parse_bytes("demo", &gzip(SAMPLE.as_bytes())).unwrap();
+    assert_eq!(plain, zipped);
+}
+
+#[test]
+fn multi_member_gzip_is_read_whole() {
+    let (a, b) = SAMPLE.split_at(SAMPLE.find("f 0 0").unwrap());
+    let mut both = gzip(a.as_bytes());
+    both.extend(gzip(b.as_bytes()));
+    assert_eq!(
+        parse_bytes("demo", &both).unwrap(),
+        parse_text("demo", SAMPLE).unwrap()
+    );
+}
+
+#[test]
+fn corrupt_gzip_is_an_error() {
+    let mut bytes = gzip(SAMPLE.as_bytes());
+    bytes.truncate(bytes.len() / 2);
+    assert!(matches!(parse_bytes("t", &bytes), Err(TraceError::Gzip(_))));
+    assert!(matches!(
+        parse_bytes("t", &[0x1f, 0x8b]),
+        Err(TraceError::Gzip(_))
+    ));
+}
+
+#[test]
+fn invalid_utf8_reports_the_line() {
+    let bytes = b"a 0 1 0\na 1 \xff 0\n";
+    match parse_bytes("t", bytes) {
+        Err(TraceError::Parse { line, reason }) => {
+            assert_eq!(line, 2);
+            assert!(reason.contains("UTF-8"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn names_strip_known_suffixes() {
+    let name = |p: &str| trace_name(Path::new(p));
+    assert_eq!(name("/a/b/gpt2_train.trace.gz"), "gpt2_train");
+    assert_eq!(name("small_mlp.snapshot.pickle"), "small_mlp");
+    assert_eq!(name("x.pkl"), "x");
+    assert_eq!(name("run.v2.txt.gz"), "run.v2");
+    assert_eq!(name(".gz"), ".gz");
+    assert_eq!(name("plain"), "plain");
+}
+
+#[test]
+fn missing_file_is_an_io_error() {
+    let e = load_trace(Path::new("/nonexistent/dir/x.trace.gz")).unwrap_err();
+    assert!(matches!(e, TraceError::Io { .. }));
+    assert!(e.to_string().contains("/nonexistent/dir/x.trace.gz"), "{e}");
+}
+
+/// Pickles built by hand with protocol-2 opcodes, for the error paths.
+mod pickles {
+    use super::*;
+
+    /// `PROTO 2`, the given body, `STOP`.
+    fn pickle(body: &[u8]) -> Vec<u8> {
+        let mut v = vec![0x80, 2];
+        v.extend_from_slice(body);
+        v.push(b'.');
+        v
+    }
+
+    /// SHORT_BINUNICODE-free encoding: BINUNICODE `X` + u32 length + bytes.
+    fn s(text: &str) -> Vec<u8> {
+        let mut v = vec![b'X'];
+        v.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        v.extend_from_slice(text.as_bytes());
+        v
+    }
+
+    /// BININT `J` (i32).
+    fn int(n: i32) -> Vec<u8> {
+        let mut v = vec![b'J'];
+        v.extend_from_slice(&n.to_le_bytes());
+        v
+    }
+
+    /// A dict of the given key/value encodings: EMPTY_DICT MARK ... SETITEMS.
+    fn dict(items: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+        let mut v = vec![b'}', b'('];
+        for (k, val) in items {
+            v.extend_from_slice(k);
+            v.extend_from_slice(val);
+        }
+        v.push(b'u');
+        v
+    }
+
+    /// A list: EMPTY_LIST MARK ... APPENDS.
+    fn list(items: &[Vec<u8>]) -> Vec<u8> {
+        let mut v = vec![b']', b'('];
+        for it in items {
+            v.extend_from_slice(it);
+        }
+        v.push(b'e');
+        v
+    }
+
+    fn snapshot(entries: &[Vec<u8>]) -> Vec<u8> {
+        pickle(&dict(&[(s("device_traces"), list(&[list(entries)]))]))
+    }
+
+    fn entry(action: &str, addr: i32, size: i32) -> Vec<u8> {
+        dict(&[
+            (s("action"), s(action)),
+            (s("addr"), int(addr)),
+            (s("size"), int(size)),
+            (s("stream"), int(0)),
+        ])
+    }
+
+    fn snapshot_err(bytes: &[u8]) -> String {
+        match parse_pickle("p", bytes) {
+            Err(TraceError::Snapshot(m)) => m,
+            other => panic!("expected a snapshot error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_snapshot_parses() {
+        let t = parse_pickle(
+            "p",
+            &snapshot(&[entry("alloc", 4096, 10), entry("free_requested", 4096, 10)]),
+        )
+        .unwrap();
+        assert_eq!(t.events, vec![alloc(0, 10, 0), free(0, 0)]);
+        // Dispatch on content works for pickles too, and through gzip.
+        let bytes = snapshot(&[entry("alloc", 4096, 10)]);
+        assert_eq!(parse_bytes("p", &gzip(&bytes)).unwrap().events.len(), 1);
+    }
+
+    #[test]
+    fn undecodable_pickle() {
+        assert!(matches!(
+            parse_pickle("p", &[0x80, 2, b'}']),
+            Err(TraceError::Pickle(_))
+        ));
+        assert!(matches!(
+            parse_bytes("p", &[0x80, 2, 0xff, b'.']),
+            Err(TraceError::Pickle(_))
+        ));
+    }
+
+    #[test]
+    fn wrong_top_level() {
+        assert!(snapshot_err(&pickle(&list(&[]))).contains("top level is a list"));
+        assert!(snapshot_err(&pickle(&dict(&[]))).contains("no 'device_traces'"));
+        let bad = pickle(&dict(&[(s("device_traces"), int(3))]));
+        assert!(snapshot_err(&bad).contains("'device_traces': is an int"));
+    }
+
+    #[test]
+    fn missing_device() {
+        let bytes = snapshot(&[]);
+        assert!(parse_pickle("p", &bytes).unwrap().events.is_empty());
+        let m = match parse_pickle_device("p", &bytes, 3) {
+            Err(TraceError::Snapshot(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(m.contains("no trace for device 3"), "{m}");
+        assert!(m.contains("1 device(s)"), "{m}");
+    }
+
+    #[test]
+    fn bad_entries() {
+        let m = snapshot_err(&snapshot(&[int(1)]));
+        assert!(m.contains("device_traces[0][0]: entry is an int"), "{m}");
+        let m = snapshot_err(&snapshot(&[dict(&[(s("addr"), int(1))])]));
+        assert!(m.contains("no 'action' key"), "{m}");
+        let m = snapshot_err(&snapshot(&[dict(&[(s("action"), int(1))])]));
+        assert!(m.contains("'action' is an int"), "{m}");
+        let no_addr = dict(&[(s("action"), s("alloc")), (s("size"), int(4))]);
+        let m = snapshot_err(&snapshot(&[entry("segment_alloc", 0, 8), no_addr]));
+        assert!(m.contains("device_traces[0][1]: no 'addr' key"), "{m}");
+        let m = snapshot_err(&snapshot(&[entry("alloc", 16, -4)]));
+        assert!(m.contains("'size' is -4"), "{m}");
+        let str_size = dict(&[(s("action"), s("segment_alloc")), (s("size"), s("big"))]);
+        let m = snapshot_err(&snapshot(&[str_size]));
+        assert!(m.contains("'size' is a string, expected an integer"), "{m}");
+    }
+
+    #[test]
+    fn alloc_at_live_address_is_an_error() {
+        let m = snapshot_err(&snapshot(&[entry("alloc", 64, 1), entry("alloc", 64, 2)]));
+        assert!(m.contains("device_traces[0][1]"), "{m}");
+        assert!(m.contains("address 0x40, which is still live"), "{m}");
+    }
+
+    #[test]
+    fn unknown_actions_and_missing_stream_are_tolerated() {
+        let no_stream = dict(&[
+            (s("action"), s("alloc")),
+            (s("addr"), int(8)),
+            (s("size"), int(3)),
+        ]);
+        let t = parse_pickle(
+            "p",
+            &snapshot(&[entry("some_future_action", 1, 1), no_stream]),
+        )
+        .unwrap();
+        assert_eq!(t.events, vec![alloc(0, 3, 0)]);
+    }
+}
