@@ -2,14 +2,17 @@
 //!
 //! * [`trace`]: the allocation-trace model ([`Trace`], [`TraceEvent`]) and readers for the
 //!   text format and PyTorch memory snapshot pickles.
+//! * [`replay`]: runs a trace through the engine on the simulated device ([`replay()`]).
 //! * [`plot`]: dependency-free SVG line charts of memory over time.
 
 #![warn(missing_docs)]
 
 pub mod plot;
+pub mod replay;
 pub mod trace;
 
 pub use trace::{
     load_trace, parse_bytes, parse_pickle, parse_pickle_device, parse_text, trace_name, Trace,
     TraceError, TraceEvent,
 };
+pub use replay::{replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun};

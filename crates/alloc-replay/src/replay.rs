@@ -1,0 +1,193 @@
+//! Replays a trace through the engine on the simulated device and measures
+//! peaks, device calls and host cost per operation.
+
+use std::time::Instant;
+
+use alloc_core::{AllocError, AllocatorConfig, Engine, EngineOptions, Policy, SimMemory, SimStreams, GIB};
+use alloc_policy::AnyPolicy;
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::trace::{Trace, TraceEvent};
+
+/// Capacity of the simulated device: an H100 80GB as PyTorch sees it.
+pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
+
+/// Why a replay stopped.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    /// The configuration (policy name, keys) was rejected.
+    #[error(transparent)]
+    Config(#[from] alloc_core::ConfigError),
+    /// The engine failed on an event that should have succeeded.
+    #[error("{trace} under {policy}: event {index}: {source}")]
+    Engine {
+        /// Trace name.
+        trace: String,
+        /// Policy name.
+        policy: String,
+        /// Index of the event in the trace.
+        index: usize,
+        /// The engine's error.
+        source: AllocError,
+    },
+}
+
+/// Figures of one replay of one trace under one policy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayReport {
+    /// Trace name.
+    pub trace: String,
+    /// Policy name (with configuration, when one was given).
+    pub policy: String,
+    /// Allocation and free events replayed.
+    pub ops: u64,
+    /// Highest sum of requested bytes of live blocks.
+    pub peak_requested_bytes: u64,
+    /// Highest sum of (rounded) bytes of live blocks.
+    pub peak_allocated_bytes: u64,
+    /// Highest bytes reserved from the device.
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes / peak_requested_bytes`.
+    pub reserved_over_requested: f64,
+    /// Device allocations (cudaMalloc calls).
+    pub device_allocs: u64,
+    /// Device frees (cudaFree calls).
+    pub device_frees: u64,
+    /// Allocations that needed the flush-everything retry.
+    pub retries: u64,
+    /// Allocations that failed for lack of memory.
+    pub ooms: u64,
+    /// Host nanoseconds per replayed operation (best of the timed runs).
+    pub ns_per_op: f64,
+}
+
+/// A replay with its memory timeline.
+#[derive(Debug, Clone)]
+pub struct ReplayRun {
+    /// The figures.
+    pub report: ReplayReport,
+    /// `(event index, allocated bytes, reserved bytes)` after each event that
+    /// changed either.
+    pub timeline: Vec<(u64, u64, u64)>,
+}
+
+/// How to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Simulated device capacity.
+    pub capacity: u64,
+    /// Timed repetitions; the fastest counts.
+    pub timed_runs: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            capacity: DEFAULT_CAPACITY,
+            timed_runs: 3,
+        }
+    }
+}
+
+type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
+
+/// Builds an engine for a configuration string on a simulated device.
+pub fn sim_engine(config: &str, capacity: u64) -> Result<SimEngine, alloc_core::ConfigError> {
+    let cfg = AllocatorConfig::parse(config)?;
+    let policy = AnyPolicy::from_config(&cfg)?;
+    Ok(Engine::new(
+        policy,
+        SimMemory::new(capacity),
+        SimStreams::new(),
+        EngineOptions::from(&cfg),
+    ))
+}
+
+/// Replays `trace` under `config` (a configuration string such as
+/// `policy:buddy`): one pass recording the timeline, then timed passes.
+pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<ReplayRun, ReplayError> {
+    let mut timeline = Vec::new();
+    let engine = run_events(trace, config, opts.capacity, Some(&mut timeline))?;
+    let mut best = f64::INFINITY;
+    for _ in 0..opts.timed_runs {
+        let start = Instant::now();
+        let timed = run_events(trace, config, opts.capacity, None)?;
+        let ns = start.elapsed().as_nanos() as f64;
+        drop(timed);
+        best = best.min(ns);
+    }
+    let s = engine.stats();
+    let ops = trace.events.len() as u64;
+    let peak_requested = s.requested_bytes.all.peak as u64;
+    let peak_reserved = s.reserved_bytes.all.peak as u64;
+    let policy = if config.is_empty() || config == format!("policy:{}", engine.policy().name()) {
+        engine.policy().name().to_string()
+    } else {
+        config.to_string()
+    };
+    Ok(ReplayRun {
+        report: ReplayReport {
+            trace: trace.name.clone(),
+            policy,
+            ops,
+            peak_requested_bytes: peak_requested,
+            peak_allocated_bytes: s.allocated_bytes.all.peak as u64,
+            peak_reserved_bytes: peak_reserved,
+            reserved_over_requested: peak_reserved as f64 / peak_requested.max(1) as f64,
+            device_allocs: s.num_device_alloc,
+            device_frees: s.num_device_free,
+            retries: s.num_alloc_retries,
+            ooms: s.num_ooms,
+            ns_per_op: if opts.timed_runs == 0 { f64::NAN } else { best / ops.max(1) as f64 },
+        },
+        timeline,
+    })
+}
+
+/// Runs every event through a fresh engine. Frees of ids never allocated
+/// (made before recording began) are skipped; an allocation that runs out of
+/// memory is counted and its later free skipped.
+fn run_events(
+    trace: &Trace,
+    config: &str,
+    capacity: u64,
+    mut timeline: Option<&mut Vec<(u64, u64, u64)>>,
+) -> Result<SimEngine, ReplayError> {
+    let mut engine = sim_engine(config, capacity)?;
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    live.reserve(1024);
+    let mut last = (0, 0);
+    for (index, event) in trace.events.iter().enumerate() {
+        let result = match *event {
+            TraceEvent::Alloc { id, size, stream } => match engine.malloc(size.max(1), stream) {
+                Ok(a) => {
+                    live.insert(id, a.addr);
+                    Ok(())
+                }
+                Err(AllocError::OutOfMemory(_)) => Ok(()),
+                Err(e) => Err(e),
+            },
+            TraceEvent::Free { id, .. } => match live.remove(&id) {
+                Some(addr) => engine.free(addr),
+                None => Ok(()),
+            },
+        };
+        result.map_err(|source| ReplayError::Engine {
+            trace: trace.name.clone(),
+            policy: config.to_string(),
+            index,
+            source,
+        })?;
+        if let Some(points) = timeline.as_deref_mut() {
+            let s = engine.stats();
+            let now = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
+            if now != last {
+                points.push((index as u64, now.0, now.1));
+                last = now;
+            }
+        }
+    }
+    Ok(engine)
+}
