@@ -1,0 +1,243 @@
+//! Engine behaviour with PyTorch's policy on the simulated device: the
+//! allocation paths, record_stream deferral, stream-wait reuse, the
+//! out-of-memory path, statistics, garbage collection and snapshots.
+
+mod common;
+
+use alloc_core::{AllocError, SnapshotState, MIB};
+use common::{engine, valid};
+
+const GIB: u64 = 1 << 30;
+
+#[test]
+fn small_requests_share_a_2mib_segment_and_are_reused() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(100, 0).unwrap();
+    assert_eq!(a.size, 512);
+    let b = e.malloc(1000, 0).unwrap();
+    assert_eq!(b.addr, a.addr + 512, "best fit carves from the same segment");
+    assert_eq!(e.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
+    e.free(a.addr).unwrap();
+    let c = e.malloc(512, 0).unwrap();
+    assert_eq!(c.addr, a.addr, "freed block reused");
+    assert_eq!(e.stats().num_device_alloc, 1);
+    valid(&e);
+}
+
+#[test]
+fn streams_never_share_blocks() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(4096, 1).unwrap();
+    e.free(a.addr).unwrap();
+    let b = e.malloc(4096, 2).unwrap();
+    assert_ne!(e.heap().segment_containing(a.addr), e.heap().segment_containing(b.addr));
+    assert_eq!(e.stats().num_device_alloc, 2);
+    valid(&e);
+}
+
+#[test]
+fn stats_follow_pytorch_model() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(3 * MIB, 0).unwrap(); // large pool, 20 MiB segment, split
+    let s = e.stats();
+    assert_eq!(s.allocated_bytes.large_pool.current, 3 * MIB as i64);
+    assert_eq!(s.requested_bytes.all.current, 3 * MIB as i64);
+    assert_eq!(s.reserved_bytes.all.current, 20 * MIB as i64);
+    assert_eq!(s.inactive_split.all.current, 1);
+    assert_eq!(s.inactive_split_bytes.all.current, 17 * MIB as i64);
+    e.free(a.addr).unwrap();
+    let s = e.stats();
+    assert_eq!((s.allocated_bytes.all.current, s.allocated_bytes.all.peak), (0, 3 * MIB as i64));
+    assert_eq!(s.inactive_split.all.current, 0, "merged back into one block");
+    assert_eq!(s.allocation.all.allocated, 1);
+    assert_eq!(s.allocation.all.freed, 1);
+    e.reset_peak_stats();
+    assert_eq!(e.stats().allocated_bytes.all.peak, 0);
+    e.empty_cache().unwrap();
+    assert_eq!(e.stats().reserved_bytes.all.current, 0);
+    assert_eq!(e.stats().num_device_free, 1);
+    let flat = e.stats().to_flat_map();
+    assert_eq!(flat["reserved_bytes.all.peak"], 20 * MIB as i64);
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let mut e = engine("", 8 * GIB);
+    assert!(matches!(e.malloc(0, 0), Err(AllocError::InvalidSize { .. })));
+    assert!(matches!(e.malloc(u64::MAX, 0), Err(AllocError::InvalidSize { .. })));
+    assert!(matches!(e.free(0x1234), Err(AllocError::UnknownPointer { .. })));
+    let a = e.malloc(4096, 0).unwrap();
+    let b = e.malloc(4096, 0).unwrap();
+    assert!(matches!(e.free(a.addr + 512), Err(AllocError::UnknownPointer { .. })));
+    e.free(b.addr).unwrap();
+    assert_eq!(e.free(b.addr), Err(AllocError::DoubleFree { addr: b.addr }));
+    assert!(matches!(e.record_stream(b.addr, 3), Err(AllocError::DoubleFree { .. })));
+    assert!(e.set_memory_fraction(0.0).is_err());
+    assert!(e.set_memory_fraction(1.5).is_err());
+    assert!(e.set_memory_fraction(f64::NAN).is_err());
+    valid(&e);
+}
+
+#[test]
+fn record_stream_defers_reuse_until_the_event_completes() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(8192, 0).unwrap();
+    e.record_stream(a.addr, 7).unwrap();
+    e.record_stream(a.addr, 7).unwrap(); // recorded once
+    e.record_stream(a.addr, 0).unwrap(); // own stream: no event
+    e.free(a.addr).unwrap();
+    assert_eq!(e.awaiting_events(), 1);
+    assert_eq!(e.streams().pending(), 1);
+    let stats = e.stats();
+    assert_eq!(stats.allocated_bytes.all.current, 0, "allocated drops at free");
+    assert_eq!(stats.active_bytes.all.current, 8192, "still active until the event");
+    let b = e.malloc(8192, 0).unwrap();
+    assert_ne!(b.addr, a.addr, "not reused while stream 7 may still read it");
+    valid(&e);
+    e.streams_mut().complete_stream(7);
+    let c = e.malloc(8192, 0).unwrap();
+    assert_eq!(c.addr, a.addr, "reused once the event completed");
+    assert_eq!(e.awaiting_events(), 0);
+    assert_eq!(e.streams().outstanding, 0, "events returned");
+    valid(&e);
+}
+
+#[test]
+fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
+    for (config, expect_reuse) in [("", false), ("stream_wait_reuse:true", true)] {
+        let mut e = engine(config, 8 * GIB);
+        let a = e.malloc(30 * MIB, 0).unwrap();
+        e.record_stream(a.addr, 9).unwrap();
+        e.free(a.addr).unwrap();
+        let b = e.malloc(30 * MIB, 0).unwrap();
+        assert_eq!(b.addr == a.addr, expect_reuse, "{config}");
+        if expect_reuse {
+            assert_eq!(e.streams().waits.len(), 1, "stream 0 waits on stream 9's event");
+            assert_eq!(e.streams().waits[0].0, 0);
+            assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
+        } else {
+            assert!(e.streams().waits.is_empty());
+            assert_eq!(e.stats().reserved_bytes.all.current, 60 * MIB as i64);
+        }
+        assert_eq!(e.stats().num_sync_all_streams, 0, "no host synchronisation");
+        valid(&e);
+    }
+}
+
+#[test]
+fn oom_frees_cache_retries_then_reports() {
+    let mut e = engine("", 100 * MIB);
+    let a = e.malloc(60 * MIB, 0).unwrap();
+    e.free(a.addr).unwrap();
+    // 60 MiB cached; 70 MiB cannot fit beside it: the cache is flushed.
+    let b = e.malloc(70 * MIB, 0).unwrap();
+    assert_eq!(e.stats().num_alloc_retries, 1);
+    assert_eq!(e.stats().num_device_free, 1);
+    let err = e.malloc(40 * MIB, 0).unwrap_err();
+    let AllocError::OutOfMemory(report) = &err else { panic!("{err}") };
+    assert_eq!(report.requested, 40 * MIB);
+    assert_eq!(report.capacity, 100 * MIB);
+    assert_eq!(report.allocated, 70 * MIB);
+    assert_eq!(report.device_free, 30 * MIB);
+    let msg = err.to_string();
+    for part in ["40.00 MiB", "100.00 MiB", "30.00 MiB", "70.00 MiB", "0 B is reserved but unallocated"] {
+        assert!(msg.contains(part), "{msg} lacks {part}");
+    }
+    assert_eq!(e.stats().num_ooms, 1);
+    e.free(b.addr).unwrap();
+    e.malloc(40 * MIB, 0).unwrap();
+    valid(&e);
+}
+
+#[test]
+fn oom_releases_oversize_blocks_first() {
+    let mut e = engine("max_split_size_mb:40", 150 * MIB);
+    let small = e.malloc(10 * MIB, 0).unwrap(); // 10 MiB segment, kept
+    e.free(small.addr).unwrap();
+    let big = e.malloc(100 * MIB, 0).unwrap(); // oversize
+    e.free(big.addr).unwrap();
+    // 70 MiB: the cached 100 MiB oversize block is too large to reuse
+    // (>= 70 + 20) and 110 + 70 MiB exceed the device, so the oversize block
+    // alone is released; the 10 MiB block stays cached.
+    e.malloc(70 * MIB, 0).unwrap();
+    let s = e.stats();
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(s.num_alloc_retries, 0, "first release step was enough");
+    assert_eq!(s.oversize_segments.current, 1);
+    valid(&e);
+}
+
+#[test]
+fn memory_fraction_caps_reserved_bytes() {
+    let mut e = engine("", GIB);
+    e.set_memory_fraction(0.25).unwrap();
+    assert_eq!(e.memory_limit(), Some(GIB / 4));
+    let a = e.malloc(200 * MIB, 0).unwrap();
+    let err = e.malloc(100 * MIB, 0).unwrap_err();
+    assert!(err.to_string().contains("memory fraction limits reserved memory to 256.00 MiB"), "{err}");
+    e.free(a.addr).unwrap();
+    e.malloc(100 * MIB, 0).unwrap();
+    assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 4);
+}
+
+#[test]
+fn garbage_collection_releases_old_idle_segments() {
+    let mut e = engine("garbage_collection_threshold:0.5", GIB);
+    e.set_memory_fraction(1.0).unwrap();
+    let old = e.malloc(600 * MIB, 0).unwrap();
+    e.free(old.addr).unwrap();
+    for _ in 0..10 {
+        let t = e.malloc(MIB / 2, 0).unwrap(); // ticks the clock
+        e.free(t.addr).unwrap();
+    }
+    // 600 MiB cached + 2 MiB small is past 50% of 1 GiB: before the 400 MiB
+    // segment is made, the idle 600 MiB segment (the oldest) goes back.
+    e.malloc(400 * MIB, 0).unwrap();
+    assert_eq!(e.stats().num_device_free, 1);
+    assert_eq!(e.stats().num_alloc_retries, 0);
+    assert!(e.heap().segment_containing(old.addr).is_none());
+    valid(&e);
+}
+
+#[test]
+fn snapshot_lists_segments_and_block_states() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(1000, 0).unwrap();
+    let b = e.malloc(3000, 0).unwrap();
+    e.record_stream(b.addr, 5).unwrap();
+    e.free(b.addr).unwrap();
+    let snap = e.snapshot();
+    assert_eq!(snap.segments.len(), 1);
+    let seg = &snap.segments[0];
+    assert_eq!(seg.total_size, 2 * MIB);
+    let states: Vec<_> = seg.blocks.iter().map(|b| b.state).collect();
+    assert_eq!(
+        states,
+        [SnapshotState::ActiveAllocated, SnapshotState::ActivePendingFree, SnapshotState::Inactive]
+    );
+    assert_eq!(seg.blocks[0].requested_size, 1000);
+    assert_eq!(seg.allocated_size, 1024);
+    assert_eq!(seg.blocks.iter().map(|b| b.size).sum::<u64>(), seg.total_size);
+    let json = snap.to_json();
+    assert!(json.contains("\"active_pending_free\"") && json.contains(&a.addr.to_string()));
+}
+
+#[test]
+fn empty_cache_waits_for_events_and_returns_everything() {
+    let mut e = engine("", 8 * GIB);
+    let a = e.malloc(5 * MIB, 0).unwrap();
+    e.record_stream(a.addr, 3).unwrap();
+    e.free(a.addr).unwrap();
+    e.empty_cache().unwrap();
+    assert_eq!(e.streams().synchronizations, 1);
+    assert_eq!(e.memory().used(), 0);
+    assert_eq!(e.stats().segment.all.current, 0);
+    valid(&e);
+}
+
+#[test]
+fn unknown_policy_is_a_clear_error() {
+    let cfg = alloc_core::AllocatorConfig::parse("policy:nope").unwrap();
+    let err = alloc_policy::AnyPolicy::from_config(&cfg).unwrap_err();
+    assert!(err.to_string().contains("nope") && err.to_string().contains("pytorch-bfc"), "{err}");
+}
