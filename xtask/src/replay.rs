@@ -24,19 +24,27 @@ fn parse(args: &[String]) -> Result<Args, String> {
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
         match arg.as_str() {
             "--policy" => out.policies.push(value("--policy")?),
             "--json" => out.json = Some(value("--json")?.into()),
             "--plot" => out.plot = value("--plot")?.into(),
             "--capacity-gib" => {
                 let v = value("--capacity-gib")?;
-                let gib: u64 = v.parse().map_err(|_| format!("--capacity-gib: `{v}` is not a number"))?;
+                let gib: u64 = v
+                    .parse()
+                    .map_err(|_| format!("--capacity-gib: `{v}` is not a number"))?;
                 out.opts.capacity = gib * GIB;
             }
             "--runs" => {
                 let v = value("--runs")?;
-                out.opts.timed_runs = v.parse().map_err(|_| format!("--runs: `{v}` is not a number"))?;
+                out.opts.timed_runs = v
+                    .parse()
+                    .map_err(|_| format!("--runs: `{v}` is not a number"))?;
             }
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
             path => out.traces.push(path.into()),
@@ -93,15 +101,28 @@ pub fn main(args: &[String]) -> Result<(), String> {
         for policy in &args.policies {
             let run = replay(&trace, &config_for(policy), &args.opts).map_err(|e| e.to_string())?;
             let label = &run.report.policy;
-            chart.series.push(series(&format!("{label} reserved"), &run.timeline, |p| p.2, false));
-            chart.series.push(series(&format!("{label} allocated"), &run.timeline, |p| p.1, true));
+            chart.series.push(series(
+                &format!("{label} reserved"),
+                &run.timeline,
+                |p| p.2,
+                false,
+            ));
+            chart.series.push(series(
+                &format!("{label} allocated"),
+                &run.timeline,
+                |p| p.1,
+                true,
+            ));
             reports.push(run.report);
         }
         charts.push(chart);
     }
     print_table(&reports);
     if let Some(json) = &args.json {
-        write(json, &serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?)?;
+        write(
+            json,
+            &serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?,
+        )?;
         println!("wrote {}", json.display());
     }
     write(&args.plot, &render_panels(&charts, 1))?;
@@ -109,10 +130,18 @@ pub fn main(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn series(label: &str, timeline: &[(u64, u64, u64)], pick: fn(&(u64, u64, u64)) -> u64, dashed: bool) -> Series {
+fn series(
+    label: &str,
+    timeline: &[(u64, u64, u64)],
+    pick: fn(&(u64, u64, u64)) -> u64,
+    dashed: bool,
+) -> Series {
     Series {
         label: label.to_string(),
-        points: timeline.iter().map(|p| (p.0 as f64, pick(p) as f64)).collect(),
+        points: timeline
+            .iter()
+            .map(|p| (p.0 as f64, pick(p) as f64))
+            .collect(),
         dashed,
     }
 }

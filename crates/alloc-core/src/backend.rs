@@ -15,6 +15,41 @@ pub trait MemoryBackend {
     fn capacity(&self) -> u64;
     /// Memory the device reports free right now.
     fn free_bytes(&self) -> u64;
+
+    /// Granularity of growable segments' physical chunks, or 0 when this
+    /// backend cannot grow segments (no expandable segments).
+    fn growth_granularity(&self) -> u64 {
+        0
+    }
+
+    /// Reserves `size` bytes of address space with no memory behind it.
+    fn reserve_range(&mut self, _size: u64) -> Result<u64, BackendError> {
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
+
+    /// Backs `[addr, addr + size)` of a reserved range with memory (multiples
+    /// of the granularity). [`BackendError::OutOfMemory`] when the device is full.
+    fn map(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
+
+    /// Gives back the memory behind `[addr, addr + size)`, keeping the range.
+    fn unmap(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
+
+    /// Gives back a reserved range whose memory is all unmapped.
+    fn release_range(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Other(
+            "this backend has no expandable segments".into(),
+        ))
+    }
 }
 
 /// Records, queries and waits on events on streams.

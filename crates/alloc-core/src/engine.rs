@@ -14,7 +14,7 @@ use crate::heap::{BlockState, Heap};
 use crate::policy::{Policy, Pressure, Request};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
-use crate::types::{BlockId, SegmentId, StreamId};
+use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
 /// bug, refused before any arithmetic could overflow.
@@ -28,6 +28,9 @@ pub struct EngineOptions {
     /// Reuse blocks awaiting events by making the allocating stream wait on
     /// them instead of reserving new memory.
     pub stream_wait_reuse: bool,
+    /// Grow one segment per stream and pool instead of making new ones
+    /// (needs a backend with growable ranges and a policy that supports them).
+    pub expandable_segments: bool,
 }
 
 impl From<&AllocatorConfig> for EngineOptions {
@@ -35,6 +38,7 @@ impl From<&AllocatorConfig> for EngineOptions {
         EngineOptions {
             garbage_collection_threshold: cfg.garbage_collection_threshold,
             stream_wait_reuse: cfg.stream_wait_reuse,
+            expandable_segments: cfg.expandable_segments,
         }
     }
 }
@@ -65,6 +69,18 @@ struct StreamQueue<E> {
     events: VecDeque<PendingEvent<E>>,
 }
 
+/// Growth step of expandable segments per pool, as PyTorch's (2 MiB pages
+/// for the small pool, 20 MiB for the large).
+const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
+
+/// The growable segment of one stream and pool.
+#[derive(Debug, Clone, Copy)]
+struct Growable {
+    segment: SegmentId,
+    /// Size of the reserved address range.
+    range: u64,
+}
+
 /// The caching allocator.
 pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     policy: P,
@@ -81,12 +97,18 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     queues: Vec<StreamQueue<S::Event>>,
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
+    /// Growable segments by (stream, pool), when expandable segments are on.
+    growable: FxHashMap<(StreamId, PoolKind), Growable>,
+    expandable: bool,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// A new, empty allocator.
     pub fn new(policy: P, memory: M, streams: S, options: EngineOptions) -> Self {
         let heap = Heap::new(policy.oversize_threshold());
+        let expandable = options.expandable_segments
+            && policy.supports_growth()
+            && memory.growth_granularity() > 0;
         Engine {
             policy,
             memory,
@@ -98,7 +120,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             awaiting: FxHashMap::default(),
             queues: Vec::new(),
             limit: None,
+            growable: FxHashMap::default(),
+            expandable,
         }
+    }
+
+    /// Whether segments grow (expandable segments were asked for and both
+    /// the policy and the backend support them).
+    pub fn expandable(&self) -> bool {
+        self.expandable
     }
 
     /// Allocates at least `size` bytes for use on `stream`.
@@ -481,11 +511,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.stats.num_alloc_retries += 1;
         }
+        if self.expandable {
+            return self.grow_segment(req);
+        }
         let size = self.policy.segment_size(req);
-        if self
-            .limit
-            .is_some_and(|limit| self.reserved() + size > limit)
-        {
+        if self.would_pass_limit(size) {
             return Ok(None);
         }
         match self.memory.allocate(size) {
@@ -499,7 +529,95 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
+    fn would_pass_limit(&self, extra: u64) -> bool {
+        self.limit
+            .is_some_and(|limit| self.reserved() + extra > limit)
+    }
+
+    /// Expandable segments: maps more memory at the end of the stream's
+    /// growable segment (reserving its address range first if needed) so that
+    /// its free tail covers `req`; returns that free tail.
+    fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
+        let granularity = self.memory.growth_granularity();
+        let step = GROWTH_STEP[req.pool.index()].div_ceil(granularity) * granularity;
+        let grown = self.growable.get(&(req.stream, req.pool)).copied();
+        let free_tail = grown.map_or(0, |g| {
+            let last = self.heap.block(self.heap.segment(g.segment).last);
+            if last.state == BlockState::Free {
+                last.size
+            } else {
+                0
+            }
+        });
+        let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
+        if self.would_pass_limit(extra) {
+            return Ok(None);
+        }
+        let Some(g) = grown else {
+            let range = self.memory.capacity().div_ceil(step) * step;
+            let addr = self.memory.reserve_range(range)?;
+            if let Err(e) = self.memory.map(addr, extra) {
+                self.memory.release_range(addr, range)?;
+                return match e {
+                    BackendError::OutOfMemory => Ok(None),
+                    e => Err(e.into()),
+                };
+            }
+            self.heap.stats.num_device_alloc += 1;
+            let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
+            self.heap.set_expandable(segment);
+            self.growable
+                .insert((req.stream, req.pool), Growable { segment, range });
+            return Ok(Some(block));
+        };
+        let seg = self.heap.segment(g.segment);
+        let (end, last) = (seg.addr + seg.size, seg.last);
+        if seg.size + extra > g.range {
+            return Ok(None);
+        }
+        match self.memory.map(end, extra) {
+            Ok(()) => {}
+            Err(BackendError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        self.heap.stats.num_device_alloc += 1;
+        if free_tail > 0 {
+            self.policy.remove_free(&self.heap, last);
+        }
+        Ok(Some(self.heap.grow_segment(g.segment, extra)))
+    }
+
+    /// Unmaps the whole free chunks at the end of every growable segment.
+    fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
+        let granularity = self.memory.growth_granularity();
+        let segments: Vec<SegmentId> = self.growable.values().map(|g| g.segment).collect();
+        for seg_id in segments {
+            let seg = self.heap.segment(seg_id);
+            let last = self.heap.block(seg.last);
+            if seg.is_idle() || last.state != BlockState::Free {
+                continue; // idle ones go back whole with the other idle segments
+            }
+            let end = seg.addr + seg.size;
+            let keep_to = (last.addr - seg.addr).div_ceil(granularity) * granularity + seg.addr;
+            let cut = end - keep_to;
+            let last_id = seg.last;
+            if cut == 0 {
+                continue;
+            }
+            self.memory.unmap(keep_to, cut)?;
+            self.heap.stats.num_device_free += 1;
+            self.policy.remove_free(&self.heap, last_id);
+            self.heap.shrink_segment(seg_id, cut);
+            let new_last = self.heap.segment(seg_id).last;
+            if self.heap.block(new_last).state == BlockState::Free {
+                self.policy.insert_free(&mut self.heap, new_last);
+            }
+        }
+        Ok(())
+    }
+
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
+        self.trim_growable_segments()?;
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
@@ -516,7 +634,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 debug_assert!(false, "policy asked to release a busy segment");
                 continue;
             }
-            self.memory.free(seg.addr, seg.size)?;
+            if seg.expandable {
+                let key = (seg.stream, seg.pool);
+                let range = self.growable[&key].range;
+                self.memory.unmap(seg.addr, seg.size)?;
+                self.memory.release_range(seg.addr, range)?;
+                self.growable.remove(&key);
+            } else {
+                self.memory.free(seg.addr, seg.size)?;
+            }
             let blocks: SmallVec<[BlockId; 8]> = self.heap.segment_blocks(seg_id).collect();
             for b in blocks {
                 self.policy.remove_free(&self.heap, b);

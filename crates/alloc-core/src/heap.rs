@@ -64,6 +64,11 @@ pub struct Segment {
     pub pool: PoolKind,
     /// The lowest-addressed block.
     pub first: BlockId,
+    /// The highest-addressed block.
+    pub last: BlockId,
+    /// True for a growable segment (expandable segments): its blocks tile
+    /// the mapped prefix of a larger reserved address range.
+    pub expandable: bool,
     /// Number of blocks tiling it.
     pub blocks: u32,
     /// Number of blocks that are not free.
@@ -194,6 +199,8 @@ impl Heap {
             stream,
             pool,
             first: block_id,
+            last: block_id,
+            expandable: false,
             blocks: 1,
             busy: 0,
             idle_since: self.clock[pool.index()],
@@ -246,10 +253,12 @@ impl Heap {
         let old_next = b.next.replace(rest_id);
         b.size = first_size;
         let seg = b.segment;
-        if let Some(n) = old_next {
-            self.blocks[n.index()].prev = Some(rest_id);
+        let segment = &mut self.segments[seg.index()];
+        match old_next {
+            Some(n) => self.blocks[n.index()].prev = Some(rest_id),
+            None => segment.last = rest_id,
         }
-        self.segments[seg.index()].blocks += 1;
+        segment.blocks += 1;
         self.account(id, 1);
         self.account(rest_id, 1);
         rest_id
@@ -271,11 +280,84 @@ impl Heap {
         b.next = absorbed.next;
         b.freed_at = b.freed_at.max(absorbed.freed_at);
         let seg = b.segment;
-        if let Some(n) = absorbed.next {
-            self.blocks[n.index()].prev = Some(id);
+        let segment = &mut self.segments[seg.index()];
+        match absorbed.next {
+            Some(n) => self.blocks[n.index()].prev = Some(id),
+            None => segment.last = id,
         }
-        self.segments[seg.index()].blocks -= 1;
+        segment.blocks -= 1;
         self.account(id, 1);
+    }
+
+    /// Marks a segment as growable (expandable segments).
+    pub fn set_expandable(&mut self, seg: SegmentId) {
+        self.segments[seg.index()].expandable = true;
+    }
+
+    /// Extends a segment by `extra` bytes at its end: a free last block grows
+    /// (the caller must have taken it out of the policy's index), otherwise a
+    /// new free block is appended. Returns the free block ending the segment.
+    pub fn grow_segment(&mut self, seg_id: SegmentId, extra: u64) -> BlockId {
+        let seg = &self.segments[seg_id.index()];
+        let last = seg.last;
+        let (pool, end) = (seg.pool, seg.addr + seg.size);
+        let grown = if self.blocks[last.index()].state == BlockState::Free {
+            self.account(last, -1);
+            self.blocks[last.index()].size += extra;
+            self.account(last, 1);
+            last
+        } else {
+            let tail = Block {
+                addr: end,
+                size: extra,
+                requested: 0,
+                prev: Some(last),
+                next: None,
+                state: BlockState::Free,
+                tag: 0,
+                freed_at: self.clock[pool.index()],
+                ..self.blocks[last.index()].clone()
+            };
+            let id = BlockId(self.blocks.insert(tail) as u32);
+            self.blocks[last.index()].next = Some(id);
+            let segment = &mut self.segments[seg_id.index()];
+            segment.last = id;
+            segment.blocks += 1;
+            self.account(id, 1);
+            id
+        };
+        self.segments[seg_id.index()].size += extra;
+        self.stats.reserved_bytes.increase(pool, extra);
+        grown
+    }
+
+    /// Cuts `by` bytes off the end of a segment whose last block is free and
+    /// at least `by` bytes long; a last block cut entirely is retired. The
+    /// caller must have taken that block out of the policy's index (and
+    /// re-indexes what is left of it). The segment keeps at least one block.
+    pub fn shrink_segment(&mut self, seg_id: SegmentId, by: u64) {
+        let last = self.segments[seg_id.index()].last;
+        let b = self.block(last);
+        debug_assert!(b.state == BlockState::Free && b.size >= by);
+        if b.size == by {
+            let prev = b.prev.expect("shrink would empty the segment");
+            self.account(last, -1);
+            self.account(prev, -1);
+            self.blocks.remove(last.index());
+            self.blocks[prev.index()].next = None;
+            let seg = &mut self.segments[seg_id.index()];
+            seg.last = prev;
+            seg.blocks -= 1;
+            self.account(prev, 1);
+        } else {
+            self.account(last, -1);
+            self.blocks[last.index()].size -= by;
+            self.account(last, 1);
+        }
+        let seg = &mut self.segments[seg_id.index()];
+        seg.size -= by;
+        let pool = seg.pool;
+        self.stats.reserved_bytes.decrease(pool, by);
     }
 
     /// Moves a block to a new state, recording `requested` bytes when it

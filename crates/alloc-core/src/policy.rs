@@ -99,6 +99,12 @@ pub trait Policy {
         u64::MAX
     }
 
+    /// Whether the policy works with growable segments (expandable
+    /// segments), whose last block grows and shrinks at the end.
+    fn supports_growth(&self) -> bool {
+        false
+    }
+
     /// Every indexed block, for validation.
     fn indexed_blocks(&self) -> Vec<BlockId>;
 
@@ -143,6 +149,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn oversize_threshold(&self) -> u64 {
         (**self).oversize_threshold()
+    }
+    fn supports_growth(&self) -> bool {
+        (**self).supports_growth()
     }
     fn indexed_blocks(&self) -> Vec<BlockId> {
         (**self).indexed_blocks()

@@ -1,7 +1,7 @@
 //! A simulated device: address bookkeeping without memory, and streams whose
 //! events complete when the test (or replay) says so.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::BackendError;
@@ -20,6 +20,10 @@ pub struct SimMemory {
     used: u64,
     next_addr: u64,
     live: HashMap<u64, u64>,
+    /// Reserved address ranges: start -> size.
+    ranges: BTreeMap<u64, u64>,
+    /// Mapped chunks (granularity-sized) inside reserved ranges.
+    chunks: BTreeSet<u64>,
     /// Number of successful `allocate` calls.
     pub allocs: u64,
     /// Number of successful `free` calls.
@@ -34,6 +38,8 @@ impl SimMemory {
             used: 0,
             next_addr: SIM_BASE,
             live: HashMap::new(),
+            ranges: BTreeMap::new(),
+            chunks: BTreeSet::new(),
             allocs: 0,
             frees: 0,
         }
@@ -85,6 +91,91 @@ impl MemoryBackend for SimMemory {
 
     fn free_bytes(&self) -> u64 {
         self.capacity - self.used
+    }
+
+    fn growth_granularity(&self) -> u64 {
+        SIM_ALIGN
+    }
+
+    fn reserve_range(&mut self, size: u64) -> Result<u64, BackendError> {
+        if size == 0 || size % SIM_ALIGN != 0 {
+            return Err(BackendError::Other(format!(
+                "reserve of {size} bytes: not a granularity multiple"
+            )));
+        }
+        let addr = self.next_addr;
+        self.next_addr += size + SIM_ALIGN;
+        self.ranges.insert(addr, size);
+        Ok(addr)
+    }
+
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.check_range(addr, size)?;
+        if (addr..addr + size)
+            .step_by(SIM_ALIGN as usize)
+            .any(|c| self.chunks.contains(&c))
+        {
+            return Err(BackendError::Other(format!(
+                "map over mapped memory at {addr:#x}"
+            )));
+        }
+        if size > self.capacity - self.used {
+            return Err(BackendError::OutOfMemory);
+        }
+        self.chunks
+            .extend((addr..addr + size).step_by(SIM_ALIGN as usize));
+        self.used += size;
+        self.allocs += 1;
+        Ok(())
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.check_range(addr, size)?;
+        if !(addr..addr + size)
+            .step_by(SIM_ALIGN as usize)
+            .all(|c| self.chunks.contains(&c))
+        {
+            return Err(BackendError::Other(format!(
+                "unmap of unmapped memory at {addr:#x}"
+            )));
+        }
+        for c in (addr..addr + size).step_by(SIM_ALIGN as usize) {
+            self.chunks.remove(&c);
+        }
+        self.used -= size;
+        self.frees += 1;
+        Ok(())
+    }
+
+    fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        if self.ranges.get(&addr) != Some(&size) {
+            return Err(BackendError::Other(format!(
+                "release of unknown range {addr:#x}"
+            )));
+        }
+        if self.chunks.range(addr..addr + size).next().is_some() {
+            return Err(BackendError::Other(format!(
+                "release of range {addr:#x} with memory mapped"
+            )));
+        }
+        self.ranges.remove(&addr);
+        Ok(())
+    }
+}
+
+impl SimMemory {
+    fn check_range(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let inside = self
+            .ranges
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &len)| addr + size <= start + len);
+        if size == 0 || addr % SIM_ALIGN != 0 || size % SIM_ALIGN != 0 || !inside {
+            return Err(BackendError::Other(format!(
+                "mapping [{addr:#x}, +{size}) is not granular or not inside a reserved range"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -203,6 +294,26 @@ mod tests {
         assert!(m.free(a, 6 << 20).is_err());
         assert_eq!(m.free_bytes(), 6 << 20);
         assert_eq!((m.allocs, m.frees), (2, 1));
+    }
+
+    #[test]
+    fn growable_ranges_map_and_unmap_chunks() {
+        let mut m = SimMemory::new(10 << 20);
+        let r = m.reserve_range(64 << 20).unwrap();
+        assert_eq!(m.used(), 0);
+        m.map(r, 4 << 20).unwrap();
+        assert!(m.map(r + (2 << 20), 2 << 20).is_err(), "double map");
+        assert!(m.map(r + 1, 2 << 20).is_err(), "unaligned");
+        assert!(m.map(r + (62 << 20), 4 << 20).is_err(), "outside the range");
+        assert_eq!(
+            m.map(r + (4 << 20), 8 << 20),
+            Err(BackendError::OutOfMemory)
+        );
+        assert!(m.release_range(r, 64 << 20).is_err(), "still mapped");
+        m.unmap(r + (2 << 20), 2 << 20).unwrap();
+        m.unmap(r, 2 << 20).unwrap();
+        assert_eq!(m.used(), 0);
+        m.release_range(r, 64 << 20).unwrap();
     }
 
     #[test]

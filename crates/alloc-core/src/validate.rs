@@ -66,6 +66,9 @@ fn check_tiling(heap: &Heap, coalesces: bool) -> Result<(), String> {
             count += 1;
             prev = Some(id);
         }
+        if prev != Some(seg.last) {
+            return Err(format!("segment {:#x}: last block link wrong", seg.addr));
+        }
         if addr != seg.addr + seg.size {
             return Err(format!("segment {:#x}: blocks do not cover it", seg.addr));
         }

@@ -75,7 +75,10 @@ impl AnyPolicy {
     /// Builds the policy named by `cfg.policy` (`<base>` or `<base>+gc-age`),
     /// or the default policy when unnamed.
     pub fn from_config(cfg: &AllocatorConfig) -> Result<Self, ConfigError> {
-        let name = cfg.policy.as_deref().unwrap_or_else(|| BASE_POLICIES.first().copied().unwrap_or(""));
+        let name = cfg
+            .policy
+            .as_deref()
+            .unwrap_or_else(|| BASE_POLICIES.first().copied().unwrap_or(""));
         let unknown = || ConfigError::InvalidValue {
             key: "policy".into(),
             value: name.into(),
@@ -94,6 +97,16 @@ impl AnyPolicy {
             "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
             _ => return Err(unknown()),
         };
+        if cfg.expandable_segments && !base.supports_growth() {
+            return Err(ConfigError::InvalidValue {
+                key: "expandable_segments".into(),
+                value: "true".into(),
+                reason: format!(
+                    "policy `{}` does not support growable segments",
+                    base.name()
+                ),
+            });
+        }
         match adaptor {
             None => Ok(base),
             #[cfg(feature = "gc-age")]
@@ -159,6 +172,9 @@ impl Policy for AnyPolicy {
     }
     fn oversize_threshold(&self) -> u64 {
         dispatch!(self, p => p.oversize_threshold())
+    }
+    fn supports_growth(&self) -> bool {
+        dispatch!(self, p => p.supports_growth())
     }
     fn indexed_blocks(&self) -> Vec<BlockId> {
         dispatch!(self, p => p.indexed_blocks())

@@ -34,6 +34,9 @@ pub struct BfcSettings {
     pub max_non_split_rounding: u64,
     /// `roundup_power2_divisions` per interval.
     pub divisions: [u32; ROUNDUP_INTERVALS],
+    /// `expandable_segments`: split any remainder of at least 512 bytes, in
+    /// both pools, since growable segments are not rounded to 20 MiB.
+    pub expandable: bool,
 }
 
 impl Default for BfcSettings {
@@ -48,6 +51,7 @@ impl From<&AllocatorConfig> for BfcSettings {
             max_split_size: cfg.max_split_size,
             max_non_split_rounding: cfg.max_non_split_rounding,
             divisions: cfg.roundup_power2_divisions,
+            expandable: cfg.expandable_segments,
         }
     }
 }
@@ -129,9 +133,10 @@ impl PytorchBfc {
 
     fn should_split(&self, pool: PoolKind, block_size: u64, size: u64) -> bool {
         let remaining = block_size - size;
-        match pool {
-            PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
-            PoolKind::Large => size < self.settings.max_split_size && remaining > SMALL_SIZE,
+        if pool == PoolKind::Small || self.settings.expandable {
+            remaining >= MIN_BLOCK_SIZE
+        } else {
+            size < self.settings.max_split_size && remaining > SMALL_SIZE
         }
     }
 
@@ -176,7 +181,12 @@ impl Policy for PytorchBfc {
         if req.size < max_split && k.1 >= max_split {
             return None;
         }
-        if req.size >= max_split && k.1 >= req.size.saturating_add(self.settings.max_non_split_rounding) {
+        if req.size >= max_split
+            && k.1
+                >= req
+                    .size
+                    .saturating_add(self.settings.max_non_split_rounding)
+        {
             return None;
         }
         self.free[req.pool.index()].remove(&k);
@@ -290,6 +300,10 @@ impl Policy for PytorchBfc {
         self.settings.max_split_size
     }
 
+    fn supports_growth(&self) -> bool {
+        true
+    }
+
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.free.iter().flatten().map(|k| k.3).collect()
     }
@@ -344,7 +358,9 @@ mod tests {
         assert!(!p.should_split(PoolKind::Small, 1024, 1024));
         assert!(!p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB));
         assert!(p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB - 512));
-        let p = PytorchBfc::new(BfcSettings::from(&AllocatorConfig::parse("max_split_size_mb:64").unwrap()));
+        let p = PytorchBfc::new(BfcSettings::from(
+            &AllocatorConfig::parse("max_split_size_mb:64").unwrap(),
+        ));
         assert!(!p.should_split(PoolKind::Large, 200 * MIB, 64 * MIB));
         assert!(p.should_split(PoolKind::Large, 200 * MIB, 63 * MIB));
     }

@@ -15,7 +15,11 @@ fn small_requests_share_a_2mib_segment_and_are_reused() {
     let a = e.malloc(100, 0).unwrap();
     assert_eq!(a.size, 512);
     let b = e.malloc(1000, 0).unwrap();
-    assert_eq!(b.addr, a.addr + 512, "best fit carves from the same segment");
+    assert_eq!(
+        b.addr,
+        a.addr + 512,
+        "best fit carves from the same segment"
+    );
     assert_eq!(e.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
     e.free(a.addr).unwrap();
     let c = e.malloc(512, 0).unwrap();
@@ -30,7 +34,10 @@ fn streams_never_share_blocks() {
     let a = e.malloc(4096, 1).unwrap();
     e.free(a.addr).unwrap();
     let b = e.malloc(4096, 2).unwrap();
-    assert_ne!(e.heap().segment_containing(a.addr), e.heap().segment_containing(b.addr));
+    assert_ne!(
+        e.heap().segment_containing(a.addr),
+        e.heap().segment_containing(b.addr)
+    );
     assert_eq!(e.stats().num_device_alloc, 2);
     valid(&e);
 }
@@ -47,8 +54,14 @@ fn stats_follow_pytorch_model() {
     assert_eq!(s.inactive_split_bytes.all.current, 17 * MIB as i64);
     e.free(a.addr).unwrap();
     let s = e.stats();
-    assert_eq!((s.allocated_bytes.all.current, s.allocated_bytes.all.peak), (0, 3 * MIB as i64));
-    assert_eq!(s.inactive_split.all.current, 0, "merged back into one block");
+    assert_eq!(
+        (s.allocated_bytes.all.current, s.allocated_bytes.all.peak),
+        (0, 3 * MIB as i64)
+    );
+    assert_eq!(
+        s.inactive_split.all.current, 0,
+        "merged back into one block"
+    );
     assert_eq!(s.allocation.all.allocated, 1);
     assert_eq!(s.allocation.all.freed, 1);
     e.reset_peak_stats();
@@ -63,15 +76,30 @@ fn stats_follow_pytorch_model() {
 #[test]
 fn bad_input_is_a_typed_error() {
     let mut e = engine("", 8 * GIB);
-    assert!(matches!(e.malloc(0, 0), Err(AllocError::InvalidSize { .. })));
-    assert!(matches!(e.malloc(u64::MAX, 0), Err(AllocError::InvalidSize { .. })));
-    assert!(matches!(e.free(0x1234), Err(AllocError::UnknownPointer { .. })));
+    assert!(matches!(
+        e.malloc(0, 0),
+        Err(AllocError::InvalidSize { .. })
+    ));
+    assert!(matches!(
+        e.malloc(u64::MAX, 0),
+        Err(AllocError::InvalidSize { .. })
+    ));
+    assert!(matches!(
+        e.free(0x1234),
+        Err(AllocError::UnknownPointer { .. })
+    ));
     let a = e.malloc(4096, 0).unwrap();
     let b = e.malloc(4096, 0).unwrap();
-    assert!(matches!(e.free(a.addr + 512), Err(AllocError::UnknownPointer { .. })));
+    assert!(matches!(
+        e.free(a.addr + 512),
+        Err(AllocError::UnknownPointer { .. })
+    ));
     e.free(b.addr).unwrap();
     assert_eq!(e.free(b.addr), Err(AllocError::DoubleFree { addr: b.addr }));
-    assert!(matches!(e.record_stream(b.addr, 3), Err(AllocError::DoubleFree { .. })));
+    assert!(matches!(
+        e.record_stream(b.addr, 3),
+        Err(AllocError::DoubleFree { .. })
+    ));
     assert!(e.set_memory_fraction(0.0).is_err());
     assert!(e.set_memory_fraction(1.5).is_err());
     assert!(e.set_memory_fraction(f64::NAN).is_err());
@@ -89,10 +117,19 @@ fn record_stream_defers_reuse_until_the_event_completes() {
     assert_eq!(e.awaiting_events(), 1);
     assert_eq!(e.streams().pending(), 1);
     let stats = e.stats();
-    assert_eq!(stats.allocated_bytes.all.current, 0, "allocated drops at free");
-    assert_eq!(stats.active_bytes.all.current, 8192, "still active until the event");
+    assert_eq!(
+        stats.allocated_bytes.all.current, 0,
+        "allocated drops at free"
+    );
+    assert_eq!(
+        stats.active_bytes.all.current, 8192,
+        "still active until the event"
+    );
     let b = e.malloc(8192, 0).unwrap();
-    assert_ne!(b.addr, a.addr, "not reused while stream 7 may still read it");
+    assert_ne!(
+        b.addr, a.addr,
+        "not reused while stream 7 may still read it"
+    );
     valid(&e);
     e.streams_mut().complete_stream(7);
     let c = e.malloc(8192, 0).unwrap();
@@ -112,7 +149,11 @@ fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
         let b = e.malloc(30 * MIB, 0).unwrap();
         assert_eq!(b.addr == a.addr, expect_reuse, "{config}");
         if expect_reuse {
-            assert_eq!(e.streams().waits.len(), 1, "stream 0 waits on stream 9's event");
+            assert_eq!(
+                e.streams().waits.len(),
+                1,
+                "stream 0 waits on stream 9's event"
+            );
             assert_eq!(e.streams().waits[0].0, 0);
             assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
         } else {
@@ -134,13 +175,21 @@ fn oom_frees_cache_retries_then_reports() {
     assert_eq!(e.stats().num_alloc_retries, 1);
     assert_eq!(e.stats().num_device_free, 1);
     let err = e.malloc(40 * MIB, 0).unwrap_err();
-    let AllocError::OutOfMemory(report) = &err else { panic!("{err}") };
+    let AllocError::OutOfMemory(report) = &err else {
+        panic!("{err}")
+    };
     assert_eq!(report.requested, 40 * MIB);
     assert_eq!(report.capacity, 100 * MIB);
     assert_eq!(report.allocated, 70 * MIB);
     assert_eq!(report.device_free, 30 * MIB);
     let msg = err.to_string();
-    for part in ["40.00 MiB", "100.00 MiB", "30.00 MiB", "70.00 MiB", "0 B is reserved but unallocated"] {
+    for part in [
+        "40.00 MiB",
+        "100.00 MiB",
+        "30.00 MiB",
+        "70.00 MiB",
+        "0 B is reserved but unallocated",
+    ] {
         assert!(msg.contains(part), "{msg} lacks {part}");
     }
     assert_eq!(e.stats().num_ooms, 1);
@@ -174,7 +223,11 @@ fn memory_fraction_caps_reserved_bytes() {
     assert_eq!(e.memory_limit(), Some(GIB / 4));
     let a = e.malloc(200 * MIB, 0).unwrap();
     let err = e.malloc(100 * MIB, 0).unwrap_err();
-    assert!(err.to_string().contains("memory fraction limits reserved memory to 256.00 MiB"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("memory fraction limits reserved memory to 256.00 MiB"),
+        "{err}"
+    );
     e.free(a.addr).unwrap();
     e.malloc(100 * MIB, 0).unwrap();
     assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 4);
@@ -213,11 +266,18 @@ fn snapshot_lists_segments_and_block_states() {
     let states: Vec<_> = seg.blocks.iter().map(|b| b.state).collect();
     assert_eq!(
         states,
-        [SnapshotState::ActiveAllocated, SnapshotState::ActivePendingFree, SnapshotState::Inactive]
+        [
+            SnapshotState::ActiveAllocated,
+            SnapshotState::ActivePendingFree,
+            SnapshotState::Inactive
+        ]
     );
     assert_eq!(seg.blocks[0].requested_size, 1000);
     assert_eq!(seg.allocated_size, 1024);
-    assert_eq!(seg.blocks.iter().map(|b| b.size).sum::<u64>(), seg.total_size);
+    assert_eq!(
+        seg.blocks.iter().map(|b| b.size).sum::<u64>(),
+        seg.total_size
+    );
     let json = snap.to_json();
     assert!(json.contains("\"active_pending_free\"") && json.contains(&a.addr.to_string()));
 }
@@ -239,5 +299,52 @@ fn empty_cache_waits_for_events_and_returns_everything() {
 fn unknown_policy_is_a_clear_error() {
     let cfg = alloc_core::AllocatorConfig::parse("policy:nope").unwrap();
     let err = alloc_policy::AnyPolicy::from_config(&cfg).unwrap_err();
-    assert!(err.to_string().contains("nope") && err.to_string().contains("pytorch-bfc"), "{err}");
+    assert!(
+        err.to_string().contains("nope") && err.to_string().contains("pytorch-bfc"),
+        "{err}"
+    );
+}
+
+#[test]
+fn expandable_segments_grow_one_segment_and_trim_on_empty_cache() {
+    let mut e = engine("expandable_segments:True", 8 * GIB);
+    assert!(e.expandable());
+    let a = e.malloc(30 * MIB, 0).unwrap();
+    let b = e.malloc(30 * MIB, 0).unwrap();
+    let c = e.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(b.addr, a.addr + 30 * MIB, "one growing segment");
+    assert_eq!(c.addr, b.addr + 30 * MIB);
+    let s = e.stats();
+    assert_eq!(s.segment.large_pool.current, 1);
+    // Grown in 20 MiB steps: 40, then +20 (60, 0 left), then +20 for 5 MiB.
+    assert_eq!(s.reserved_bytes.all.current, 80 * MIB as i64);
+    assert_eq!(s.num_device_alloc, 3);
+    valid(&e);
+    e.free(c.addr).unwrap();
+    e.free(b.addr).unwrap();
+    e.empty_cache().unwrap();
+    // The free tail beyond `a` is unmapped in whole 2 MiB chunks.
+    assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
+    assert_eq!(e.memory().used(), 30 * MIB);
+    valid(&e);
+    e.free(a.addr).unwrap();
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0);
+    assert_eq!(e.stats().segment.all.current, 0);
+    valid(&e);
+}
+
+#[test]
+fn expandable_segments_respect_the_memory_fraction() {
+    let mut e = engine("expandable_segments:true", GIB);
+    e.set_memory_fraction(0.1).unwrap();
+    let a = e.malloc(60 * MIB, 0).unwrap();
+    assert!(matches!(
+        e.malloc(60 * MIB, 0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    e.free(a.addr).unwrap();
+    e.malloc(90 * MIB, 0).unwrap();
+    assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 10);
+    valid(&e);
 }

@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use alloc_core::{AllocError, AllocatorConfig, Engine, EngineOptions, Policy, SimMemory, SimStreams, GIB};
+use alloc_core::{
+    AllocError, AllocatorConfig, Engine, EngineOptions, Policy, SimMemory, SimStreams, GIB,
+};
 use alloc_policy::AnyPolicy;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -140,7 +142,11 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
             device_frees: s.num_device_free,
             retries: s.num_alloc_retries,
             ooms: s.num_ooms,
-            ns_per_op: if opts.timed_runs == 0 { f64::NAN } else { best / ops.max(1) as f64 },
+            ns_per_op: if opts.timed_runs == 0 {
+                f64::NAN
+            } else {
+                best / ops.max(1) as f64
+            },
         },
         timeline,
     })
@@ -182,7 +188,10 @@ fn run_events(
         })?;
         if let Some(points) = timeline.as_deref_mut() {
             let s = engine.stats();
-            let now = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
+            let now = (
+                s.allocated_bytes.all.current as u64,
+                s.reserved_bytes.all.current as u64,
+            );
             if now != last {
                 points.push((index as u64, now.0, now.1));
                 last = now;

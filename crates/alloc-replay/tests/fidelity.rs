@@ -40,11 +40,14 @@ fn pytorch_bfc_reproduces_pytorch_measurements() {
         let report = replay(&trace, "policy:pytorch-bfc", &opts).unwrap().report;
         // PyTorch's count includes segments made before recording began; the
         // replay makes their equivalents itself.
-        let before_recording = m["num_device_alloc"].as_u64().unwrap() as i64
-            - trace.segment_allocs.len() as i64;
+        let before_recording =
+            m["num_device_alloc"].as_u64().unwrap() as i64 - trace.segment_allocs.len() as i64;
         let (expected_reserved, slack) = match m.get("peak_reserved_bytes") {
             Some(v) => (v.as_f64().unwrap(), 0.0),
-            None => (m["peak_reserved_gib"].as_f64().unwrap() * (1u64 << 30) as f64, GIB_ROUNDING),
+            None => (
+                m["peak_reserved_gib"].as_f64().unwrap() * (1u64 << 30) as f64,
+                GIB_ROUNDING,
+            ),
         };
         let expected_allocs = m["num_device_alloc"].as_f64().unwrap();
         println!(
@@ -64,7 +67,10 @@ fn pytorch_bfc_reproduces_pytorch_measurements() {
         // The replay's segments equal PyTorch's own, byte for byte, where the
         // trace marks them.
         let marked: u64 = trace.segment_allocs.iter().sum();
-        assert!(report.peak_reserved_bytes >= marked, "{name}: fewer bytes than PyTorch's segments");
+        assert!(
+            report.peak_reserved_bytes >= marked,
+            "{name}: fewer bytes than PyTorch's segments"
+        );
         checked += 1;
     }
     assert!(checked >= 3, "only {checked} traces checked");
