@@ -133,6 +133,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Allocates at least `size` bytes for use on `stream`.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+        let result = self.malloc_unsettled(size, stream);
+        self.heap.settle();
+        result
+    }
+
+    fn malloc_unsettled(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         if size == 0 {
             return Err(AllocError::InvalidSize {
                 size,
@@ -145,7 +151,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 reason: "larger than any device (1 PiB)",
             });
         }
-        self.process_events()?;
+        self.poll_events()?;
         let req = self.policy.plan(size, stream);
         self.heap.tick(req.pool);
         let mut found = self.policy.take_free(&self.heap, &req);
@@ -174,6 +180,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Frees a block. If other streams used it (`record_stream`), it becomes
     /// reusable only once events recorded on them now have completed.
     pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
+        let result = self.free_unsettled(addr);
+        self.heap.settle();
+        result
+    }
+
+    fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
         let Some(id) = self.live.remove(&addr) else {
             return Err(self.bad_pointer(addr));
         };
@@ -226,6 +238,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Polls recorded events; blocks whose events all completed become free.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
+        let result = self.poll_events();
+        self.heap.settle();
+        result
+    }
+
+    fn poll_events(&mut self) -> Result<(), AllocError> {
         if self.awaiting.is_empty() {
             return Ok(());
         }
@@ -252,8 +270,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Returns every idle cached segment to the device, after waiting for all
     /// outstanding events (as PyTorch's `empty_cache`).
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.synchronize_events()?;
-        self.release_idle_segments()
+        let result = self
+            .synchronize_events()
+            .and_then(|()| self.release_idle_segments());
+        self.heap.settle();
+        result
     }
 
     /// Limits reserved memory to `fraction` of the device capacity.

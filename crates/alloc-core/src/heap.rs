@@ -97,7 +97,23 @@ pub struct Heap {
     pub oversize_threshold: u64,
     /// Per-pool logical clock: one tick per cache lookup, used for ages.
     pub clock: [u64; 2],
+    /// Statistics change (per pool) of the operation in progress.
+    tally: [Tally; 2],
+    /// Which pools' tallies are non-empty.
+    dirty: [bool; 2],
 }
+
+/// Net change of the block-derived statistics of one pool since the last
+/// [`Heap::settle`], indexed by the `T_*` constants.
+type Tally = [i64; 8];
+const T_ALLOCATION: usize = 0;
+const T_ALLOCATED_BYTES: usize = 1;
+const T_ACTIVE: usize = 2;
+const T_ACTIVE_BYTES: usize = 3;
+const T_REQUESTED_BYTES: usize = 4;
+const T_INACTIVE_SPLIT: usize = 5;
+const T_INACTIVE_SPLIT_BYTES: usize = 6;
+const T_OVERSIZE: usize = 7;
 
 impl Heap {
     /// An empty heap; `oversize_threshold` as in [`Heap::oversize_threshold`].
@@ -387,45 +403,67 @@ impl Heap {
     }
 
     /// Adds (`sign = 1`) or removes (`sign = -1`) one block's contribution to
-    /// the live statistics. Every mutation removes the contributions of the
-    /// blocks it touches, changes them, and adds them back.
+    /// the statistics into a pending tally. Every mutation removes the
+    /// contributions of the blocks it touches, changes them, adds them back,
+    /// and applies the net change once with [`Heap::settle`].
     #[inline]
-    fn account(&mut self, id: BlockId, sign: i8) {
+    fn account(&mut self, id: BlockId, sign: i64) {
         let b = &self.blocks[id.index()];
         let split = self.segments[b.segment.index()].blocks > 1;
-        let (pool, size, requested, state) = (b.pool, b.size, b.requested, b.state);
-        let s = &mut self.stats;
-        let apply = |array: &mut crate::stats::StatArray, amount: u64| {
-            if sign > 0 {
-                array.increase(pool, amount)
-            } else {
-                array.decrease(pool, amount)
-            }
-        };
-        match state {
+        let p = b.pool.index();
+        self.dirty[p] = true;
+        let t = &mut self.tally[p];
+        let (size, requested) = (b.size as i64 * sign, b.requested as i64 * sign);
+        match b.state {
             BlockState::Free => {
                 if split {
-                    apply(&mut s.inactive_split, 1);
-                    apply(&mut s.inactive_split_bytes, size);
+                    t[T_INACTIVE_SPLIT] += sign;
+                    t[T_INACTIVE_SPLIT_BYTES] += size;
                 }
             }
-            BlockState::Allocated | BlockState::AwaitingEvents => {
-                apply(&mut s.active, 1);
-                apply(&mut s.active_bytes, size);
-                apply(&mut s.requested_bytes, requested);
+            state => {
+                t[T_ACTIVE] += sign;
+                t[T_ACTIVE_BYTES] += size;
+                t[T_REQUESTED_BYTES] += requested;
                 if state == BlockState::Allocated {
-                    apply(&mut s.allocation, 1);
-                    apply(&mut s.allocated_bytes, size);
-                    if size >= self.oversize_threshold {
-                        if sign > 0 {
-                            s.oversize_allocations.increase(1)
-                        } else {
-                            s.oversize_allocations.decrease(1)
-                        }
+                    t[T_ALLOCATION] += sign;
+                    t[T_ALLOCATED_BYTES] += size;
+                    if b.size >= self.oversize_threshold {
+                        t[T_OVERSIZE] += sign;
                     }
                 }
             }
         }
+    }
+
+    /// Applies the net change tallied by the mutations since the last call
+    /// to the statistics. The engine calls it once at the end of every
+    /// operation, so peaks and totals describe states between operations.
+    pub fn settle(&mut self) {
+        for pool in [PoolKind::Small, PoolKind::Large] {
+            if self.dirty[pool.index()] {
+                self.settle_pool(pool);
+            }
+        }
+    }
+
+    // Kept out of line: inlined into the loop above, the compiler keeps every
+    // statistic in registers across both iterations and spills heavily.
+    #[inline(never)]
+    fn settle_pool(&mut self, pool: PoolKind) {
+        let p = pool.index();
+        self.dirty[p] = false;
+        let t = std::mem::replace(&mut self.tally[p], [0; 8]);
+        let s = &mut self.stats;
+        s.allocation.apply(pool, t[T_ALLOCATION]);
+        s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);
+        s.active.apply(pool, t[T_ACTIVE]);
+        s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
+        s.requested_bytes.apply(pool, t[T_REQUESTED_BYTES]);
+        s.inactive_split.apply(pool, t[T_INACTIVE_SPLIT]);
+        s.inactive_split_bytes
+            .apply(pool, t[T_INACTIVE_SPLIT_BYTES]);
+        s.oversize_allocations.apply(t[T_OVERSIZE]);
     }
 
     /// Advances the clock of one pool (one cache lookup).
@@ -487,12 +525,14 @@ mod tests {
     fn split_tiles_segment_and_counts_inactive_split() {
         let (mut heap, seg, b) = heap_with_segment(1000);
         let rest = heap.split(b, 300);
+        heap.settle();
         assert_eq!(heap.block(b).size, 300);
         assert_eq!(heap.block(rest).addr, 0x1000 + 300);
         assert_eq!(heap.segment(seg).blocks, 2);
         assert_eq!(heap.stats.inactive_split.all.current, 2);
         assert_eq!(heap.stats.inactive_split_bytes.all.current, 1000);
         heap.set_state(b, BlockState::Allocated, 250);
+        heap.settle();
         assert_eq!(heap.stats.inactive_split.all.current, 1);
         assert_eq!(heap.stats.inactive_split_bytes.all.current, 700);
         assert_eq!(heap.stats.allocated_bytes.all.current, 300);
@@ -511,6 +551,7 @@ mod tests {
         let survivor = coalesce(&mut heap, b, |_, id| unindexed.push(id));
         assert_eq!(survivor, a);
         assert_eq!(unindexed, vec![c, a]);
+        heap.settle();
         assert_eq!(heap.block(a).size, 900);
         assert_eq!(heap.segment(seg).blocks, 1);
         assert_eq!(heap.stats.inactive_split.all.current, 0);
@@ -522,6 +563,7 @@ mod tests {
         let (mut heap, seg, a) = heap_with_segment(900);
         heap.split(a, 100);
         assert_eq!(heap.remove_segment(seg), (0x1000, 900));
+        heap.settle();
         assert_eq!(heap.stats.reserved_bytes.all.current, 0);
         assert_eq!(heap.stats.inactive_split.all.current, 0);
         assert_eq!(heap.block_count(), 0);

@@ -35,6 +35,16 @@ impl Stat {
         self.freed += amount;
     }
 
+    /// Adds a signed change (an increase when positive).
+    #[inline]
+    pub fn apply(&mut self, delta: i64) {
+        if delta > 0 {
+            self.increase(delta as u64);
+        } else if delta < 0 {
+            self.decrease(delta.unsigned_abs());
+        }
+    }
+
     /// Makes the peak equal to the current value.
     pub fn reset_peak(&mut self) {
         self.peak = self.current;
@@ -87,6 +97,15 @@ impl StatArray {
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
+    }
+
+    /// Applies a signed change to the entry for `pool` and the total.
+    #[inline]
+    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
+        if delta != 0 {
+            self.all.apply(delta);
+            self.pool_mut(pool).apply(delta);
+        }
     }
 
     fn for_each(&mut self, f: impl Fn(&mut Stat)) {

@@ -13,6 +13,7 @@
 
 #[cfg(feature = "buddy")]
 pub mod buddy;
+pub mod free_index;
 #[cfg(feature = "gc-age")]
 pub mod gc_age;
 #[cfg(feature = "pytorch-bfc")]

@@ -4,8 +4,7 @@
 //! large pools, PyTorch's segment sizes and split thresholds,
 //! `max_split_size_mb` oversize handling, and garbage collection by age.
 
-use std::collections::BTreeSet;
-
+use crate::free_index::{Entry, FreeIndex};
 use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
 use alloc_core::{
     coalesce, BlockId, Heap, OomRelease, Policy, PoolKind, Pressure, Request, SegmentId, StreamId,
@@ -102,11 +101,16 @@ pub fn allocation_size(size: u64) -> u64 {
     }
 }
 
-type FreeKey = (StreamId, u64, u64, BlockId);
-
-fn key(heap: &Heap, id: BlockId) -> FreeKey {
+/// Removes a block from the free index of its pool.
+fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    (b.stream, b.size, b.addr, id)
+    free[b.pool.index()].remove(b.stream, b.size, b.addr);
+}
+
+/// Adds a block to the free index of its pool.
+fn index(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
+    let b = heap.block(id);
+    free[b.pool.index()].insert(b.stream, b.size, b.addr, id);
 }
 
 /// PyTorch's best fit with coalescing.
@@ -114,7 +118,7 @@ fn key(heap: &Heap, id: BlockId) -> FreeKey {
 pub struct PytorchBfc {
     settings: BfcSettings,
     /// Free blocks per pool, ordered as PyTorch's `BlockComparatorSize`.
-    free: [BTreeSet<FreeKey>; 2],
+    free: [FreeIndex; 2],
 }
 
 impl PytorchBfc {
@@ -141,11 +145,9 @@ impl PytorchBfc {
     }
 
     /// Smallest free block of `stream` in `pool` with size >= `size`.
-    fn lower_bound(&self, pool: PoolKind, stream: StreamId, size: u64) -> Option<FreeKey> {
-        let k = *self.free[pool.index()]
-            .range((stream, size, 0, BlockId::MIN)..)
-            .next()?;
-        (k.0 == stream).then_some(k)
+    #[inline]
+    fn lower_bound(&self, pool: PoolKind, stream: StreamId, size: u64) -> Option<Entry> {
+        self.free[pool.index()].lower_bound(stream, size)
     }
 }
 
@@ -174,44 +176,41 @@ impl Policy for PytorchBfc {
     }
 
     fn take_free(&mut self, _heap: &Heap, req: &Request) -> Option<BlockId> {
-        let k = self.lower_bound(req.pool, req.stream, req.size)?;
+        let e = self.lower_bound(req.pool, req.stream, req.size)?;
         let max_split = self.settings.max_split_size;
         // Do not hand an oversize block to a small request, nor one much larger
         // than an oversize request.
-        if req.size < max_split && k.1 >= max_split {
+        if req.size < max_split && e.size >= max_split {
             return None;
         }
         if req.size >= max_split
-            && k.1
+            && e.size
                 >= req
                     .size
                     .saturating_add(self.settings.max_non_split_rounding)
         {
             return None;
         }
-        self.free[req.pool.index()].remove(&k);
-        Some(k.3)
+        self.free[req.pool.index()].remove(req.stream, e.size, e.addr);
+        Some(e.id)
     }
 
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         if self.should_split(req.pool, heap.block(block).size, req.size) {
             let rest = heap.split(block, req.size);
-            self.free[req.pool.index()].insert(key(heap, rest));
+            index(&mut self.free, heap, rest);
         }
         block
     }
 
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         let free = &mut self.free;
-        let survivor = coalesce(heap, block, |h, n| {
-            free[h.block(n).pool.index()].remove(&key(h, n));
-        });
-        let pool = heap.block(survivor).pool;
-        self.free[pool.index()].insert(key(heap, survivor));
+        let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
+        index(&mut self.free, heap, survivor);
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        self.free[heap.block(block).pool.index()].remove(&key(heap, block));
+        unindex(&mut self.free, heap, block);
     }
 
     /// PyTorch's `release_available_cached_blocks`: free the smallest
@@ -223,25 +222,24 @@ impl Policy for PytorchBfc {
             return OomRelease::default();
         }
         let target = req.size.max(max_split);
-        let set = &self.free[req.pool.index()];
-        let whole = |k: &FreeKey| heap.segment(heap.block(k.3).segment).blocks == 1;
-        if let Some(k) = self.lower_bound(req.pool, req.stream, target) {
-            if whole(&k) {
+        let whole = |e: &Entry| heap.segment(heap.block(e.id).segment).blocks == 1;
+        if let Some(e) = self.lower_bound(req.pool, req.stream, target) {
+            if whole(&e) {
                 return OomRelease {
-                    segments: vec![heap.block(k.3).segment],
+                    segments: vec![heap.block(e.id).segment],
                     sufficient: true,
                 };
             }
         }
         let mut released = 0;
         let mut segments = Vec::new();
-        for k in set.range(..(req.stream, target, 0, BlockId::MIN)).rev() {
-            if released >= target || k.1 < max_split || k.0 != req.stream {
+        for e in self.free[req.pool.index()].below_descending(req.stream, target) {
+            if released >= target || e.size < max_split {
                 break;
             }
-            if whole(k) {
-                released += k.1;
-                segments.push(heap.block(k.3).segment);
+            if whole(&e) {
+                released += e.size;
+                segments.push(heap.block(e.id).segment);
             }
         }
         OomRelease {
@@ -266,8 +264,8 @@ impl Policy for PytorchBfc {
         let now = heap.clock[PoolKind::Large.index()];
         let mut candidates: Vec<(BlockId, u64, u64)> = self.free[PoolKind::Large.index()]
             .iter()
-            .filter(|k| heap.segment(heap.block(k.3).segment).blocks == 1)
-            .map(|k| (k.3, k.1, now - heap.block(k.3).freed_at))
+            .filter(|(_, e)| heap.segment(heap.block(e.id).segment).blocks == 1)
+            .map(|(_, e)| (e.id, e.size, now - heap.block(e.id).freed_at))
             .collect();
         let mut total_age: u64 = candidates.iter().map(|c| c.2).sum();
         let mut reclaimed = 0;
@@ -305,14 +303,18 @@ impl Policy for PytorchBfc {
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {
-        self.free.iter().flatten().map(|k| k.3).collect()
+        self.free
+            .iter()
+            .flat_map(|f| f.iter().map(|(_, e)| e.id))
+            .collect()
     }
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
-        for (pool, set) in [PoolKind::Small, PoolKind::Large].iter().zip(&self.free) {
-            for k in set {
-                if key(heap, k.3) != *k || heap.block(k.3).pool != *pool {
-                    return Err(format!("stale free-set key for block at {:#x}", k.2));
+        for (pool, free) in [PoolKind::Small, PoolKind::Large].iter().zip(&self.free) {
+            for (stream, e) in free.iter() {
+                let b = heap.block(e.id);
+                if (b.stream, b.size, b.addr, b.pool) != (stream, e.size, e.addr, *pool) {
+                    return Err(format!("stale free-index entry for block at {:#x}", e.addr));
                 }
             }
         }
