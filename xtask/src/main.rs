@@ -2,8 +2,10 @@
 //!
 //! - `replay`: replays allocation traces through every policy on the
 //!   simulated device; prints a table, writes JSON and an SVG plot.
+//! - `test-gpu`: builds and runs (or bundles) alloc-cuda's GPU suite.
 
 mod replay;
+mod test_gpu;
 
 use std::process::ExitCode;
 
@@ -14,12 +16,18 @@ commands:
       Replays traces (text .trace[.gz] or PyTorch snapshot pickles; default: the
       bundled traces/) through each policy P (a name such as `buddy`, or a full
       config string such as `policy:pytorch-bfc,max_split_size_mb:64`; default:
-      every compiled-in policy) on the simulated device.";
+      every compiled-in policy) on the simulated device.
+  test-gpu [--bundle DIR] [--features LIST] [--full]
+      Builds alloc-cuda's GPU suite (tests run with --ignored --test-threads=1,
+      the examples, the benchmark) and runs it here, or with --bundle packs it
+      into DIR (git-ignored, e.g. gpu-bundle/) with a run.sh for a GPU machine
+      without Rust (adds compute-sanitizer memcheck).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay::main(&args[1..]),
+        Some("test-gpu") => test_gpu::main(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())

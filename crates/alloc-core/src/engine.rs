@@ -155,10 +155,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let req = self.policy.plan(size, stream);
         self.heap.tick(req.pool);
         let mut found = self.policy.take_free(&self.heap, &req);
-        if found.is_none() && self.options.stream_wait_reuse && !self.awaiting.is_empty() {
-            if self.reuse_by_stream_wait(&req)? {
-                found = self.policy.take_free(&self.heap, &req);
-            }
+        if found.is_none()
+            && self.options.stream_wait_reuse
+            && !self.awaiting.is_empty()
+            && self.reuse_by_stream_wait(&req)?
+        {
+            found = self.policy.take_free(&self.heap, &req);
         }
         let block = match found {
             Some(b) => b,
@@ -248,10 +250,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         for qi in 0..self.queues.len() {
-            loop {
-                let Some(front) = self.queues[qi].events.front() else {
-                    break;
-                };
+            while let Some(front) = self.queues[qi].events.front() {
                 if let Some(ev) = &front.event {
                     if !self.streams.is_complete(ev)? {
                         break;

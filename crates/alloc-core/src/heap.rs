@@ -453,7 +453,7 @@ impl Heap {
     fn settle_pool(&mut self, pool: PoolKind) {
         let p = pool.index();
         self.dirty[p] = false;
-        let t = std::mem::replace(&mut self.tally[p], [0; 8]);
+        let t = std::mem::take(&mut self.tally[p]);
         let s = &mut self.stats;
         s.allocation.apply(pool, t[T_ALLOCATION]);
         s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);

@@ -98,7 +98,7 @@ impl MemoryBackend for SimMemory {
     }
 
     fn reserve_range(&mut self, size: u64) -> Result<u64, BackendError> {
-        if size == 0 || size % SIM_ALIGN != 0 {
+        if size == 0 || !size.is_multiple_of(SIM_ALIGN) {
             return Err(BackendError::Other(format!(
                 "reserve of {size} bytes: not a granularity multiple"
             )));
@@ -170,7 +170,11 @@ impl SimMemory {
             .range(..=addr)
             .next_back()
             .is_some_and(|(&start, &len)| addr + size <= start + len);
-        if size == 0 || addr % SIM_ALIGN != 0 || size % SIM_ALIGN != 0 || !inside {
+        if size == 0
+            || !addr.is_multiple_of(SIM_ALIGN)
+            || !size.is_multiple_of(SIM_ALIGN)
+            || !inside
+        {
             return Err(BackendError::Other(format!(
                 "mapping [{addr:#x}, +{size}) is not granular or not inside a reserved range"
             )));

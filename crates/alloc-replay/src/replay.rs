@@ -32,7 +32,7 @@ pub enum ReplayError {
         /// Index of the event in the trace.
         index: usize,
         /// The engine's error.
-        source: AllocError,
+        source: Box<AllocError>,
     },
 }
 
@@ -184,7 +184,7 @@ fn run_events(
             trace: trace.name.clone(),
             policy: config.to_string(),
             index,
-            source,
+            source: Box::new(source),
         })?;
         if let Some(points) = timeline.as_deref_mut() {
             let s = engine.stats();

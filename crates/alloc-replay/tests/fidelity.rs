@@ -67,7 +67,12 @@ fn pytorch_bfc_reproduces_pytorch_measurements() {
             report.peak_reserved_bytes, report.device_allocs
         );
         assert!(
-            within(report.peak_reserved_bytes as f64, expected_reserved, tolerance, slack),
+            within(
+                report.peak_reserved_bytes as f64,
+                expected_reserved,
+                tolerance,
+                slack
+            ),
             "{name}: peak reserved {} vs PyTorch {expected_reserved}",
             report.peak_reserved_bytes
         );

@@ -1,0 +1,333 @@
+//! The thread-safe allocator handle: one engine per device behind a mutex.
+
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use alloc_core::{Allocation, AllocatorConfig, Engine, EngineOptions, Snapshot, Stats, StreamId};
+use alloc_policy::AnyPolicy;
+use cudarc::driver::{CudaContext, CudaStream};
+
+use crate::driver;
+use crate::error::{driver_error, CudaError};
+use crate::events::{CudaStreams, EventPoolStats};
+use crate::memory::CudaMemory;
+use crate::{stream_id, CudaEngine};
+
+/// Highest number of devices [`CudaAllocator::global`] serves.
+pub const MAX_DEVICES: usize = 64;
+
+static GLOBALS: [OnceLock<CudaAllocator>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+/// Serialises the creation of global allocators and their configuration.
+static GLOBAL_CONFIG: Mutex<Option<AllocatorConfig>> = Mutex::new(None);
+
+struct Inner {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    config: AllocatorConfig,
+    engine: Mutex<CudaEngine>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Give every idle segment back to the driver; segments that still
+        // hold live raw allocations stay (a leak, never a hazard).
+        let engine = self.engine.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = engine.empty_cache();
+    }
+}
+
+/// A caching allocator for one CUDA device: `Send + Sync`, cheap to clone
+/// (clones share the allocator). Every call takes the allocator's lock only
+/// for the engine operation itself.
+///
+/// Addresses are `CUdeviceptr` values; streams are cudarc streams of the
+/// device's primary context ([`CudaAllocator::context`]), or raw `CUstream`
+/// values ([`StreamId`], `0` = legacy default stream) in the `unsafe`
+/// `*_stream_id` variants meant for foreign callers.
+#[derive(Clone)]
+pub struct CudaAllocator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CudaAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaAllocator")
+            .field("ordinal", &self.inner.ordinal)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks what the CUDA layer supports and builds the policy: no driver call.
+fn policy_for(config: &AllocatorConfig) -> Result<AnyPolicy, CudaError> {
+    if config.expandable_segments {
+        return Err(CudaError::Unsupported(
+            "expandable_segments:true is not available in alloc-cuda yet (see alloc_cuda::vmm)",
+        ));
+    }
+    Ok(AnyPolicy::from_config(config)?)
+}
+
+impl CudaAllocator {
+    /// A new, independent allocator for device `ordinal` (in its primary
+    /// context). Prefer [`CudaAllocator::global`] for the process-wide one.
+    pub fn new(ordinal: usize, config: &AllocatorConfig) -> Result<Self, CudaError> {
+        let policy = policy_for(config)?;
+        let count = driver::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::InvalidDevice { ordinal, count });
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
+        let memory = CudaMemory::new(ctx.clone())?;
+        let streams = CudaStreams::new(ctx.clone());
+        let engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        Ok(CudaAllocator {
+            inner: Arc::new(Inner {
+                ordinal,
+                ctx,
+                config: config.clone(),
+                engine: Mutex::new(engine),
+            }),
+        })
+    }
+
+    /// [`CudaAllocator::new`] with a configuration string in the syntax of
+    /// `PYTORCH_CUDA_ALLOC_CONF` (e.g. `policy:buddy,stream_wait_reuse:true`).
+    pub fn with_config_str(ordinal: usize, config: &str) -> Result<Self, CudaError> {
+        Self::new(ordinal, &AllocatorConfig::parse(config)?)
+    }
+
+    /// The process-wide allocator of device `ordinal`, created on first use
+    /// with the configuration given to [`CudaAllocator::configure_global`]
+    /// (default settings otherwise).
+    pub fn global(ordinal: usize) -> Result<Self, CudaError> {
+        let Some(slot) = GLOBALS.get(ordinal) else {
+            return Err(CudaError::InvalidDevice {
+                ordinal,
+                count: driver::device_count()?,
+            });
+        };
+        if let Some(a) = slot.get() {
+            return Ok(a.clone());
+        }
+        let config = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        if let Some(a) = slot.get() {
+            return Ok(a.clone());
+        }
+        let alloc = Self::new(ordinal, &config.clone().unwrap_or_default())?;
+        Ok(slot.get_or_init(|| alloc).clone())
+    }
+
+    /// Sets the configuration of the global allocators; fails once one of
+    /// them exists.
+    pub fn configure_global(config: &str) -> Result<(), CudaError> {
+        let parsed = AllocatorConfig::parse(config)?;
+        policy_for(&parsed)?;
+        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        if let Some(ordinal) = GLOBALS.iter().position(|g| g.get().is_some()) {
+            return Err(CudaError::AlreadyInitialized { ordinal });
+        }
+        *slot = Some(parsed);
+        Ok(())
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The device's primary context: create streams here
+    /// (`alloc.context().new_stream()`).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The configuration the allocator was made with.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.inner.config
+    }
+
+    /// Whether two handles share one allocator.
+    pub fn same_allocator(&self, other: &CudaAllocator) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Runs `f` on the engine under the allocator's lock. Keep `f` short:
+    /// every other thread using this device's allocator waits for it.
+    pub fn with_engine<R>(&self, f: impl FnOnce(&mut CudaEngine) -> R) -> Result<R, CudaError> {
+        Ok(f(&mut *self.engine()?))
+    }
+
+    fn engine(&self) -> Result<MutexGuard<'_, CudaEngine>, CudaError> {
+        self.inner.engine.lock().map_err(|_| CudaError::Poisoned)
+    }
+
+    /// The stream id of `stream`, checked to belong to this device's context.
+    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<StreamId, CudaError> {
+        if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
+            return Err(CudaError::WrongContext {
+                ordinal: self.inner.ordinal,
+            });
+        }
+        Ok(stream_id(stream))
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`; returns the
+    /// device address. Out of memory (after freeing the cache) is an
+    /// [`alloc_core::AllocError::OutOfMemory`] with the device's capacity and
+    /// free bytes.
+    pub fn malloc(&self, size: u64, stream: &CudaStream) -> Result<u64, CudaError> {
+        let id = self.check_stream(stream)?;
+        Ok(self.engine()?.malloc(size, id)?.addr)
+    }
+
+    /// [`CudaAllocator::malloc`] on a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` must be `0`, a per-thread default stream handle, or a live
+    /// stream of this device's primary context (with `stream_wait_reuse` the
+    /// allocator may make it wait on events).
+    pub unsafe fn malloc_on_stream_id(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<u64, CudaError> {
+        Ok(self.engine()?.malloc(size, stream)?.addr)
+    }
+
+    /// Frees a block. If other streams used it (`record_stream`), it becomes
+    /// reusable once events recorded on them now have completed.
+    pub fn free(&self, ptr: u64) -> Result<(), CudaError> {
+        Ok(self.engine()?.free(ptr)?)
+    }
+
+    /// Marks the block at `ptr` as used by the raw stream `stream` too: its
+    /// free will record an event there and defer reuse until it completes.
+    ///
+    /// # Safety
+    /// `stream` must be `0`, a per-thread default stream handle, or a stream
+    /// of this device's primary context that stays alive until the block is
+    /// freed (the free records an event on it). [`crate::DeviceBuffer::record_stream`]
+    /// is the safe form.
+    pub unsafe fn record_stream_id(&self, ptr: u64, stream: StreamId) -> Result<(), CudaError> {
+        Ok(self.engine()?.record_stream(ptr, stream)?)
+    }
+
+    /// Polls pending events now (`malloc` does it too).
+    pub fn process_events(&self) -> Result<(), CudaError> {
+        Ok(self.engine()?.process_events()?)
+    }
+
+    /// Waits for every pending event, then returns every unused cached
+    /// segment to the driver.
+    pub fn empty_cache(&self) -> Result<(), CudaError> {
+        Ok(self.engine()?.empty_cache()?)
+    }
+
+    /// Limits reserved memory to `fraction` (0, 1] of the device's capacity.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), CudaError> {
+        Ok(self.engine()?.set_memory_fraction(fraction)?)
+    }
+
+    /// The reserved-bytes limit from [`CudaAllocator::set_memory_fraction`].
+    pub fn memory_limit(&self) -> Result<Option<u64>, CudaError> {
+        Ok(self.engine()?.memory_limit())
+    }
+
+    /// The block at `ptr`, if allocated.
+    pub fn allocation(&self, ptr: u64) -> Result<Option<Allocation>, CudaError> {
+        Ok(self.engine()?.allocation(ptr))
+    }
+
+    /// A copy of the statistics (PyTorch's `memory_stats` model).
+    pub fn stats(&self) -> Result<Stats, CudaError> {
+        Ok(self.engine()?.stats().clone())
+    }
+
+    /// Bytes currently reserved from the device.
+    pub fn reserved_bytes(&self) -> Result<u64, CudaError> {
+        Ok(self.engine()?.stats().reserved_bytes.all.current.max(0) as u64)
+    }
+
+    /// Bytes currently handed out.
+    pub fn allocated_bytes(&self) -> Result<u64, CudaError> {
+        Ok(self.engine()?.stats().allocated_bytes.all.current.max(0) as u64)
+    }
+
+    /// Makes every peak statistic equal to its current value.
+    pub fn reset_peak_stats(&self) -> Result<(), CudaError> {
+        self.engine()?.reset_peak_stats();
+        Ok(())
+    }
+
+    /// Clears cumulative counters.
+    pub fn reset_accumulated_stats(&self) -> Result<(), CudaError> {
+        self.engine()?.reset_accumulated_stats();
+        Ok(())
+    }
+
+    /// Every segment with its blocks.
+    pub fn snapshot(&self) -> Result<Snapshot, CudaError> {
+        Ok(self.engine()?.snapshot())
+    }
+
+    /// Checks the engine's invariants; `Ok(Err(description))` on a violation.
+    pub fn validate(&self) -> Result<Result<(), String>, CudaError> {
+        Ok(self.engine()?.validate())
+    }
+
+    /// Blocks freed while other streams still used them.
+    pub fn awaiting_events(&self) -> Result<usize, CudaError> {
+        Ok(self.engine()?.awaiting_events())
+    }
+
+    /// Counters of the CUDA event pool.
+    pub fn event_pool_stats(&self) -> Result<EventPoolStats, CudaError> {
+        Ok(self.engine()?.streams().pool_stats())
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> Result<String, CudaError> {
+        use alloc_core::Policy;
+        Ok(self.engine()?.policy().name().to_string())
+    }
+
+    /// `(free, total)` bytes of the device from `cuMemGetInfo` (no lock).
+    pub fn mem_get_info(&self) -> Result<(u64, u64), CudaError> {
+        driver::bind(&self.inner.ctx)?;
+        driver::mem_get_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handle_is_send_and_sync() {
+        assert_send_sync::<CudaAllocator>();
+        assert_send_sync::<crate::DeviceBuffer<f32>>();
+    }
+
+    // These fail before any driver call, so they run without a GPU and
+    // without loading libcuda.
+    #[test]
+    fn expandable_segments_are_refused_with_a_typed_error() {
+        let e = CudaAllocator::with_config_str(0, "expandable_segments:True").unwrap_err();
+        assert!(matches!(e, CudaError::Unsupported(_)), "{e}");
+        assert!(e.to_string().contains("expandable_segments"));
+    }
+
+    #[test]
+    fn bad_configuration_is_a_typed_error() {
+        let e = CudaAllocator::with_config_str(0, "policy:no-such-policy").unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
+        assert!(e.to_string().contains("no-such-policy"));
+        let e = CudaAllocator::with_config_str(0, "max_split_size_mb:1").unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
+        let e = CudaAllocator::configure_global("bogus:1").unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
+    }
+}

@@ -1,0 +1,154 @@
+//! The CUDA boundary: every raw driver call of the allocator, each behind a
+//! small function with the reason it is sound. Nothing else in this crate
+//! calls the driver except through cudarc's safe API.
+
+use std::sync::OnceLock;
+
+use cudarc::driver::{result, sys, CudaContext};
+
+use crate::error::{driver_error, CudaError};
+
+/// Whether `libcuda` can be loaded; checked once per process.
+pub(crate) fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries `dlopen` on the driver's library names and closes
+    // what it opened; loading the NVIDIA driver library is what any CUDA
+    // program does, and cudarc would do the same at its first call.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Fails with [`CudaError::DriverNotFound`] instead of letting cudarc panic
+/// when `libcuda` is absent.
+pub(crate) fn ensure_driver() -> Result<(), CudaError> {
+    if driver_present() {
+        Ok(())
+    } else {
+        Err(CudaError::DriverNotFound)
+    }
+}
+
+/// Number of CUDA devices (initialises the driver).
+pub(crate) fn device_count() -> Result<usize, CudaError> {
+    ensure_driver()?;
+    result::init().map_err(|e| driver_error("cuInit", e.0))?;
+    let n = result::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e.0))?;
+    Ok(n.max(0) as usize)
+}
+
+/// Makes `ctx` current on the calling thread (a `cuCtxGetCurrent` when it
+/// already is).
+pub(crate) fn bind(ctx: &CudaContext) -> Result<(), CudaError> {
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error("cuCtxSetCurrent", e.0))
+}
+
+/// `cuMemAlloc`: a new segment of `size` bytes in the current context.
+pub(crate) fn mem_alloc(size: u64) -> Result<u64, CudaError> {
+    let bytes = usize::try_from(size)
+        .map_err(|_| driver_error("cuMemAlloc_v2", sys::CUresult::CUDA_ERROR_INVALID_VALUE))?;
+    // SAFETY: cuMemAlloc writes one device address into a local; the memory
+    // it returns is uninitialised, but only its address is handed out (as a
+    // plain integer), never read on the host.
+    unsafe { result::malloc_sync(bytes) }.map_err(|e| driver_error("cuMemAlloc_v2", e.0))
+}
+
+/// `cuMemFree` of a segment obtained from [`mem_alloc`].
+pub(crate) fn mem_free(addr: u64) -> Result<(), CudaError> {
+    // SAFETY: the engine frees only segments it obtained from `mem_alloc`,
+    // each exactly once, and only when no block of the segment is allocated
+    // or awaiting events; an address the driver does not know is reported as
+    // an error, not undefined behaviour.
+    unsafe { result::free_sync(addr) }.map_err(|e| driver_error("cuMemFree_v2", e.0))
+}
+
+/// `cuMemGetInfo` of the current context: (free, total) bytes.
+pub(crate) fn mem_get_info() -> Result<(u64, u64), CudaError> {
+    let (free, total) = result::mem_get_info().map_err(|e| driver_error("cuMemGetInfo_v2", e.0))?;
+    Ok((free as u64, total as u64))
+}
+
+/// `cuMemsetD8Async`: sets `bytes` bytes at `addr` to `value`, on `stream`.
+///
+/// # Safety
+/// `addr..addr + bytes` must be device memory of the current context that
+/// stays allocated until the memset has run, and `stream` a live stream of
+/// that context.
+pub(crate) unsafe fn memset_d8_async(
+    addr: u64,
+    value: u8,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(), CudaError> {
+    // SAFETY: forwarded to the caller's contract above.
+    unsafe { result::memset_d8_async(addr, value, bytes, stream) }
+        .map_err(|e| driver_error("cuMemsetD8Async", e.0))
+}
+
+/// A CUDA event handle owned by an [`crate::EventPool`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RawEvent(sys::CUevent);
+
+// SAFETY: a CUevent is an opaque driver handle that may be used from any
+// thread; the driver synchronises its own state. The pool hands each handle
+// to one owner at a time.
+unsafe impl Send for RawEvent {}
+
+/// `cuEventCreate` with `CU_EVENT_DISABLE_TIMING`, in the current context.
+pub(crate) fn event_create() -> Result<RawEvent, CudaError> {
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+        .map(RawEvent)
+        .map_err(|e| driver_error("cuEventCreate", e.0))
+}
+
+/// `cuEventRecord` of `event` on the raw stream `stream`.
+///
+/// # Safety
+/// `stream` must be `0` (the legacy default stream), a per-thread default
+/// stream handle, or a live stream of the event's context.
+pub(crate) unsafe fn event_record(event: &RawEvent, stream: u64) -> Result<(), CudaError> {
+    // SAFETY: the event is live (owned by the pool, destroyed only when the
+    // pool is dropped); the stream is valid by the caller's contract.
+    unsafe { result::event::record(event.0, stream as usize as sys::CUstream) }
+        .map_err(|e| driver_error("cuEventRecord", e.0))
+}
+
+/// `cuEventQuery`: `true` once the work captured by the event is done.
+pub(crate) fn event_query(event: &RawEvent) -> Result<bool, CudaError> {
+    // SAFETY: the event is live (see `event_record`).
+    match unsafe { result::event::query(event.0) } {
+        Ok(()) => Ok(true),
+        Err(e) if e.0 == sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+        Err(e) => Err(driver_error("cuEventQuery", e.0)),
+    }
+}
+
+/// `cuEventSynchronize`: blocks until the event's work is done.
+pub(crate) fn event_synchronize(event: &RawEvent) -> Result<(), CudaError> {
+    // SAFETY: the event is live (see `event_record`).
+    unsafe { result::event::synchronize(event.0) }
+        .map_err(|e| driver_error("cuEventSynchronize", e.0))
+}
+
+/// `cuStreamWaitEvent`: future work on `stream` waits for the event.
+///
+/// # Safety
+/// As for [`event_record`]: `stream` must be a valid stream of the event's
+/// context.
+pub(crate) unsafe fn stream_wait_event(stream: u64, event: &RawEvent) -> Result<(), CudaError> {
+    // SAFETY: live event; valid stream by the caller's contract.
+    unsafe {
+        result::stream::wait_event(
+            stream as usize as sys::CUstream,
+            event.0,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .map_err(|e| driver_error("cuStreamWaitEvent", e.0))
+}
+
+/// `cuEventDestroy` of a pooled event that no one uses any more.
+pub(crate) fn event_destroy(event: RawEvent) -> Result<(), CudaError> {
+    // SAFETY: the handle is consumed, so it is destroyed once; the driver
+    // releases an event still pending asynchronously.
+    unsafe { result::event::destroy(event.0) }.map_err(|e| driver_error("cuEventDestroy_v2", e.0))
+}

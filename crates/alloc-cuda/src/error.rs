@@ -1,0 +1,156 @@
+//! Typed errors of the CUDA layer.
+
+use alloc_core::{AllocError, BackendError, ConfigError};
+use cudarc::driver::sys::CUresult;
+use thiserror::Error;
+
+/// Everything that can go wrong in this crate; never a panic.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum CudaError {
+    /// `libcuda` could not be loaded (no NVIDIA driver on this machine).
+    #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver here")]
+    DriverNotFound,
+    /// A driver call failed.
+    #[error("{call} failed: {code:?} ({})", *code as u32)]
+    Driver {
+        /// The driver function.
+        call: &'static str,
+        /// What it returned.
+        code: CUresult,
+    },
+    /// No device with this ordinal.
+    #[error("CUDA device {ordinal} does not exist ({count} device(s) present)")]
+    InvalidDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// Devices the driver reports.
+        count: usize,
+    },
+    /// A stream of another context (device) was passed to this allocator.
+    #[error("the stream belongs to another CUDA context than device {ordinal}'s primary context")]
+    WrongContext {
+        /// The allocator's device.
+        ordinal: usize,
+    },
+    /// A typed buffer whose byte size does not fit in 64 bits.
+    #[error("a buffer of {len} elements of {elem_size} bytes is too large")]
+    SizeOverflow {
+        /// Elements asked for.
+        len: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// A host slice whose length differs from the device buffer's.
+    #[error("length mismatch: device buffer has {device} elements, host slice {host}")]
+    LengthMismatch {
+        /// Elements of the device buffer.
+        device: usize,
+        /// Elements of the host slice.
+        host: usize,
+    },
+    /// A feature this crate does not provide (yet).
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+    /// The process-wide allocator of a device was already created.
+    #[error(
+        "the global allocator of device {ordinal} already exists: configure it before first use"
+    )]
+    AlreadyInitialized {
+        /// The device whose allocator exists.
+        ordinal: usize,
+    },
+    /// A thread panicked while holding the allocator's lock.
+    #[error("allocator lock poisoned: a thread panicked while holding it")]
+    Poisoned,
+    /// The engine refused the operation (out of memory, bad pointer, ...).
+    #[error(transparent)]
+    Alloc(#[from] AllocError),
+    /// A configuration string was not accepted.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+impl CudaError {
+    /// The engine's out-of-memory report, when this is an out-of-memory error.
+    pub fn oom_report(&self) -> Option<&alloc_core::OomReport> {
+        match self {
+            CudaError::Alloc(AllocError::OutOfMemory(r)) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// A failed driver call as a [`CudaError`]. Formats the code with its `Debug`
+/// name, never through the driver (so it works without `libcuda`).
+pub(crate) fn driver_error(call: &'static str, code: CUresult) -> CudaError {
+    CudaError::Driver { call, code }
+}
+
+/// A CUDA-layer failure as the engine's [`BackendError`]: a driver's out of
+/// memory stays recognisable so that the engine frees its cache and retries.
+impl From<CudaError> for BackendError {
+    fn from(e: CudaError) -> Self {
+        match e {
+            CudaError::Driver {
+                code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+                ..
+            } => BackendError::OutOfMemory,
+            other => BackendError::Other(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_memory_maps_to_the_engines_oom() {
+        let e: BackendError =
+            driver_error("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY).into();
+        assert_eq!(e, BackendError::OutOfMemory);
+    }
+
+    #[test]
+    fn other_driver_errors_name_call_and_code() {
+        let e: BackendError =
+            driver_error("cuEventRecord", CUresult::CUDA_ERROR_INVALID_HANDLE).into();
+        let BackendError::Other(msg) = e else {
+            panic!("expected Other, got {e:?}");
+        };
+        assert!(msg.contains("cuEventRecord"), "{msg}");
+        assert!(msg.contains("CUDA_ERROR_INVALID_HANDLE"), "{msg}");
+        assert!(msg.contains("(400)"), "{msg}");
+    }
+
+    #[test]
+    fn engine_errors_pass_through_with_their_message() {
+        let e: CudaError = AllocError::DoubleFree { addr: 0x1000 }.into();
+        assert_eq!(e.to_string(), "double free of pointer 0x1000");
+        assert!(e.oom_report().is_none());
+        let report = alloc_core::OomReport {
+            requested: 1 << 30,
+            capacity: 80 << 30,
+            device_free: 1 << 20,
+            allocated: 0,
+            reserved: 0,
+            limit: Some(4 << 30),
+        };
+        let e: CudaError = AllocError::OutOfMemory(Box::new(report.clone())).into();
+        assert_eq!(e.oom_report(), Some(&report));
+        let msg = e.to_string();
+        assert!(msg.contains("80.00 GiB"), "{msg}");
+        assert!(msg.contains("memory fraction"), "{msg}");
+    }
+
+    #[test]
+    fn messages_of_local_errors() {
+        assert!(CudaError::InvalidDevice {
+            ordinal: 3,
+            count: 1
+        }
+        .to_string()
+        .contains("device 3"));
+        assert!(CudaError::DriverNotFound.to_string().contains("libcuda"));
+    }
+}

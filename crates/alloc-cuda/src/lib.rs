@@ -1,0 +1,64 @@
+//! # alloc-cuda
+//!
+//! The caching allocator of `alloc-core` on real CUDA devices, through
+//! [`cudarc`]'s driver API (loaded at run time: building needs no CUDA
+//! toolkit, and nothing here loads `libcuda` until an allocator is created).
+//!
+//! - [`CudaMemory`]: segments from `cuMemAlloc` / `cuMemFree` in the primary
+//!   context of a device; capacity and free bytes from `cuMemGetInfo`.
+//! - [`CudaStreams`]: the engine's stream backend over CUDA events, taken from
+//!   a pool ([`EventPool`]) of `CU_EVENT_DISABLE_TIMING` events; `synchronize`
+//!   is `cuEventSynchronize`, `make_stream_wait` is `cuStreamWaitEvent`.
+//! - [`CudaAllocator`]: the thread-safe handle (`Send + Sync`, cheap to clone):
+//!   a `Mutex<Engine>` per allocator, held only for the engine call. One
+//!   process-wide allocator per device is created on first use by
+//!   [`CudaAllocator::global`]; independent ones by [`CudaAllocator::new`].
+//! - [`DeviceBuffer<T>`]: a typed buffer owning one block, freed back to the
+//!   allocator when dropped; it implements cudarc's `DeviceSlice`,
+//!   `DevicePtr` and `DevicePtrMut` (so `CudaStream::memcpy_htod` / `dtoh`
+//!   take it) and is a kernel argument of `LaunchArgs`.
+//!
+//! Streams are identified by the raw `CUstream` value ([`StreamId`]; `0` is
+//! the legacy default stream). A block is reused only on its allocation
+//! stream, unless the streams recorded with `record_stream` are proven done
+//! (event polled at the next `malloc`) or, with `stream_wait_reuse:true`,
+//! made to wait on those events.
+//!
+//! Expandable segments (the driver's virtual-memory API) are not wired in
+//! yet: see [`vmm`]; a configuration asking for them is refused with
+//! [`CudaError::Unsupported`].
+//!
+//! All `unsafe` code sits at the CUDA boundary: the driver calls of the
+//! private `driver` module and the cudarc trait implementations of
+//! [`DeviceBuffer`].
+
+mod allocator;
+mod buffer;
+mod driver;
+mod error;
+mod events;
+mod memory;
+pub mod vmm;
+
+pub use allocator::{CudaAllocator, MAX_DEVICES};
+pub use buffer::{DeviceBuffer, Plain};
+pub use error::CudaError;
+pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
+pub use memory::CudaMemory;
+
+pub use alloc_core::{Allocation, AllocatorConfig, Snapshot, Stats, StreamId};
+pub use cudarc;
+
+/// The engine type behind a [`CudaAllocator`].
+pub type CudaEngine = alloc_core::Engine<alloc_policy::AnyPolicy, CudaMemory, CudaStreams>;
+
+/// The raw stream id of a cudarc stream (the `CUstream` pointer value).
+pub fn stream_id(stream: &cudarc::driver::CudaStream) -> StreamId {
+    stream.cu_stream() as usize as StreamId
+}
+
+/// Whether the CUDA driver library can be loaded on this machine. Tries to
+/// `dlopen` it (once per process); never panics.
+pub fn driver_available() -> bool {
+    driver::driver_present()
+}

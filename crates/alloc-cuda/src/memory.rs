@@ -1,0 +1,60 @@
+//! The engine's memory backend: segments from `cuMemAlloc` / `cuMemFree`.
+
+use std::sync::Arc;
+
+use alloc_core::{BackendError, MemoryBackend};
+use cudarc::driver::CudaContext;
+
+use crate::driver;
+use crate::error::CudaError;
+
+/// Segments of one device's primary context. Capacity is read once
+/// (`cuMemGetInfo`'s total); free bytes are read on demand (OOM reports).
+#[derive(Debug)]
+pub struct CudaMemory {
+    ctx: Arc<CudaContext>,
+    capacity: u64,
+}
+
+impl CudaMemory {
+    pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
+        driver::bind(&ctx)?;
+        let (_, total) = driver::mem_get_info()?;
+        Ok(CudaMemory {
+            ctx,
+            capacity: total,
+        })
+    }
+
+    /// `(free, total)` bytes of the device, from `cuMemGetInfo`.
+    pub fn mem_get_info(&self) -> Result<(u64, u64), CudaError> {
+        driver::bind(&self.ctx)?;
+        driver::mem_get_info()
+    }
+
+    /// The context segments are allocated in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl MemoryBackend for CudaMemory {
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(driver::mem_alloc(size)?)
+    }
+
+    fn free(&mut self, addr: u64, _size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(driver::mem_free(addr)?)
+    }
+
+    fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn free_bytes(&self) -> u64 {
+        // Used for reports only: a failing query reads as nothing free.
+        self.mem_get_info().map(|(free, _)| free).unwrap_or(0)
+    }
+}

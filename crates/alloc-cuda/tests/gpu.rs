@@ -1,0 +1,611 @@
+//! GPU test suite. Every test needs a CUDA device and is `#[ignore]`d, so a
+//! plain `cargo test` (CI, no GPU) lists them as ignored and never loads
+//! libcuda. Run them with `cargo xtask test-gpu` (or its `--bundle` on the
+//! GPU machine): `--ignored --test-threads=1`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use alloc_core::{human_bytes, AllocError, GIB, KIB, MIB};
+use alloc_cuda::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use alloc_cuda::cudarc::nvrtc::Ptx;
+use alloc_cuda::{CudaAllocator, CudaError, DeviceBuffer};
+
+/// Spins for `spin_ns` nanoseconds of `%globaltimer`, then copies `n` words
+/// from `src` to `dst` (grid-stride). The loads are volatile so that they
+/// cannot be hoisted above the spin.
+const SPIN_COPY_PTX: &str = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry spin_copy(
+    .param .u64 src,
+    .param .u64 dst,
+    .param .u32 n,
+    .param .u64 spin_ns
+)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<12>;
+
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u32 %r1, [n];
+    ld.param.u64 %rd3, [spin_ns];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u64 %rd4, %globaltimer;
+SPIN:
+    mov.u64 %rd5, %globaltimer;
+    sub.s64 %rd6, %rd5, %rd4;
+    setp.lt.u64 %p1, %rd6, %rd3;
+    @%p1 bra SPIN;
+
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    mov.u32 %r6, %nctaid.x;
+    mul.lo.s32 %r7, %r6, %r3;
+COPY:
+    setp.ge.u32 %p2, %r5, %r1;
+    @%p2 bra DONE;
+    mul.wide.u32 %rd7, %r5, 4;
+    add.s64 %rd8, %rd1, %rd7;
+    add.s64 %rd9, %rd2, %rd7;
+    ld.volatile.global.u32 %r8, [%rd8];
+    st.global.u32 [%rd9], %r8;
+    add.s32 %r5, %r5, %r7;
+    bra.uni COPY;
+DONE:
+    ret;
+}
+"#;
+
+/// How long the cross-stream kernel spins before it reads its input.
+const SPIN: Duration = Duration::from_millis(100);
+
+fn under_sanitizer() -> bool {
+    std::env::var_os("ALLOC_CUDA_SANITIZER").is_some()
+}
+
+fn allocator(config: &str) -> CudaAllocator {
+    match CudaAllocator::with_config_str(0, config) {
+        Ok(a) => a,
+        Err(e) => panic!("creating an allocator with `{config}`: {e}"),
+    }
+}
+
+fn new_stream(alloc: &CudaAllocator) -> Arc<CudaStream> {
+    alloc.context().new_stream().expect("cuStreamCreate")
+}
+
+/// Everything freed, cache emptied, nothing reserved, invariants hold.
+fn assert_drained(alloc: &CudaAllocator) {
+    assert_eq!(
+        alloc.allocated_bytes().unwrap(),
+        0,
+        "blocks still allocated"
+    );
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(
+        alloc.reserved_bytes().unwrap(),
+        0,
+        "segments still reserved"
+    );
+    alloc.validate().unwrap().unwrap();
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+const SIZES: &[usize] = &[
+    1,
+    7,
+    511,
+    512,
+    513,
+    4 * KIB as usize,
+    64 * KIB as usize + 3,
+    MIB as usize - 1,
+    MIB as usize,
+    MIB as usize + 1,
+    3 * MIB as usize,
+    10 * MIB as usize,
+    20 * MIB as usize + 5,
+    64 * MIB as usize,
+    256 * MIB as usize,
+    GIB as usize,
+];
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn every_policy_alloc_write_read_free_reuse() {
+    let names = alloc_policy::policy_names();
+    println!("policies compiled in: {names:?}");
+    let patterns: Vec<Vec<u8>> = SIZES.iter().map(|&n| pattern(n, n as u64)).collect();
+    for name in &names {
+        let alloc = allocator(&format!("policy:{name}"));
+        let stream = new_stream(&alloc);
+        let mut reused_same_address = 0;
+        for (&size, data) in SIZES.iter().zip(&patterns) {
+            let buf = alloc.alloc_from_host(data, &stream).unwrap();
+            assert_eq!(buf.len(), size);
+            let block = alloc.allocation(buf.device_address()).unwrap().unwrap();
+            assert!(
+                block.size >= size as u64,
+                "{name}: block smaller than request"
+            );
+            let back = buf.copy_to_host().unwrap();
+            assert!(
+                back == *data,
+                "{name}: {size} B read back differs from what was written"
+            );
+            let addr = buf.device_address();
+            let device_allocs = alloc.stats().unwrap().num_device_alloc;
+            drop(buf);
+
+            // The same size again on the same stream comes from the cache.
+            let mut again = alloc.alloc::<u8>(size, &stream).unwrap();
+            assert_eq!(
+                alloc.stats().unwrap().num_device_alloc,
+                device_allocs,
+                "{name}: {size} B was not served from the cache"
+            );
+            if again.device_address() == addr {
+                reused_same_address += 1;
+            }
+            again.fill_bytes(0x5A).unwrap();
+            let back = again.copy_to_host().unwrap();
+            assert!(
+                back.iter().all(|&b| b == 0x5A),
+                "{name}: {size} B memset readback"
+            );
+            drop(again);
+            alloc.validate().unwrap().unwrap();
+        }
+        let stats = alloc.stats().unwrap();
+        println!(
+            "{name:>24}: {} sizes 1 B..1 GiB ok; same address on reuse {reused_same_address}/{}; \
+             peak reserved {}, device allocs {}",
+            SIZES.len(),
+            SIZES.len(),
+            human_bytes(stats.reserved_bytes.all.peak as u64),
+            stats.num_device_alloc
+        );
+        assert_drained(&alloc);
+    }
+}
+
+/// What the cross-stream scenario observed.
+struct CrossStream {
+    reused_address: bool,
+    awaiting_after_free: usize,
+    host_ms: f64,
+}
+
+/// Kernel on stream B reads X (recorded with `record_stream(X, B)`); X is
+/// freed on A's side, the same size is allocated on A and overwritten at
+/// once. The kernel's output must still be X's original contents.
+fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
+    const WORDS: usize = 5 << 20; // 20 MiB: exactly one large segment
+    let alloc = allocator(config);
+    let ctx = alloc.context().clone();
+    let a = new_stream(&alloc);
+    let b = new_stream(&alloc);
+    let module = ctx.load_module(Ptx::from_src(SPIN_COPY_PTX)).unwrap();
+    let spin = module.load_function("spin_copy").unwrap();
+
+    let original: Vec<u32> = (0..WORDS as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x1234_5678)
+        .collect();
+    let mut x = alloc.alloc_from_host(&original, &a).unwrap();
+    a.synchronize().unwrap(); // X's contents are in place before B reads them
+    let mut y = alloc.alloc_zeros::<u32>(WORDS, &b).unwrap();
+    x.record_stream(&b).unwrap();
+    let x_addr = x.device_address();
+
+    let n = WORDS as u32;
+    let spin_ns = SPIN.as_nanos() as u64;
+    let cfg = LaunchConfig {
+        grid_dim: (264, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = b.launch_builder(&spin);
+    launch.arg(&x).arg(&mut y).arg(&n).arg(&spin_ns);
+    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
+    // X and Y hold WORDS u32 each and stay allocated until B's work is done
+    // (X through record_stream, Y until after b.synchronize()).
+    unsafe { launch.launch(cfg) }.unwrap();
+
+    let t0 = Instant::now();
+    drop(x); // freed on A's side while B's kernel still reads it
+    let awaiting_after_free = alloc.awaiting_events().unwrap();
+    let mut z = alloc.alloc::<u32>(WORDS, &a).unwrap(); // same size on A
+    z.fill_bytes(0xAB).unwrap(); // overwritten at once, on A
+    let host_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let still_running = !b.record_event(None).unwrap().is_complete();
+    let reused_address = z.device_address() == x_addr;
+    println!(
+        "[{config}] X at {x_addr:#x}; new allocation on A at {:#x} ({}); blocks awaiting events \
+         after the free: {awaiting_after_free}; host time free+malloc+memset {host_ms:.3} ms; \
+         kernel still running then: {still_running}",
+        z.device_address(),
+        if reused_address {
+            "X's address: reused"
+        } else {
+            "a different address: not reused"
+        },
+    );
+    // compute-sanitizer may serialise launches; the data check below still
+    // holds there, but only a concurrent run proves the timing.
+    assert!(
+        still_running || under_sanitizer(),
+        "the spin kernel finished before X was reused: the test would prove nothing"
+    );
+
+    b.synchronize().unwrap();
+    a.synchronize().unwrap();
+    let out = y.copy_to_host().unwrap();
+    if let Some(i) = out.iter().zip(&original).position(|(o, w)| o != w) {
+        panic!(
+            "[{config}] kernel output differs from X's original contents at word {i}: \
+             {:#x} != {:#x} (block reused too early)",
+            out[i], original[i]
+        );
+    }
+    let zs = z.copy_to_host().unwrap();
+    assert!(
+        zs.iter().all(|&w| w == 0xABAB_ABAB),
+        "new allocation's pattern"
+    );
+    println!("[{config}] kernel output equals X's original pattern ({WORDS} words)");
+    drop((y, z));
+    (
+        alloc,
+        CrossStream {
+            reused_address,
+            awaiting_after_free,
+            host_ms,
+        },
+    )
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn record_stream_defers_reuse_until_the_other_stream_is_done() {
+    let (alloc, seen) = cross_stream("");
+    assert_eq!(seen.awaiting_after_free, 1, "X must wait for B's event");
+    assert!(
+        !seen.reused_address,
+        "X was reused while B's kernel still read it"
+    );
+
+    // B is done (cross_stream synchronized it): polling frees X's block.
+    alloc.process_events().unwrap();
+    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+
+    // Event pool: many cross-stream frees reuse a handful of events.
+    let s1 = new_stream(&alloc);
+    let s2 = new_stream(&alloc);
+    let before = alloc.event_pool_stats().unwrap();
+    for i in 0..500 {
+        let mut buf = alloc.alloc::<u8>(4096 + i, &s1).unwrap();
+        buf.fill_bytes(i as u8).unwrap();
+        buf.record_stream(&s2).unwrap();
+        drop(buf);
+        if i % 50 == 0 {
+            s2.synchronize().unwrap();
+        }
+    }
+    s1.synchronize().unwrap();
+    s2.synchronize().unwrap();
+    alloc.process_events().unwrap();
+    let after = alloc.event_pool_stats().unwrap();
+    println!("event pool before {before:?}, after 500 cross-stream frees {after:?}");
+    assert!(
+        after.created - before.created <= 8,
+        "events are created per free instead of pooled: {after:?}"
+    );
+    assert!(after.reused - before.reused >= 490);
+    assert_eq!(after.in_use, 0);
+    assert_drained(&alloc);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn record_stream_then_reuse_of_the_same_block_after_completion() {
+    // After B's work completes, the next allocation of the size on A gets
+    // X's block back (from the cache, no new segment).
+    const BYTES: usize = 20 * MIB as usize;
+    let alloc = allocator("");
+    let a = new_stream(&alloc);
+    let b = new_stream(&alloc);
+    let mut x = alloc.alloc::<u8>(BYTES, &a).unwrap();
+    x.fill_bytes(1).unwrap();
+    x.record_stream(&b).unwrap();
+    let x_addr = x.device_address();
+    drop(x);
+    assert_eq!(alloc.awaiting_events().unwrap(), 1);
+    b.synchronize().unwrap();
+    let segments = alloc.stats().unwrap().num_device_alloc;
+    let y = alloc.alloc::<u8>(BYTES, &a).unwrap();
+    println!(
+        "after B completed: X at {x_addr:#x}, next allocation at {:#x}",
+        y.device_address()
+    );
+    assert_eq!(
+        y.device_address(),
+        x_addr,
+        "X's block is reusable once B is done"
+    );
+    assert_eq!(alloc.stats().unwrap().num_device_alloc, segments);
+    drop(y);
+    assert_drained(&alloc);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn stream_wait_mode_reuses_at_once_and_stays_correct() {
+    let (alloc, seen) = cross_stream("stream_wait_reuse:true");
+    assert!(
+        seen.reused_address,
+        "stream-wait mode should hand X's block to A (A waits on B's event)"
+    );
+    assert!(
+        seen.host_ms < SPIN.as_secs_f64() * 1e3 || under_sanitizer(),
+        "the host blocked ({:.1} ms): stream-wait mode must not synchronize",
+        seen.host_ms
+    );
+    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_drained(&alloc);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn out_of_memory_reports_capacity_and_memory_fraction_limits_reserved() {
+    let alloc = allocator("");
+    let stream = new_stream(&alloc);
+    alloc.empty_cache().unwrap();
+    let (free0, total) = alloc.mem_get_info().unwrap();
+    println!(
+        "device: total {} free {} at start",
+        human_bytes(total),
+        human_bytes(free0)
+    );
+
+    // A request larger than the device: the driver refuses, the engine frees
+    // its cache, retries, then reports.
+    if under_sanitizer() {
+        println!("skipping the 1 TiB device OOM under compute-sanitizer (it reports the driver's OOM return as an API error)");
+    } else {
+        let e = alloc.alloc::<u8>(1 << 40, &stream).unwrap_err();
+        println!("1 TiB request: {e}");
+        let r = e.oom_report().expect("an out-of-memory error");
+        assert_eq!(r.capacity, total);
+        assert!(e.to_string().contains(&human_bytes(total)), "{e}");
+        assert_eq!(alloc.stats().unwrap().num_ooms, 1);
+    }
+
+    alloc.set_memory_fraction(0.05).unwrap();
+    let limit = alloc.memory_limit().unwrap().unwrap();
+    assert_eq!(limit, (total as f64 * 0.05) as u64);
+    let mut held: Vec<DeviceBuffer<u8>> = Vec::new();
+    let err = loop {
+        match alloc.alloc::<u8>(256 * MIB as usize, &stream) {
+            Ok(b) => held.push(b),
+            Err(e) => break e,
+        }
+        assert!(
+            held.len() < 4096,
+            "the memory fraction did not stop allocation"
+        );
+    };
+    let reserved = alloc.reserved_bytes().unwrap();
+    println!(
+        "memory fraction 0.05 (limit {}): {} buffers of 256 MiB, reserved {}; then: {err}",
+        human_bytes(limit),
+        held.len(),
+        human_bytes(reserved)
+    );
+    let report = err.oom_report().expect("an out-of-memory error");
+    assert_eq!(
+        report.capacity, total,
+        "capacity in the report is the device's"
+    );
+    assert!(report.device_free > 0 && report.device_free <= total);
+    assert_eq!(report.limit, Some(limit));
+    let msg = err.to_string();
+    for needle in [
+        "out of memory",
+        "total capacity of",
+        human_bytes(total).as_str(),
+        "is free",
+        "memory fraction",
+    ] {
+        assert!(msg.contains(needle), "`{needle}` missing from: {msg}");
+    }
+    assert!(
+        reserved <= limit,
+        "reserved {reserved} above the limit {limit}"
+    );
+    assert!(!held.is_empty());
+    assert!(matches!(err, CudaError::Alloc(AllocError::OutOfMemory(_))));
+
+    drop(held);
+    assert_drained(&alloc);
+    let (free1, _) = alloc.mem_get_info().unwrap();
+    println!(
+        "after freeing everything and empty_cache: reserved 0, device free {} (start {})",
+        human_bytes(free1),
+        human_bytes(free0)
+    );
+    assert!(
+        free0.abs_diff(free1) <= 8 * MIB,
+        "device free bytes not back to the start: {free0} -> {free1}"
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn eight_threads_allocate_and_free_concurrently_on_several_streams() {
+    const THREADS: usize = 8;
+    const ITERS: usize = if cfg!(debug_assertions) { 100 } else { 300 };
+    let alloc = allocator("");
+    let streams: Vec<Arc<CudaStream>> = (0..4).map(|_| new_stream(&alloc)).collect();
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let alloc = alloc.clone();
+            let streams = &streams;
+            scope.spawn(move || {
+                let stream = &streams[t % streams.len()];
+                let other = &streams[(t + 1) % streams.len()];
+                let mut rng = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let mut live: VecDeque<(DeviceBuffer<u8>, u8)> = VecDeque::new();
+                let check = |buf: &DeviceBuffer<u8>, value: u8| {
+                    let back = buf.copy_to_host().unwrap();
+                    if let Some(i) = back.iter().position(|&b| b != value) {
+                        panic!(
+                            "thread {t}: byte {i} of {} is {:#x}, expected {value:#x}",
+                            back.len(),
+                            back[i]
+                        );
+                    }
+                };
+                for i in 0..ITERS {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
+                    // log-uniform 512 B .. 2 MiB
+                    let size =
+                        (512f64.ln() + u * ((2u64 << 20) as f64 / 512.0).ln()).exp() as usize;
+                    let value = ((t * 37 + i) % 255) as u8 + 1;
+                    let mut buf = alloc.alloc::<u8>(size, stream).unwrap();
+                    buf.fill_bytes(value).unwrap(); // cuMemsetD8Async on this thread's stream
+                    if i % 7 == 0 {
+                        buf.record_stream(other).unwrap();
+                    }
+                    live.push_back((buf, value));
+                    if live.len() > 8 {
+                        let (old, v) = live.pop_front().unwrap();
+                        check(&old, v);
+                    }
+                }
+                for (buf, v) in live {
+                    check(&buf, v);
+                }
+            });
+        }
+    });
+    let stats = alloc.stats().unwrap();
+    println!(
+        "{THREADS} threads x {ITERS} allocations on {} streams in {:.2} s: peak allocated {}, \
+         peak reserved {}, device allocs {}, events {:?}",
+        streams.len(),
+        t0.elapsed().as_secs_f64(),
+        human_bytes(stats.allocated_bytes.all.peak as u64),
+        human_bytes(stats.reserved_bytes.all.peak as u64),
+        stats.num_device_alloc,
+        alloc.event_pool_stats().unwrap()
+    );
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    assert_drained(&alloc);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn global_allocator_cudarc_copies_and_default_stream() {
+    let g = CudaAllocator::global(0).unwrap();
+    let from_thread = std::thread::spawn(|| CudaAllocator::global(0).unwrap())
+        .join()
+        .unwrap();
+    assert!(g.same_allocator(&from_thread), "one allocator per device");
+    assert!(matches!(
+        CudaAllocator::configure_global("policy:pytorch-bfc"),
+        Err(CudaError::AlreadyInitialized { ordinal: 0 })
+    ));
+
+    // cudarc's copies take our buffers (DevicePtr / DevicePtrMut).
+    let ctx = g.context().clone();
+    for stream in [ctx.default_stream(), new_stream(&g)] {
+        let host: Vec<f32> = (0..100_000).map(|i| i as f32 * 0.25).collect();
+        let mut buf = g.alloc::<f32>(host.len(), &stream).unwrap();
+        stream.memcpy_htod(&host, &mut buf).unwrap();
+        let mut back = vec![0f32; host.len()];
+        stream.memcpy_dtoh(&buf, &mut back).unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(back, host);
+        let block = g.allocation(buf.device_address()).unwrap().unwrap();
+        assert_eq!(block.stream, alloc_cuda::stream_id(&stream));
+        println!(
+            "stream {:#x}: {} floats through cudarc memcpy_htod/dtoh ok",
+            block.stream,
+            host.len()
+        );
+    }
+    assert_drained(&g);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn bad_input_is_a_typed_error() {
+    let alloc = allocator("");
+    let stream = new_stream(&alloc);
+    assert!(matches!(
+        alloc.free(0xdead_beef),
+        Err(CudaError::Alloc(AllocError::UnknownPointer { .. }))
+    ));
+    let p = alloc.malloc(1000, &stream).unwrap();
+    alloc.free(p).unwrap();
+    assert!(matches!(
+        alloc.free(p),
+        Err(CudaError::Alloc(AllocError::DoubleFree { .. }))
+    ));
+    assert!(matches!(
+        alloc.malloc(0, &stream),
+        Err(CudaError::Alloc(AllocError::InvalidSize { .. }))
+    ));
+    assert!(matches!(
+        alloc.malloc(u64::MAX, &stream),
+        Err(CudaError::Alloc(AllocError::InvalidSize { .. }))
+    ));
+    assert!(matches!(
+        alloc.alloc::<u64>(usize::MAX / 2, &stream),
+        Err(CudaError::SizeOverflow { .. })
+    ));
+    assert!(matches!(
+        alloc.set_memory_fraction(1.5),
+        Err(CudaError::Alloc(AllocError::InvalidArgument(_)))
+    ));
+    let mut buf = alloc.alloc::<u32>(16, &stream).unwrap();
+    assert!(matches!(
+        buf.copy_from_host(&[1, 2, 3]),
+        Err(CudaError::LengthMismatch {
+            device: 16,
+            host: 3
+        })
+    ));
+    drop(buf);
+    let e = CudaAllocator::new(999, &Default::default()).unwrap_err();
+    println!("device 999: {e}");
+    assert!(matches!(e, CudaError::InvalidDevice { ordinal: 999, .. }));
+    assert_drained(&alloc);
+}

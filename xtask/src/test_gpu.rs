@@ -1,0 +1,403 @@
+//! `cargo xtask test-gpu`: the GPU suite of alloc-cuda, which plain
+//! `cargo test` lists as ignored.
+//!
+//! - `cargo xtask test-gpu` (on a machine with a GPU and a Rust toolchain):
+//!   builds the release test binaries, the example(s) and the benchmark, and
+//!   runs the tests with `--ignored --test-threads=1`, then the examples
+//!   (`--full` adds the benchmark and compute-sanitizer).
+//! - `cargo xtask test-gpu --bundle DIR` (for a GPU machine without Rust):
+//!   builds the same binaries here and copies them into DIR with a `run.sh`
+//!   that runs the tests, the examples, the benchmark, then the tests again
+//!   under `compute-sanitizer --tool memcheck --leak-check full`, prints a
+//!   PASS/FAIL summary and exits nonzero on any failure. DIR must be
+//!   git-ignored (`gpu-bundle/` is).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+const USAGE: &str = "usage: cargo xtask test-gpu [--bundle DIR] [--features LIST] [--full]";
+
+/// Features of alloc-cuda the suite is built with unless `--features` says
+/// otherwise: every policy, so the suite covers them all.
+const DEFAULT_FEATURES: &str = "all-policies";
+
+struct Args {
+    bundle: Option<PathBuf>,
+    features: String,
+    full: bool,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut out = Args {
+        bundle: None,
+        features: DEFAULT_FEATURES.to_string(),
+        full: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
+        };
+        match arg.as_str() {
+            "--bundle" => out.bundle = Some(value("--bundle")?.into()),
+            "--features" => out.features = value("--features")?,
+            "--full" => out.full = true,
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+        }
+    }
+    Ok(out)
+}
+
+pub fn main(args: &[String]) -> Result<(), String> {
+    let args = parse(args)?;
+    let root = crate::workspace_root();
+    let dir = match &args.bundle {
+        Some(d) => {
+            let d = if d.is_absolute() {
+                d.clone()
+            } else {
+                std::env::current_dir().map_err(|e| e.to_string())?.join(d)
+            };
+            check_ignored(&root, &d)?;
+            d
+        }
+        None => root.join("target/test-gpu"),
+    };
+    let binaries = build(&root, &args.features)?;
+    write_bundle(&root, &dir, &binaries, &args.features)?;
+    let script = dir.join("run.sh");
+    if args.bundle.is_some() {
+        let rel = dir
+            .strip_prefix(&root)
+            .unwrap_or(&dir)
+            .display()
+            .to_string();
+        println!(
+            "bundle ready: {} ({} test binaries, {} examples, {} benchmarks, {:.1} MiB)\n\
+             on the GPU machine: bash {rel}/run.sh 2>&1 | tee $OUT/gpu-log.txt",
+            dir.display(),
+            binaries.tests.len(),
+            binaries.examples.len(),
+            binaries.bins.len(),
+            dir_size(&dir) as f64 / (1 << 20) as f64,
+        );
+        return Ok(());
+    }
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script);
+    if !args.full {
+        cmd.args(["--no-bench", "--no-sanitizer"]);
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("GPU suite failed ({status})"))
+    }
+}
+
+/// A bundle directory inside the repository must be git-ignored, so that
+/// it travels only when named in `carry` and is never committed.
+fn check_ignored(root: &Path, dir: &Path) -> Result<(), String> {
+    if !dir.starts_with(root) {
+        return Ok(());
+    }
+    let status = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["check-ignore", "-q", "--no-index"])
+        .arg(dir.join("run.sh"))
+        .status()
+        .map_err(|e| format!("git check-ignore: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is not git-ignored: use gpu-bundle/ (ignored by .gitignore) or add it to .gitignore",
+            dir.display()
+        ))
+    }
+}
+
+#[derive(Default)]
+struct Binaries {
+    /// (name, path) of each test binary.
+    tests: Vec<(String, PathBuf)>,
+    examples: Vec<(String, PathBuf)>,
+    bins: Vec<(String, PathBuf)>,
+}
+
+/// An executable that cargo built.
+struct Artifact {
+    /// Target name.
+    name: String,
+    /// Target kinds (`lib`, `test`, `example`, `bin`).
+    kinds: Vec<String>,
+    /// Built with the test harness.
+    test: bool,
+    path: PathBuf,
+}
+
+/// Runs cargo with `--message-format=json` and returns every artifact with
+/// an executable.
+fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Artifact>, String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("$ cargo {}", args.join(" "));
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
+    }
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = msg["target"]["name"]
+            .as_str()
+            .unwrap_or("unnamed")
+            .to_string();
+        let kinds = msg["target"]["kind"]
+            .as_array()
+            .map(|k| {
+                k.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let test = msg["profile"]["test"].as_bool().unwrap_or(false);
+        found.push(Artifact {
+            name,
+            kinds,
+            test,
+            path: PathBuf::from(exe),
+        });
+    }
+    Ok(found)
+}
+
+fn build(root: &Path, features: &str) -> Result<Binaries, String> {
+    let mut b = Binaries::default();
+    let feature_args: Vec<&str> = if features.is_empty() {
+        vec![]
+    } else {
+        vec!["--features", features]
+    };
+    let mut test_args = vec![
+        "test",
+        "-p",
+        "alloc-cuda",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+    ];
+    test_args.extend(&feature_args);
+    for a in cargo_executables(root, &test_args)? {
+        // The library's and the integration tests' harnesses (not those of
+        // the benchmark binary, which has no tests).
+        if a.test && a.kinds.iter().any(|k| k == "lib" || k == "test") {
+            let name = if a.kinds.iter().any(|k| k == "lib") {
+                format!("unit-{}", a.name)
+            } else {
+                a.name
+            };
+            b.tests.push((name, a.path));
+        }
+    }
+    let mut build_args = vec![
+        "build",
+        "-p",
+        "alloc-cuda",
+        "--release",
+        "--examples",
+        "--bins",
+        "--message-format=json",
+    ];
+    build_args.extend(&feature_args);
+    for a in cargo_executables(root, &build_args)? {
+        if a.kinds.iter().any(|k| k == "example") {
+            b.examples.push((a.name, a.path));
+        } else if a.kinds.iter().any(|k| k == "bin") {
+            b.bins.push((a.name, a.path));
+        }
+    }
+    if b.tests.is_empty() {
+        return Err("cargo reported no test binaries for alloc-cuda".into());
+    }
+    Ok(b)
+}
+
+fn write_bundle(root: &Path, dir: &Path, b: &Binaries, features: &str) -> Result<(), String> {
+    let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
+    std::fs::create_dir_all(dir).map_err(|e| io("creating", dir, e))?;
+    for (sub, list) in [
+        ("tests", &b.tests),
+        ("examples", &b.examples),
+        ("bin", &b.bins),
+    ] {
+        let sub_dir = dir.join(sub);
+        if sub_dir.exists() {
+            std::fs::remove_dir_all(&sub_dir).map_err(|e| io("removing", &sub_dir, e))?;
+        }
+        std::fs::create_dir_all(&sub_dir).map_err(|e| io("creating", &sub_dir, e))?;
+        for (name, path) in list.iter() {
+            let dest = sub_dir.join(name);
+            std::fs::copy(path, &dest).map_err(|e| io("copying", path, e))?;
+            // Debug info is most of a release binary's size here; the bundle
+            // travels with a 64 MiB limit. Keep symbols for backtraces.
+            let _ = Command::new("strip")
+                .arg("--strip-debug")
+                .arg(&dest)
+                .status();
+        }
+    }
+    let rev = Command::new("git")
+        .arg("-C")
+        .arg(root)
+        .args(["describe", "--always", "--dirty"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let manifest = format!("alloc-cuda GPU bundle: git {rev}, features `{features}`\n");
+    std::fs::write(dir.join("MANIFEST"), manifest).map_err(|e| io("writing", dir, e))?;
+    let script = dir.join("run.sh");
+    std::fs::write(&script, RUN_SH).map_err(|e| io("writing", &script, e))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755));
+    }
+    Ok(())
+}
+
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_size(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+const RUN_SH: &str = r#"#!/usr/bin/env bash
+# Generated by `cargo xtask test-gpu --bundle`: runs the alloc-cuda GPU suite
+# on a machine with a GPU and no Rust toolchain.
+#   bash run.sh [--no-bench] [--no-sanitizer]
+# Runs every test binary with --ignored --test-threads=1 --nocapture, the
+# examples, the benchmark, then the tests and examples again under
+# compute-sanitizer memcheck with --leak-check full (full logs in
+# ${OUT:-.}/memcheck-*.log, summary lines here; a binary that makes no CUDA
+# call, like the CPU-only unit tests, is reported as SKIP). Exits nonzero on
+# any failure.
+set -u
+cd "$(dirname "$0")"
+BENCH=1
+SANITIZER=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-bench) BENCH=0 ;;
+    --no-sanitizer) SANITIZER=0 ;;
+    *) echo "unknown option $arg"; exit 2 ;;
+  esac
+done
+LOGS="${OUT:-$PWD}"
+RESULTS=()
+FAILED=0
+
+run_step() {
+  local name="$1"; shift
+  echo
+  echo "=== $name"
+  local t0; t0=$(date +%s.%N)
+  "$@"
+  local rc=$?
+  local dt; dt=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if [ "$rc" -eq 0 ]; then
+    RESULTS+=("PASS  $name (${dt} s)")
+  elif [ "$rc" -eq 77 ]; then
+    RESULTS+=("SKIP  $name (no CUDA calls)")
+  else
+    RESULTS+=("FAIL  $name (exit $rc, ${dt} s)")
+    FAILED=1
+  fi
+}
+
+memcheck() {
+  local exe="$1"; shift
+  local log="$LOGS/memcheck-$(basename "$exe").log"
+  ALLOC_CUDA_SANITIZER=1 "$CS" --tool memcheck --leak-check full --error-exitcode 86 \
+    "$exe" "$@" >"$log" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 0 ] && grep -q 'terminated before first instrumented API call' "$log" \
+     && grep -q '^test result: ok' "$log"; then
+    # A binary that never calls CUDA (the CPU-only unit tests, which by
+    # design never load libcuda): nothing for memcheck to check.
+    echo "no CUDA call in $(basename "$exe"): nothing for memcheck to check"
+    return 77
+  fi
+  grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY|Invalid|Leaked)|^test result:|^test .*FAILED|panicked|vector_add: |still running then|skipping' "$log" | head -40
+  grep -E '^========= Program hit' "$log" | sort | uniq -c | head -10
+  echo "(exit $rc; full log: $log)"
+  return $rc
+}
+
+echo "$(cat MANIFEST)"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader 2>/dev/null \
+  || echo "(nvidia-smi not found)"
+
+for t in tests/*; do
+  run_step "test $(basename "$t")" "$t" --ignored --test-threads=1 --nocapture
+done
+for e in examples/*; do
+  [ -e "$e" ] && run_step "example $(basename "$e")" "$e"
+done
+if [ "$BENCH" = 1 ]; then
+  for b in bin/*; do
+    [ -e "$b" ] && run_step "bench $(basename "$b")" "$b"
+  done
+fi
+if [ "$SANITIZER" = 1 ]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+       /usr/local/cuda-*/bin/compute-sanitizer /opt/nvidia/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n1)
+  if [ -n "$CS" ]; then
+    "$CS" --version | tail -n1
+    for t in tests/*; do
+      run_step "memcheck test $(basename "$t")" memcheck "$t" --ignored --test-threads=1 --nocapture
+    done
+    for e in examples/*; do
+      [ -e "$e" ] && run_step "memcheck example $(basename "$e")" memcheck "$e"
+    done
+  else
+    RESULTS+=("FAIL  memcheck: compute-sanitizer not found")
+    FAILED=1
+  fi
+fi
+
+echo
+echo "=== summary"
+printf '%s\n' "${RESULTS[@]}"
+if [ "$FAILED" = 0 ]; then echo "ALL PASSED"; else echo "SOME FAILED"; fi
+exit "$FAILED"
+"#;
