@@ -1,5 +1,6 @@
 //! The thread-safe allocator handle: one engine per device behind a mutex.
 
+use alloc_core::MemoryBackend;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{Allocation, AllocatorConfig, Engine, EngineOptions, Snapshot, Stats, StreamId};
@@ -57,13 +58,9 @@ impl std::fmt::Debug for CudaAllocator {
     }
 }
 
-/// Checks what the CUDA layer supports and builds the policy: no driver call.
+/// Builds the policy (rejecting, e.g., expandable segments with a policy
+/// that cannot grow segments): no driver call.
 fn policy_for(config: &AllocatorConfig) -> Result<AnyPolicy, CudaError> {
-    if config.expandable_segments {
-        return Err(CudaError::Unsupported(
-            "expandable_segments:true is not available in alloc-cuda yet (see alloc_cuda::vmm)",
-        ));
-    }
     Ok(AnyPolicy::from_config(config)?)
 }
 
@@ -79,6 +76,11 @@ impl CudaAllocator {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
         let memory = CudaMemory::new(ctx.clone())?;
+        if config.expandable_segments && memory.growth_granularity() == 0 {
+            return Err(CudaError::Unsupported(
+                "expandable_segments:true needs virtual memory management, which this device lacks",
+            ));
+        }
         let streams = CudaStreams::new(ctx.clone());
         let engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
         Ok(CudaAllocator {
@@ -314,9 +316,10 @@ mod tests {
     // These fail before any driver call, so they run without a GPU and
     // without loading libcuda.
     #[test]
-    fn expandable_segments_are_refused_with_a_typed_error() {
-        let e = CudaAllocator::with_config_str(0, "expandable_segments:True").unwrap_err();
-        assert!(matches!(e, CudaError::Unsupported(_)), "{e}");
+    fn expandable_segments_need_a_growable_policy() {
+        let e = CudaAllocator::with_config_str(0, "policy:buddy,expandable_segments:True")
+            .unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
         assert!(e.to_string().contains("expandable_segments"));
     }
 

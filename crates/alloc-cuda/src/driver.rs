@@ -152,3 +152,125 @@ pub(crate) fn event_destroy(event: RawEvent) -> Result<(), CudaError> {
     // releases an event still pending asynchronously.
     unsafe { result::event::destroy(event.0) }.map_err(|e| driver_error("cuEventDestroy_v2", e.0))
 }
+
+// ----- Virtual memory management (expandable segments) -----
+
+/// A physical allocation from `cuMemCreate`, to be mapped into a reserved
+/// range and released with [`mem_release`].
+#[derive(Debug)]
+pub(crate) struct PhysicalHandle(sys::CUmemGenericAllocationHandle);
+
+fn device_allocation_prop(device: i32) -> sys::CUmemAllocationProp {
+    sys::CUmemAllocationProp {
+        type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// `cuMemGetAllocationGranularity` (minimum) of device memory on `device`.
+pub(crate) fn vmm_granularity(device: i32) -> Result<u64, CudaError> {
+    let prop = device_allocation_prop(device);
+    let mut granularity = 0usize;
+    // SAFETY: both pointers are to live locals of the types the call expects;
+    // it only writes the granularity.
+    let code = unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut granularity,
+            &prop,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    };
+    check("cuMemGetAllocationGranularity", code)?;
+    Ok(granularity as u64)
+}
+
+/// `cuMemAddressReserve`: `size` bytes of address space, no memory.
+pub(crate) fn address_reserve(size: u64, alignment: u64) -> Result<u64, CudaError> {
+    let mut addr: sys::CUdeviceptr = 0;
+    // SAFETY: writes one address into a local; reserves address space only.
+    let code = unsafe { sys::cuMemAddressReserve(&mut addr, size as usize, alignment as usize, 0, 0) };
+    check("cuMemAddressReserve", code)?;
+    Ok(addr)
+}
+
+/// `cuMemAddressFree` of a range from [`address_reserve`] with nothing mapped.
+pub(crate) fn address_free(addr: u64, size: u64) -> Result<(), CudaError> {
+    // SAFETY: the backend frees only ranges it reserved, once, after
+    // unmapping everything in them.
+    check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(addr, size as usize) })
+}
+
+/// `cuMemCreate`: `size` bytes of physical memory on `device`.
+pub(crate) fn mem_create(size: u64, device: i32) -> Result<PhysicalHandle, CudaError> {
+    let prop = device_allocation_prop(device);
+    let mut handle: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: pointers to live locals; the handle is owned by the returned
+    // value and released exactly once by `mem_release`.
+    let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
+    check("cuMemCreate", code)?;
+    Ok(PhysicalHandle(handle))
+}
+
+/// `cuMemMap` of a whole physical allocation at `addr`, then `cuMemSetAccess`
+/// read-write for `device`.
+pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle, device: i32) -> Result<(), CudaError> {
+    // SAFETY: `addr..addr+size` lies in a range this backend reserved and is
+    // not mapped (the backend tracks every mapped granule); `size` is the
+    // handle's size.
+    check("cuMemMap", unsafe { sys::cuMemMap(addr, size as usize, 0, handle.0, 0) })?;
+    let access = sys::CUmemAccessDesc {
+        location: sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            id: device,
+        },
+        flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the range was just mapped; one access descriptor is passed.
+    let code = unsafe { sys::cuMemSetAccess(addr, size as usize, &access, 1) };
+    if let Err(e) = check("cuMemSetAccess", code) {
+        // SAFETY: undoes the mapping made above.
+        let _ = unsafe { sys::cuMemUnmap(addr, size as usize) };
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// `cuMemUnmap` of one mapped granule.
+pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
+    // SAFETY: the backend unmaps only granules it mapped, after a context
+    // synchronize, when the engine holds no live block in them.
+    check("cuMemUnmap", unsafe { sys::cuMemUnmap(addr, size as usize) })
+}
+
+/// `cuMemRelease` of a physical allocation (after it is unmapped).
+pub(crate) fn mem_release(handle: PhysicalHandle) -> Result<(), CudaError> {
+    // SAFETY: consumes the handle, so it is released once.
+    check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) })
+}
+
+/// `cuCtxSynchronize`: waits for all work in the current context. Unmapping
+/// does not synchronize implicitly (unlike `cuMemFree`), so kernels still
+/// reading freed blocks must finish first.
+pub(crate) fn ctx_synchronize() -> Result<(), CudaError> {
+    // SAFETY: no arguments; blocks the host until the context is idle.
+    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+}
+
+fn check(call: &'static str, code: sys::CUresult) -> Result<(), CudaError> {
+    if code == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(driver_error(call, code))
+    }
+}

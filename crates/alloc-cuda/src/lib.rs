@@ -24,9 +24,8 @@
 //! (event polled at the next `malloc`) or, with `stream_wait_reuse:true`,
 //! made to wait on those events.
 //!
-//! Expandable segments (the driver's virtual-memory API) are not wired in
-//! yet: see [`vmm`]; a configuration asking for them is refused with
-//! [`CudaError::Unsupported`].
+//! Expandable segments (`expandable_segments:True`) grow one segment per
+//! stream and pool on the driver's virtual-memory API: see [`vmm`].
 //!
 //! All `unsafe` code sits at the CUDA boundary: the driver calls of the
 //! private `driver` module and the cudarc trait implementations of

@@ -7,22 +7,30 @@ use cudarc::driver::CudaContext;
 
 use crate::driver;
 use crate::error::CudaError;
+use crate::vmm::VmmMappings;
 
 /// Segments of one device's primary context. Capacity is read once
 /// (`cuMemGetInfo`'s total); free bytes are read on demand (OOM reports).
+/// Growable ranges for expandable segments go through [`VmmMappings`].
 #[derive(Debug)]
 pub struct CudaMemory {
     ctx: Arc<CudaContext>,
     capacity: u64,
+    vmm: VmmMappings,
 }
 
 impl CudaMemory {
     pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
         driver::bind(&ctx)?;
         let (_, total) = driver::mem_get_info()?;
+        let device = ctx.ordinal() as i32;
+        // A device without virtual-memory support reports an error here:
+        // growable segments are then unavailable (granularity 0).
+        let granularity = driver::vmm_granularity(device).unwrap_or(0);
         Ok(CudaMemory {
             ctx,
             capacity: total,
+            vmm: VmmMappings::new(device, granularity),
         })
     }
 
@@ -30,6 +38,11 @@ impl CudaMemory {
     pub fn mem_get_info(&self) -> Result<(u64, u64), CudaError> {
         driver::bind(&self.ctx)?;
         driver::mem_get_info()
+    }
+
+    /// The growable ranges (expandable segments).
+    pub fn vmm(&self) -> &VmmMappings {
+        &self.vmm
     }
 
     /// The context segments are allocated in.
@@ -56,5 +69,29 @@ impl MemoryBackend for CudaMemory {
     fn free_bytes(&self) -> u64 {
         // Used for reports only: a failing query reads as nothing free.
         self.mem_get_info().map(|(free, _)| free).unwrap_or(0)
+    }
+
+    fn growth_granularity(&self) -> u64 {
+        self.vmm.granularity()
+    }
+
+    fn reserve_range(&mut self, size: u64) -> Result<u64, BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.reserve(size)?)
+    }
+
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.map(addr, size)?)
+    }
+
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.unmap(addr, size)?)
+    }
+
+    fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.release(addr, size)?)
     }
 }

@@ -609,3 +609,66 @@ fn bad_input_is_a_typed_error() {
     assert!(matches!(e, CudaError::InvalidDevice { ordinal: 999, .. }));
     assert_drained(&alloc);
 }
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
+    let alloc = allocator("expandable_segments:True");
+    assert!(alloc.with_engine(|e| e.expandable()).unwrap(), "growable segments active");
+    let stream = new_stream(&alloc);
+    let granule = alloc.with_engine(|e| e.memory().vmm().granularity()).unwrap();
+    println!("VMM granularity {}", human_bytes(granule));
+    let (free0, _) = alloc.mem_get_info().unwrap();
+
+    // 40 buffers of 7..8 MiB: the large-pool segment grows in 20 MiB steps
+    // across well over a hundred 2 MiB granules.
+    let mut bufs: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..40u64)
+        .map(|i| {
+            let data = pattern(7 * MIB as usize + 4096 * i as usize, i + 1);
+            (alloc.alloc_from_host(&data, &stream).unwrap(), data)
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    let stats = alloc.stats().unwrap();
+    let live: u64 = bufs.iter().map(|(_, d)| d.len().div_ceil(512) as u64 * 512).sum();
+    let reserved = stats.reserved_bytes.large_pool.current as u64;
+    println!(
+        "grown: {} segment(s), reserved {} for {} live, {} maps",
+        stats.segment.large_pool.current,
+        human_bytes(reserved),
+        human_bytes(live),
+        stats.num_device_alloc
+    );
+    assert_eq!(stats.segment.large_pool.current, 1, "one growing segment");
+    assert_eq!(reserved % (20 * MIB), 0, "grown in 20 MiB steps");
+    assert!(reserved >= live && reserved - live < 20 * MIB);
+    let (free1, _) = alloc.mem_get_info().unwrap();
+    assert!(free0 - free1 >= reserved, "cuMemGetInfo agrees: {} gone", human_bytes(free0 - free1));
+    for (buf, data) in &bufs {
+        assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact after growth");
+    }
+
+    // Free the later half: empty_cache unmaps the free tail.
+    bufs.truncate(20);
+    alloc.empty_cache().unwrap();
+    let shrunk = alloc.reserved_bytes().unwrap();
+    let (free2, _) = alloc.mem_get_info().unwrap();
+    println!(
+        "after freeing half and empty_cache: reserved {} (was {}), device free +{}",
+        human_bytes(shrunk),
+        human_bytes(reserved),
+        human_bytes(free2.saturating_sub(free1))
+    );
+    let live: u64 = bufs.iter().map(|(_, d)| d.len().div_ceil(512) as u64 * 512).sum();
+    assert!(shrunk < reserved && shrunk >= live && shrunk - live < granule + 2 * MIB);
+    assert!(free2 - free1 >= reserved - shrunk - granule, "unmapped memory went back to the driver");
+    for (buf, data) in &bufs {
+        assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact after shrinking");
+    }
+    alloc.validate().unwrap().unwrap();
+
+    drop(bufs);
+    assert_drained(&alloc);
+    let (free3, _) = alloc.mem_get_info().unwrap();
+    assert!(free0.abs_diff(free3) <= 4 * MIB, "all memory back: {} vs {}", human_bytes(free3), human_bytes(free0));
+}
