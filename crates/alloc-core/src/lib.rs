@@ -28,5 +28,5 @@ pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use policy::{OomRelease, Policy, Pressure, Request};
 pub use sim::{SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
-pub use stats::{human_bytes, Stat, StatArray, Stats};
+pub use stats::{human_bytes, scale_bytes, Stat, StatArray, Stats};
 pub use types::{BlockId, PoolKind, SegmentId, StreamId, GIB, KIB, MIB};

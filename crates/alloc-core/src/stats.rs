@@ -236,19 +236,25 @@ fn insert_stat(out: &mut std::collections::BTreeMap<String, i64>, prefix: &str, 
     out.insert(format!("{prefix}.freed"), stat.freed as i64);
 }
 
-/// Formats a byte count with a binary unit (`1.50 GiB`, `512 B`).
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
+/// A byte count scaled to the largest binary unit that keeps it at least 1:
+/// `(1.5, "KiB")` for 1536. Counts below 1 KiB stay in bytes.
+pub fn scale_bytes(bytes: u64) -> (f64, &'static str) {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
     let mut unit = 0;
     while value >= 1024.0 && unit + 1 < UNITS.len() {
         value /= 1024.0;
         unit += 1;
     }
-    format!("{value:.2} {}", UNITS[unit])
+    (value, UNITS[unit])
+}
+
+/// Formats a byte count as PyTorch's messages do (`1.50 GiB`, `512 B`).
+pub fn human_bytes(bytes: u64) -> String {
+    match scale_bytes(bytes) {
+        (_, "B") => format!("{bytes} B"),
+        (value, unit) => format!("{value:.2} {unit}"),
+    }
 }
 
 #[cfg(test)]

@@ -87,17 +87,8 @@ pub fn render_panels(charts: &[Chart], columns: usize) -> String {
 /// Formats a byte count in binary units with up to two decimals: `512 B`, `1.5 KiB`,
 /// `14.24 GiB`.
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{} {}", trim_decimals(value, 2), UNITS[unit])
+    let (value, unit) = alloc_core::scale_bytes(bytes);
+    format!("{} {unit}", trim_decimals(value, 2))
 }
 
 /// Reduces `points` to at most `max_points` (at least 4) points, keeping the first and last
