@@ -575,6 +575,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let Some(g) = grown else {
             let range = self.memory.capacity().div_ceil(step) * step;
+            if extra > range {
+                return Ok(None); // larger than the device: out of memory
+            }
             let addr = self.memory.reserve_range(range)?;
             if let Err(e) = self.memory.map(addr, extra) {
                 self.memory.release_range(addr, range)?;

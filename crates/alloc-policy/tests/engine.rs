@@ -1,6 +1,7 @@
 //! Engine behaviour with PyTorch's policy on the simulated device: the
 //! allocation paths, record_stream deferral, stream-wait reuse, the
 //! out-of-memory path, statistics, garbage collection and snapshots.
+#![cfg(feature = "pytorch-bfc")]
 
 mod common;
 
@@ -346,5 +347,13 @@ fn expandable_segments_respect_the_memory_fraction() {
     e.free(a.addr).unwrap();
     e.malloc(90 * MIB, 0).unwrap();
     assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 10);
+    valid(&e);
+}
+
+#[test]
+fn expandable_request_larger_than_the_device_is_out_of_memory() {
+    let mut e = engine("expandable_segments:true", 300 * MIB);
+    let err = e.malloc(1700 * MIB, 0).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
     valid(&e);
 }

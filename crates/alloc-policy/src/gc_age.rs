@@ -1,0 +1,421 @@
+//! Garbage collection by age, as an adaptor over any policy.
+//!
+//! [`GcAge`] forwards every call to the policy it wraps except
+//! [`Policy::collect_garbage`]. Wholly idle segments age in allocator ticks
+//! (one tick per cache lookup in their pool, [`Heap::clock`], since
+//! [`Segment::idle_since`](alloc_core::Segment::idle_since)); whenever a new
+//! segment is needed while reserved memory exceeds threshold x limit (the
+//! memory fraction's limit, or the device capacity), idle segments go back
+//! to the device oldest first, the larger first among equally old ones, until
+//! reserved memory is at or below the line. The wrapped policy's own
+//! collector then runs on what is left.
+//!
+//! Unlike PyTorch's collector (`pytorch-bfc`'s own), which frees only
+//! unsplit large-pool blocks at least as old as the average and only with a
+//! memory fraction set, this one considers every idle segment of both pools,
+//! with or without a memory fraction, in strict age order.
+
+use std::cmp::Reverse;
+use std::collections::BTreeSet;
+
+use alloc_core::{
+    AllocatorConfig, BlockId, Heap, OomRelease, Policy, Pressure, Request, SegmentId, StreamId,
+};
+
+/// Threshold used when the configuration sets no
+/// `garbage_collection_threshold`.
+pub const DEFAULT_THRESHOLD: f64 = 0.8;
+
+/// Settings of the age-based collector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GcAgeSettings {
+    /// Collect once reserved memory exceeds this fraction of the limit
+    /// (`garbage_collection_threshold`, default [`DEFAULT_THRESHOLD`]).
+    pub threshold: f64,
+    /// Segments idle for fewer ticks than this are kept (default 0: any idle
+    /// segment may go).
+    pub min_age_ticks: u64,
+}
+
+impl Default for GcAgeSettings {
+    fn default() -> Self {
+        GcAgeSettings {
+            threshold: DEFAULT_THRESHOLD,
+            min_age_ticks: 0,
+        }
+    }
+}
+
+impl From<&AllocatorConfig> for GcAgeSettings {
+    /// The threshold from `garbage_collection_threshold`, else the default.
+    fn from(cfg: &AllocatorConfig) -> Self {
+        GcAgeSettings {
+            threshold: cfg
+                .garbage_collection_threshold
+                .unwrap_or(DEFAULT_THRESHOLD),
+            ..GcAgeSettings::default()
+        }
+    }
+}
+
+/// A policy with age-based garbage collection added (see the module
+/// documentation).
+#[derive(Debug, Clone)]
+pub struct GcAge<P: Policy> {
+    inner: P,
+    settings: GcAgeSettings,
+    /// `<inner name>+gc-age`.
+    name: String,
+}
+
+impl<P: Policy> GcAge<P> {
+    /// Wraps `inner`.
+    pub fn new(inner: P, settings: GcAgeSettings) -> Self {
+        let name = format!("{}+gc-age", inner.name());
+        GcAge {
+            inner,
+            settings,
+            name,
+        }
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &GcAgeSettings {
+        &self.settings
+    }
+
+    /// The wrapped policy.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    /// Unwraps the policy.
+    pub fn into_inner(self) -> P {
+        self.inner
+    }
+
+    /// Idle segments to release under `pressure`, oldest first, and the
+    /// reserved bytes left once they are gone.
+    fn choose(&self, heap: &Heap, pressure: &Pressure) -> (Vec<SegmentId>, u64) {
+        let line = (self.settings.threshold * pressure.limit as f64) as u64;
+        let mut reserved = pressure.reserved;
+        if reserved <= line {
+            return (Vec::new(), reserved);
+        }
+        let mut idle: Vec<(u64, u64, u64, SegmentId)> = heap
+            .segments()
+            .filter(|(_, s)| s.is_idle())
+            .map(|(id, s)| {
+                let age = heap.clock[s.pool.index()].saturating_sub(s.idle_since);
+                (age, s.size, s.addr, id)
+            })
+            .filter(|&(age, ..)| age >= self.settings.min_age_ticks)
+            .collect();
+        idle.sort_unstable_by_key(|&(age, size, addr, _)| (Reverse(age), Reverse(size), addr));
+        let mut chosen = Vec::new();
+        for (_, size, _, id) in idle {
+            if reserved <= line {
+                break;
+            }
+            reserved = reserved.saturating_sub(size);
+            chosen.push(id);
+        }
+        (chosen, reserved)
+    }
+}
+
+impl<P: Policy> Policy for GcAge<P> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    #[inline]
+    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+        self.inner.plan(requested, stream)
+    }
+    #[inline]
+    fn segment_size(&self, req: &Request) -> u64 {
+        self.inner.segment_size(req)
+    }
+    #[inline]
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        self.inner.take_free(heap, req)
+    }
+    #[inline]
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        self.inner.carve(heap, block, req)
+    }
+    #[inline]
+    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
+        self.inner.insert_free(heap, block)
+    }
+    #[inline]
+    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
+        self.inner.remove_free(heap, block)
+    }
+    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
+        self.inner.release_for_oom(heap, req)
+    }
+
+    /// Releases idle segments oldest first while reserved memory exceeds
+    /// threshold x limit, then adds what the wrapped policy's collector
+    /// chooses under the pressure that is left.
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        let (mut chosen, reserved) = self.choose(heap, pressure);
+        let left = Pressure {
+            reserved,
+            ..*pressure
+        };
+        let more = self.inner.collect_garbage(heap, &left);
+        if chosen.is_empty() {
+            return more;
+        }
+        if !more.is_empty() {
+            let mut seen: BTreeSet<SegmentId> = chosen.iter().copied().collect();
+            chosen.extend(more.into_iter().filter(|id| seen.insert(*id)));
+        }
+        chosen
+    }
+
+    fn coalesces(&self) -> bool {
+        self.inner.coalesces()
+    }
+    fn oversize_threshold(&self) -> u64 {
+        self.inner.oversize_threshold()
+    }
+    fn supports_growth(&self) -> bool {
+        self.inner.supports_growth()
+    }
+    fn indexed_blocks(&self) -> Vec<BlockId> {
+        self.inner.indexed_blocks()
+    }
+    fn check(&self, heap: &Heap) -> Result<(), String> {
+        self.inner.check(heap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
+
+    /// A minimal inner policy: one block per segment, exact-size reuse, no
+    /// collector of its own. Sizes are rounded to 2 MiB; requests of at most
+    /// 1 MiB go to the small pool.
+    #[derive(Debug, Default)]
+    struct Whole {
+        free: Vec<BlockId>,
+    }
+
+    impl Policy for Whole {
+        fn name(&self) -> &str {
+            "whole"
+        }
+        fn plan(&self, requested: u64, stream: StreamId) -> Request {
+            let pool = if requested <= MIB {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            Request {
+                requested,
+                size: requested.div_ceil(2 * MIB) * 2 * MIB,
+                pool,
+                stream,
+            }
+        }
+        fn segment_size(&self, req: &Request) -> u64 {
+            req.size
+        }
+        fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+            let at = self.free.iter().position(|&b| {
+                let b = heap.block(b);
+                b.size == req.size && b.stream == req.stream && b.pool == req.pool
+            })?;
+            Some(self.free.swap_remove(at))
+        }
+        fn carve(&mut self, _heap: &mut Heap, block: BlockId, _req: &Request) -> BlockId {
+            block
+        }
+        fn insert_free(&mut self, _heap: &mut Heap, block: BlockId) {
+            self.free.push(block);
+        }
+        fn remove_free(&mut self, _heap: &Heap, block: BlockId) {
+            self.free.retain(|&b| b != block);
+        }
+        fn coalesces(&self) -> bool {
+            true
+        }
+        fn indexed_blocks(&self) -> Vec<BlockId> {
+            self.free.clone()
+        }
+    }
+
+    type TestEngine = Engine<GcAge<Whole>, SimMemory, SimStreams>;
+
+    /// A 1 GiB device limited to 512 MiB, collecting above 0.5 x 512 MiB.
+    fn engine(min_age_ticks: u64) -> TestEngine {
+        let settings = GcAgeSettings {
+            threshold: 0.5,
+            min_age_ticks,
+        };
+        let mut e = Engine::new(
+            GcAge::new(Whole::default(), settings),
+            SimMemory::new(GIB),
+            SimStreams::new(),
+            EngineOptions::default(),
+        );
+        e.set_memory_fraction(0.5).unwrap();
+        e
+    }
+
+    #[track_caller]
+    fn valid(e: &TestEngine) {
+        if let Err(msg) = e.validate() {
+            panic!("invariant violated: {msg}");
+        }
+    }
+
+    fn segment_addrs(e: &TestEngine) -> Vec<u64> {
+        e.snapshot().segments.iter().map(|s| s.address).collect()
+    }
+
+    #[test]
+    fn settings_and_name() {
+        let cfg = AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap();
+        assert_eq!(GcAgeSettings::from(&cfg).threshold, 0.6);
+        assert_eq!(
+            GcAgeSettings::from(&AllocatorConfig::default()).threshold,
+            0.8
+        );
+        let p = GcAge::new(Whole::default(), GcAgeSettings::default());
+        assert_eq!(p.name(), "whole+gc-age");
+    }
+
+    /// Frees `addr`, then ticks the large pool's clock by reusing a cached block.
+    fn free_and_tick(e: &mut TestEngine, addr: u64, tick: &mut u64) {
+        e.free(addr).unwrap();
+        let t = e.malloc(2 * MIB, 0).unwrap();
+        *tick = t.addr;
+    }
+
+    #[test]
+    fn oldest_idle_segment_goes_back_first() {
+        let mut e = engine(0);
+        let mut tick = e.malloc(2 * MIB, 0).unwrap().addr;
+        // 140 MiB freed first, then a larger 150 MiB: age wins over size.
+        let a = e.malloc(140 * MIB, 0).unwrap();
+        let b = e.malloc(150 * MIB, 0).unwrap();
+        e.free(tick).unwrap();
+        free_and_tick(&mut e, a.addr, &mut tick);
+        e.free(tick).unwrap();
+        free_and_tick(&mut e, b.addr, &mut tick);
+        // 292 MiB reserved > 256 MiB: the first new segment releases `a` only.
+        let c = e.malloc(100 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 1);
+        let now = segment_addrs(&e);
+        assert!(!now.contains(&a.addr), "the oldest idle segment went back");
+        assert!(now.contains(&b.addr) && now.contains(&c.addr));
+        valid(&e);
+        // Under the line: nothing more goes.
+        e.free(c.addr).unwrap();
+        e.malloc(4 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 1);
+        valid(&e);
+    }
+
+    #[test]
+    fn equally_old_segments_go_larger_first_in_both_pools() {
+        let mut e = engine(0);
+        let a = e.malloc(100 * MIB, 0).unwrap();
+        let b = e.malloc(160 * MIB, 0).unwrap();
+        let s = e.malloc(1000, 0).unwrap();
+        e.free(a.addr).unwrap();
+        e.free(b.addr).unwrap();
+        e.free(s.addr).unwrap();
+        // 262 MiB reserved: `b` alone brings it under 256 MiB.
+        e.malloc(8 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 1);
+        let now = segment_addrs(&e);
+        assert!(!now.contains(&b.addr) && now.contains(&a.addr) && now.contains(&s.addr));
+        // Ten small-pool lookups age the small segment past `a`; over the
+        // line again (112 MiB + 160 MiB), both go, the small one first.
+        for _ in 0..10 {
+            let x = e.malloc(1000, 1).unwrap();
+            e.free(x.addr).unwrap();
+        }
+        e.malloc(160 * MIB, 0).unwrap();
+        assert!(e.malloc(100 * MIB, 1).is_ok());
+        let now = segment_addrs(&e);
+        assert!(!now.contains(&a.addr) && !now.contains(&s.addr));
+        valid(&e);
+    }
+
+    #[test]
+    fn minimum_age_keeps_recently_freed_segments() {
+        let mut e = engine(1000);
+        let a = e.malloc(200 * MIB, 0).unwrap();
+        e.free(a.addr).unwrap();
+        e.malloc(100 * MIB, 0).unwrap();
+        // 200 MiB idle for 2 ticks only: kept although 300 MiB > 256 MiB.
+        e.malloc(50 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 0);
+        valid(&e);
+    }
+
+    #[test]
+    fn without_a_memory_fraction_the_limit_is_the_device() {
+        let mut e = Engine::new(
+            GcAge::new(Whole::default(), GcAgeSettings::default()),
+            SimMemory::new(GIB),
+            SimStreams::new(),
+            EngineOptions::default(),
+        );
+        let a = e.malloc(500 * MIB, 0).unwrap();
+        e.free(a.addr).unwrap();
+        e.malloc(300 * MIB, 0).unwrap();
+        // 800 MiB reserved, under 0.8 x 1 GiB: nothing goes.
+        let b = e.malloc(20 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 0);
+        // 820 MiB reserved: the idle 500 MiB goes back.
+        e.free(b.addr).unwrap();
+        e.malloc(10 * MIB, 0).unwrap();
+        assert_eq!(e.stats().num_device_free, 1);
+        assert!(!segment_addrs(&e).contains(&a.addr));
+    }
+
+    #[cfg(feature = "pytorch-bfc")]
+    #[test]
+    fn wraps_pytorch_bfc_through_any_policy() {
+        use crate::AnyPolicy;
+        let cfg =
+            AllocatorConfig::parse("policy:pytorch-bfc+gc-age,garbage_collection_threshold:0.5")
+                .unwrap();
+        let policy = AnyPolicy::from_config(&cfg).unwrap();
+        assert_eq!(policy.name(), "pytorch-bfc+gc-age");
+        let mut e = Engine::new(
+            policy,
+            SimMemory::new(GIB),
+            SimStreams::new(),
+            EngineOptions::from(&cfg),
+        );
+        e.set_memory_fraction(0.5).unwrap();
+        // A 20 MiB segment whose 2 MiB blocks tick the large pool's clock.
+        let y = e.malloc(2 * MIB, 0).unwrap();
+        let a = e.malloc(140 * MIB, 0).unwrap();
+        let b = e.malloc(150 * MIB, 0).unwrap();
+        e.free(a.addr).unwrap();
+        e.malloc(2 * MIB, 0).unwrap();
+        e.free(b.addr).unwrap();
+        // 310 MiB reserved > 256 MiB: the next new segment (a small one)
+        // releases `a`, the older, which is enough.
+        e.malloc(1000, 0).unwrap();
+        let now: Vec<u64> = e.snapshot().segments.iter().map(|s| s.address).collect();
+        assert_eq!(e.stats().num_device_free, 1);
+        assert!(now.contains(&b.addr));
+        assert!(!now.contains(&a.addr), "the oldest idle segment went back");
+        assert!(now.contains(&y.addr));
+        if let Err(msg) = e.validate() {
+            panic!("{msg}");
+        }
+    }
+}
