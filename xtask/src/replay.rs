@@ -3,7 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use alloc_core::{human_bytes, GIB};
-use alloc_replay::plot::{render_panels, Chart, Series};
+use alloc_replay::plot::{downsample, render_panels, Chart, Series};
+
+/// Points per plotted series: enough to show every peak's shape, small
+/// enough to keep a plot of all traces x all policies around a megabyte.
+const PLOT_POINTS: usize = 400;
 use alloc_replay::{load_trace, replay, ReplayOptions, ReplayReport};
 
 struct Args {
@@ -138,10 +142,13 @@ fn series(
 ) -> Series {
     Series {
         label: label.to_string(),
-        points: timeline
-            .iter()
-            .map(|p| (p.0 as f64, pick(p) as f64))
-            .collect(),
+        points: downsample(
+            &timeline
+                .iter()
+                .map(|p| (p.0 as f64, pick(p) as f64))
+                .collect::<Vec<_>>(),
+            PLOT_POINTS,
+        ),
         dashed,
     }
 }
