@@ -317,8 +317,8 @@ mod tests {
     // without loading libcuda.
     #[test]
     fn expandable_segments_need_a_growable_policy() {
-        let e = CudaAllocator::with_config_str(0, "policy:buddy,expandable_segments:True")
-            .unwrap_err();
+        let e =
+            CudaAllocator::with_config_str(0, "policy:buddy,expandable_segments:True").unwrap_err();
         assert!(matches!(e, CudaError::Config(_)), "{e}");
         assert!(e.to_string().contains("expandable_segments"));
     }

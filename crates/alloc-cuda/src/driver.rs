@@ -199,7 +199,8 @@ pub(crate) fn vmm_granularity(device: i32) -> Result<u64, CudaError> {
 pub(crate) fn address_reserve(size: u64, alignment: u64) -> Result<u64, CudaError> {
     let mut addr: sys::CUdeviceptr = 0;
     // SAFETY: writes one address into a local; reserves address space only.
-    let code = unsafe { sys::cuMemAddressReserve(&mut addr, size as usize, alignment as usize, 0, 0) };
+    let code =
+        unsafe { sys::cuMemAddressReserve(&mut addr, size as usize, alignment as usize, 0, 0) };
     check("cuMemAddressReserve", code)?;
     Ok(addr)
 }
@@ -208,7 +209,9 @@ pub(crate) fn address_reserve(size: u64, alignment: u64) -> Result<u64, CudaErro
 pub(crate) fn address_free(addr: u64, size: u64) -> Result<(), CudaError> {
     // SAFETY: the backend frees only ranges it reserved, once, after
     // unmapping everything in them.
-    check("cuMemAddressFree", unsafe { sys::cuMemAddressFree(addr, size as usize) })
+    check("cuMemAddressFree", unsafe {
+        sys::cuMemAddressFree(addr, size as usize)
+    })
 }
 
 /// `cuMemCreate`: `size` bytes of physical memory on `device`.
@@ -224,11 +227,18 @@ pub(crate) fn mem_create(size: u64, device: i32) -> Result<PhysicalHandle, CudaE
 
 /// `cuMemMap` of a whole physical allocation at `addr`, then `cuMemSetAccess`
 /// read-write for `device`.
-pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle, device: i32) -> Result<(), CudaError> {
+pub(crate) fn mem_map(
+    addr: u64,
+    size: u64,
+    handle: &PhysicalHandle,
+    device: i32,
+) -> Result<(), CudaError> {
     // SAFETY: `addr..addr+size` lies in a range this backend reserved and is
     // not mapped (the backend tracks every mapped granule); `size` is the
     // handle's size.
-    check("cuMemMap", unsafe { sys::cuMemMap(addr, size as usize, 0, handle.0, 0) })?;
+    check("cuMemMap", unsafe {
+        sys::cuMemMap(addr, size as usize, 0, handle.0, 0)
+    })?;
     let access = sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -250,7 +260,9 @@ pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle, device: i32
 pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
     // SAFETY: the backend unmaps only granules it mapped, after a context
     // synchronize, when the engine holds no live block in them.
-    check("cuMemUnmap", unsafe { sys::cuMemUnmap(addr, size as usize) })
+    check("cuMemUnmap", unsafe {
+        sys::cuMemUnmap(addr, size as usize)
+    })
 }
 
 /// `cuMemRelease` of a physical allocation (after it is unmapped).

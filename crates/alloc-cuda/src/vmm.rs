@@ -53,7 +53,9 @@ impl VmmMappings {
             .ranges
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&start, &len)| addr.checked_add(size).is_some_and(|end| end <= start + len));
+            .is_some_and(|(&start, &len)| {
+                addr.checked_add(size).is_some_and(|end| end <= start + len)
+            });
         if g == 0 || size == 0 || addr % g != 0 || size % g != 0 || !inside {
             return Err(CudaError::Unsupported(
                 "mapping is not granule-aligned or not inside a reserved range",
@@ -123,10 +125,14 @@ impl VmmMappings {
     /// Frees a reserved range with nothing mapped in it.
     pub(crate) fn release(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
         if self.ranges.get(&addr) != Some(&size) {
-            return Err(CudaError::Unsupported("release of a range that was not reserved"));
+            return Err(CudaError::Unsupported(
+                "release of a range that was not reserved",
+            ));
         }
         if self.granules.range(addr..addr + size).next().is_some() {
-            return Err(CudaError::Unsupported("release of a range with memory mapped"));
+            return Err(CudaError::Unsupported(
+                "release of a range with memory mapped",
+            ));
         }
         driver::address_free(addr, size)?;
         self.ranges.remove(&addr);

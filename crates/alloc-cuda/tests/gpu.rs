@@ -614,9 +614,14 @@ fn bad_input_is_a_typed_error() {
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     let alloc = allocator("expandable_segments:True");
-    assert!(alloc.with_engine(|e| e.expandable()).unwrap(), "growable segments active");
+    assert!(
+        alloc.with_engine(|e| e.expandable()).unwrap(),
+        "growable segments active"
+    );
     let stream = new_stream(&alloc);
-    let granule = alloc.with_engine(|e| e.memory().vmm().granularity()).unwrap();
+    let granule = alloc
+        .with_engine(|e| e.memory().vmm().granularity())
+        .unwrap();
     println!("VMM granularity {}", human_bytes(granule));
     let (free0, _) = alloc.mem_get_info().unwrap();
 
@@ -630,7 +635,10 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
         .collect();
     stream.synchronize().unwrap();
     let stats = alloc.stats().unwrap();
-    let live: u64 = bufs.iter().map(|(_, d)| d.len().div_ceil(512) as u64 * 512).sum();
+    let live: u64 = bufs
+        .iter()
+        .map(|(_, d)| d.len().div_ceil(512) as u64 * 512)
+        .sum();
     let reserved = stats.reserved_bytes.large_pool.current as u64;
     println!(
         "grown: {} segment(s), reserved {} for {} live, {} maps",
@@ -643,9 +651,17 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     assert_eq!(reserved % (20 * MIB), 0, "grown in 20 MiB steps");
     assert!(reserved >= live && reserved - live < 20 * MIB);
     let (free1, _) = alloc.mem_get_info().unwrap();
-    assert!(free0 - free1 >= reserved, "cuMemGetInfo agrees: {} gone", human_bytes(free0 - free1));
+    assert!(
+        free0 - free1 >= reserved,
+        "cuMemGetInfo agrees: {} gone",
+        human_bytes(free0 - free1)
+    );
     for (buf, data) in &bufs {
-        assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact after growth");
+        assert_eq!(
+            &buf.copy_to_host().unwrap(),
+            data,
+            "data intact after growth"
+        );
     }
 
     // Free the later half: empty_cache unmaps the free tail.
@@ -659,16 +675,31 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
         human_bytes(reserved),
         human_bytes(free2.saturating_sub(free1))
     );
-    let live: u64 = bufs.iter().map(|(_, d)| d.len().div_ceil(512) as u64 * 512).sum();
+    let live: u64 = bufs
+        .iter()
+        .map(|(_, d)| d.len().div_ceil(512) as u64 * 512)
+        .sum();
     assert!(shrunk < reserved && shrunk >= live && shrunk - live < granule + 2 * MIB);
-    assert!(free2 - free1 >= reserved - shrunk - granule, "unmapped memory went back to the driver");
+    assert!(
+        free2 - free1 >= reserved - shrunk - granule,
+        "unmapped memory went back to the driver"
+    );
     for (buf, data) in &bufs {
-        assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact after shrinking");
+        assert_eq!(
+            &buf.copy_to_host().unwrap(),
+            data,
+            "data intact after shrinking"
+        );
     }
     alloc.validate().unwrap().unwrap();
 
     drop(bufs);
     assert_drained(&alloc);
     let (free3, _) = alloc.mem_get_info().unwrap();
-    assert!(free0.abs_diff(free3) <= 4 * MIB, "all memory back: {} vs {}", human_bytes(free3), human_bytes(free0));
+    assert!(
+        free0.abs_diff(free3) <= 4 * MIB,
+        "all memory back: {} vs {}",
+        human_bytes(free3),
+        human_bytes(free0)
+    );
 }
