@@ -56,7 +56,7 @@ impl VmmMappings {
             .is_some_and(|(&start, &len)| {
                 addr.checked_add(size).is_some_and(|end| end <= start + len)
             });
-        if g == 0 || size == 0 || addr % g != 0 || size % g != 0 || !inside {
+        if g == 0 || size == 0 || !addr.is_multiple_of(g) || !size.is_multiple_of(g) || !inside {
             return Err(CudaError::Unsupported(
                 "mapping is not granule-aligned or not inside a reserved range",
             ));
