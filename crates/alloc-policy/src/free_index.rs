@@ -85,30 +85,32 @@ impl Bins {
 
     fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
         let (fl, sl) = bin_of(size);
-        let bin = &mut self.bins[fl * SUBS + sl];
-        let at = bin.partition_point(|x| (x.size, x.addr) < (size, addr));
-        if bin.get(at).is_none_or(|x| (x.size, x.addr) != (size, addr)) {
+        let bin = fl * SUBS + sl;
+        let at = self.bins[bin].partition_point(|x| (x.size, x.addr) < (size, addr));
+        if self.bins[bin]
+            .get(at)
+            .is_none_or(|x| (x.size, x.addr) != (size, addr))
+        {
             return None;
         }
-        let e = bin.remove(at);
-        if bin.is_empty() {
-            self.second[fl] &= !(1 << sl);
-            if self.second[fl] == 0 {
-                self.first &= !(1 << fl);
-            }
-        }
-        self.len -= 1;
-        Some(e)
+        Some(self.remove_at(bin, at))
     }
 
     /// Smallest (size, address) entry with size >= `size`.
     #[inline]
     fn lower_bound(&self, size: u64) -> Option<Entry> {
+        let (bin, at) = self.lower_bound_position(size)?;
+        Some(self.bins[bin][at])
+    }
+
+    /// Position (bin, index) of the smallest entry with size >= `size`.
+    #[inline]
+    fn lower_bound_position(&self, size: u64) -> Option<(usize, usize)> {
         let (fl, sl) = bin_of(size);
-        let bin = &self.bins[fl * SUBS + sl];
-        let at = bin.partition_point(|x| x.size < size);
-        if let Some(e) = bin.get(at) {
-            return Some(*e);
+        let here = fl * SUBS + sl;
+        let at = self.bins[here].partition_point(|x| x.size < size);
+        if at < self.bins[here].len() {
+            return Some((here, at));
         }
         let (fl, sl) = if sl + 1 < SUBS {
             (fl, sl + 1)
@@ -118,8 +120,21 @@ impl Bins {
         if fl >= LEVELS {
             return None;
         }
-        let b = self.next_nonempty(fl, sl)?;
-        self.bins[b].first().copied()
+        self.next_nonempty(fl, sl).map(|b| (b, 0))
+    }
+
+    /// Removes the entry at a position found by `lower_bound_position`.
+    fn remove_at(&mut self, bin: usize, at: usize) -> Entry {
+        let e = self.bins[bin].remove(at);
+        if self.bins[bin].is_empty() {
+            let (fl, sl) = (bin / SUBS, bin % SUBS);
+            self.second[fl] &= !(1 << sl);
+            if self.second[fl] == 0 {
+                self.first &= !(1 << fl);
+            }
+        }
+        self.len -= 1;
+        e
     }
 
     fn iter(&self) -> impl DoubleEndedIterator<Item = &Entry> + '_ {
@@ -172,6 +187,23 @@ impl FreeIndex {
     #[inline]
     pub fn lower_bound(&self, stream: StreamId, size: u64) -> Option<Entry> {
         self.bins(stream)?.lower_bound(size)
+    }
+
+    /// Removes and returns the smallest block of `stream` with size >=
+    /// `size` if `accept` approves it (one search instead of two).
+    #[inline]
+    pub fn take_lower_bound(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        accept: impl FnOnce(&Entry) -> bool,
+    ) -> Option<Entry> {
+        let bins = &mut self.streams.iter_mut().find(|s| s.0 == stream)?.1;
+        let (bin, at) = bins.lower_bound_position(size)?;
+        if !accept(&bins.bins[bin][at]) {
+            return None;
+        }
+        Some(bins.remove_at(bin, at))
     }
 
     /// Blocks of `stream` with size < `size`, largest first.
@@ -238,9 +270,17 @@ mod tests {
                             index.insert(stream, size, addr, BlockId::MIN);
                         }
                     }
-                    1 => {
+                    1 if addr % 2 == 0 => {
                         let removed = index.remove(stream, size, addr).is_some();
                         prop_assert_eq!(removed, model.remove(&(stream, size, addr)));
+                    }
+                    1 => {
+                        let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).copied();
+                        let got = index.take_lower_bound(stream, size, |_| true).map(|e| (stream, e.size, e.addr));
+                        prop_assert_eq!(got, want);
+                        if let Some(k) = want {
+                            model.remove(&k);
+                        }
                     }
                     _ => {
                         let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).map(|k| (k.1, k.2));

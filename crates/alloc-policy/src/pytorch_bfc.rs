@@ -176,23 +176,16 @@ impl Policy for PytorchBfc {
     }
 
     fn take_free(&mut self, _heap: &Heap, req: &Request) -> Option<BlockId> {
-        let e = self.lower_bound(req.pool, req.stream, req.size)?;
         let max_split = self.settings.max_split_size;
-        // Do not hand an oversize block to a small request, nor one much larger
-        // than an oversize request.
-        if req.size < max_split && e.size >= max_split {
-            return None;
-        }
-        if req.size >= max_split
-            && e.size
-                >= req
-                    .size
-                    .saturating_add(self.settings.max_non_split_rounding)
-        {
-            return None;
-        }
-        self.free[req.pool.index()].remove(req.stream, e.size, e.addr);
-        Some(e.id)
+        let max_rounding = self.settings.max_non_split_rounding;
+        self.free[req.pool.index()]
+            .take_lower_bound(req.stream, req.size, |e| {
+                // Do not hand an oversize block to a small request, nor one
+                // much larger than an oversize request.
+                !(req.size < max_split && e.size >= max_split)
+                    && !(req.size >= max_split && e.size >= req.size.saturating_add(max_rounding))
+            })
+            .map(|e| e.id)
     }
 
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
