@@ -182,8 +182,11 @@ impl Policy for PytorchBfc {
             .take_lower_bound(req.stream, req.size, |e| {
                 // Do not hand an oversize block to a small request, nor one
                 // much larger than an oversize request.
-                !(req.size < max_split && e.size >= max_split)
-                    && !(req.size >= max_split && e.size >= req.size.saturating_add(max_rounding))
+                if req.size < max_split {
+                    e.size < max_split
+                } else {
+                    e.size < req.size.saturating_add(max_rounding)
+                }
             })
             .map(|e| e.id)
     }
