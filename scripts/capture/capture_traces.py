@@ -27,7 +27,7 @@ stacks (small_mlp.snapshot.pickle) and once with Python stacks
 Trace format (same as /work/shared/traces/README.md, one event a line):
 
     # workload <name> torch <version> device <gpu name>
-    # segment_alloc <bytes>        PyTorch called cudaMalloc here
+    # segment_alloc <bytes> <addr> PyTorch called cudaMalloc here (and got addr)
     # segment_free <bytes>         PyTorch called cudaFree here (empty_cache / OOM retry)
     a <id> <requested_bytes> <stream>
     f <id> <stream>
@@ -50,6 +50,10 @@ the device tool's `run`), with at most 8 files coming back from $OUT:
 
     export PYTHONUNBUFFERED=1; python3 scripts/capture/capture_traces.py all /tmp/cap \
         2>&1 | tee $OUT/log.txt; tar -C /tmp/cap -cf $OUT/bundle.tar .
+
+CAPTURE_WITH_ADDRESSES=1 also writes OUTDIR/<name>.addresses.gz: every trace
+entry as "<action> <addr> <size> <stream>", to locate where a replay's
+placement first differs from PyTorch's.
 
 Environment: CAPTURE_BUDGET_S (default 470) is the driver's wall-clock budget;
 a workload is skipped when less than CAPTURE_MIN_LEFT_S (default 75) is left.
@@ -378,7 +382,11 @@ def convert_trace(entries, header):
                 continue
             lines.append(f"f {hit[0]} {sid(e['stream'])}")
             cur_req -= hit[1]
-        elif act in ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom"):
+        elif act == "segment_alloc":
+            # The device address lets a replay reproduce the driver's address
+            # order, which best fit's lowest-address tie-breaks depend on.
+            lines.append(f"# {act} {int(e['size'])} {int(e['addr'])}")
+        elif act in ("segment_free", "segment_map", "segment_unmap", "oom"):
             lines.append(f"# {act} {int(e['size'])}")
     if pending is not None:
         deferred += 1
@@ -434,6 +442,13 @@ def child(name, conf, outdir):
             torch.cuda.memory._dump_snapshot(p)
             res["pickle_bytes"] = os.path.getsize(p)
         torch.cuda.memory._record_memory_history(enabled=None)
+        if os.environ.get("CAPTURE_WITH_ADDRESSES"):
+            # Every entry with its address, to compare a replay's placement
+            # decisions with PyTorch's: "<action> <addr> <size> <stream>".
+            p = os.path.join(outdir, f"{name}.addresses.gz")
+            with gzip.open(p, "wt") as f:
+                for e in tr:
+                    f.write(f"{e['action']} {e['addr']} {e['size']} {e['stream']}\n")
         if conf == "native":
             header = (f"# workload {name} torch {torch.__version__} "
                       f"device {torch.cuda.get_device_name(0)}")

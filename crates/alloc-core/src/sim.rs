@@ -1,7 +1,7 @@
 //! A simulated device: address bookkeeping without memory, and streams whose
 //! events complete when the test (or replay) says so.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::BackendError;
@@ -12,6 +12,9 @@ use crate::types::StreamId;
 const SIM_ALIGN: u64 = 2 << 20;
 /// First simulated address: a typical CUDA device address.
 const SIM_BASE: u64 = 0x7f00_0000_0000;
+/// Where addresses go once an address plan is exhausted or abandoned: above
+/// any address a 49-bit device address space hands out.
+const PLAN_FALLBACK_BASE: u64 = 0x2_0000_0000_0000;
 
 /// A device that hands out addresses only. Never touches memory.
 #[derive(Debug, Clone)]
@@ -19,7 +22,9 @@ pub struct SimMemory {
     capacity: u64,
     used: u64,
     next_addr: u64,
-    live: HashMap<u64, u64>,
+    live: BTreeMap<u64, u64>,
+    /// Recorded (size, address) of segments, handed out in order.
+    plan: VecDeque<(u64, u64)>,
     /// Reserved address ranges: start -> size.
     ranges: BTreeMap<u64, u64>,
     /// Mapped chunks (granularity-sized) inside reserved ranges.
@@ -37,7 +42,8 @@ impl SimMemory {
             capacity,
             used: 0,
             next_addr: SIM_BASE,
-            live: HashMap::new(),
+            live: BTreeMap::new(),
+            plan: VecDeque::new(),
             ranges: BTreeMap::new(),
             chunks: BTreeSet::new(),
             allocs: 0,
@@ -45,9 +51,38 @@ impl SimMemory {
         }
     }
 
+    /// A device that hands out the addresses a real device gave a recording:
+    /// segment `i` gets `plan[i]`'s address when its size matches. Best fit
+    /// breaks ties by lowest address, so reproducing a recording exactly needs
+    /// the real address order (the CUDA driver does not hand out ascending
+    /// addresses). At the first mismatch the plan is abandoned and addresses
+    /// come from a range no plan uses.
+    pub fn with_address_plan(capacity: u64, plan: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        SimMemory {
+            plan: plan.into_iter().collect(),
+            next_addr: PLAN_FALLBACK_BASE,
+            ..SimMemory::new(capacity)
+        }
+    }
+
     /// Bytes currently allocated from the device.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// The planned address for a segment of `size`, if the plan has one and
+    /// it is free.
+    fn planned(&mut self, size: u64) -> Option<u64> {
+        let &(want, addr) = self.plan.front()?;
+        let clear = |(&start, &len): (&u64, &u64)| start + len <= addr;
+        let free = want == size && self.live.range(..addr + size).next_back().is_none_or(clear);
+        if free {
+            self.plan.pop_front();
+            Some(addr)
+        } else {
+            self.plan.clear();
+            None
+        }
     }
 }
 
@@ -56,10 +91,16 @@ impl MemoryBackend for SimMemory {
         if size == 0 || size > self.capacity - self.used {
             return Err(BackendError::OutOfMemory);
         }
-        let addr = self.next_addr;
-        // Leave a gap so that no two segments are address neighbours: the
-        // engine must never merge across segments.
-        self.next_addr += size.div_ceil(SIM_ALIGN) * SIM_ALIGN + SIM_ALIGN;
+        let addr = match self.planned(size) {
+            Some(addr) => addr,
+            None => {
+                let addr = self.next_addr;
+                // Leave a gap so that no two segments are address neighbours:
+                // the engine must never merge across segments.
+                self.next_addr += size.div_ceil(SIM_ALIGN) * SIM_ALIGN + SIM_ALIGN;
+                addr
+            }
+        };
         self.used += size;
         self.live.insert(addr, size);
         self.allocs += 1;
@@ -298,6 +339,29 @@ mod tests {
         assert!(m.free(a, 6 << 20).is_err());
         assert_eq!(m.free_bytes(), 6 << 20);
         assert_eq!((m.allocs, m.frees), (2, 1));
+    }
+
+    #[test]
+    fn address_plan_is_followed_then_abandoned() {
+        let mut m = SimMemory::with_address_plan(
+            1 << 30,
+            [
+                (4 << 20, 0x9000_0000),
+                (2 << 20, 0x8000_0000),
+                (2 << 20, 0x7000_0000),
+            ],
+        );
+        assert_eq!(m.allocate(4 << 20), Ok(0x9000_0000));
+        assert_eq!(m.allocate(2 << 20), Ok(0x8000_0000));
+        // Size mismatch: the plan is abandoned.
+        let other = m.allocate(6 << 20).unwrap();
+        assert!(other >= PLAN_FALLBACK_BASE);
+        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
+        // A planned address that overlaps a live segment is not used.
+        let mut m =
+            SimMemory::with_address_plan(1 << 30, [(4 << 20, 0x9000_0000), (2 << 20, 0x9020_0000)]);
+        m.allocate(4 << 20).unwrap();
+        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
     }
 
     #[test]

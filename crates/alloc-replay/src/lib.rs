@@ -11,7 +11,9 @@ pub mod plot;
 pub mod replay;
 pub mod trace;
 
-pub use replay::{replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun};
+pub use replay::{
+    device_for, replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun,
+};
 pub use trace::{
     load_trace, parse_bytes, parse_pickle, parse_pickle_device, parse_text, trace_name, Trace,
     TraceError, TraceEvent,

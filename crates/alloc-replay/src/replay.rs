@@ -97,14 +97,36 @@ type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 
 /// Builds an engine for a configuration string on a simulated device.
 pub fn sim_engine(config: &str, capacity: u64) -> Result<SimEngine, alloc_core::ConfigError> {
+    engine_on(config, SimMemory::new(capacity))
+}
+
+fn engine_on(config: &str, memory: SimMemory) -> Result<SimEngine, alloc_core::ConfigError> {
     let cfg = AllocatorConfig::parse(config)?;
     let policy = AnyPolicy::from_config(&cfg)?;
     Ok(Engine::new(
         policy,
-        SimMemory::new(capacity),
+        memory,
         SimStreams::new(),
         EngineOptions::from(&cfg),
     ))
+}
+
+/// The simulated device for replaying `trace`: it hands out the recording's
+/// segment addresses where the trace has them (see
+/// [`SimMemory::with_address_plan`]), so that replaying PyTorch's policy
+/// reproduces PyTorch's choices exactly.
+pub fn device_for(trace: &Trace, capacity: u64) -> SimMemory {
+    let plan: Vec<(u64, u64)> = trace
+        .segment_allocs
+        .iter()
+        .zip(&trace.segment_addrs)
+        .map_while(|(&size, addr)| addr.map(|a| (size, a)))
+        .collect();
+    if plan.is_empty() {
+        SimMemory::new(capacity)
+    } else {
+        SimMemory::with_address_plan(capacity, plan)
+    }
 }
 
 /// Replays `trace` under `config` (a configuration string such as
@@ -161,7 +183,7 @@ fn run_events(
     capacity: u64,
     mut timeline: Option<&mut Vec<(u64, u64, u64)>>,
 ) -> Result<SimEngine, ReplayError> {
-    let mut engine = sim_engine(config, capacity)?;
+    let mut engine = engine_on(config, device_for(trace, capacity))?;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     live.reserve(1024);
     let mut last = (0, 0);

@@ -5,7 +5,7 @@
 //! * the **text** format of `/work/shared/traces` (optionally gzip'd):
 //!
 //!   ```text
-//!   # <comment>                         header line; '# segment_alloc <bytes>' marks a cudaMalloc
+//!   # <comment>                         header line; '# segment_alloc <bytes> [<addr>]' marks a cudaMalloc
 //!   a <id> <requested_bytes> <stream>   allocation request; id is unique among live allocations
 //!   f <id> <stream>                     free request of allocation <id>
 //!   ```
@@ -60,6 +60,11 @@ pub struct Trace {
     /// Sizes (bytes) of the segments the recording allocator obtained from the device
     /// (`# segment_alloc <bytes>` markers in text, `segment_alloc` actions in pickles), in order.
     pub segment_allocs: Vec<u64>,
+    /// Device address of each of those segments where the recording gave it
+    /// (`# segment_alloc <bytes> <addr>`, or a pickle's `addr`): parallel to
+    /// [`Trace::segment_allocs`]. The replay reuses them so that best fit's
+    /// lowest-address tie-breaks see the real device's address order.
+    pub segment_addrs: Vec<Option<u64>>,
     /// The other comment lines, without the leading `# `.
     pub header: Vec<String>,
 }
@@ -79,8 +84,11 @@ impl Trace {
                 let _ = writeln!(out, "# {line}");
             }
         }
-        for size in &self.segment_allocs {
-            let _ = writeln!(out, "# segment_alloc {size}");
+        for (size, addr) in self.segment_allocs.iter().zip(&self.segment_addrs) {
+            let _ = match addr {
+                Some(addr) => writeln!(out, "# segment_alloc {size} {addr}"),
+                None => writeln!(out, "# segment_alloc {size}"),
+            };
         }
         for ev in &self.events {
             let _ = match *ev {
@@ -258,13 +266,18 @@ fn parse_comment(comment: &str, trace: &mut Trace) -> Result<(), String> {
     let mut words = comment.split_ascii_whitespace();
     if words.next() == Some("segment_alloc") {
         let rest: Vec<&str> = words.collect();
-        let [bytes] = rest.as_slice() else {
-            return Err(format!(
-                "'# segment_alloc' takes exactly one size, found {} fields",
-                rest.len()
-            ));
+        let (bytes, addr) = match rest.as_slice() {
+            [bytes] => (bytes, None),
+            [bytes, addr] => (bytes, Some(parse_u64(addr, "segment address")?)),
+            _ => {
+                return Err(format!(
+                    "'# segment_alloc' takes a size and optionally an address, found {} fields",
+                    rest.len()
+                ))
+            }
         };
         trace.segment_allocs.push(parse_u64(bytes, "segment size")?);
+        trace.segment_addrs.push(addr);
     } else {
         trace.header.push(comment.to_string());
     }

@@ -11,20 +11,12 @@ const TOLERANCE: f64 = 0.005;
 /// Published GiB figures carry two decimals: allow their rounding too.
 const GIB_ROUNDING: f64 = 0.005 * (1u64 << 30) as f64;
 
-/// Traces where the replay is known not to reproduce PyTorch within 0.5%, with
-/// the bound it does meet. unet_diffusion_train: segment sizes agree with
-/// PyTorch's everywhere, but from the 1032nd allocation on the best-fit
-/// choices differ (169 segments instead of 166, +2.9% reserved); the text
-/// trace has no addresses to locate the first differing choice. Recording a
-/// snapshot with addresses is the next step.
-const KNOWN_DIVERGENT: &[(&str, f64)] = &[("unet_diffusion_train", 0.035)];
-
 fn traces_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces")
 }
 
-fn within(actual: f64, expected: f64, tolerance: f64, slack: f64) -> bool {
-    (actual - expected).abs() <= expected * tolerance + slack
+fn within(actual: f64, expected: f64, slack: f64) -> bool {
+    (actual - expected).abs() <= expected * TOLERANCE + slack
 }
 
 #[test]
@@ -58,26 +50,17 @@ fn pytorch_bfc_reproduces_pytorch_measurements() {
             ),
         };
         let expected_allocs = m["num_device_alloc"].as_f64().unwrap();
-        let tolerance = KNOWN_DIVERGENT
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(TOLERANCE, |(_, t)| *t);
         println!(
             "{name}: reserved {} vs PyTorch {expected_reserved:.0}, device allocs {} vs {expected_allocs} ({before_recording} before recording)",
             report.peak_reserved_bytes, report.device_allocs
         );
         assert!(
-            within(
-                report.peak_reserved_bytes as f64,
-                expected_reserved,
-                tolerance,
-                slack
-            ),
+            within(report.peak_reserved_bytes as f64, expected_reserved, slack),
             "{name}: peak reserved {} vs PyTorch {expected_reserved}",
             report.peak_reserved_bytes
         );
         assert!(
-            within(report.device_allocs as f64, expected_allocs, tolerance, 0.0),
+            within(report.device_allocs as f64, expected_allocs, 0.0),
             "{name}: {} device allocations vs PyTorch {expected_allocs}",
             report.device_allocs
         );

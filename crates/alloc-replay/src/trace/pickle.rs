@@ -138,6 +138,7 @@ impl Builder {
             "segment_alloc" => {
                 let size = uint(map, "size")?;
                 self.trace.segment_allocs.push(size);
+                self.trace.segment_addrs.push(Some(uint(map, "addr")?));
             }
             _ => {}
         }
