@@ -364,6 +364,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         )
     }
 
+    /// Panics with the violated invariant when [`Engine::validate`] fails:
+    /// for tests that check the state after every step.
+    #[track_caller]
+    pub fn assert_valid(&self) {
+        if let Err(msg) = self.validate() {
+            panic!(
+                "allocator invariant violated ({}): {msg}",
+                self.policy.name()
+            );
+        }
+    }
+
     fn pending_events(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.queues.iter().flat_map(|q| {
             q.events

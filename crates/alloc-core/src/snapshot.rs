@@ -111,6 +111,11 @@ impl Snapshot {
         Snapshot { segments }
     }
 
+    /// Addresses of the segments, in address order.
+    pub fn segment_addresses(&self) -> Vec<u64> {
+        self.segments.iter().map(|s| s.address).collect()
+    }
+
     /// The snapshot as pretty-printed JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("snapshot serialises")

@@ -673,13 +673,6 @@ mod tests {
         )
     }
 
-    #[track_caller]
-    fn valid(e: &SimEngine) {
-        if let Err(msg) = e.validate() {
-            panic!("invariant violated: {msg}");
-        }
-    }
-
     /// Sizes of the free blocks of the segment holding `addr`, ascending.
     fn free_sizes(e: &SimEngine, addr: u64) -> Vec<u64> {
         let heap = e.heap();
@@ -765,7 +758,7 @@ mod tests {
         let seg = heap.segment(heap.segment_containing(a.addr).unwrap());
         assert_eq!((seg.size, seg.addr), (2 * MIB, a.addr));
         assert_eq!(heap.block(heap.block_at(a.addr).unwrap()).tag, 10);
-        valid(&e);
+        e.assert_valid();
         e.free(a.addr).unwrap();
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
         let heap = e.heap();
@@ -774,10 +767,10 @@ mod tests {
         assert_eq!(heap.block(heap.segment(seg).first).tag, 21);
         assert_eq!(e.stats().inactive_split.all.current, 0);
         assert_eq!(e.policy().idle_segments(e.heap()), vec![seg]);
-        valid(&e);
+        e.assert_valid();
         e.empty_cache().unwrap();
         assert_eq!(e.memory().used(), 0);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -793,10 +786,10 @@ mod tests {
         let d = e.malloc(700 * KIB, 0).unwrap();
         assert_eq!((d.addr, d.size), (a.addr + MIB, MIB));
         assert_eq!(e.stats().num_device_alloc, 1);
-        valid(&e);
+        e.assert_valid();
         for x in [c, a, d, b] {
             e.free(x.addr).unwrap();
-            valid(&e);
+            e.assert_valid();
         }
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
     }
@@ -811,7 +804,7 @@ mod tests {
         // Offsets 512 and 1024 are neighbours but not buddies.
         e.free(blocks[1].addr).unwrap();
         e.free(blocks[2].addr).unwrap();
-        valid(&e);
+        e.assert_valid();
         let heap = e.heap();
         for b in &blocks[1..3] {
             let id = heap.block_at(b.addr).unwrap();
@@ -822,10 +815,10 @@ mod tests {
         e.free(blocks[0].addr).unwrap();
         let heap = e.heap();
         assert_eq!(heap.block(heap.block_at(blocks[0].addr).unwrap()).size, KIB);
-        valid(&e);
+        e.assert_valid();
         e.free(blocks[3].addr).unwrap();
         assert_eq!(free_sizes(&e, blocks[0].addr), vec![2 * MIB]);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -838,10 +831,10 @@ mod tests {
         assert_eq!(b.size, 64 * MIB);
         assert_eq!(e.stats().num_device_alloc, 2);
         assert_eq!(e.stats().oversize_segments.current, 0);
-        valid(&e);
+        e.assert_valid();
         e.free(a.addr).unwrap();
         e.free(b.addr).unwrap();
-        valid(&e);
+        e.assert_valid();
         e.empty_cache().unwrap();
         assert_eq!(e.memory().used(), 0);
     }
@@ -856,10 +849,10 @@ mod tests {
         assert_eq!((seg.size, seg.blocks), (102 * MIB, 1));
         assert_eq!(e.stats().oversize_segments.current, 1);
         assert_eq!(e.stats().oversize_allocations.current, 1);
-        valid(&e);
+        e.assert_valid();
         e.free(a.addr).unwrap();
         assert_eq!(e.policy().indexed_blocks().len(), 1);
-        valid(&e);
+        e.assert_valid();
         // Reused by a request at least half its size on the same stream...
         let b = e.malloc(150 * MIB, 0).unwrap();
         assert_ne!(b.addr, a.addr, "150 MiB does not fit in 102 MiB");
@@ -873,14 +866,14 @@ mod tests {
         let f = e.malloc(90 * MIB, 1).unwrap();
         assert_ne!(f.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 4);
-        valid(&e);
+        e.assert_valid();
         for x in [d, f] {
             e.free(x.addr).unwrap();
         }
         e.empty_cache().unwrap();
         assert_eq!(e.memory().used(), 0);
         assert_eq!(e.stats().oversize_segments.current, 0);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -897,22 +890,22 @@ mod tests {
         assert_eq!(e.stats().num_device_alloc, 2);
         let c = e.malloc(4 * KIB, 1).unwrap();
         assert_eq!(c.addr, a.addr);
-        valid(&e);
+        e.assert_valid();
         // Many short-lived streams: entries are pruned, nothing is lost.
         let mut live = vec![];
         for s in 10..40 {
             live.push(e.malloc(512, s).unwrap());
-            valid(&e);
+            e.assert_valid();
         }
         for x in live {
             e.free(x.addr).unwrap();
         }
-        valid(&e);
+        e.assert_valid();
         e.free(b.addr).unwrap();
         e.free(c.addr).unwrap();
         e.empty_cache().unwrap();
         assert_eq!(e.memory().used(), 0);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -921,14 +914,14 @@ mod tests {
         let a = e.malloc(KIB, 0).unwrap();
         e.record_stream(a.addr, 5).unwrap();
         e.free(a.addr).unwrap();
-        valid(&e);
+        e.assert_valid();
         let b = e.malloc(KIB, 0).unwrap();
         assert_eq!(b.addr, a.addr + KIB, "a awaits its event");
         e.streams_mut().complete_stream(5);
         e.free(b.addr).unwrap();
         e.process_events().unwrap();
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -949,16 +942,16 @@ mod tests {
         let b = e.malloc(20 * MIB, 0).unwrap();
         assert_eq!(b.size, 32 * MIB);
         assert_eq!(e.stats().reserved_bytes.all.current, 64 * MIB as i64);
-        valid(&e);
+        e.assert_valid();
         assert!(matches!(
             e.malloc(100 * MIB, 0),
             Err(alloc_core::AllocError::OutOfMemory(_))
         ));
-        valid(&e);
+        e.assert_valid();
         e.free(b.addr).unwrap();
         let c = e.malloc(100 * MIB, 0).unwrap();
         assert_eq!(c.size, 100 * MIB);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]

@@ -268,17 +268,6 @@ mod tests {
         e
     }
 
-    #[track_caller]
-    fn valid(e: &TestEngine) {
-        if let Err(msg) = e.validate() {
-            panic!("invariant violated: {msg}");
-        }
-    }
-
-    fn segment_addrs(e: &TestEngine) -> Vec<u64> {
-        e.snapshot().segments.iter().map(|s| s.address).collect()
-    }
-
     #[test]
     fn settings_and_name() {
         let cfg = AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap();
@@ -312,15 +301,15 @@ mod tests {
         // 292 MiB reserved > 256 MiB: the first new segment releases `a` only.
         let c = e.malloc(100 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
-        let now = segment_addrs(&e);
+        let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a.addr), "the oldest idle segment went back");
         assert!(now.contains(&b.addr) && now.contains(&c.addr));
-        valid(&e);
+        e.assert_valid();
         // Under the line: nothing more goes.
         e.free(c.addr).unwrap();
         e.malloc(4 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -335,7 +324,7 @@ mod tests {
         // 262 MiB reserved: `b` alone brings it under 256 MiB.
         e.malloc(8 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
-        let now = segment_addrs(&e);
+        let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&b.addr) && now.contains(&a.addr) && now.contains(&s.addr));
         // Ten small-pool lookups age the small segment past `a`; over the
         // line again (112 MiB + 160 MiB), both go, the small one first.
@@ -345,9 +334,9 @@ mod tests {
         }
         e.malloc(160 * MIB, 0).unwrap();
         assert!(e.malloc(100 * MIB, 1).is_ok());
-        let now = segment_addrs(&e);
+        let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a.addr) && !now.contains(&s.addr));
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -359,7 +348,7 @@ mod tests {
         // 200 MiB idle for 2 ticks only: kept although 300 MiB > 256 MiB.
         e.malloc(50 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 0);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -380,7 +369,7 @@ mod tests {
         e.free(b.addr).unwrap();
         e.malloc(10 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
-        assert!(!segment_addrs(&e).contains(&a.addr));
+        assert!(!e.snapshot().segment_addresses().contains(&a.addr));
     }
 
     #[cfg(feature = "pytorch-bfc")]

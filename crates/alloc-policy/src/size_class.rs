@@ -681,17 +681,6 @@ mod tests {
         engine_with(SizeClassSettings::default(), 64 * GIB)
     }
 
-    #[track_caller]
-    fn valid(e: &TestEngine) {
-        if let Err(msg) = e.validate() {
-            panic!("invariant violated: {msg}");
-        }
-    }
-
-    fn segment_addrs(e: &TestEngine) -> Vec<u64> {
-        e.snapshot().segments.iter().map(|s| s.address).collect()
-    }
-
     #[test]
     fn class_rounding_table() {
         let p = SizeClass::default();
@@ -763,11 +752,11 @@ mod tests {
         e.free(b.addr).unwrap();
         let c = e.malloc(1000, 1).unwrap();
         assert_ne!(c.addr, a.addr);
-        valid(&e);
+        e.assert_valid();
         let d = e.malloc(1000, 0).unwrap();
         assert_eq!(d.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 2);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -788,7 +777,7 @@ mod tests {
         assert_eq!(snap.segments[0].total_size, SMALL_SLAB);
         let sizes: Vec<u64> = snap.segments[0].blocks.iter().map(|b| b.size).collect();
         assert_eq!(sizes, vec![1024, 3072, MIB, MIB - 4096]);
-        valid(&e);
+        e.assert_valid();
         // The tail (1 MiB - 4 KiB) is too small for another 1 MiB block.
         let d = e.malloc(MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_alloc, 2);
@@ -805,7 +794,7 @@ mod tests {
         assert_ne!(g.addr, a.addr);
         assert_eq!(g.addr, f.addr + 640 * KIB);
         assert_eq!(e.snapshot().segments[0].blocks.len(), 6);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -828,7 +817,7 @@ mod tests {
         assert_eq!(c.size, 112 * MIB);
         let seg = e.heap().segment_containing(c.addr).unwrap();
         assert_eq!(e.heap().segment(seg).size, 112 * MIB);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -846,7 +835,7 @@ mod tests {
         assert_eq!(snap.segments[0].total_size, GIB + 2 * MIB);
         assert_eq!(snap.segments[0].blocks.len(), 1);
         e.free(a.addr).unwrap();
-        valid(&e);
+        e.assert_valid();
         // Reused by a request it covers with at most a quarter to spare.
         let b = e.malloc(GIB + MIB, 0).unwrap();
         assert_eq!((b.addr, b.size), (a.addr, GIB + 2 * MIB));
@@ -859,11 +848,11 @@ mod tests {
         let d = e.malloc(GIB + 2 * MIB, 0).unwrap();
         assert_eq!(d.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 2);
-        valid(&e);
+        e.assert_valid();
         e.free(d.addr).unwrap();
         e.empty_cache().unwrap();
         assert_eq!(e.memory().used(), 0);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -875,7 +864,7 @@ mod tests {
         let mut e = engine_with(settings, 64 * GIB);
         // Two small slabs on stream 0, each holding two 1 MiB blocks.
         let blocks: Vec<_> = (0..4).map(|_| e.malloc(MIB, 0).unwrap()).collect();
-        let segs = segment_addrs(&e);
+        let segs = e.snapshot().segment_addresses();
         assert_eq!(segs.len(), 2);
         e.free(blocks[0].addr).unwrap();
         e.free(blocks[1].addr).unwrap();
@@ -887,10 +876,10 @@ mod tests {
         // 4 MiB idle: the older slab goes back when stream 2 needs one.
         e.malloc(512, 2).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
-        let now = segment_addrs(&e);
+        let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&segs[0]), "the oldest idle slab went back");
         assert!(now.contains(&segs[1]));
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -923,10 +912,10 @@ mod tests {
         // 448 MiB reserved: the two oldest idle slabs go back (to 192 MiB).
         e.malloc(100 * MIB, 0).unwrap();
         assert_eq!(e.stats().num_device_free, 2);
-        let now = segment_addrs(&e);
+        let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a[0].addr) && !now.contains(&a[1].addr));
         assert!(now.contains(&a[2].addr));
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -941,7 +930,7 @@ mod tests {
         assert_ne!(seg(b.addr), seg(a.addr));
         let c = e.malloc(8 * MIB, 0).unwrap();
         assert_eq!(c.size, 8 * MIB);
-        valid(&e);
+        e.assert_valid();
         // Over the capacity: a clean out-of-memory error.
         assert!(e.malloc(64 * MIB, 0).is_err());
         for x in [a, b, c] {
@@ -951,7 +940,7 @@ mod tests {
         let d = e.malloc(30 * MIB, 0).unwrap();
         assert_eq!(d.size, 32 * MIB);
         assert_eq!(e.snapshot().segments.len(), 1);
-        valid(&e);
+        e.assert_valid();
     }
 
     #[test]
@@ -977,17 +966,17 @@ mod tests {
                     e.free(addr).unwrap();
                 }
                 if i % 7 == 0 {
-                    valid(&e);
+                    e.assert_valid();
                 }
             }
             for addr in live.drain(..) {
                 e.free(addr).unwrap();
             }
-            valid(&e);
+            e.assert_valid();
             e.empty_cache().unwrap();
             assert_eq!(e.memory().used(), 0);
             assert!(e.policy().indexed_blocks().is_empty());
-            valid(&e);
+            e.assert_valid();
         }
     }
 
@@ -1007,7 +996,7 @@ mod tests {
             }
             let blocks = e.snapshot().segments[0].blocks.len();
             assert_eq!(blocks, if reuse_idle_slabs { 1 } else { 4 });
-            valid(&e);
+            e.assert_valid();
             // A 1 MiB block: carved from the idle slab only when it was reset.
             let b = e.malloc(MIB, 0).unwrap();
             if reuse_idle_slabs {
@@ -1016,12 +1005,12 @@ mod tests {
             } else {
                 assert_eq!(e.stats().num_device_alloc, 2);
             }
-            valid(&e);
+            e.assert_valid();
             // The same class still comes back from its list or the tail.
             e.free(b.addr).unwrap();
             let c = e.malloc(MIB - 5, 0).unwrap();
             assert_eq!(c.addr, b.addr);
-            valid(&e);
+            e.assert_valid();
         }
     }
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use alloc_core::{AllocError, SnapshotState, MIB};
-use common::{engine, valid};
+use common::engine;
 
 const GIB: u64 = 1 << 30;
 
@@ -26,7 +26,7 @@ fn small_requests_share_a_2mib_segment_and_are_reused() {
     let c = e.malloc(512, 0).unwrap();
     assert_eq!(c.addr, a.addr, "freed block reused");
     assert_eq!(e.stats().num_device_alloc, 1);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -40,7 +40,7 @@ fn streams_never_share_blocks() {
         e.heap().segment_containing(b.addr)
     );
     assert_eq!(e.stats().num_device_alloc, 2);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -104,7 +104,7 @@ fn bad_input_is_a_typed_error() {
     assert!(e.set_memory_fraction(0.0).is_err());
     assert!(e.set_memory_fraction(1.5).is_err());
     assert!(e.set_memory_fraction(f64::NAN).is_err());
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -131,13 +131,13 @@ fn record_stream_defers_reuse_until_the_event_completes() {
         b.addr, a.addr,
         "not reused while stream 7 may still read it"
     );
-    valid(&e);
+    e.assert_valid();
     e.streams_mut().complete_stream(7);
     let c = e.malloc(8192, 0).unwrap();
     assert_eq!(c.addr, a.addr, "reused once the event completed");
     assert_eq!(e.awaiting_events(), 0);
     assert_eq!(e.streams().outstanding, 0, "events returned");
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
             assert_eq!(e.stats().reserved_bytes.all.current, 60 * MIB as i64);
         }
         assert_eq!(e.stats().num_sync_all_streams, 0, "no host synchronisation");
-        valid(&e);
+        e.assert_valid();
     }
 }
 
@@ -196,7 +196,7 @@ fn oom_frees_cache_retries_then_reports() {
     assert_eq!(e.stats().num_ooms, 1);
     e.free(b.addr).unwrap();
     e.malloc(40 * MIB, 0).unwrap();
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn oom_releases_oversize_blocks_first() {
     assert_eq!(s.num_device_free, 1);
     assert_eq!(s.num_alloc_retries, 0, "first release step was enough");
     assert_eq!(s.oversize_segments.current, 1);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -250,7 +250,7 @@ fn garbage_collection_releases_old_idle_segments() {
     assert_eq!(e.stats().num_device_free, 1);
     assert_eq!(e.stats().num_alloc_retries, 0);
     assert!(e.heap().segment_containing(old.addr).is_none());
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -293,7 +293,7 @@ fn empty_cache_waits_for_events_and_returns_everything() {
     assert_eq!(e.streams().synchronizations, 1);
     assert_eq!(e.memory().used(), 0);
     assert_eq!(e.stats().segment.all.current, 0);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -320,19 +320,19 @@ fn expandable_segments_grow_one_segment_and_trim_on_empty_cache() {
     // Grown in 20 MiB steps: 40, then +20 (60, 0 left), then +20 for 5 MiB.
     assert_eq!(s.reserved_bytes.all.current, 80 * MIB as i64);
     assert_eq!(s.num_device_alloc, 3);
-    valid(&e);
+    e.assert_valid();
     e.free(c.addr).unwrap();
     e.free(b.addr).unwrap();
     e.empty_cache().unwrap();
     // The free tail beyond `a` is unmapped in whole 2 MiB chunks.
     assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
     assert_eq!(e.memory().used(), 30 * MIB);
-    valid(&e);
+    e.assert_valid();
     e.free(a.addr).unwrap();
     e.empty_cache().unwrap();
     assert_eq!(e.memory().used(), 0);
     assert_eq!(e.stats().segment.all.current, 0);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -347,7 +347,7 @@ fn expandable_segments_respect_the_memory_fraction() {
     e.free(a.addr).unwrap();
     e.malloc(90 * MIB, 0).unwrap();
     assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 10);
-    valid(&e);
+    e.assert_valid();
 }
 
 #[test]
@@ -355,5 +355,5 @@ fn expandable_request_larger_than_the_device_is_out_of_memory() {
     let mut e = engine("expandable_segments:true", 300 * MIB);
     let err = e.malloc(1700 * MIB, 0).unwrap_err();
     assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
-    valid(&e);
+    e.assert_valid();
 }

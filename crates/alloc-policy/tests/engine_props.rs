@@ -118,7 +118,7 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
         // Growable segments map in several steps but go back in one unmap.
         prop_assert_eq!(e.stats().num_device_alloc, e.stats().num_device_free);
     }
-    common::valid(&e);
+    e.assert_valid();
     Ok(())
 }
 

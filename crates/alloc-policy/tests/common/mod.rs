@@ -18,14 +18,3 @@ pub fn engine(config: &str, capacity: u64) -> SimEngine {
         EngineOptions::from(&cfg),
     )
 }
-
-/// Asserts all invariants hold.
-#[track_caller]
-pub fn valid(e: &SimEngine) {
-    if let Err(msg) = e.validate() {
-        panic!(
-            "invariant violated ({}): {msg}",
-            alloc_core::Policy::name(e.policy())
-        );
-    }
-}
