@@ -1,0 +1,112 @@
+/* gpualloc.h: C API of liballoc_ffi.so, a caching CUDA memory allocator.
+ *
+ * GENERATED from crates/alloc-ffi/src/api.rs; `cargo test -p alloc-ffi` fails when
+ * this file and the Rust code drift apart. Regenerate with
+ *   GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header
+ *
+ * Use from PyTorch, before the first CUDA allocation (python/gpu_alloc does this):
+ *   torch.cuda.memory.change_current_allocator(
+ *       torch.cuda.memory.CUDAPluggableAllocator(
+ *           "liballoc_ffi.so", "gpualloc_malloc", "gpualloc_free"))
+ *
+ * Configuration: the environment variable GPUALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF
+ * syntax), read at the first use, or gpualloc_configure() before it. An invalid
+ * GPUALLOC_CONF is reported once on stderr and makes every allocation fail.
+ *
+ * Every function is thread-safe and never lets a panic escape. The int functions
+ * return GPUALLOC_OK (0) or a negative GPUALLOC_ERR_* code; the message of the
+ * last failure on the calling thread is gpualloc_last_error().
+ */
+#ifndef GPUALLOC_H
+#define GPUALLOC_H
+
+#include <sys/types.h> /* ssize_t */
+
+#ifndef __DRIVER_TYPES_H__
+/* The same typedef as CUDA's driver_types.h (included by cuda_runtime.h). */
+typedef struct CUstream_st* cudaStream_t;
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GPUALLOC_OK (0) /* success */
+#define GPUALLOC_ERR_INVALID (-1) /* bad argument: pointer, size, device, fraction, path or configuration */
+#define GPUALLOC_ERR_OUT_OF_MEMORY (-2) /* out of memory after freeing the cache and retrying */
+#define GPUALLOC_ERR_CUDA (-3) /* CUDA driver failure, no driver, or no such device */
+#define GPUALLOC_ERR_TOO_LATE (-4) /* gpualloc_configure after the allocator was first used */
+#define GPUALLOC_ERR_INTERNAL (-5) /* internal error (caught panic, poisoned lock): a bug */
+
+/* Allocates `size` bytes on `device` for use on `stream` (the allocation function
+ * of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the
+ * message in gpualloc_last_error(); size 0 returns NULL with no error (the block
+ * would have no address; PyTorch never frees a NULL data pointer). The first call
+ * on a device creates its allocator, with GPUALLOC_CONF read once per process. */
+void* gpualloc_malloc(ssize_t size, int device, cudaStream_t stream);
+
+/* Frees a block from gpualloc_malloc (the free function of CUDAPluggableAllocator).
+ * `size` and `stream` are ignored: the allocator knows both. NULL is a no-op. A
+ * pointer it did not hand out is reported (gpualloc_last_error, and stderr for the
+ * first few) and otherwise ignored, never undefined behaviour. */
+void gpualloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
+
+/* Sets the configuration (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
+ * "policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True"), replacing
+ * GPUALLOC_CONF. Must be called before the first use of the allocator: then it
+ * returns GPUALLOC_ERR_TOO_LATE. A bad string returns GPUALLOC_ERR_INVALID (-1). */
+int gpualloc_configure(const char* config);
+
+/* Parses and validates a configuration string without applying it (no CUDA call). */
+int gpualloc_check_config(const char* config);
+
+/* Waits for pending cross-stream events, then returns every unused cached segment
+ * to the driver. device -1: every device in use. */
+int gpualloc_empty_cache(int device);
+
+/* Limits the memory reserved on `device` to `fraction` (0, 1] of its capacity. */
+int gpualloc_set_memory_fraction(double fraction, int device);
+
+/* Marks the block at `ptr` (the address gpualloc_malloc returned) as used by
+ * `stream` too: its free then defers reuse until that stream's work queued before
+ * the free is done (Tensor.record_stream). `stream` must outlive the block's free. */
+int gpualloc_record_stream(void* ptr, int device, cudaStream_t stream);
+
+/* Makes every peak statistic equal to its current value. device -1: every device. */
+int gpualloc_reset_peak_stats(int device);
+
+/* Clears the cumulative counters (allocated / freed totals, event counts). */
+int gpualloc_reset_accumulated_stats(int device);
+
+/* Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key
+ * names ("allocated_bytes.all.current", "reserved_bytes.all.peak", ...), all zero
+ * for a device never used. Free the string with gpualloc_string_free. NULL on error. */
+char* gpualloc_memory_stats_json(int device);
+
+/* Frees a string returned by this library. NULL is a no-op. */
+void gpualloc_string_free(char* s);
+
+/* Writes a pickle with the structure of torch.cuda.memory._snapshot() (segments,
+ * device_traces, allocator_settings) to `path`, for torch.cuda._memory_viz and
+ * pytorch.org/memory_viz. device -1: every device in use. */
+int gpualloc_write_snapshot(const char* path, int device);
+
+/* Starts (enabled != 0) or stops recording alloc / free / oom events for the
+ * snapshots' device_traces, keeping the last `max_entries` per device (<= 0: 100000).
+ * Starting clears earlier entries. */
+int gpualloc_record_history(int enabled, ssize_t max_entries);
+
+/* The message of the last failed call on this thread, or NULL. The int functions
+ * clear it when they succeed (so does gpualloc_malloc of 0 bytes); a successful
+ * gpualloc_malloc / gpualloc_free leaves it as it was, so check their result first.
+ * Valid until the next gpualloc_* call on this thread. */
+const char* gpualloc_last_error(void);
+
+/* The library version (static string). */
+const char* gpualloc_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* GPUALLOC_H */

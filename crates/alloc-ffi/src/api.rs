@@ -1,0 +1,285 @@
+//! The C API as one table: the header `include/gpualloc.h` is generated from
+//! it ([`header_text`]), and the tests check that the header file equals the
+//! generated text and that every `extern "C"` function of this crate has the
+//! C signature the table gives (see `tests/header.rs`).
+
+/// One exported function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiFn {
+    /// C return type.
+    pub ret: &'static str,
+    /// Symbol name.
+    pub name: &'static str,
+    /// Parameters as `(C type, name)`.
+    pub params: &'static [(&'static str, &'static str)],
+    /// Comment placed above the declaration (lines joined with `\n`).
+    pub doc: &'static str,
+}
+
+/// Success.
+pub const GPUALLOC_OK: i32 = 0;
+/// A bad argument: unknown or already freed pointer, bad size, device,
+/// fraction, path or configuration string.
+pub const GPUALLOC_ERR_INVALID: i32 = -1;
+/// Out of memory, after the cache was freed and the allocation retried.
+pub const GPUALLOC_ERR_OUT_OF_MEMORY: i32 = -2;
+/// The CUDA driver failed, is missing, or the device does not exist.
+pub const GPUALLOC_ERR_CUDA: i32 = -3;
+/// `gpualloc_configure` after the first use of the allocator.
+pub const GPUALLOC_ERR_TOO_LATE: i32 = -4;
+/// An internal error (a caught panic, a poisoned lock): a bug, please report.
+pub const GPUALLOC_ERR_INTERNAL: i32 = -5;
+
+/// The return codes, as `(name, value, meaning)`.
+pub const CODES: &[(&str, i32, &str)] = &[
+    ("GPUALLOC_OK", GPUALLOC_OK, "success"),
+    (
+        "GPUALLOC_ERR_INVALID",
+        GPUALLOC_ERR_INVALID,
+        "bad argument: pointer, size, device, fraction, path or configuration",
+    ),
+    (
+        "GPUALLOC_ERR_OUT_OF_MEMORY",
+        GPUALLOC_ERR_OUT_OF_MEMORY,
+        "out of memory after freeing the cache and retrying",
+    ),
+    (
+        "GPUALLOC_ERR_CUDA",
+        GPUALLOC_ERR_CUDA,
+        "CUDA driver failure, no driver, or no such device",
+    ),
+    (
+        "GPUALLOC_ERR_TOO_LATE",
+        GPUALLOC_ERR_TOO_LATE,
+        "gpualloc_configure after the allocator was first used",
+    ),
+    (
+        "GPUALLOC_ERR_INTERNAL",
+        GPUALLOC_ERR_INTERNAL,
+        "internal error (caught panic, poisoned lock): a bug",
+    ),
+];
+
+/// Every exported function, in header order.
+pub const API: &[ApiFn] = &[
+    ApiFn {
+        ret: "void*",
+        name: "gpualloc_malloc",
+        params: &[
+            ("ssize_t", "size"),
+            ("int", "device"),
+            ("cudaStream_t", "stream"),
+        ],
+        doc: "Allocates `size` bytes on `device` for use on `stream` (the allocation function\n\
+              of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the\n\
+              message in gpualloc_last_error(); size 0 returns NULL with no error (the block\n\
+              would have no address; PyTorch never frees a NULL data pointer). The first call\n\
+              on a device creates its allocator, with GPUALLOC_CONF read once per process.",
+    },
+    ApiFn {
+        ret: "void",
+        name: "gpualloc_free",
+        params: &[
+            ("void*", "ptr"),
+            ("ssize_t", "size"),
+            ("int", "device"),
+            ("cudaStream_t", "stream"),
+        ],
+        doc: "Frees a block from gpualloc_malloc (the free function of CUDAPluggableAllocator).\n\
+              `size` and `stream` are ignored: the allocator knows both. NULL is a no-op. A\n\
+              pointer it did not hand out is reported (gpualloc_last_error, and stderr for the\n\
+              first few) and otherwise ignored, never undefined behaviour.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_configure",
+        params: &[("const char*", "config")],
+        doc: "Sets the configuration (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.\n\
+              \"policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True\"), replacing\n\
+              GPUALLOC_CONF. Must be called before the first use of the allocator: then it\n\
+              returns GPUALLOC_ERR_TOO_LATE. A bad string returns GPUALLOC_ERR_INVALID (-1).",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_check_config",
+        params: &[("const char*", "config")],
+        doc: "Parses and validates a configuration string without applying it (no CUDA call).",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_empty_cache",
+        params: &[("int", "device")],
+        doc: "Waits for pending cross-stream events, then returns every unused cached segment\n\
+              to the driver. device -1: every device in use.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_set_memory_fraction",
+        params: &[("double", "fraction"), ("int", "device")],
+        doc: "Limits the memory reserved on `device` to `fraction` (0, 1] of its capacity.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_record_stream",
+        params: &[
+            ("void*", "ptr"),
+            ("int", "device"),
+            ("cudaStream_t", "stream"),
+        ],
+        doc: "Marks the block at `ptr` (the address gpualloc_malloc returned) as used by\n\
+              `stream` too: its free then defers reuse until that stream's work queued before\n\
+              the free is done (Tensor.record_stream). `stream` must outlive the block's free.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_reset_peak_stats",
+        params: &[("int", "device")],
+        doc: "Makes every peak statistic equal to its current value. device -1: every device.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_reset_accumulated_stats",
+        params: &[("int", "device")],
+        doc: "Clears the cumulative counters (allocated / freed totals, event counts).",
+    },
+    ApiFn {
+        ret: "char*",
+        name: "gpualloc_memory_stats_json",
+        params: &[("int", "device")],
+        doc: "Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key\n\
+              names (\"allocated_bytes.all.current\", \"reserved_bytes.all.peak\", ...), all zero\n\
+              for a device never used. Free the string with gpualloc_string_free. NULL on error.",
+    },
+    ApiFn {
+        ret: "void",
+        name: "gpualloc_string_free",
+        params: &[("char*", "s")],
+        doc: "Frees a string returned by this library. NULL is a no-op.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_write_snapshot",
+        params: &[("const char*", "path"), ("int", "device")],
+        doc: "Writes a pickle with the structure of torch.cuda.memory._snapshot() (segments,\n\
+              device_traces, allocator_settings) to `path`, for torch.cuda._memory_viz and\n\
+              pytorch.org/memory_viz. device -1: every device in use.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_record_history",
+        params: &[("int", "enabled"), ("ssize_t", "max_entries")],
+        doc: "Starts (enabled != 0) or stops recording alloc / free / oom events for the\n\
+              snapshots' device_traces, keeping the last `max_entries` per device (<= 0: 100000).\n\
+              Starting clears earlier entries.",
+    },
+    ApiFn {
+        ret: "const char*",
+        name: "gpualloc_last_error",
+        params: &[],
+        doc: "The message of the last failed call on this thread, or NULL. The int functions\n\
+              clear it when they succeed (so does gpualloc_malloc of 0 bytes); a successful\n\
+              gpualloc_malloc / gpualloc_free leaves it as it was, so check their result first.\n\
+              Valid until the next gpualloc_* call on this thread.",
+    },
+    ApiFn {
+        ret: "const char*",
+        name: "gpualloc_version",
+        params: &[],
+        doc: "The library version (static string).",
+    },
+];
+
+/// The header's first lines (comment, guards, types).
+const PREAMBLE: &[&str] = &[
+    "/* gpualloc.h: C API of liballoc_ffi.so, a caching CUDA memory allocator.",
+    " *",
+    " * GENERATED from crates/alloc-ffi/src/api.rs; `cargo test -p alloc-ffi` fails when",
+    " * this file and the Rust code drift apart. Regenerate with",
+    " *   GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header",
+    " *",
+    " * Use from PyTorch, before the first CUDA allocation (python/gpu_alloc does this):",
+    " *   torch.cuda.memory.change_current_allocator(",
+    " *       torch.cuda.memory.CUDAPluggableAllocator(",
+    " *           \"liballoc_ffi.so\", \"gpualloc_malloc\", \"gpualloc_free\"))",
+    " *",
+    " * Configuration: the environment variable GPUALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF",
+    " * syntax), read at the first use, or gpualloc_configure() before it. An invalid",
+    " * GPUALLOC_CONF is reported once on stderr and makes every allocation fail.",
+    " *",
+    " * Every function is thread-safe and never lets a panic escape. The int functions",
+    " * return GPUALLOC_OK (0) or a negative GPUALLOC_ERR_* code; the message of the",
+    " * last failure on the calling thread is gpualloc_last_error().",
+    " */",
+    "#ifndef GPUALLOC_H",
+    "#define GPUALLOC_H",
+    "",
+    "#include <sys/types.h> /* ssize_t */",
+    "",
+    "#ifndef __DRIVER_TYPES_H__",
+    "/* The same typedef as CUDA's driver_types.h (included by cuda_runtime.h). */",
+    "typedef struct CUstream_st* cudaStream_t;",
+    "#endif",
+    "",
+    "#ifdef __cplusplus",
+    "extern \"C\" {",
+    "#endif",
+    "",
+];
+
+/// The text of `include/gpualloc.h`.
+pub fn header_text() -> String {
+    let mut h = String::new();
+    for line in PREAMBLE {
+        h.push_str(line);
+        h.push('\n');
+    }
+    for (name, value, meaning) in CODES {
+        h.push_str(&format!("#define {name} ({value}) /* {meaning} */\n"));
+    }
+    h.push('\n');
+    for f in API {
+        h.push_str("/* ");
+        h.push_str(&f.doc.replace('\n', "\n * "));
+        h.push_str(" */\n");
+        let params = if f.params.is_empty() {
+            "void".to_string()
+        } else {
+            f.params
+                .iter()
+                .map(|(ty, name)| format!("{ty} {name}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        h.push_str(&format!("{} {}({});\n\n", f.ret, f.name, params));
+    }
+    h.push_str(
+        "#ifdef __cplusplus\n\
+         } /* extern \"C\" */\n\
+         #endif\n\
+         \n\
+         #endif /* GPUALLOC_H */\n",
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let mut names: Vec<_> = API.iter().map(|f| f.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("gpualloc_")));
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), API.len());
+    }
+
+    #[test]
+    fn header_declares_every_function() {
+        let h = header_text();
+        for f in API {
+            assert!(h.contains(&format!(" {}(", f.name)), "{}", f.name);
+        }
+    }
+}

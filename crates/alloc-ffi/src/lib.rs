@@ -1,0 +1,511 @@
+//! # alloc-ffi
+//!
+//! The caching allocator as a C library (`liballoc_ffi.so`) that PyTorch loads
+//! with `torch.cuda.memory.CUDAPluggableAllocator(path, "gpualloc_malloc",
+//! "gpualloc_free")`, plus entry points for what PyTorch's pluggable-allocator
+//! interface does not forward: statistics (`gpualloc_memory_stats_json`, with
+//! `torch.cuda.memory_stats()`'s key names), `empty_cache`, memory fraction,
+//! `record_stream`, peak resets, and snapshots pickled in the format of
+//! `torch.cuda.memory._snapshot()` for `torch.cuda._memory_viz`.
+//! The declarations are in `include/gpualloc.h`, generated from [`api::API`];
+//! `python/gpu_alloc` wraps them with ctypes.
+//!
+//! - One process-wide allocator per device ([`alloc_cuda::CudaAllocator::global`]),
+//!   created at the first call that needs it. Its configuration comes from
+//!   [`gpualloc_configure`] if called before, else from the environment
+//!   variable `GPUALLOC_CONF` (syntax of `PYTORCH_CUDA_ALLOC_CONF`: `policy`,
+//!   `max_split_size_mb`, `roundup_power2_divisions`,
+//!   `garbage_collection_threshold`, `expandable_segments`,
+//!   `stream_wait_reuse`, ...), read once. An invalid `GPUALLOC_CONF` is
+//!   reported once on stderr and **every allocation then fails** with that
+//!   message: running with settings other than those asked for would be worse.
+//! - No panic crosses the C ABI: every entry point runs inside
+//!   [`std::panic::catch_unwind`]. Failures return NULL or a negative
+//!   `GPUALLOC_ERR_*` code; the message is [`gpualloc_last_error`]
+//!   (thread-local).
+//! - `gpualloc_malloc(0, ..)` returns NULL without an error: a zero-byte
+//!   block has no address, PyTorch keeps a NULL data pointer for an empty
+//!   tensor and never calls free for it. A negative size is an error.
+//! - PyTorch 2.11's `CUDAPluggableAllocator` does not check the pointer it
+//!   gets back, so an allocation failure does not raise `OutOfMemoryError`:
+//!   the tensor gets a NULL data pointer. The first failures are therefore
+//!   also written to stderr with the allocator's out-of-memory report.
+
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod snapshot;
+mod state;
+
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use alloc_core::AllocError;
+use alloc_cuda::{CudaAllocator, CudaError};
+
+use state::{CtxGuard, FfiResult};
+pub use state::{FfiError, ENV_CONF};
+
+/// `cudaStream_t`: an opaque stream handle (`0` is the legacy default stream).
+pub type CudaStream = *mut c_void;
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let what = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    format!("internal error (panic caught at the C boundary): {what}")
+}
+
+/// Runs an entry point returning an int code: 0, or the error's code with
+/// the message stored as the thread's last error.
+fn call_int(f: impl FnOnce() -> FfiResult<()>) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            state::clear_last_error();
+            api::GPUALLOC_OK
+        }
+        Ok(Err(e)) => {
+            state::set_last_error(&e.message);
+            e.code
+        }
+        Err(p) => {
+            state::set_last_error(&panic_message(p));
+            api::GPUALLOC_ERR_INTERNAL
+        }
+    }
+}
+
+/// Runs an entry point returning a pointer: NULL on failure.
+fn call_ptr<T>(f: impl FnOnce() -> FfiResult<*mut T>) -> *mut T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            state::set_last_error(&e.message);
+            std::ptr::null_mut()
+        }
+        Err(p) => {
+            state::set_last_error(&panic_message(p));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// A C string argument as `&str`.
+///
+/// # Safety
+/// `s` is NULL or a NUL-terminated string valid for the call.
+unsafe fn c_str<'a>(s: *const c_char, what: &str) -> FfiResult<&'a str> {
+    if s.is_null() {
+        return Err(FfiError::invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL and NUL-terminated per the caller's contract.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|_| FfiError::invalid(format!("{what} is not valid UTF-8")))
+}
+
+// ---------------------------------------------------------------- hot path
+
+/// Allocates `size` bytes on `device` for `stream`; NULL on failure (see
+/// `include/gpualloc.h`).
+#[no_mangle]
+pub extern "C" fn gpualloc_malloc(size: isize, device: c_int, stream: CudaStream) -> *mut c_void {
+    match catch_unwind(AssertUnwindSafe(|| malloc_impl(size, device, stream))) {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => {
+            malloc_failed(size, device, &e);
+            std::ptr::null_mut()
+        }
+        Err(p) => {
+            let e = FfiError::internal(panic_message(p));
+            malloc_failed(size, device, &e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[inline(always)]
+fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut c_void> {
+    if size <= 0 {
+        if size == 0 {
+            state::clear_last_error();
+            return Ok(std::ptr::null_mut());
+        }
+        return Err(FfiError::invalid(format!(
+            "invalid allocation size {size}: negative"
+        )));
+    }
+    let alloc = state::allocator(device)?;
+    let stream = stream as usize as u64;
+    // SAFETY: the stream comes from the caller (PyTorch's current stream of
+    // `device`, or 0): a live stream of the device's primary context, as the
+    // pluggable-allocator contract implies.
+    match unsafe { alloc.malloc_on_stream_id(size as u64, stream) } {
+        Ok(addr) => {
+            if snapshot::recording() {
+                snapshot::record(device as usize, "alloc", addr, size as u64, stream, None);
+            }
+            Ok(addr as usize as *mut c_void)
+        }
+        Err(e) => {
+            if snapshot::recording() {
+                if let Some(r) = e.oom_report() {
+                    let free = Some(r.device_free);
+                    snapshot::record(device as usize, "oom", 0, size as u64, stream, free);
+                }
+            }
+            Err(e.into())
+        }
+    }
+}
+
+#[cold]
+fn malloc_failed(size: isize, device: c_int, e: &FfiError) {
+    state::set_last_error(&e.message);
+    // Out of memory and driver failures also go to stderr, since PyTorch does
+    // not look at the NULL (bad arguments and a bad GPUALLOC_CONF, which is
+    // reported once when read, only go to the last error).
+    if e.code == api::GPUALLOC_ERR_INVALID {
+        return;
+    }
+    state::report(
+        &state::MALLOC_FAILURES,
+        &format!(
+            "gpualloc_malloc({size} bytes, device {device}) returned NULL: {}",
+            e.message
+        ),
+    );
+}
+
+/// Frees a block from [`gpualloc_malloc`]; `size` and `stream` are ignored.
+#[no_mangle]
+pub extern "C" fn gpualloc_free(ptr: *mut c_void, size: isize, device: c_int, stream: CudaStream) {
+    let _ = (size, stream);
+    let result = catch_unwind(AssertUnwindSafe(|| free_impl(ptr, device)))
+        .unwrap_or_else(|p| Err(FfiError::internal(panic_message(p))));
+    if let Err(e) = result {
+        free_failed(ptr, device, &e);
+    }
+}
+
+#[inline(always)]
+fn free_impl(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
+    if ptr.is_null() {
+        return Ok(());
+    }
+    let addr = ptr as usize as u64;
+    let Some(alloc) = state::existing(device)? else {
+        return free_elsewhere(addr, device);
+    };
+    match free_on(alloc, device as usize, addr) {
+        Ok(()) => Ok(()),
+        Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => free_elsewhere(addr, device),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[inline(always)]
+fn free_on(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), CudaError> {
+    if snapshot::recording() {
+        free_recorded(alloc, device, addr)
+    } else {
+        alloc.free(addr)
+    }
+}
+
+/// [`free_on`] recording `free_requested` / `free_completed` events with the
+/// block's requested size and stream.
+#[cold]
+fn free_recorded(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), CudaError> {
+    let block = alloc.allocation(addr)?;
+    alloc.free(addr)?;
+    if let Some(b) = block {
+        snapshot::record(device, "free_requested", addr, b.requested, b.stream, None);
+        snapshot::record(device, "free_completed", addr, b.requested, b.stream, None);
+    }
+    Ok(())
+}
+
+/// A pointer unknown on `device`: free it on the device that owns it, if any.
+#[cold]
+fn free_elsewhere(addr: u64, device: c_int) -> FfiResult<()> {
+    for (d, alloc) in state::existing_all() {
+        if d as c_int != device && alloc.allocation(addr)?.is_some() {
+            return Ok(free_on(alloc, d, addr)?);
+        }
+    }
+    Err(FfiError::invalid(format!(
+        "free of pointer {addr:#x} on device {device}: not allocated by gpualloc \
+         (or already freed)"
+    )))
+}
+
+#[cold]
+fn free_failed(ptr: *mut c_void, device: c_int, e: &FfiError) {
+    state::set_last_error(&e.message);
+    state::report(
+        &state::FREE_FAILURES,
+        &format!(
+            "gpualloc_free({ptr:p}, device {device}) failed: {}",
+            e.message
+        ),
+    );
+}
+
+// ---------------------------------------------------------------- configuration
+
+/// Sets the configuration before the first use; see `include/gpualloc.h`.
+///
+/// # Safety
+/// `config` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_configure(config: *const c_char) -> c_int {
+    call_int(|| {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(config, "config") }?;
+        state::configure(text)
+    })
+}
+
+/// Validates a configuration string without applying it.
+///
+/// # Safety
+/// `config` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_check_config(config: *const c_char) -> c_int {
+    call_int(|| {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(config, "config") }?;
+        state::check_config(text)
+    })
+}
+
+// ---------------------------------------------------------------- cache and streams
+
+/// Returns unused cached segments of `device` (-1: all devices) to the driver.
+#[no_mangle]
+pub extern "C" fn gpualloc_empty_cache(device: c_int) -> c_int {
+    call_int(|| {
+        let _ctx = CtxGuard::save_if_driver_loaded();
+        for (_, alloc) in state::targets(device)? {
+            alloc.empty_cache()?;
+        }
+        Ok(())
+    })
+}
+
+/// Limits reserved memory of `device` to `fraction` of its capacity.
+#[no_mangle]
+pub extern "C" fn gpualloc_set_memory_fraction(fraction: f64, device: c_int) -> c_int {
+    call_int(|| {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(FfiError::invalid(format!(
+                "memory fraction {fraction} must be in (0, 1]"
+            )));
+        }
+        Ok(state::allocator(device)?.set_memory_fraction(fraction)?)
+    })
+}
+
+/// Marks the block at `ptr` as used by `stream` too.
+#[no_mangle]
+pub extern "C" fn gpualloc_record_stream(
+    ptr: *mut c_void,
+    device: c_int,
+    stream: CudaStream,
+) -> c_int {
+    call_int(|| {
+        let addr = ptr as usize as u64;
+        let Some(alloc) = state::existing(device)? else {
+            return Err(FfiError::invalid(format!(
+                "record_stream of pointer {addr:#x}: no allocation was made on device {device}"
+            )));
+        };
+        // SAFETY: the caller promises the stream outlives the block's free
+        // (documented in the header), as with Tensor.record_stream.
+        Ok(unsafe { alloc.record_stream_id(addr, stream as usize as u64) }?)
+    })
+}
+
+// ---------------------------------------------------------------- statistics
+
+/// Makes every peak statistic of `device` (-1: all) equal to its current value.
+#[no_mangle]
+pub extern "C" fn gpualloc_reset_peak_stats(device: c_int) -> c_int {
+    call_int(|| {
+        for (_, alloc) in state::targets(device)? {
+            alloc.reset_peak_stats()?;
+        }
+        Ok(())
+    })
+}
+
+/// Clears the cumulative counters of `device` (-1: all).
+#[no_mangle]
+pub extern "C" fn gpualloc_reset_accumulated_stats(device: c_int) -> c_int {
+    call_int(|| {
+        for (_, alloc) in state::targets(device)? {
+            alloc.reset_accumulated_stats()?;
+        }
+        Ok(())
+    })
+}
+
+/// The statistics of one allocator (or zeros) as PyTorch's flat map, plus
+/// `max_split_size` (-1 when unset, as PyTorch reports it).
+pub fn stats_map(
+    alloc: Option<&CudaAllocator>,
+) -> FfiResult<std::collections::BTreeMap<String, i64>> {
+    let (stats, max_split) = match alloc {
+        Some(a) => (a.stats()?, a.config().max_split_size),
+        None => (alloc_core::Stats::default(), u64::MAX),
+    };
+    let mut map = stats.to_flat_map();
+    let max_split = if max_split == u64::MAX {
+        -1
+    } else {
+        max_split as i64
+    };
+    map.insert("max_split_size".into(), max_split);
+    Ok(map)
+}
+
+/// The statistics of `device` as a JSON object (free with
+/// [`gpualloc_string_free`]); NULL on error.
+#[no_mangle]
+pub extern "C" fn gpualloc_memory_stats_json(device: c_int) -> *mut c_char {
+    call_ptr(|| {
+        let map = stats_map(state::existing(device)?)?;
+        let json = serde_json::to_string(&map).map_err(|e| FfiError::internal(e.to_string()))?;
+        let c = CString::new(json).map_err(|e| FfiError::internal(e.to_string()))?;
+        Ok(c.into_raw())
+    })
+}
+
+/// Frees a string returned by this library.
+///
+/// # Safety
+/// `s` is NULL or a string from this library, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_string_free(s: *mut c_char) {
+    if s.is_null() {
+        return;
+    }
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `s` came from `CString::into_raw` in this library.
+        drop(unsafe { CString::from_raw(s) });
+    }));
+}
+
+// ---------------------------------------------------------------- snapshots
+
+/// The snapshot of `device` (-1: every device in use) in PyTorch's layout.
+pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
+    let targets = state::targets(device)?;
+    let mut segments = Vec::new();
+    let mut settings = None;
+    let conf_text = state::config_text();
+    for (d, alloc) in &targets {
+        let snap = alloc.snapshot()?;
+        let expandable = alloc.with_engine(|e| e.expandable())?;
+        segments.extend(snapshot::segments_of(*d, &snap, expandable));
+        if settings.is_none() {
+            let policy = alloc.policy_name()?;
+            settings = Some(snapshot::settings_of(&conf_text, alloc.config(), &policy));
+        }
+    }
+    let settings = match settings {
+        Some(s) => s,
+        None => {
+            let cfg = alloc_core::AllocatorConfig::parse(&conf_text).unwrap_or_default();
+            let policy = cfg.policy.clone().unwrap_or_else(|| "pytorch-bfc".into());
+            snapshot::settings_of(&conf_text, &cfg, &policy)
+        }
+    };
+    let mut n = snapshot::traced_devices();
+    if let Some((d, _)) = targets.last() {
+        n = n.max(d + 1);
+    }
+    if device >= 0 {
+        n = n.max(device as usize + 1);
+    }
+    n = n.max(1);
+    Ok(snapshot::PySnapshot {
+        segments,
+        device_traces: snapshot::traces(n),
+        allocator_settings: settings,
+    })
+}
+
+/// Writes the snapshot of `device` (-1: all) as a pickle to `path`.
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_write_snapshot(path: *const c_char, device: c_int) -> c_int {
+    call_int(|| {
+        // SAFETY: the caller's contract.
+        let path = unsafe { c_str(path, "path") }?;
+        if path.is_empty() {
+            return Err(FfiError::invalid("path is empty"));
+        }
+        let snap = build_snapshot(device)?;
+        let bytes = snapshot::to_pickle(&snap).map_err(FfiError::internal)?;
+        std::fs::write(path, bytes)
+            .map_err(|e| FfiError::invalid(format!("cannot write snapshot to {path}: {e}")))
+    })
+}
+
+/// Starts or stops recording allocation events for the snapshots.
+#[no_mangle]
+pub extern "C" fn gpualloc_record_history(enabled: c_int, max_entries: isize) -> c_int {
+    call_int(|| {
+        snapshot::set_recording(enabled != 0, max_entries);
+        Ok(())
+    })
+}
+
+// ---------------------------------------------------------------- misc
+
+/// The last error message of this thread, or NULL.
+#[no_mangle]
+pub extern "C" fn gpualloc_last_error() -> *const c_char {
+    catch_unwind(state::last_error_ptr).unwrap_or(std::ptr::null())
+}
+
+static VERSION: &CStr =
+    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+        Ok(s) => s,
+        Err(_) => c"unknown",
+    };
+
+/// The library version.
+#[no_mangle]
+pub extern "C" fn gpualloc_version() -> *const c_char {
+    VERSION.as_ptr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last() -> String {
+        let p = gpualloc_last_error();
+        assert!(!p.is_null());
+        // SAFETY: a NUL-terminated string valid until the next call.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn panics_become_internal_errors_not_unwinding() {
+        assert_eq!(call_int(|| panic!("boom")), api::GPUALLOC_ERR_INTERNAL);
+        assert!(last().contains("boom"), "{}", last());
+        let p: *mut u8 = call_ptr(|| panic!("{}", String::from("bang")));
+        assert!(p.is_null());
+        assert!(last().contains("panic caught at the C boundary): bang"));
+        assert_eq!(call_int(|| Ok(())), api::GPUALLOC_OK);
+        assert!(gpualloc_last_error().is_null());
+    }
+}

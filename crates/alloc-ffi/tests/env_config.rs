@@ -1,0 +1,59 @@
+//! An invalid `GPUALLOC_CONF` makes every allocation fail with its message and
+//! is reported on stderr exactly once. The test re-runs its own executable
+//! with the variable set, so that the variable is there from the start of
+//! the process, and inspects the child's stderr.
+
+use std::ffi::CStr;
+use std::process::Command;
+use std::ptr::null_mut;
+
+use alloc_ffi::api::*;
+use alloc_ffi::*;
+
+const NAME: &str = "bad_gpualloc_conf_fails_every_allocation_and_is_reported_once";
+
+fn last_error() -> String {
+    let p = gpualloc_last_error();
+    assert!(!p.is_null(), "expected an error message");
+    // SAFETY: a NUL-terminated string valid until the next call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn child() {
+    for _ in 0..3 {
+        assert!(gpualloc_malloc(4096, 0, null_mut()).is_null());
+        let e = last_error();
+        assert!(e.contains("invalid GPUALLOC_CONF"), "{e}");
+        assert!(e.contains("max_split_size_mb"), "{e}");
+    }
+    assert_eq!(gpualloc_set_memory_fraction(0.5, 0), GPUALLOC_ERR_INVALID);
+    assert!(last_error().contains("GPUALLOC_CONF"));
+    let c = c"policy:pytorch-bfc";
+    // SAFETY: a valid C string.
+    assert_eq!(
+        unsafe { gpualloc_configure(c.as_ptr()) },
+        GPUALLOC_ERR_TOO_LATE
+    );
+    println!("child ok");
+}
+
+#[test]
+fn bad_gpualloc_conf_fails_every_allocation_and_is_reported_once() {
+    if std::env::var_os("GPUALLOC_TEST_CHILD").is_some() {
+        child();
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env("GPUALLOC_TEST_CHILD", "1")
+        .env("GPUALLOC_CONF", "max_split_size_mb:1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("child ok"), "{stdout}");
+    let reports = stderr.matches("GPUALLOC_CONF").count();
+    assert_eq!(reports, 1, "stderr:\n{stderr}");
+    assert!(stderr.contains("every allocation will fail"), "{stderr}");
+}

@@ -1,0 +1,125 @@
+//! The C entry points on a real GPU (device 0). Ignored by plain
+//! `cargo test`; run with `cargo test -p alloc-ffi --test gpu -- --ignored`
+//! on a machine with a GPU (or build with `--no-run` and carry the binary).
+//! One test: the allocators are process-wide.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_void, CStr, CString};
+use std::ptr::null_mut;
+
+use alloc_ffi::api::*;
+use alloc_ffi::*;
+
+fn stats() -> BTreeMap<String, i64> {
+    let p = gpualloc_memory_stats_json(0);
+    assert!(!p.is_null());
+    // SAFETY: a string from the library, freed once.
+    let json = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    unsafe { gpualloc_string_free(p) };
+    serde_json::from_str(&json).unwrap()
+}
+
+fn last_error() -> String {
+    let p = gpualloc_last_error();
+    assert!(!p.is_null(), "expected an error");
+    // SAFETY: valid until the next call.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn current_ctx() -> usize {
+    alloc_cuda::cudarc::driver::result::ctx::get_current()
+        .unwrap()
+        .map_or(0, |c| c as usize)
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn ffi_on_the_gpu() {
+    assert_eq!(gpualloc_record_history(1, 1000), GPUALLOC_OK);
+    // The first call creates the allocator; the thread had no context.
+    let sizes = [1isize, 512, 4096, 1 << 20, (1 << 20) + 1, 7 << 20, 64 << 20];
+    let ptrs: Vec<*mut c_void> = sizes
+        .iter()
+        .map(|&s| {
+            let p = gpualloc_malloc(s, 0, null_mut());
+            assert!(!p.is_null(), "malloc({s}): {}", last_error());
+            assert_eq!(p as usize % 512, 0);
+            p
+        })
+        .collect();
+    let s = stats();
+    let requested: i64 = sizes.iter().map(|&s| s as i64).sum();
+    assert_eq!(s["requested_bytes.all.current"], requested);
+    assert_eq!(s["allocation.all.current"], sizes.len() as i64);
+    assert!(s["reserved_bytes.all.current"] >= s["allocated_bytes.all.current"]);
+    assert!(s["segment.all.current"] >= 2, "small and large pools");
+
+    // A snapshot with the blocks and the recorded events.
+    let dir = std::env::temp_dir().join(format!("gpualloc_gpu_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = CString::new(dir.join("snap.pickle").to_str().unwrap()).unwrap();
+    // SAFETY: a valid C string.
+    assert_eq!(
+        unsafe { gpualloc_write_snapshot(path.as_ptr(), 0) },
+        GPUALLOC_OK
+    );
+    let snap = build_snapshot(0).unwrap();
+    let live: usize = snap
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == "active_allocated")
+        .count();
+    assert_eq!(live, sizes.len());
+    assert_eq!(
+        snap.device_traces[0].len(),
+        sizes.len(),
+        "one alloc event each"
+    );
+
+    // record_stream on a foreign (here: the per-thread default) stream.
+    let per_thread = 2usize as *mut c_void;
+    assert_eq!(gpualloc_record_stream(ptrs[2], 0, per_thread), GPUALLOC_OK);
+
+    // Frees: a wrong device index is tolerated (found on device 0).
+    gpualloc_free(ptrs[0], sizes[0], 1, null_mut());
+    for (&p, &s) in ptrs.iter().zip(&sizes).skip(1) {
+        gpualloc_free(p, s, 0, null_mut());
+    }
+    let s = stats();
+    assert_eq!(s["allocated_bytes.all.current"], 0);
+    // Double free and garbage: errors, no crash.
+    gpualloc_free(ptrs[0], 0, 0, null_mut());
+    assert!(last_error().contains("double free"), "{}", last_error());
+    gpualloc_free(0x10 as *mut c_void, 0, 0, null_mut());
+    assert!(last_error().contains("not allocated by gpualloc"));
+
+    // Out of memory: NULL with the allocator's report; later calls work.
+    let p = gpualloc_malloc(1 << 46, 0, null_mut());
+    assert!(p.is_null());
+    let e = last_error();
+    assert!(
+        e.contains("out of memory") && e.contains("total capacity"),
+        "{e}"
+    );
+    assert_eq!(stats()["num_ooms"], 1);
+
+    // Memory fraction: a request above the limit fails.
+    assert_eq!(gpualloc_set_memory_fraction(0.01, 0), GPUALLOC_OK);
+    assert!(gpualloc_malloc(4 << 30, 0, null_mut()).is_null());
+    assert_eq!(gpualloc_set_memory_fraction(1.0, 0), GPUALLOC_OK);
+
+    // empty_cache binds the device's context for its driver calls and then
+    // restores the caller's (here: none). (malloc binds it too when it needs
+    // a segment; PyTorch calls it with that device current anyway.)
+    // SAFETY: unbinding the thread's context is always valid.
+    unsafe { alloc_cuda::cudarc::driver::result::ctx::set_current(null_mut()) }.unwrap();
+    assert_eq!(gpualloc_empty_cache(0), GPUALLOC_OK);
+    assert_eq!(gpualloc_reset_peak_stats(0), GPUALLOC_OK);
+    let s = stats();
+    assert_eq!(s["reserved_bytes.all.current"], 0);
+    assert_eq!(s["reserved_bytes.all.peak"], 0);
+    assert!(s["num_device_free"] >= 2);
+    assert_eq!(current_ctx(), 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,206 @@
+//! The C header, the API table and the exported Rust functions agree.
+//!
+//! - `include/gpualloc.h` must equal the text generated from `api::API`
+//!   (regenerate: `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
+//! - every `#[no_mangle] extern "C" fn` in `src/lib.rs` must appear in the
+//!   table with the same parameter and return types (mapped to C), and the
+//!   table must list nothing else;
+//! - with a C compiler present, a C and a C++ program include the header,
+//!   link against the built `liballoc_ffi.so` and call it.
+
+use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use alloc_ffi::api::{header_text, API};
+use alloc_ffi::CudaStream;
+
+const HEADER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpualloc.h");
+const LIB_RS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs");
+
+#[test]
+fn header_file_matches_the_api_table() {
+    let want = header_text();
+    if std::env::var_os("GPUALLOC_BLESS").is_some() {
+        std::fs::write(HEADER, &want).expect("write header");
+    }
+    let have = std::fs::read_to_string(HEADER).unwrap_or_default();
+    if have != want {
+        let line = have
+            .lines()
+            .zip(want.lines())
+            .position(|(a, b)| a != b)
+            .map_or(have.lines().count().min(want.lines().count()), |i| i);
+        panic!(
+            "include/gpualloc.h differs from the API table in src/api.rs (first at line {}); \
+             regenerate it with GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header",
+            line + 1
+        );
+    }
+}
+
+/// A Rust FFI type as its C spelling.
+fn c_type(rust: &str) -> String {
+    match rust.trim() {
+        "isize" => "ssize_t",
+        "c_int" => "int",
+        "f64" => "double",
+        "CudaStream" => "cudaStream_t",
+        "*mut c_void" => "void*",
+        "*const c_char" => "const char*",
+        "*mut c_char" => "char*",
+        "" => "void",
+        other => panic!("no C mapping for Rust type `{other}`: extend c_type()"),
+    }
+    .to_string()
+}
+
+/// `(name, [C param types], C return type)` of every exported function in
+/// the source.
+fn exported_functions(src: &str) -> Vec<(String, Vec<String>, String)> {
+    let mut out = Vec::new();
+    let mut rest = src;
+    while let Some(i) = rest.find("#[no_mangle]") {
+        rest = &rest[i + "#[no_mangle]".len()..];
+        let f = rest.find("fn ").expect("fn after #[no_mangle]");
+        let decl = &rest[f + 3..];
+        let open = decl.find('(').unwrap();
+        let name = decl[..open].trim().to_string();
+        let close = decl.find(')').unwrap();
+        let params: Vec<String> = decl[open + 1..close]
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| c_type(p.split_once(':').expect("name: type").1))
+            .collect();
+        let body = decl.find('{').unwrap();
+        let ret = decl[close + 1..body].trim();
+        let ret = c_type(ret.strip_prefix("->").unwrap_or(ret));
+        out.push((name, params, ret));
+    }
+    out
+}
+
+#[test]
+fn exported_functions_match_the_api_table() {
+    let src = std::fs::read_to_string(LIB_RS).unwrap();
+    let found = exported_functions(&src);
+    assert_eq!(found.len(), API.len(), "exported: {found:?}");
+    for (name, params, ret) in &found {
+        let f = API
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} is exported but not in api::API"));
+        let table: Vec<String> = f.params.iter().map(|(t, _)| t.to_string()).collect();
+        assert_eq!(&table, params, "{name}: parameter types");
+        assert_eq!(f.ret, ret, "{name}: return type");
+    }
+}
+
+/// The two signatures PyTorch's CUDAPluggableAllocator calls, checked by the
+/// compiler.
+#[test]
+fn pytorch_signatures() {
+    let _malloc: extern "C" fn(isize, c_int, CudaStream) -> *mut c_void =
+        alloc_ffi::gpualloc_malloc;
+    let _free: extern "C" fn(*mut c_void, isize, c_int, CudaStream) = alloc_ffi::gpualloc_free;
+}
+
+/// The directory of the `liballoc_ffi.so` that cargo built with this test
+/// (`target/<profile>/deps/`, beside the test executable; the copy one level
+/// up is refreshed only by `cargo build`).
+fn built_library() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?.to_path_buf();
+    let up = deps.parent()?.to_path_buf();
+    [deps, up]
+        .into_iter()
+        .find(|d| d.join("liballoc_ffi.so").exists())
+}
+
+fn compile_and_run(compiler: &str, source: &str, ext: &str, libdir: &Path) {
+    let tmp = std::env::temp_dir().join(format!("gpualloc_header_{}_{ext}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let src = tmp.join(format!("main.{ext}"));
+    std::fs::write(&src, source).unwrap();
+    let exe = tmp.join("main");
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+    let out = Command::new(compiler)
+        .args(["-Wall", "-Wextra", "-Werror", "-I", include])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-L")
+        .arg(libdir)
+        .arg("-lalloc_ffi")
+        .arg(format!("-Wl,-rpath,{}", libdir.display()))
+        .output()
+        .expect("run compiler");
+    assert!(
+        out.status.success(),
+        "{compiler} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("ok"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+const C_PROGRAM: &str = r#"
+#include <gpualloc.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The exact types PyTorch's CUDAPluggableAllocator casts the symbols to. */
+typedef void* (*alloc_fn)(ssize_t, int, cudaStream_t);
+typedef void (*free_fn)(void*, ssize_t, int, cudaStream_t);
+
+int main(void) {
+  alloc_fn a = gpualloc_malloc;
+  free_fn f = gpualloc_free;
+  if (a(0, 0, 0) != NULL) return 1;           /* size 0: NULL, no error */
+  if (gpualloc_last_error() != NULL) return 2;
+  f(NULL, 0, 0, 0);                           /* NULL: no-op */
+  if (gpualloc_check_config("policy:pytorch-bfc,max_split_size_mb:64") != GPUALLOC_OK) return 3;
+  if (gpualloc_check_config("bogus:1") != GPUALLOC_ERR_INVALID) return 4;
+  if (strstr(gpualloc_last_error(), "bogus") == NULL) return 5;
+  char* s = gpualloc_memory_stats_json(0);
+  if (s == NULL || strstr(s, "\"reserved_bytes.all.peak\":0") == NULL) return 6;
+  gpualloc_string_free(s);
+  printf("ok %s\n", gpualloc_version());
+  return 0;
+}
+"#;
+
+fn have(compiler: &str) -> bool {
+    Command::new(compiler)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn header_compiles_and_links_from_c_and_cpp() {
+    let Some(libdir) = built_library() else {
+        eprintln!("SKIP: liballoc_ffi.so not built next to the test executable");
+        return;
+    };
+    let mut ran = false;
+    if have("cc") {
+        compile_and_run("cc", C_PROGRAM, "c", &libdir);
+        ran = true;
+    }
+    if have("c++") {
+        compile_and_run("c++", C_PROGRAM, "cpp", &libdir);
+        ran = true;
+    }
+    if !ran {
+        eprintln!("SKIP: no C or C++ compiler (cc, c++) on PATH");
+    }
+}

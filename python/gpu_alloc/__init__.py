@@ -1,0 +1,361 @@
+"""gpu_alloc: the gpualloc caching allocator (liballoc_ffi.so) as PyTorch's CUDA allocator.
+
+Pure Python (ctypes), no build step::
+
+    import gpu_alloc
+    gpu_alloc.enable("policy:pytorch-bfc,max_split_size_mb:128")  # before any CUDA tensor
+    import torch
+    x = torch.randn(1024, 1024, device="cuda")
+    print(gpu_alloc.memory_stats()["allocated_bytes.all.current"])
+    gpu_alloc.snapshot("snap.pickle")  # python -m torch.cuda._memory_viz trace_plot snap.pickle -o s.html
+
+PyTorch's pluggable-allocator interface forwards only malloc and free to the library, so
+``torch.cuda.memory_stats``, ``memory_allocated``, ``memory._snapshot`` and
+``_record_memory_history`` raise under it, while ``torch.cuda.empty_cache``,
+``set_per_process_memory_fraction`` and ``Tensor.record_stream`` silently do nothing. Use
+this module's functions of the same names instead (``record_stream`` above all: without it
+a block used on a second stream can be reused too early, as with any plain pluggable
+allocator).
+
+The library is found at ``so_path``, else ``$GPUALLOC_SO``, else ``liballoc_ffi.so`` next
+to this package, else the repository's ``target/release`` or ``target/debug``.
+"""
+
+import collections
+import ctypes
+import os
+import pickle
+import tempfile
+
+__all__ = [
+    "GpuAllocError",
+    "enable",
+    "is_enabled",
+    "library_path",
+    "load_library",
+    "check_config",
+    "memory_stats",
+    "memory_allocated",
+    "memory_reserved",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats",
+    "empty_cache",
+    "set_memory_fraction",
+    "record_stream",
+    "record_history",
+    "snapshot",
+    "last_error",
+    "version",
+]
+
+LIB_NAME = "liballoc_ffi.so"
+ALLOC_FN = "gpualloc_malloc"
+FREE_FN = "gpualloc_free"
+ENV_CONF = "GPUALLOC_CONF"
+ENV_SO = "GPUALLOC_SO"
+
+# Return codes (include/gpualloc.h).
+OK = 0
+ERR_INVALID = -1
+ERR_OUT_OF_MEMORY = -2
+ERR_CUDA = -3
+ERR_TOO_LATE = -4
+ERR_INTERNAL = -5
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lib = None
+_lib_path = None
+_enabled_with = None  # (path, config) once enable() succeeded
+_allocator = None  # keeps the CUDAPluggableAllocator alive
+
+
+class GpuAllocError(RuntimeError):
+    """A failure of the gpualloc library or of enabling it."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.code = code
+
+
+def library_path(so_path=None):
+    """The path of liballoc_ffi.so that would be loaded (raises if none is found)."""
+    if so_path:
+        candidates = [so_path]
+    elif os.environ.get(ENV_SO):
+        candidates = [os.environ[ENV_SO]]
+    else:
+        repo = os.path.dirname(os.path.dirname(_HERE))
+        candidates = [
+            os.path.join(_HERE, LIB_NAME),
+            os.path.join(repo, "target", "release", LIB_NAME),
+            os.path.join(repo, "target", "debug", LIB_NAME),
+        ]
+    for c in candidates:
+        if os.path.isfile(c):
+            return os.path.abspath(c)
+    raise GpuAllocError(
+        "liballoc_ffi.so not found (looked at: %s); build it with "
+        "`cargo build --release -p alloc-ffi`, or pass so_path= / set %s"
+        % (", ".join(candidates), ENV_SO)
+    )
+
+
+def _declare(lib):
+    c = ctypes
+    sigs = {
+        "gpualloc_malloc": (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p]),
+        "gpualloc_free": (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]),
+        "gpualloc_configure": (c.c_int, [c.c_char_p]),
+        "gpualloc_check_config": (c.c_int, [c.c_char_p]),
+        "gpualloc_empty_cache": (c.c_int, [c.c_int]),
+        "gpualloc_set_memory_fraction": (c.c_int, [c.c_double, c.c_int]),
+        "gpualloc_record_stream": (c.c_int, [c.c_void_p, c.c_int, c.c_void_p]),
+        "gpualloc_reset_peak_stats": (c.c_int, [c.c_int]),
+        "gpualloc_reset_accumulated_stats": (c.c_int, [c.c_int]),
+        # char*: c_void_p keeps the pointer so that it can be freed.
+        "gpualloc_memory_stats_json": (c.c_void_p, [c.c_int]),
+        "gpualloc_string_free": (None, [c.c_void_p]),
+        "gpualloc_write_snapshot": (c.c_int, [c.c_char_p, c.c_int]),
+        "gpualloc_record_history": (c.c_int, [c.c_int, c.c_ssize_t]),
+        "gpualloc_last_error": (c.c_char_p, []),
+        "gpualloc_version": (c.c_char_p, []),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+    return lib
+
+
+def load_library(so_path=None):
+    """Loads liballoc_ffi.so once (later calls return the same library)."""
+    global _lib, _lib_path
+    if _lib is not None:
+        if so_path and os.path.abspath(so_path) != _lib_path:
+            raise GpuAllocError(
+                "gpu_alloc already loaded %s; cannot switch to %s in one process"
+                % (_lib_path, so_path)
+            )
+        return _lib
+    path = library_path(so_path)
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise GpuAllocError("cannot load %s: %s" % (path, e)) from e
+    _lib, _lib_path = _declare(lib), path
+    return _lib
+
+
+def last_error():
+    """The library's last error message on this thread, or None."""
+    msg = load_library().gpualloc_last_error()
+    return msg.decode("utf-8", "replace") if msg else None
+
+
+def version():
+    """The library's version string."""
+    return load_library().gpualloc_version().decode()
+
+
+def _check(code, what):
+    if code != OK:
+        msg = last_error() or "unknown error"
+        if code == ERR_INVALID:
+            raise ValueError("%s: %s" % (what, msg))
+        raise GpuAllocError("%s: %s" % (what, msg), code)
+
+
+def check_config(config, so_path=None):
+    """Validates a configuration string (PYTORCH_CUDA_ALLOC_CONF syntax); raises
+    ValueError with the reason. Needs the library, not a GPU."""
+    lib = load_library(so_path)
+    _check(lib.gpualloc_check_config(config.encode()), "invalid gpualloc configuration %r" % config)
+
+
+def _device_index(device):
+    """None -> the current CUDA device (0 when torch is not in use); ints and
+    torch.device / 'cuda:N' strings -> their index."""
+    if device is None:
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            return torch.cuda.current_device()
+        return 0
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        return int(device.split(":")[1]) if ":" in device else 0
+    index = getattr(device, "index", None)
+    return 0 if index is None else int(index)
+
+
+_TOO_LATE = (
+    "gpu_alloc.enable() must run before the first CUDA allocation of the process: "
+    "PyTorch cannot swap an allocator that has already allocated (or initialised CUDA). "
+    "Call gpu_alloc.enable() right after `import torch`, before creating any CUDA tensor, "
+    "model.cuda(), or torch.cuda.init()."
+)
+
+
+def enable(config=None, so_path=None):
+    """Makes gpualloc PyTorch's CUDA allocator for this process.
+
+    config: configuration string in PYTORCH_CUDA_ALLOC_CONF syntax (``policy``,
+        ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
+        ``expandable_segments``, ``stream_wait_reuse``); None keeps $GPUALLOC_CONF (if set).
+    so_path: path of liballoc_ffi.so (default: see the module's docstring).
+
+    Must be called before the first CUDA allocation: afterwards PyTorch refuses the swap and
+    this raises GpuAllocError saying so. Calling it again with the same arguments does nothing.
+    """
+    global _enabled_with, _allocator
+    lib = load_library(so_path)
+    if config is not None:
+        check_config(config)
+    elif os.environ.get(ENV_CONF):
+        # The library would read it at the first allocation and fail every
+        # allocation if it is invalid: say so now instead.
+        check_config(os.environ[ENV_CONF])
+    key = (_lib_path, config)
+    if _enabled_with is not None:
+        if config is None or key == _enabled_with:
+            return
+        raise GpuAllocError(
+            "gpu_alloc is already enabled with config %r; the configuration cannot change"
+            % (_enabled_with[1],)
+        )
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GpuAllocError(
+            "no CUDA device is visible to PyTorch (torch.cuda.is_available() is False): "
+            "gpu_alloc has nothing to manage"
+        )
+    if torch.cuda.is_initialized():
+        raise GpuAllocError(_TOO_LATE)
+    if config is not None:
+        os.environ[ENV_CONF] = config
+        code = lib.gpualloc_configure(config.encode())
+        if code != OK:
+            msg = last_error()
+            if code == ERR_TOO_LATE:
+                raise GpuAllocError(
+                    "the gpualloc library was already used in this process with another "
+                    "configuration: %s" % msg,
+                    code,
+                )
+            _check(code, "gpualloc_configure")
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, ALLOC_FN, FREE_FN)
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        if "already initialized" in str(e) or "initialized allocator" in str(e):
+            raise GpuAllocError(_TOO_LATE) from e
+        raise
+    _allocator = allocator
+    _enabled_with = key
+
+
+def is_enabled():
+    """Whether enable() succeeded in this process."""
+    return _enabled_with is not None
+
+
+def memory_stats(device=None):
+    """Statistics with torch.cuda.memory_stats()'s key names, as an OrderedDict sorted
+    by key (all zero for a device the allocator never served)."""
+    lib = load_library()
+    ptr = lib.gpualloc_memory_stats_json(_device_index(device))
+    if not ptr:
+        raise GpuAllocError("gpualloc_memory_stats_json: %s" % last_error())
+    try:
+        import json
+
+        data = json.loads(ctypes.string_at(ptr).decode())
+    finally:
+        lib.gpualloc_string_free(ptr)
+    return collections.OrderedDict(sorted(data.items()))
+
+
+def memory_allocated(device=None):
+    """Bytes handed out to tensors (after rounding)."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def memory_reserved(device=None):
+    """Bytes held from the device (cached included)."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """Peak of memory_allocated since start or reset_peak_memory_stats."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def max_memory_reserved(device=None):
+    """Peak of memory_reserved since start or reset_peak_memory_stats."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """Makes every peak equal to the current value."""
+    _check(load_library().gpualloc_reset_peak_stats(_device_index(device)), "reset_peak_stats")
+
+
+def reset_accumulated_memory_stats(device=None):
+    """Clears the cumulative counters."""
+    lib = load_library()
+    _check(lib.gpualloc_reset_accumulated_stats(_device_index(device)), "reset_accumulated_stats")
+
+
+def empty_cache(device=None):
+    """Returns unused cached memory to the driver (device=-1: every device)."""
+    _check(load_library().gpualloc_empty_cache(_device_index(device)), "empty_cache")
+
+
+def set_memory_fraction(fraction, device=None):
+    """Limits reserved memory to `fraction` of the device's capacity."""
+    lib = load_library()
+    _check(lib.gpualloc_set_memory_fraction(float(fraction), _device_index(device)), "set_memory_fraction")
+
+
+def record_stream(tensor, stream):
+    """Tensor.record_stream for gpualloc: the tensor's block is not reused until the work
+    queued on `stream` before its free has finished. (torch's own Tensor.record_stream is
+    silently ignored under a pluggable allocator.)"""
+    storage = tensor.untyped_storage()
+    handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+    code = load_library().gpualloc_record_stream(
+        ctypes.c_void_p(storage.data_ptr()), _device_index(tensor.device), ctypes.c_void_p(handle)
+    )
+    _check(code, "record_stream")
+
+
+def record_history(enabled=True, max_entries=100000):
+    """Starts (clearing earlier events) or stops recording alloc/free/oom events, which
+    snapshot() puts in device_traces (for the memory_viz timelines)."""
+    _check(load_library().gpualloc_record_history(1 if enabled else 0, int(max_entries)), "record_history")
+
+
+def snapshot(path=None, device=-1):
+    """The allocator's state as torch.cuda.memory._snapshot() would give it: a dict with
+    'segments', 'device_traces' and 'allocator_settings'. With `path`, also written there
+    as a pickle for ``python -m torch.cuda._memory_viz`` or pytorch.org/memory_viz.
+    device=-1 (default): every device in use."""
+    lib = load_library()
+    target = path
+    if target is None:
+        fd, target = tempfile.mkstemp(suffix=".pickle", prefix="gpualloc_")
+        os.close(fd)
+    try:
+        dev = -1 if device == -1 else _device_index(device)
+        _check(lib.gpualloc_write_snapshot(os.fsencode(target), dev), "write_snapshot")
+        with open(target, "rb") as f:
+            return pickle.load(f)
+    finally:
+        if path is None:
+            os.unlink(target)
