@@ -79,6 +79,12 @@ class GpuAllocError(RuntimeError):
         self.code = code
 
 
+def cargo_target_dir():
+    """Cargo's output folder for this repository: $CARGO_TARGET_DIR, else target/."""
+    repo = os.path.dirname(os.path.dirname(_HERE))
+    return os.environ.get("CARGO_TARGET_DIR") or os.path.join(repo, "target")
+
+
 def library_path(so_path=None):
     """The path of liballoc_ffi.so that would be loaded (raises if none is found)."""
     if so_path:
@@ -86,11 +92,11 @@ def library_path(so_path=None):
     elif os.environ.get(ENV_SO):
         candidates = [os.environ[ENV_SO]]
     else:
-        repo = os.path.dirname(os.path.dirname(_HERE))
+        target = cargo_target_dir()
         candidates = [
             os.path.join(_HERE, LIB_NAME),
-            os.path.join(repo, "target", "release", LIB_NAME),
-            os.path.join(repo, "target", "debug", LIB_NAME),
+            os.path.join(target, "release", LIB_NAME),
+            os.path.join(target, "debug", LIB_NAME),
         ]
     for c in candidates:
         if os.path.isfile(c):

@@ -44,7 +44,9 @@ def _find_or_build_library():
         )
         if r.returncode != 0:
             return None, "cargo build -p alloc-ffi failed:\n" + r.stderr[-2000:]
-        return gpu_alloc.library_path(os.path.join(REPO, "target", "debug", "liballoc_ffi.so")), None
+        return gpu_alloc.library_path(
+            os.path.join(gpu_alloc.cargo_target_dir(), "debug", "liballoc_ffi.so")
+        ), None
     try:
         return gpu_alloc.library_path(), None
     except gpu_alloc.GpuAllocError as e:
