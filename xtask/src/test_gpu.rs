@@ -1,4 +1,4 @@
-//! `cargo xtask test-gpu`: the GPU suite of alloc-cuda, which plain
+//! `cargo xtask test-gpu`: the GPU suites of alloc-cuda and alloc-ffi, which plain
 //! `cargo test` lists as ignored.
 //!
 //! - `cargo xtask test-gpu` (on a machine with a GPU and a Rust toolchain):
@@ -199,25 +199,33 @@ fn build(root: &Path, features: &str) -> Result<Binaries, String> {
     } else {
         vec!["--features", features]
     };
-    let mut test_args = vec![
-        "test",
-        "-p",
-        "alloc-cuda",
-        "--release",
-        "--no-run",
-        "--message-format=json",
+    // The CUDA layer's tests (built with the suite's features), and the C
+    // ABI's GPU test (alloc-ffi has no policy features of its own).
+    let suites: [(&str, &str, Vec<&str>); 2] = [
+        ("alloc-cuda", "", feature_args.clone()),
+        ("alloc-ffi", "ffi-", vec!["--test", "gpu"]),
     ];
-    test_args.extend(&feature_args);
-    for a in cargo_executables(root, &test_args)? {
-        // The library's and the integration tests' harnesses (not those of
-        // the benchmark binary, which has no tests).
-        if a.test && a.kinds.iter().any(|k| k == "lib" || k == "test") {
-            let name = if a.kinds.iter().any(|k| k == "lib") {
-                format!("unit-{}", a.name)
-            } else {
-                a.name
-            };
-            b.tests.push((name, a.path));
+    for (package, prefix, extra) in suites {
+        let mut test_args = vec![
+            "test",
+            "-p",
+            package,
+            "--release",
+            "--no-run",
+            "--message-format=json",
+        ];
+        test_args.extend(&extra);
+        for a in cargo_executables(root, &test_args)? {
+            // The library's and the integration tests' harnesses (not those
+            // of the benchmark binary, which has no tests).
+            if a.test && a.kinds.iter().any(|k| k == "lib" || k == "test") {
+                let name = if a.kinds.iter().any(|k| k == "lib") {
+                    format!("{prefix}unit-{}", a.name)
+                } else {
+                    format!("{prefix}{}", a.name)
+                };
+                b.tests.push((name, a.path));
+            }
         }
     }
     let mut build_args = vec![

@@ -95,14 +95,18 @@ fn ffi_on_the_gpu() {
     assert!(last_error().contains("not allocated by gpualloc"));
 
     // Out of memory: NULL with the allocator's report; later calls work.
-    let p = gpualloc_malloc(1 << 46, 0, null_mut());
-    assert!(p.is_null());
-    let e = last_error();
-    assert!(
-        e.contains("out of memory") && e.contains("total capacity"),
-        "{e}"
-    );
-    assert_eq!(stats()["num_ooms"], 1);
+    // Skipped under compute-sanitizer, which reports the driver's deliberate
+    // out-of-memory return as an API error (as the alloc-cuda suite does).
+    if std::env::var_os("ALLOC_CUDA_SANITIZER").is_none() {
+        let p = gpualloc_malloc(1 << 46, 0, null_mut());
+        assert!(p.is_null());
+        let e = last_error();
+        assert!(
+            e.contains("out of memory") && e.contains("total capacity"),
+            "{e}"
+        );
+        assert_eq!(stats()["num_ooms"], 1);
+    }
 
     // Memory fraction: a request above the limit fails.
     assert_eq!(gpualloc_set_memory_fraction(0.01, 0), GPUALLOC_OK);
