@@ -172,6 +172,15 @@ enum Workload {
 }
 
 impl Workload {
+    /// How many pairs or operations to time: pairs and mixed runs have
+    /// their own counts.
+    fn pick(&self, pairs: u64, mixed_ops: u64) -> u64 {
+        match self {
+            Workload::Pair(_) => pairs,
+            Workload::Mixed { .. } => mixed_ops,
+        }
+    }
+
     fn label(&self) -> String {
         match *self {
             Workload::Pair(size) => format!("{} pair", human_bytes(size as u64)),
@@ -277,11 +286,7 @@ fn main() -> BoxResult<()> {
         };
         let mut col = Vec::new();
         for w in &workloads {
-            let scale = if matches!(w, Workload::Pair(_)) {
-                pair_iters
-            } else {
-                mixed_ops
-            };
+            let scale = w.pick(pair_iters, mixed_ops);
             col.push(w.measure(&mut b, scale, reps, &ctx)?);
         }
         alloc.empty_cache()?;
@@ -291,11 +296,7 @@ fn main() -> BoxResult<()> {
     let pool = keep_default_pool(&ctx, u64::MAX)?;
     let mut col = Vec::new();
     for w in &workloads {
-        let scale = if matches!(w, Workload::Pair(_)) {
-            pair_iters
-        } else {
-            mixed_ops
-        };
+        let scale = w.pick(pair_iters, mixed_ops);
         col.push(w.measure(
             &mut DriverAsync {
                 stream: stream.clone(),
@@ -312,11 +313,7 @@ fn main() -> BoxResult<()> {
 
     let mut col = Vec::new();
     for w in &workloads {
-        let scale = if matches!(w, Workload::Pair(_)) {
-            sync_pair_iters
-        } else {
-            sync_mixed_ops
-        };
+        let scale = w.pick(sync_pair_iters, sync_mixed_ops);
         col.push(w.measure(&mut DriverSync, scale, 1, &ctx)?);
     }
     columns.push(("cuMemAlloc".into(), col));
