@@ -12,6 +12,7 @@ use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 use crate::policy::{Policy, Pressure, Request};
+use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
@@ -100,6 +101,11 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Growable segments by (stream, pool), when expandable segments are on.
     growable: FxHashMap<(StreamId, PoolKind), Growable>,
     expandable: bool,
+    /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
+    pools: PrivatePools,
+    /// Addresses freed during a capture while other streams used them:
+    /// their events are recorded once no capture is underway.
+    deferred_frees: Vec<u64>,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
@@ -122,6 +128,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             limit: None,
             growable: FxHashMap::default(),
             expandable,
+            pools: PrivatePools::default(),
+            deferred_frees: Vec::new(),
         }
     }
 
@@ -133,12 +141,28 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Allocates at least `size` bytes for use on `stream`.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
-        let result = self.malloc_unsettled(size, stream);
+        self.malloc_in(size, stream, None)
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`, from the private
+    /// `pool` if one is given (see [`Engine::begin_allocate_to_pool`]).
+    pub fn malloc_in(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<Allocation, AllocError> {
+        let result = self.malloc_unsettled(size, stream, pool);
         self.heap.settle();
         result
     }
 
-    fn malloc_unsettled(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
+    fn malloc_unsettled(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<Allocation, AllocError> {
         if size == 0 {
             return Err(AllocError::InvalidSize {
                 size,
@@ -152,12 +176,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             });
         }
         self.poll_events()?;
-        let req = self.policy.plan(size, stream);
+        let mut req = self.policy.plan(size, stream);
+        if let Some(pool) = pool {
+            req.stream = self.pools.key(pool, stream);
+        }
         self.heap.tick(req.pool);
         let mut found = self.policy.take_free(&self.heap, &req);
         if found.is_none()
             && self.options.stream_wait_reuse
             && !self.awaiting.is_empty()
+            && !self.pools.capture_underway()
             && self.reuse_by_stream_wait(&req)?
         {
             found = self.policy.take_free(&self.heap, &req);
@@ -188,6 +216,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
+        if self.pools.capture_underway()
+            && !self.uses.is_empty()
+            && self
+                .live
+                .get(&addr)
+                .is_some_and(|id| self.uses.contains_key(id))
+        {
+            // Recording events on streams during a capture would put them
+            // in the graph: decide after the capture.
+            if self.deferred_frees.contains(&addr) {
+                return Err(AllocError::DoubleFree { addr });
+            }
+            self.deferred_frees.push(addr);
+            return Ok(());
+        }
         let Some(id) = self.live.remove(&addr) else {
             return Err(self.bad_pointer(addr));
         };
@@ -228,7 +271,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(&id) = self.live.get(&addr) else {
             return Err(self.bad_pointer(addr));
         };
-        if self.heap.block(id).stream == stream {
+        if self.pools.real_stream(self.heap.block(id).stream) == stream {
             return Ok(());
         }
         let uses = self.uses.entry(id).or_default();
@@ -246,7 +289,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn poll_events(&mut self) -> Result<(), AllocError> {
-        if self.awaiting.is_empty() {
+        if self.awaiting.is_empty() || self.pools.capture_underway() {
             return Ok(());
         }
         for qi in 0..self.queues.len() {
@@ -269,6 +312,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Returns every idle cached segment to the device, after waiting for all
     /// outstanding events (as PyTorch's `empty_cache`).
     pub fn empty_cache(&mut self) -> Result<(), AllocError> {
+        if self.pools.capture_underway() {
+            return Err(AllocError::InvalidArgument(
+                "empty_cache during a CUDA graph capture (or while allocations go to a private \
+                 pool): it would free device memory and wait on streams"
+                    .into(),
+            ));
+        }
         let result = self
             .synchronize_events()
             .and_then(|()| self.release_idle_segments());
@@ -309,7 +359,85 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Every segment with its blocks.
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::of(&self.heap)
+        let mut snap = Snapshot::of(&self.heap);
+        for seg in &mut snap.segments {
+            seg.private_pool = self.pools.pool_of(seg.stream);
+            seg.stream = self.pools.real_stream(seg.stream);
+            for b in &mut seg.blocks {
+                b.stream = seg.stream;
+            }
+        }
+        snap
+    }
+
+    /// Routes allocations that name `pool` (through [`Engine::malloc_in`])
+    /// to that private pool and holds it once more (until
+    /// [`Engine::release_pool`]), creating it on first use; and
+    /// enters capture mode until every routing is closed: no event is
+    /// queried or recorded and nothing goes back to the device, since a CUDA
+    /// graph capture forbids both.
+    pub fn begin_allocate_to_pool(&mut self, pool: PoolId) {
+        self.pools.begin(pool);
+    }
+
+    /// Closes a routing opened by [`Engine::begin_allocate_to_pool`]; when
+    /// the last one closes, frees deferred during the capture record their
+    /// events.
+    pub fn end_allocate_to_pool(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        if !self.pools.end(pool) {
+            return Err(AllocError::InvalidArgument(format!(
+                "no allocation routing to pool {pool:?} is open"
+            )));
+        }
+        if self.pools.capture_underway() {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        for addr in std::mem::take(&mut self.deferred_frees) {
+            let freed = self.free_unsettled(addr);
+            result = result.and(freed);
+        }
+        self.heap.settle();
+        result
+    }
+
+    /// One more holder of `pool` (a second graph capturing into it).
+    pub fn retain_pool(&mut self, pool: PoolId) {
+        self.pools.retain(pool);
+    }
+
+    /// One holder of `pool` fewer. With none left (and no routing open) its
+    /// segments become ordinary cache: the idle ones go back to the device
+    /// now (unless a capture is underway), the others once idle at the next
+    /// `empty_cache` or out-of-memory retry.
+    pub fn release_pool(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        if !self.pools.release(pool) {
+            return Err(AllocError::InvalidArgument(format!(
+                "unknown private pool {pool:?}"
+            )));
+        }
+        if self.pools.use_count(pool) > 0 || self.pools.capture_underway() {
+            return Ok(());
+        }
+        let idle: Vec<SegmentId> = self
+            .heap
+            .segments()
+            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.stream) == Some(pool))
+            .map(|(id, _)| id)
+            .collect();
+        let result = self.release_segments(&idle);
+        self.heap.settle();
+        result
+    }
+
+    /// Holders of the private pool `pool` (0 once released).
+    pub fn pool_use_count(&self, pool: PoolId) -> u32 {
+        self.pools.use_count(pool)
+    }
+
+    /// Whether a capture (an open allocation routing) is underway.
+    pub fn capture_underway(&self) -> bool {
+        self.pools.capture_underway()
     }
 
     /// The block sizes handed out for `addr`, if it is allocated.
@@ -319,7 +447,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             addr,
             size: b.size,
             requested: b.requested,
-            stream: b.stream,
+            stream: self.pools.real_stream(b.stream),
         })
     }
 
@@ -479,7 +607,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                         continue;
                     }
                     if let Some(ev) = entry.event.take() {
-                        if let Err(e) = self.streams.make_stream_wait(req.stream, &ev) {
+                        let waiter = self.pools.real_stream(req.stream);
+                        if let Err(e) = self.streams.make_stream_wait(waiter, &ev) {
                             self.queues[qi].events[ei].event = Some(ev);
                             return Err(e.into());
                         }
@@ -495,6 +624,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// No cached block fits: garbage-collect, then reserve a new segment,
     /// releasing cache and retrying as PyTorch does; returns its free block.
     fn grow(&mut self, req: &Request) -> Result<BlockId, AllocError> {
+        if self.pools.capture_underway() {
+            // Nothing may be freed or waited for: one attempt only.
+            if let Some(b) = self.new_segment(req, false)? {
+                return Ok(b);
+            }
+            return Err(self.out_of_memory(req));
+        }
         let pressure = Pressure {
             reserved: self.reserved(),
             limit: self.limit.unwrap_or_else(|| self.memory.capacity()),
@@ -518,15 +654,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if let Some(b) = self.new_segment(req, true)? {
             return Ok(b);
         }
+        Err(self.out_of_memory(req))
+    }
+
+    fn out_of_memory(&mut self, req: &Request) -> AllocError {
         self.heap.stats.num_ooms += 1;
-        Err(AllocError::OutOfMemory(Box::new(OomReport {
+        AllocError::OutOfMemory(Box::new(OomReport {
             requested: req.requested,
             capacity: self.memory.capacity(),
             device_free: self.memory.free_bytes(),
             allocated: self.heap.stats.allocated_bytes.all.current as u64,
             reserved: self.reserved(),
             limit: self.limit,
-        })))
+        }))
     }
 
     fn reserved(&self) -> u64 {
@@ -629,7 +769,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         for seg_id in segments {
             let seg = self.heap.segment(seg_id);
             let last = self.heap.block(seg.last);
-            if seg.is_idle() || last.state != BlockState::Free {
+            if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.stream)
+            {
                 continue; // idle ones go back whole with the other idle segments
             }
             let end = seg.addr + seg.size;
@@ -656,7 +797,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
-            .filter(|(_, s)| s.is_idle())
+            .filter(|(_, s)| s.is_idle() && self.pools.releasable(s.stream))
             .map(|(id, _)| id)
             .collect();
         self.release_segments(&idle)
@@ -668,6 +809,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !seg.is_idle() {
                 debug_assert!(false, "policy asked to release a busy segment");
                 continue;
+            }
+            if !self.pools.releasable(seg.stream) {
+                continue; // a held private pool: a graph replays into it
             }
             if seg.expandable {
                 let key = (seg.stream, seg.pool);

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::heap::{BlockState, Heap};
+use crate::private_pool::PoolId;
 use crate::types::{PoolKind, StreamId};
 
 /// State of a block as PyTorch names it.
@@ -62,6 +63,9 @@ pub struct SegmentSnapshot {
     pub requested_size: u64,
     /// Blocks in address order.
     pub blocks: Vec<BlockSnapshot>,
+    /// The private pool (CUDA graph, `MemPool`) owning the segment, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub private_pool: Option<PoolId>,
 }
 
 /// The whole allocator state.
@@ -105,6 +109,7 @@ impl Snapshot {
                         |b| b.requested_size,
                     ),
                     blocks,
+                    private_pool: None,
                 }
             })
             .collect();

@@ -1,11 +1,14 @@
 //! Property tests over every compiled-in policy: random sequences of
 //! allocations (log-uniform 1 B .. 256 MiB, several streams), frees,
 //! record_stream with event completion, empty_cache and allocation under a
-//! small capacity, with every invariant checked after every step.
+//! small capacity, and CUDA-graph style captures into private pools, with
+//! every invariant checked after every step.
 
 mod common;
 
-use alloc_core::{AllocError, MIB};
+use std::collections::HashMap;
+
+use alloc_core::{AllocError, PoolId, MIB};
 use alloc_policy::policy_names;
 use proptest::prelude::*;
 
@@ -30,6 +33,16 @@ enum Op {
         stream: u64,
     },
     EmptyCache,
+    /// Start routing stream 0's allocations to a private pool (a capture).
+    BeginCapture {
+        pool: u64,
+    },
+    /// End the open capture.
+    EndCapture,
+    /// Drop one holder of a private pool (a graph is deleted).
+    ReleasePool {
+        pool: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -39,6 +52,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0u64..3).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
         1 => (0u64..3).prop_map(|stream| Op::CompleteStream { stream }),
         1 => Just(Op::EmptyCache),
+        1 => (1u64..3).prop_map(|pool| Op::BeginCapture { pool }),
+        1 => Just(Op::EndCapture),
+        1 => (1u64..3).prop_map(|pool| Op::ReleasePool { pool }),
     ]
 }
 
@@ -56,13 +72,22 @@ fn configs() -> Vec<String> {
 fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut e = common::engine(policy, capacity);
     let mut live: Vec<u64> = Vec::new();
+    let mut capture: Option<PoolId> = None;
+    let mut holders: HashMap<PoolId, u32> = HashMap::new();
     for op in ops {
+        let events_before = e.streams().pending();
         match *op {
             Op::Alloc { log2_size, stream } => {
                 let size = (2f64.powf(log2_size) as u64).max(1);
-                match e.malloc(size, stream) {
+                let pool = capture.filter(|_| stream == 0);
+                match e.malloc_in(size, stream, pool) {
                     Ok(a) => {
                         prop_assert!(a.size >= size, "block smaller than request");
+                        prop_assert_eq!(
+                            owning_pool(&e, a.addr),
+                            pool,
+                            "served from the wrong pool"
+                        );
                         live.push(a.addr);
                     }
                     Err(AllocError::OutOfMemory(report)) => {
@@ -88,12 +113,52 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                     .map_err(|err| TestCaseError::fail(err.to_string()))?;
             }
             Op::CompleteStream { stream } => e.streams_mut().complete_stream(stream),
+            Op::EmptyCache if capture.is_some() => {
+                prop_assert!(e.empty_cache().is_err(), "empty_cache during a capture");
+            }
             Op::EmptyCache => {
+                let held = pool_bytes(&e, &holders);
                 e.empty_cache()
                     .map_err(|err| TestCaseError::fail(err.to_string()))?;
                 prop_assert_eq!(e.awaiting_events(), 0);
+                prop_assert_eq!(pool_bytes(&e, &holders), held, "a held pool lost memory");
+            }
+            Op::BeginCapture { pool } if capture.is_none() => {
+                let pool = (pool, 0);
+                e.begin_allocate_to_pool(pool);
+                *holders.entry(pool).or_default() += 1;
+                capture = Some(pool);
+            }
+            Op::EndCapture => {
+                if let Some(pool) = capture.take() {
+                    e.end_allocate_to_pool(pool)
+                        .map_err(|err| TestCaseError::fail(err.to_string()))?;
+                } else {
+                    prop_assert!(e.end_allocate_to_pool((1, 0)).is_err());
+                }
+            }
+            Op::ReleasePool { pool } if capture.is_none() => {
+                let pool = (pool, 0);
+                match holders.get_mut(&pool) {
+                    Some(n) if *n > 0 => {
+                        *n -= 1;
+                        e.release_pool(pool)
+                            .map_err(|err| TestCaseError::fail(err.to_string()))?;
+                    }
+                    _ => prop_assert!(e.release_pool(pool).is_err(), "released twice"),
+                }
+                prop_assert_eq!(
+                    e.pool_use_count(pool),
+                    holders.get(&pool).copied().unwrap_or(0)
+                );
             }
             _ => {}
+        }
+        if capture.is_some() {
+            prop_assert!(
+                e.streams().pending() <= events_before,
+                "an event was recorded during a capture"
+            );
         }
         if let Err(msg) = e.validate() {
             return Err(TestCaseError::fail(format!(
@@ -105,10 +170,21 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             e.stats().reserved_bytes.all.current
         );
     }
-    // Freeing everything and emptying the cache gives all memory back.
+    // Freeing everything, ending captures, releasing pools and emptying the
+    // cache gives all memory back.
     for addr in live.drain(..) {
         e.free(addr)
             .map_err(|err| TestCaseError::fail(err.to_string()))?;
+    }
+    if let Some(pool) = capture {
+        e.end_allocate_to_pool(pool)
+            .map_err(|err| TestCaseError::fail(err.to_string()))?;
+    }
+    for (pool, n) in holders {
+        for _ in 0..n {
+            e.release_pool(pool)
+                .map_err(|err| TestCaseError::fail(err.to_string()))?;
+        }
     }
     e.empty_cache()
         .map_err(|err| TestCaseError::fail(err.to_string()))?;
@@ -120,6 +196,30 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
     }
     e.assert_valid();
     Ok(())
+}
+
+/// The private pool whose segment holds `addr`, if any.
+fn owning_pool(e: &common::SimEngine, addr: u64) -> Option<PoolId> {
+    let snap = e.snapshot();
+    let seg = snap
+        .segments
+        .iter()
+        .find(|s| (s.address..s.address + s.total_size).contains(&addr))
+        .expect("allocated address lies in a segment");
+    seg.private_pool
+}
+
+/// Bytes reserved by segments of the pools that still have holders.
+fn pool_bytes(e: &common::SimEngine, holders: &HashMap<PoolId, u32>) -> u64 {
+    e.snapshot()
+        .segments
+        .iter()
+        .filter(|s| {
+            s.private_pool
+                .is_some_and(|p| holders.get(&p).copied().unwrap_or(0) > 0)
+        })
+        .map(|s| s.total_size)
+        .sum()
 }
 
 proptest! {
