@@ -9,28 +9,40 @@ Pure Python (ctypes), no build step::
     print(gpu_alloc.memory_stats()["allocated_bytes.all.current"])
     gpu_alloc.snapshot("snap.pickle")  # python -m torch.cuda._memory_viz trace_plot snap.pickle -o s.html
 
-PyTorch's pluggable-allocator interface forwards only malloc and free to the library, so
-``torch.cuda.memory_stats``, ``memory_allocated``, ``memory._snapshot`` and
-``_record_memory_history`` raise under it, while ``torch.cuda.empty_cache``,
-``set_per_process_memory_fraction`` and ``Tensor.record_stream`` silently do nothing. Use
-this module's functions of the same names instead (``record_stream`` above all: without it
-a block used on a second stream can be reused too early, as with any plain pluggable
-allocator).
+enable() installs the allocator through a small C++ bridge (``bridge.cpp`` here, built
+against the installed torch by ``torch.utils.cpp_extension`` on first use and cached), so
+that all of PyTorch's memory interface reaches the library: ``torch.cuda.memory_stats``
+and everything built on it, ``Tensor.record_stream`` (and NCCL's record_stream),
+``empty_cache``, ``set_per_process_memory_fraction``, ``memory._snapshot`` /
+``_record_memory_history``, out-of-memory as ``torch.OutOfMemoryError``, and CUDA graph
+capture into private pools. Without a C++ compiler or CUDA headers, enable() says so once
+and falls back to a plain ``CUDAPluggableAllocator``, where only malloc and free reach the
+library: then use this module's functions of the same names (``record_stream`` above all:
+without it a block used on a second stream can be reused too early).
+
+``pool()`` routes only the allocations inside a ``with`` block to gpualloc while PyTorch's
+own allocator serves the rest (works after CUDA is in use).
 
 The library is found at ``so_path``, else ``$GPUALLOC_SO``, else ``liballoc_ffi.so`` next
 to this package, else the repository's ``target/release`` or ``target/debug``.
 """
 
 import collections
+import contextlib
 import ctypes
 import os
 import pickle
+import shutil
+import sys
 import tempfile
 
 __all__ = [
     "GpuAllocError",
     "enable",
     "is_enabled",
+    "uses_bridge",
+    "build_bridge",
+    "pool",
     "library_path",
     "load_library",
     "check_config",
@@ -69,6 +81,17 @@ _lib = None
 _lib_path = None
 _enabled_with = None  # (path, config) once enable() succeeded
 _allocator = None  # keeps the CUDAPluggableAllocator alive
+_bridge = None  # the built bridge module once installed
+_pool_allocator = None  # the CUDAPluggableAllocator behind pool()
+
+# What a plain pluggable allocator leaves out (printed when the bridge is unavailable).
+_WITHOUT_BRIDGE = (
+    "torch.cuda.memory_stats/memory_allocated/memory_reserved/memory_summary and "
+    "memory._snapshot raise; Tensor.record_stream, torch.cuda.empty_cache and "
+    "set_per_process_memory_fraction do not reach gpualloc (use gpu_alloc.record_stream "
+    "etc.); an out-of-memory gives a NULL tensor instead of torch.OutOfMemoryError; CUDA "
+    "graph capture fails"
+)
 
 
 class GpuAllocError(RuntimeError):
@@ -206,13 +229,35 @@ _TOO_LATE = (
 )
 
 
-def enable(config=None, so_path=None):
+def build_bridge(verbose=False):
+    """Builds (or loads from torch's extension cache) the C++ bridge and returns its module.
+    Raises GpuAllocError naming what is missing when it cannot be built."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
+        raise GpuAllocError("no C++ compiler (c++ / g++ / $CXX) on PATH")
+    try:
+        from torch.utils import cpp_extension
+
+        return cpp_extension.load(
+            name="gpu_alloc_bridge",
+            sources=[os.path.join(_HERE, "bridge.cpp")],
+            extra_cflags=["-O2"],
+            with_cuda=True,
+            verbose=verbose,
+        )
+    except Exception as e:  # compiler, CUDA headers (CUDA_HOME), ninja, ...
+        raise GpuAllocError("cannot build the C++ bridge: %s" % (str(e).strip()[-2000:],)) from e
+
+
+def enable(config=None, so_path=None, bridge=None):
     """Makes gpualloc PyTorch's CUDA allocator for this process.
 
     config: configuration string in PYTORCH_CUDA_ALLOC_CONF syntax (``policy``,
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``); None keeps $GPUALLOC_CONF (if set).
     so_path: path of liballoc_ffi.so (default: see the module's docstring).
+    bridge: None (default) installs through the C++ bridge and falls back, with a one-time
+        message naming what will not work, to a plain CUDAPluggableAllocator when the bridge
+        cannot be built; True requires the bridge; False uses the plain pluggable path.
 
     Must be called before the first CUDA allocation: afterwards PyTorch refuses the swap and
     this raises GpuAllocError saying so. Calling it again with the same arguments does nothing.
@@ -255,20 +300,65 @@ def enable(config=None, so_path=None):
                     code,
                 )
             _check(code, "gpualloc_configure")
-    allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, ALLOC_FN, FREE_FN)
+    module = None
+    if bridge is not False:
+        try:
+            module = build_bridge()
+        except GpuAllocError as e:
+            if bridge:
+                raise
+            print(
+                "gpu_alloc: %s; falling back to a plain CUDAPluggableAllocator, where %s"
+                % (e, _WITHOUT_BRIDGE),
+                file=sys.stderr,
+            )
     try:
-        torch.cuda.memory.change_current_allocator(allocator)
+        if module is not None:
+            module.install(_lib_path)
+        else:
+            allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, ALLOC_FN, FREE_FN)
+            torch.cuda.memory.change_current_allocator(allocator)
+            _allocator = allocator
     except RuntimeError as e:
         if "already initialized" in str(e) or "initialized allocator" in str(e):
             raise GpuAllocError(_TOO_LATE) from e
         raise
-    _allocator = allocator
+    global _bridge
+    _bridge = module
     _enabled_with = key
 
 
 def is_enabled():
     """Whether enable() succeeded in this process."""
     return _enabled_with is not None
+
+
+def uses_bridge():
+    """Whether enable() installed the C++ bridge (False: plain pluggable, or not enabled)."""
+    return _bridge is not None
+
+
+@contextlib.contextmanager
+def pool(so_path=None):
+    """Routes the CUDA allocations made inside the ``with`` block (on this thread) to
+    gpualloc, through ``torch.cuda.MemPool`` and ``torch.cuda.use_mem_pool``, while PyTorch's
+    own allocator serves everything else. Works after CUDA is already in use. Yields the
+    MemPool: keep it alive as long as the tensors allocated inside. PyTorch's allocator
+    caches blocks of the pool on top of the segments gpualloc hands it; ``gpu_alloc.
+    memory_stats()`` shows those segments.
+    """
+    global _pool_allocator
+    if _enabled_with is not None:
+        raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpualloc is "
+                            "already the allocator of this process (enable() was called)")
+    import torch
+
+    load_library(so_path)
+    if _pool_allocator is None:
+        _pool_allocator = torch.cuda.memory.CUDAPluggableAllocator(_lib_path, ALLOC_FN, FREE_FN)
+    mem_pool = torch.cuda.MemPool(_pool_allocator.allocator())
+    with torch.cuda.use_mem_pool(mem_pool):
+        yield mem_pool
 
 
 def memory_stats(device=None):

@@ -3,7 +3,9 @@
 use alloc_core::MemoryBackend;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use alloc_core::{Allocation, AllocatorConfig, Engine, EngineOptions, Snapshot, Stats, StreamId};
+use alloc_core::{
+    Allocation, AllocatorConfig, Engine, EngineOptions, PoolId, Snapshot, Stats, StreamId,
+};
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
 
@@ -180,7 +182,8 @@ impl CudaAllocator {
     /// free bytes.
     pub fn malloc(&self, size: u64, stream: &CudaStream) -> Result<u64, CudaError> {
         let id = self.check_stream(stream)?;
-        Ok(self.engine()?.malloc(size, id)?.addr)
+        // SAFETY: `stream` is a live cudarc stream of this device's context.
+        unsafe { self.malloc_in_pool_on_stream_id(size, id, None) }
     }
 
     /// [`CudaAllocator::malloc`] on a raw `CUstream`.
@@ -194,7 +197,61 @@ impl CudaAllocator {
         size: u64,
         stream: StreamId,
     ) -> Result<u64, CudaError> {
-        Ok(self.engine()?.malloc(size, stream)?.addr)
+        // SAFETY: the caller upholds this function's contract, the same.
+        unsafe { self.malloc_in_pool_on_stream_id(size, stream, None) }
+    }
+
+    /// [`CudaAllocator::malloc_on_stream_id`] from the private `pool` when
+    /// one is given (see [`CudaAllocator::begin_allocate_to_pool`]). While a
+    /// capture is underway, driver allocations run in relaxed capture mode so
+    /// that a graph captured in global mode stays valid.
+    ///
+    /// # Safety
+    /// As for [`CudaAllocator::malloc_on_stream_id`].
+    pub unsafe fn malloc_in_pool_on_stream_id(
+        &self,
+        size: u64,
+        stream: StreamId,
+        pool: Option<PoolId>,
+    ) -> Result<u64, CudaError> {
+        let mut engine = self.engine()?;
+        let _relaxed = if engine.capture_underway() {
+            Some(driver::RelaxedCaptureMode::enter()?)
+        } else {
+            None
+        };
+        Ok(engine.malloc_in(size, stream, pool)?.addr)
+    }
+
+    /// Starts routing allocations that name `pool` to that private pool (a
+    /// CUDA graph capture or a `MemPool` context begins) and holds the pool.
+    /// Until the matching [`CudaAllocator::end_allocate_to_pool`], no event is
+    /// queried or recorded and no memory goes back to the driver.
+    pub fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<(), CudaError> {
+        self.engine()?.begin_allocate_to_pool(pool);
+        Ok(())
+    }
+
+    /// Ends a routing begun by [`CudaAllocator::begin_allocate_to_pool`].
+    pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<(), CudaError> {
+        Ok(self.engine()?.end_allocate_to_pool(pool)?)
+    }
+
+    /// One more holder of `pool`.
+    pub fn retain_pool(&self, pool: PoolId) -> Result<(), CudaError> {
+        self.engine()?.retain_pool(pool);
+        Ok(())
+    }
+
+    /// One holder of `pool` fewer (a graph was deleted); with none left its
+    /// idle segments go back to the driver.
+    pub fn release_pool(&self, pool: PoolId) -> Result<(), CudaError> {
+        Ok(self.engine()?.release_pool(pool)?)
+    }
+
+    /// Holders of `pool`.
+    pub fn pool_use_count(&self, pool: PoolId) -> Result<u32, CudaError> {
+        Ok(self.engine()?.pool_use_count(pool))
     }
 
     /// Frees a block. If other streams used it (`record_stream`), it becomes

@@ -279,6 +279,32 @@ pub(crate) fn ctx_synchronize() -> Result<(), CudaError> {
     check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
 }
 
+/// This thread's stream-capture mode set to relaxed until dropped: a CUDA
+/// graph captured in global mode (PyTorch's default) would otherwise be
+/// invalidated by the allocation calls (`cuMemAlloc`, `cuMemMap`) of a
+/// capture's private pool.
+pub(crate) struct RelaxedCaptureMode(sys::CUstreamCaptureMode);
+
+impl RelaxedCaptureMode {
+    /// Switches to relaxed mode, remembering the previous one.
+    pub(crate) fn enter() -> Result<Self, CudaError> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid in/out pointer for the duration of the call.
+        check("cuThreadExchangeStreamCaptureMode", unsafe {
+            sys::cuThreadExchangeStreamCaptureMode(&mut mode)
+        })?;
+        Ok(RelaxedCaptureMode(mode))
+    }
+}
+
+impl Drop for RelaxedCaptureMode {
+    fn drop(&mut self) {
+        let mut mode = self.0;
+        // SAFETY: as in `enter`; restores the mode this thread had before.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}
+
 fn check(call: &'static str, code: sys::CUresult) -> Result<(), CudaError> {
     if code == sys::CUresult::CUDA_SUCCESS {
         Ok(())

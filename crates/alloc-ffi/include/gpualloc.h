@@ -20,6 +20,7 @@
 #ifndef GPUALLOC_H
 #define GPUALLOC_H
 
+#include <stdint.h> /* uint64_t */
 #include <sys/types.h> /* ssize_t */
 
 #ifndef __DRIVER_TYPES_H__
@@ -86,6 +87,36 @@ char* gpualloc_memory_stats_json(int device);
 /* Frees a string returned by this library. NULL is a no-op. */
 void gpualloc_string_free(char* s);
 
+/* gpualloc_malloc from the private pool (pool_first, pool_second) (PyTorch's
+ * MempoolId_t), or from the ordinary cache when both are 0. For callers that
+ * check the result (the C++ bridge raises OutOfMemoryError): NULL on failure with
+ * the message in gpualloc_last_error(), nothing printed. */
+void* gpualloc_malloc_in_pool(ssize_t size, int device, cudaStream_t stream, uint64_t pool_first, uint64_t pool_second);
+
+/* A CUDA graph capture (or MemPool context) into the pool begins: holds the pool
+ * (created on first use) and, until the matching end, queries and records no event
+ * and returns no memory to the driver (both would break a capture). Allocations
+ * reach the pool through gpualloc_malloc_in_pool. */
+int gpualloc_begin_allocate_to_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* Ends what gpualloc_begin_allocate_to_pool began (the pool stays held). */
+int gpualloc_end_allocate_to_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* One more holder of the pool (PyTorch's createOrIncrefPool). */
+int gpualloc_retain_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* One holder fewer (a graph was deleted). With none left the pool's idle segments
+ * go back to the driver; its other blocks become ordinary cache once freed. */
+int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* Holders of the pool (0 when unknown or released); negative on error. */
+int gpualloc_pool_use_count(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* The snapshot of `device` (-1: all) as text, one item per line (segment, block,
+ * trace lines; the format is in crates/alloc-ffi/src/snapshot.rs, to_text), for the
+ * C++ bridge. Free with gpualloc_string_free. NULL on error. */
+char* gpualloc_snapshot_text(int device);
+
 /* Writes a pickle with the structure of torch.cuda.memory._snapshot() (segments,
  * device_traces, allocator_settings) to `path`, for torch.cuda._memory_viz and
  * pytorch.org/memory_viz. device -1: every device in use. */
@@ -101,6 +132,10 @@ int gpualloc_record_history(int enabled, ssize_t max_entries);
  * gpualloc_malloc / gpualloc_free leaves it as it was, so check their result first.
  * Valid until the next gpualloc_* call on this thread. */
 const char* gpualloc_last_error(void);
+
+/* The GPUALLOC_ERR_* code of the last failed call on this thread (0 if none), with
+ * the same lifetime rules as gpualloc_last_error(). */
+int gpualloc_last_error_code(void);
 
 /* The library version (static string). */
 const char* gpualloc_version(void);

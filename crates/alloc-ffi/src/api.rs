@@ -157,6 +157,83 @@ pub const API: &[ApiFn] = &[
         doc: "Frees a string returned by this library. NULL is a no-op.",
     },
     ApiFn {
+        ret: "void*",
+        name: "gpualloc_malloc_in_pool",
+        params: &[
+            ("ssize_t", "size"),
+            ("int", "device"),
+            ("cudaStream_t", "stream"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "gpualloc_malloc from the private pool (pool_first, pool_second) (PyTorch's\n\
+              MempoolId_t), or from the ordinary cache when both are 0. For callers that\n\
+              check the result (the C++ bridge raises OutOfMemoryError): NULL on failure with\n\
+              the message in gpualloc_last_error(), nothing printed.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_begin_allocate_to_pool",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "A CUDA graph capture (or MemPool context) into the pool begins: holds the pool\n\
+              (created on first use) and, until the matching end, queries and records no event\n\
+              and returns no memory to the driver (both would break a capture). Allocations\n\
+              reach the pool through gpualloc_malloc_in_pool.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_end_allocate_to_pool",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "Ends what gpualloc_begin_allocate_to_pool began (the pool stays held).",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_retain_pool",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "One more holder of the pool (PyTorch's createOrIncrefPool).",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_release_pool",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "One holder fewer (a graph was deleted). With none left the pool's idle segments\n\
+              go back to the driver; its other blocks become ordinary cache once freed.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_pool_use_count",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "Holders of the pool (0 when unknown or released); negative on error.",
+    },
+    ApiFn {
+        ret: "char*",
+        name: "gpualloc_snapshot_text",
+        params: &[("int", "device")],
+        doc: "The snapshot of `device` (-1: all) as text, one item per line (segment, block,\n\
+              trace lines; the format is in crates/alloc-ffi/src/snapshot.rs, to_text), for the\n\
+              C++ bridge. Free with gpualloc_string_free. NULL on error.",
+    },
+    ApiFn {
         ret: "int",
         name: "gpualloc_write_snapshot",
         params: &[("const char*", "path"), ("int", "device")],
@@ -180,6 +257,13 @@ pub const API: &[ApiFn] = &[
               clear it when they succeed (so does gpualloc_malloc of 0 bytes); a successful\n\
               gpualloc_malloc / gpualloc_free leaves it as it was, so check their result first.\n\
               Valid until the next gpualloc_* call on this thread.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_last_error_code",
+        params: &[],
+        doc: "The GPUALLOC_ERR_* code of the last failed call on this thread (0 if none), with\n\
+              the same lifetime rules as gpualloc_last_error().",
     },
     ApiFn {
         ret: "const char*",
@@ -213,6 +297,7 @@ const PREAMBLE: &[&str] = &[
     "#ifndef GPUALLOC_H",
     "#define GPUALLOC_H",
     "",
+    "#include <stdint.h> /* uint64_t */",
     "#include <sys/types.h> /* ssize_t */",
     "",
     "#ifndef __DRIVER_TYPES_H__",

@@ -40,7 +40,7 @@ mod state;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use alloc_core::AllocError;
+use alloc_core::{AllocError, PoolId};
 use alloc_cuda::{CudaAllocator, CudaError};
 
 use state::{CtxGuard, FfiResult};
@@ -67,11 +67,11 @@ fn call_int(f: impl FnOnce() -> FfiResult<()>) -> c_int {
             api::GPUALLOC_OK
         }
         Ok(Err(e)) => {
-            state::set_last_error(&e.message);
+            state::set_last_error(e.code, &e.message);
             e.code
         }
         Err(p) => {
-            state::set_last_error(&panic_message(p));
+            state::set_last_error(api::GPUALLOC_ERR_INTERNAL, &panic_message(p));
             api::GPUALLOC_ERR_INTERNAL
         }
     }
@@ -82,11 +82,11 @@ fn call_ptr<T>(f: impl FnOnce() -> FfiResult<*mut T>) -> *mut T {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(p)) => p,
         Ok(Err(e)) => {
-            state::set_last_error(&e.message);
+            state::set_last_error(e.code, &e.message);
             std::ptr::null_mut()
         }
         Err(p) => {
-            state::set_last_error(&panic_message(p));
+            state::set_last_error(api::GPUALLOC_ERR_INTERNAL, &panic_message(p));
             std::ptr::null_mut()
         }
     }
@@ -128,6 +128,16 @@ pub extern "C" fn gpualloc_malloc(size: isize, device: c_int, stream: CudaStream
 
 #[inline(always)]
 fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut c_void> {
+    malloc_in(size, device, stream, None)
+}
+
+#[inline(always)]
+fn malloc_in(
+    size: isize,
+    device: c_int,
+    stream: CudaStream,
+    pool: Option<PoolId>,
+) -> FfiResult<*mut c_void> {
     if size <= 0 {
         if size == 0 {
             state::clear_last_error();
@@ -142,7 +152,7 @@ fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut
     // SAFETY: the stream comes from the caller (PyTorch's current stream of
     // `device`, or 0): a live stream of the device's primary context, as the
     // pluggable-allocator contract implies.
-    match unsafe { alloc.malloc_on_stream_id(size as u64, stream) } {
+    match unsafe { alloc.malloc_in_pool_on_stream_id(size as u64, stream, pool) } {
         Ok(addr) => {
             if snapshot::recording() {
                 snapshot::record(device as usize, "alloc", addr, size as u64, stream, None);
@@ -163,7 +173,7 @@ fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut
 
 #[cold]
 fn malloc_failed(size: isize, device: c_int, e: &FfiError) {
-    state::set_last_error(&e.message);
+    state::set_last_error(e.code, &e.message);
     // Out of memory and driver failures also go to stderr, since PyTorch does
     // not look at the NULL (bad arguments and a bad GPUALLOC_CONF, which is
     // reported once when read, only go to the last error).
@@ -244,7 +254,7 @@ fn free_elsewhere(addr: u64, device: c_int) -> FfiResult<()> {
 
 #[cold]
 fn free_failed(ptr: *mut c_void, device: c_int, e: &FfiError) {
-    state::set_last_error(&e.message);
+    state::set_last_error(e.code, &e.message);
     state::report(
         &state::FREE_FAILURES,
         &format!(
@@ -252,6 +262,96 @@ fn free_failed(ptr: *mut c_void, device: c_int, e: &FfiError) {
             e.message
         ),
     );
+}
+
+/// The pool id `(first, second)`; `(0, 0)` means no private pool.
+fn pool_id(first: u64, second: u64) -> Option<PoolId> {
+    (first != 0 || second != 0).then_some((first, second))
+}
+
+/// [`gpualloc_malloc`] from a private pool; failures only in the last error.
+#[no_mangle]
+pub extern "C" fn gpualloc_malloc_in_pool(
+    size: isize,
+    device: c_int,
+    stream: CudaStream,
+    pool_first: u64,
+    pool_second: u64,
+) -> *mut c_void {
+    call_ptr(|| malloc_in(size, device, stream, pool_id(pool_first, pool_second)))
+}
+
+/// The pool `(first, second)`, which must not be `(0, 0)`.
+fn named_pool(first: u64, second: u64) -> FfiResult<PoolId> {
+    pool_id(first, second).ok_or_else(|| FfiError::invalid("pool id (0, 0) names no pool"))
+}
+
+/// Starts routing allocations to a private pool; see `include/gpualloc.h`.
+#[no_mangle]
+pub extern "C" fn gpualloc_begin_allocate_to_pool(
+    device: c_int,
+    pool_first: u64,
+    pool_second: u64,
+) -> c_int {
+    call_int(|| {
+        let pool = named_pool(pool_first, pool_second)?;
+        Ok(state::allocator(device)?.begin_allocate_to_pool(pool)?)
+    })
+}
+
+/// Ends a routing to a private pool.
+#[no_mangle]
+pub extern "C" fn gpualloc_end_allocate_to_pool(
+    device: c_int,
+    pool_first: u64,
+    pool_second: u64,
+) -> c_int {
+    call_int(|| {
+        let pool = named_pool(pool_first, pool_second)?;
+        Ok(state::allocator(device)?.end_allocate_to_pool(pool)?)
+    })
+}
+
+/// One more holder of a private pool.
+#[no_mangle]
+pub extern "C" fn gpualloc_retain_pool(device: c_int, pool_first: u64, pool_second: u64) -> c_int {
+    call_int(|| {
+        let pool = named_pool(pool_first, pool_second)?;
+        Ok(state::allocator(device)?.retain_pool(pool)?)
+    })
+}
+
+/// One holder of a private pool fewer.
+#[no_mangle]
+pub extern "C" fn gpualloc_release_pool(device: c_int, pool_first: u64, pool_second: u64) -> c_int {
+    call_int(|| {
+        let pool = named_pool(pool_first, pool_second)?;
+        let _ctx = CtxGuard::save_if_driver_loaded();
+        Ok(state::allocator(device)?.release_pool(pool)?)
+    })
+}
+
+/// Holders of a private pool; negative on error.
+#[no_mangle]
+pub extern "C" fn gpualloc_pool_use_count(
+    device: c_int,
+    pool_first: u64,
+    pool_second: u64,
+) -> c_int {
+    let mut count = 0;
+    let code = call_int(|| {
+        let pool = named_pool(pool_first, pool_second)?;
+        count = match state::existing(device)? {
+            Some(alloc) => alloc.pool_use_count(pool)?,
+            None => 0,
+        };
+        Ok(())
+    });
+    if code == api::GPUALLOC_OK {
+        count.min(c_int::MAX as u32) as c_int
+    } else {
+        code
+    }
 }
 
 // ---------------------------------------------------------------- configuration
@@ -439,6 +539,17 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
     })
 }
 
+/// The snapshot of `device` (-1: all) as text for the C++ bridge (free with
+/// [`gpualloc_string_free`]); NULL on error.
+#[no_mangle]
+pub extern "C" fn gpualloc_snapshot_text(device: c_int) -> *mut c_char {
+    call_ptr(|| {
+        let text = snapshot::to_text(&build_snapshot(device)?);
+        let c = CString::new(text).map_err(|e| FfiError::internal(e.to_string()))?;
+        Ok(c.into_raw())
+    })
+}
+
 /// Writes the snapshot of `device` (-1: all) as a pickle to `path`.
 ///
 /// # Safety
@@ -468,6 +579,12 @@ pub extern "C" fn gpualloc_record_history(enabled: c_int, max_entries: isize) ->
 }
 
 // ---------------------------------------------------------------- misc
+
+/// The `GPUALLOC_ERR_*` code of this thread's last error, or 0.
+#[no_mangle]
+pub extern "C" fn gpualloc_last_error_code() -> c_int {
+    catch_unwind(state::last_error_code).unwrap_or(api::GPUALLOC_ERR_INTERNAL)
+}
 
 /// The last error message of this thread, or NULL.
 #[no_mangle]

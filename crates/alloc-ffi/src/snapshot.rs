@@ -139,7 +139,7 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
             requested_size: s.requested_size,
             stream: s.stream as StreamId,
             segment_type: pool_name(s.segment_type),
-            segment_pool_id: (0, 0),
+            segment_pool_id: s.private_pool.map_or((0, 0), |(a, b)| (a as i64, b as i64)),
             is_expandable: expandable,
             frames: Vec::new(),
             blocks: s
@@ -155,6 +155,51 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
                 .collect(),
         })
         .collect()
+}
+
+/// The snapshot as line-oriented text for the C++ bridge (no JSON or pickle
+/// parser needed there). One line per item, fields separated by spaces:
+///
+/// ```text
+/// segment <device> <address> <total_size> <stream> <small|large> <expandable 0|1> <pool_first> <pool_second>
+/// block <address> <size> <requested_size> <active_allocated|active_pending_free|inactive>
+/// trace <device> <action> <address> <size> <stream> <time_us>
+/// ```
+/// Blocks follow their segment, in address order; traces come last.
+pub fn to_text(snap: &PySnapshot) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for s in &snap.segments {
+        let _ = writeln!(
+            out,
+            "segment {} {} {} {} {} {} {} {}",
+            s.device,
+            s.address,
+            s.total_size,
+            s.stream,
+            s.segment_type,
+            u8::from(s.is_expandable),
+            s.segment_pool_id.0,
+            s.segment_pool_id.1
+        );
+        for b in &s.blocks {
+            let _ = writeln!(
+                out,
+                "block {} {} {} {}",
+                b.address, b.size, b.requested_size, b.state
+            );
+        }
+    }
+    for (device, trace) in snap.device_traces.iter().enumerate() {
+        for t in trace {
+            let _ = writeln!(
+                out,
+                "trace {device} {} {} {} {} {}",
+                t.action, t.addr, t.size, t.stream, t.time_us
+            );
+        }
+    }
+    out
 }
 
 /// PyTorch-style `allocator_settings` for a configuration.

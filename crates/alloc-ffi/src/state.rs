@@ -2,7 +2,7 @@
 //! the per-device allocators (a lock-free lookup once created), the
 //! thread-local last error, and rate-limited reports on stderr.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CString};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -64,18 +64,27 @@ pub(crate) type FfiResult<T> = Result<T, FfiError>;
 
 thread_local! {
     static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+    static LAST_CODE: Cell<i32> = const { Cell::new(0) };
 }
 
-/// Records `message` as this thread's last error.
-pub(crate) fn set_last_error(message: &str) {
+/// Records `message` (with its `GPUALLOC_ERR_*` code) as this thread's last
+/// error.
+pub(crate) fn set_last_error(code: i32, message: &str) {
     // Interior NULs cannot occur in our messages, but never panic on them.
     let c = CString::new(message.replace('\0', " ")).unwrap_or_default();
     let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = Some(c));
+    let _ = LAST_CODE.try_with(|slot| slot.set(code));
 }
 
 /// Forgets this thread's last error.
 pub(crate) fn clear_last_error() {
     let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = None);
+    let _ = LAST_CODE.try_with(|slot| slot.set(0));
+}
+
+/// The code of this thread's last error (0 if none).
+pub(crate) fn last_error_code() -> i32 {
+    LAST_CODE.try_with(Cell::get).unwrap_or(0)
 }
 
 /// This thread's last error as a C string (NULL if none), valid until the

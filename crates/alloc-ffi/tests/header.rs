@@ -45,6 +45,7 @@ fn c_type(rust: &str) -> String {
         "isize" => "ssize_t",
         "c_int" => "int",
         "f64" => "double",
+        "u64" => "uint64_t",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
         "*const c_char" => "const char*",

@@ -1,0 +1,597 @@
+// The C++ bridge between PyTorch and liballoc_ffi.so.
+//
+// A plain torch.cuda.memory.CUDAPluggableAllocator forwards only malloc and
+// free: torch.cuda.memory_stats() and _snapshot() raise, and
+// Tensor.record_stream, empty_cache, set_per_process_memory_fraction and the
+// CUDA graph pool hooks never reach the library (a silently ignored
+// record_stream is a use-after-free across streams). This bridge implements
+// PyTorch's whole CUDAAllocator interface by forwarding to the gpualloc_* C
+// API, and installs itself as PyTorch's CUDA allocator.
+//
+// Built on first use by python/gpu_alloc (torch.utils.cpp_extension.load),
+// against the installed torch. The library is opened with dlopen at the path
+// the helper passes, so the bridge and the ctypes helper share one allocator.
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <limits>
+#include <cstdint>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <cuda_runtime_api.h>
+
+namespace gpu_alloc_bridge {
+
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::SegmentInfo;
+using c10::CachingDeviceAllocator::BlockInfo;
+using c10::CachingDeviceAllocator::Stat;
+using c10::CachingDeviceAllocator::TraceEntry;
+using c10::cuda::MempoolId_t;
+using c10::cuda::CUDACachingAllocator::CUDAAllocator;
+using c10::cuda::CUDACachingAllocator::SnapshotInfo;
+
+constexpr int kErrOutOfMemory = -2;  // GPUALLOC_ERR_OUT_OF_MEMORY
+
+// The gpualloc_* functions the bridge uses, resolved from the library.
+struct Api {
+  void* (*malloc_in_pool)(ssize_t, int, cudaStream_t, uint64_t, uint64_t);
+  void (*free)(void*, ssize_t, int, cudaStream_t);
+  int (*empty_cache)(int);
+  int (*set_memory_fraction)(double, int);
+  int (*record_stream)(void*, int, cudaStream_t);
+  int (*reset_peak_stats)(int);
+  int (*reset_accumulated_stats)(int);
+  char* (*memory_stats_json)(int);
+  char* (*snapshot_text)(int);
+  void (*string_free)(char*);
+  int (*record_history)(int, ssize_t);
+  int (*begin_allocate_to_pool)(int, uint64_t, uint64_t);
+  int (*end_allocate_to_pool)(int, uint64_t, uint64_t);
+  int (*retain_pool)(int, uint64_t, uint64_t);
+  int (*release_pool)(int, uint64_t, uint64_t);
+  int (*pool_use_count)(int, uint64_t, uint64_t);
+  const char* (*last_error)();
+  int (*last_error_code)();
+};
+
+Api api;
+
+template <typename F>
+void resolve(void* lib, const char* name, F& fn) {
+  void* sym = dlsym(lib, name);
+  TORCH_CHECK(sym != nullptr, "gpu_alloc bridge: ", name, " not found in the library (",
+              dlerror(), "); is it an older liballoc_ffi.so?");
+  fn = reinterpret_cast<F>(sym);
+}
+
+std::string last_error() {
+  const char* e = api.last_error();
+  return e ? std::string(e) : std::string("unknown error");
+}
+
+// Raises the library's last error as a C++ exception (a RuntimeError in Python).
+void check(int code, const char* what) {
+  TORCH_CHECK(code >= 0, "gpualloc ", what, " failed: ", last_error());
+}
+
+// An allocation routing opened by beginAllocateToPool: allocations on streams
+// the filter accepts go to the pool (a CUDA graph capture, use_mem_pool).
+struct Route {
+  c10::DeviceIndex device;
+  MempoolId_t pool;
+  std::function<bool(cudaStream_t)> filter;
+};
+
+void bridge_delete(void* ptr);
+
+class Bridge : public CUDAAllocator {
+ public:
+  // ---------------------------------------------------------------- memory
+  c10::DataPtr allocate(size_t size) override {
+    c10::DeviceIndex device = c10::cuda::current_device();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void* ptr = size == 0 ? nullptr : alloc_on(size, device, stream);
+    return {ptr, ptr, &bridge_delete, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &bridge_delete; }
+
+  void* raw_alloc(size_t nbytes) override {
+    c10::DeviceIndex device = c10::cuda::current_device();
+    return raw_alloc_with_stream(nbytes, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+
+  void* raw_alloc_with_stream(size_t nbytes, cudaStream_t stream) override {
+    if (nbytes == 0) {
+      return nullptr;
+    }
+    return alloc_on(nbytes, c10::cuda::current_device(), stream);
+  }
+
+  void raw_delete(void* ptr) override { bridge_delete(ptr); }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const final {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  // ---------------------------------------------------------------- set-up
+  void init(int device_count) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fractions_.assign(device_count, 1.0);
+    initialized_ = true;
+  }
+
+  bool initialized() override { return initialized_; }
+
+  void enable(bool /*value*/) override {}
+  bool isEnabled() const override { return true; }
+  std::string name() override { return "gpualloc"; }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return device < static_cast<int>(fractions_.size()) ? fractions_[device] : 1.0;
+  }
+
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    check(api.set_memory_fraction(fraction, device), "set_memory_fraction");
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (device < static_cast<int>(fractions_.size())) {
+      fractions_[device] = fraction;
+    }
+  }
+
+  void emptyCache(MempoolId_t /*mempool_id*/) override {
+    check(api.empty_cache(-1), "empty_cache");
+  }
+
+  void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
+    // As PyTorch: the larger of the device's free bytes and the largest
+    // cached free block (cuDNN sizes its workspace with this).
+    size_t free_bytes = 0, total = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    size_t largest = free_bytes;
+    std::istringstream lines(take_string(api.snapshot_text(device), "snapshot"));
+    std::string kind;
+    while (lines >> kind) {
+      if (kind == "block") {
+        uint64_t addr, size, requested;
+        std::string state;
+        lines >> addr >> size >> requested >> state;
+        if (state == "inactive" && size > largest) {
+          largest = size;
+        }
+      }
+      lines.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    *largestBlock = largest;
+  }
+
+  std::vector<c10::cuda::CUDACachingAllocator::StreamSegmentSize> getExpandableSegmentSizes(
+      c10::DeviceIndex /*device*/) override {
+    return {};
+  }
+
+  void* getBaseAllocation(void* /*ptr*/, size_t* /*size*/) override {
+    unsupported("getBaseAllocation (CUDA IPC of tensors)");
+  }
+
+  // ---------------------------------------------------------------- streams
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get()) {
+      return;  // an empty tensor
+    }
+    check(api.record_stream(ptr.get(), ptr.device().index(), stream.stream()), "record_stream");
+  }
+
+  // ---------------------------------------------------------------- statistics
+  DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    std::string json = take_string(api.memory_stats_json(device), "memory_stats");
+    DeviceStats s;
+    // A flat JSON object of integer values: {"key":123,...}.
+    size_t pos = 0;
+    while ((pos = json.find('"', pos)) != std::string::npos) {
+      size_t end = json.find('"', pos + 1);
+      size_t colon = json.find(':', end);
+      if (end == std::string::npos || colon == std::string::npos) {
+        break;
+      }
+      std::string key = json.substr(pos + 1, end - pos - 1);
+      int64_t value = std::strtoll(json.c_str() + colon + 1, nullptr, 10);
+      store_stat(s, key, value);
+      pos = colon + 1;
+    }
+    return s;
+  }
+
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check(api.reset_accumulated_stats(device), "reset_accumulated_stats");
+  }
+
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check(api.reset_peak_stats(device), "reset_peak_stats");
+  }
+
+  // ---------------------------------------------------------------- snapshots
+  SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
+    if (std::getenv("GPU_ALLOC_BRIDGE_DEBUG")) {
+      fprintf(stderr, "bridge snapshot begin\n");
+    }
+    SnapshotInfo info{};
+    info.config_metadata = {};
+    int devices = c10::cuda::device_count();
+    info.device_traces.resize(devices);
+    std::istringstream lines(take_string(api.snapshot_text(-1), "snapshot"));
+    std::string kind;
+    while (lines >> kind) {
+      if (kind == "segment") {
+        SegmentInfo seg;
+        int device;
+        uint64_t stream, pool_first, pool_second;
+        std::string type;
+        int expandable;
+        lines >> device >> seg.address >> seg.total_size >> stream >> type >> expandable >>
+            pool_first >> pool_second;
+        seg.device = static_cast<c10::DeviceIndex>(device);
+        seg.stream = reinterpret_cast<void*>(stream);
+        seg.is_large = type == "large";
+        seg.is_expandable = expandable != 0;
+        seg.owner_private_pool_id = {pool_first, pool_second};
+        info.segments.push_back(std::move(seg));
+      } else if (kind == "block") {
+        BlockInfo block;
+        uint64_t addr;
+        std::string state;
+        lines >> addr >> block.size >> block.requested_size >> state;
+        block.allocated = state == "active_allocated";
+        block.active = state != "inactive";
+        TORCH_CHECK(!info.segments.empty(), "gpu_alloc bridge: block before any segment");
+        SegmentInfo& seg = info.segments.back();
+        if (block.allocated) {
+          seg.allocated_size += block.size;
+        }
+        if (block.active) {
+          seg.active_size += block.size;
+          seg.requested_size += block.requested_size;
+        }
+        seg.blocks.push_back(std::move(block));
+      } else if (kind == "trace" && include_traces) {
+        int device;
+        std::string action;
+        uint64_t addr, size, stream;
+        int64_t time_us;
+        lines >> device >> action >> addr >> size >> stream >> time_us;
+        if (device >= 0 && device < devices) {
+          TraceEntry entry(c10::CachingDeviceAllocator::parseTraceEntryAction(action),
+                           static_cast<c10::DeviceIndex>(device), addr, size,
+                           reinterpret_cast<void*>(stream), MempoolId_t{0, 0}, 0);
+          entry.time_.t_ = time_us;
+          info.device_traces[device].push_back(std::move(entry));
+        }
+      }
+      lines.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    }
+    if (mempool_id.first != 0 || mempool_id.second != 0) {
+      std::vector<SegmentInfo> kept;
+      for (auto& seg : info.segments) {
+        if (seg.owner_private_pool_id == mempool_id) {
+          kept.push_back(std::move(seg));
+        }
+      }
+      info.segments = std::move(kept);
+    }
+    info.config_metadata.last_allocator_settings = "gpualloc";
+    if (std::getenv("GPU_ALLOC_BRIDGE_DEBUG")) {
+      fprintf(stderr, "bridge snapshot: %zu segments, %zu trace lists\n", info.segments.size(),
+              info.device_traces.size());
+    }
+    return info;
+  }
+
+  bool isHistoryEnabled() override { return history_; }
+
+  void recordHistory(bool enabled,
+                     c10::cuda::CUDACachingAllocator::CreateContextFn /*context_recorder*/,
+                     size_t alloc_trace_max_entries,
+                     c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
+                     bool /*clearHistory*/,
+                     const std::vector<std::string>& /*skip_actions*/) override {
+    // Stack contexts are not recorded: the library keeps actions, addresses,
+    // sizes, streams and times.
+    check(api.record_history(enabled ? 1 : 0, static_cast<ssize_t>(alloc_trace_max_entries)),
+          "record_history");
+    history_ = enabled;
+  }
+
+  void attachOutOfMemoryObserver(
+      c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(
+      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker /*tracker*/) override {
+    TORCH_WARN_ONCE("gpu_alloc: allocator trace trackers are not called by gpualloc");
+  }
+
+  // ---------------------------------------------------------------- pools (CUDA graphs)
+  void beginAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    check(api.begin_allocate_to_pool(device, mempool_id.first, mempool_id.second),
+          "begin_allocate_to_pool");
+    std::lock_guard<std::mutex> lock(mutex_);
+    routes_.push_back(Route{device, mempool_id, std::move(filter)});
+    routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
+  }
+
+  void endAllocateToPool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = routes_.begin(); it != routes_.end(); ++it) {
+        if (it->device == device && it->pool == mempool_id) {
+          routes_.erase(it);
+          break;
+        }
+      }
+      routing_.store(static_cast<int>(routes_.size()), std::memory_order_release);
+    }
+    check(api.end_allocate_to_pool(device, mempool_id.first, mempool_id.second),
+          "end_allocate_to_pool");
+  }
+
+  void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(api.release_pool(device, mempool_id.first, mempool_id.second), "release_pool");
+  }
+
+  void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
+                          std::shared_ptr<CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr,
+                "gpu_alloc: a MemPool with an allocator of its own while gpualloc is PyTorch's "
+                "allocator is not supported; use gpu_alloc.pool() with PyTorch's allocator instead");
+    check(api.retain_pool(device, mempool_id.first, mempool_id.second), "retain_pool");
+  }
+
+  int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    int n = api.pool_use_count(device, mempool_id.first, mempool_id.second);
+    check(n, "pool_use_count");
+    return n;
+  }
+
+  // ---------------------------------------------------------------- peers
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    c10::cuda::CUDAGuard guard(dev);
+    cudaError_t err = cudaDeviceEnablePeerAccess(dev_to_access, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();  // clear the sticky-free error
+      return;
+    }
+    C10_CUDA_CHECK(err);
+  }
+
+  cudaError_t memcpyAsync(void* dst, int dstDevice, const void* src, int srcDevice, size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    if (p2p_enabled || dstDevice == srcDevice) {
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    }
+    return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
+  }
+
+  // ---------------------------------------------------------------- not supported
+  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
+    unsupported("CUDA IPC (getIpcDevPtr)");
+  }
+
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
+    unsupported("CUDA IPC (shareIpcHandle)");
+  }
+
+  std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
+      c10::DeviceIndex /*device*/, MempoolId_t /*id*/) override {
+    unsupported("getCheckpointState (CUDA graph trees of torch.compile)");
+  }
+
+  c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
+      c10::DeviceIndex /*device*/,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> /*pps*/) override {
+    unsupported("setCheckpointPoolState (CUDA graph trees of torch.compile)");
+  }
+
+ private:
+  [[noreturn]] static void unsupported(const char* what) {
+    TORCH_CHECK(false, "gpu_alloc: ", what, " is not supported by gpualloc");
+  }
+
+  static std::string take_string(char* s, const char* what) {
+    TORCH_CHECK(s != nullptr, "gpualloc ", what, " failed: ", last_error());
+    std::string out(s);
+    api.string_free(s);
+    return out;
+  }
+
+  // The private pool this allocation goes to, or {0, 0}.
+  MempoolId_t route(c10::DeviceIndex device, cudaStream_t stream) {
+    if (routing_.load(std::memory_order_acquire) == 0) {
+      return {0, 0};
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& r : routes_) {
+      if (r.device == device && r.filter(stream)) {
+        return r.pool;
+      }
+    }
+    return {0, 0};
+  }
+
+  void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    MempoolId_t pool = route(device, stream);
+    void* ptr = api.malloc_in_pool(static_cast<ssize_t>(size), device, stream, pool.first,
+                                   pool.second);
+    if (ptr != nullptr) {
+      return ptr;
+    }
+    std::string message = last_error();
+    if (api.last_error_code() == kErrOutOfMemory) {
+      size_t free_bytes = 0, total = 0;
+      (void)cudaMemGetInfo(&free_bytes, &total);
+      std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        observers = oom_observers_;
+      }
+      for (const auto& observer : observers) {
+        observer(device, static_cast<int64_t>(size), static_cast<int64_t>(total),
+                 static_cast<int64_t>(free_bytes));
+      }
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpualloc). ", message);
+    }
+    TORCH_CHECK(false, "gpualloc could not allocate ", size, " bytes on device ",
+                static_cast<int>(device), ": ", message);
+  }
+
+  // Stores one flat statistic ("allocated_bytes.all.peak", "num_ooms", ...).
+  static void store_stat(DeviceStats& s, const std::string& key, int64_t value) {
+    static const std::pair<const char*, c10::CachingDeviceAllocator::StatArray DeviceStats::*>
+        arrays[] = {
+            {"allocation", &DeviceStats::allocation},
+            {"segment", &DeviceStats::segment},
+            {"active", &DeviceStats::active},
+            {"inactive_split", &DeviceStats::inactive_split},
+            {"allocated_bytes", &DeviceStats::allocated_bytes},
+            {"reserved_bytes", &DeviceStats::reserved_bytes},
+            {"active_bytes", &DeviceStats::active_bytes},
+            {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
+            {"requested_bytes", &DeviceStats::requested_bytes},
+        };
+    static const std::pair<const char*, int64_t DeviceStats::*> counters[] = {
+        {"num_alloc_retries", &DeviceStats::num_alloc_retries},
+        {"num_ooms", &DeviceStats::num_ooms},
+        {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
+        {"num_device_alloc", &DeviceStats::num_device_alloc},
+        {"num_device_free", &DeviceStats::num_device_free},
+        {"max_split_size", &DeviceStats::max_split_size},
+    };
+    for (const auto& [name, field] : counters) {
+      if (key == name) {
+        s.*field = value;
+        return;
+      }
+    }
+    size_t dot = key.find('.');
+    if (dot == std::string::npos) {
+      return;
+    }
+    std::string head = key.substr(0, dot), rest = key.substr(dot + 1);
+    Stat* stat = nullptr;
+    if (head == "oversize_allocations") {
+      stat = &s.oversize_allocations;
+    } else if (head == "oversize_segments") {
+      stat = &s.oversize_segments;
+    } else {
+      for (const auto& [name, field] : arrays) {
+        if (head == name) {
+          size_t dot2 = rest.find('.');
+          if (dot2 == std::string::npos) {
+            return;
+          }
+          std::string pool = rest.substr(0, dot2);
+          int index = pool == "all" ? 0 : pool == "small_pool" ? 1 : pool == "large_pool" ? 2 : -1;
+          if (index < 0) {
+            return;
+          }
+          stat = &(s.*field)[index];
+          rest = rest.substr(dot2 + 1);
+          break;
+        }
+      }
+    }
+    if (stat == nullptr) {
+      return;
+    }
+    if (rest == "current") {
+      stat->current = value;
+    } else if (rest == "peak") {
+      stat->peak = value;
+    } else if (rest == "allocated") {
+      stat->allocated = value;
+    } else if (rest == "freed") {
+      stat->freed = value;
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<double> fractions_;
+  std::vector<Route> routes_;
+  std::atomic<int> routing_{0};
+  std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
+  std::atomic<bool> initialized_{false};
+  std::atomic<bool> history_{false};
+};
+
+void bridge_delete(void* ptr) {
+  if (ptr == nullptr) {
+    return;
+  }
+  // The device is a hint: the library finds the owning device itself. A
+  // failed free is reported by the library on stderr (a deleter must not throw).
+  int device = -1;
+  (void)cudaGetDevice(&device);
+  api.free(ptr, 0, device, nullptr);
+}
+
+std::shared_ptr<Bridge> installed;
+
+// Opens the library and makes the bridge PyTorch's CUDA allocator. Must run
+// before the first CUDA allocation of the process.
+void install(const std::string& library_path) {
+  TORCH_CHECK(!installed, "gpu_alloc bridge: already installed");
+  void* lib = dlopen(library_path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+  TORCH_CHECK(lib != nullptr, "gpu_alloc bridge: cannot open ", library_path, ": ", dlerror());
+  resolve(lib, "gpualloc_malloc_in_pool", api.malloc_in_pool);
+  resolve(lib, "gpualloc_free", api.free);
+  resolve(lib, "gpualloc_empty_cache", api.empty_cache);
+  resolve(lib, "gpualloc_set_memory_fraction", api.set_memory_fraction);
+  resolve(lib, "gpualloc_record_stream", api.record_stream);
+  resolve(lib, "gpualloc_reset_peak_stats", api.reset_peak_stats);
+  resolve(lib, "gpualloc_reset_accumulated_stats", api.reset_accumulated_stats);
+  resolve(lib, "gpualloc_memory_stats_json", api.memory_stats_json);
+  resolve(lib, "gpualloc_snapshot_text", api.snapshot_text);
+  resolve(lib, "gpualloc_string_free", api.string_free);
+  resolve(lib, "gpualloc_record_history", api.record_history);
+  resolve(lib, "gpualloc_begin_allocate_to_pool", api.begin_allocate_to_pool);
+  resolve(lib, "gpualloc_end_allocate_to_pool", api.end_allocate_to_pool);
+  resolve(lib, "gpualloc_retain_pool", api.retain_pool);
+  resolve(lib, "gpualloc_release_pool", api.release_pool);
+  resolve(lib, "gpualloc_pool_use_count", api.pool_use_count);
+  resolve(lib, "gpualloc_last_error", api.last_error);
+  resolve(lib, "gpualloc_last_error_code", api.last_error_code);
+  auto bridge = std::make_shared<Bridge>();
+  // Raises "Can't swap an already initialized allocator" when CUDA memory
+  // is already in use.
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(bridge);
+  installed = bridge;
+}
+
+bool is_installed() { return installed != nullptr; }
+
+}  // namespace gpu_alloc_bridge
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Installs gpualloc as PyTorch's CUDA allocator with its whole interface";
+  m.def("install", &gpu_alloc_bridge::install, "Open liballoc_ffi.so and install the bridge",
+        pybind11::arg("library_path"));
+  m.def("is_installed", &gpu_alloc_bridge::is_installed, "Whether the bridge is installed");
+}

@@ -1,0 +1,273 @@
+"""GPU tests of gpualloc inside PyTorch (run on a machine with a GPU, torch and a C++
+compiler; `cargo xtask test-gpu --bundle` carries this file and runs it):
+
+    GPUALLOC_SO=target/release/liballoc_ffi.so python3 python/tests/gpu_torch.py [SCENARIO...]
+
+Each scenario runs in a process of its own (an allocator is chosen once per process) and
+prints PASS or FAIL with its figures; the exit status is non-zero if any failed. With
+OUT set, memory_viz renderings of a snapshot are written to $OUT.
+"""
+import os
+import pickle
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+MIB = 1 << 20
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def enabled(config=None, bridge=True):
+    import gpu_alloc
+
+    gpu_alloc.enable(config, bridge=bridge)
+    import torch
+
+    return gpu_alloc, torch
+
+
+def hazard_run(torch):
+    """Allocate x on stream A, read it on stream B after a long sleep, record_stream(B),
+    free it, allocate the same size on A and overwrite it. Returns (what B read, the
+    expected value, whether the new tensor got x's address)."""
+    n = 8 * MIB // 4
+    a = torch.cuda.current_stream()
+    b = torch.cuda.Stream()
+    # Load every kernel first: loading a module lazily synchronizes the device,
+    # which would end B's sleep before the hazard could happen.
+    w = torch.full((n,), 1.0, device="cuda")
+    with torch.cuda.stream(b):
+        torch.cuda._sleep(1000)
+        w.sum()
+    del w
+    torch.cuda.synchronize()
+    x = torch.full((n,), 1.0, device="cuda")
+    torch.cuda.synchronize()
+    b.wait_stream(a)
+    with torch.cuda.stream(b):
+        torch.cuda._sleep(1_000_000_000)  # ~0.5 s of GPU time before the read
+        seen = x.sum()
+    x.record_stream(b)
+    old = x.data_ptr()
+    del x
+    z = torch.full((n,), 2.0, device="cuda")  # on A, runs while B still sleeps
+    reused = z.data_ptr() == old
+    torch.cuda.synchronize()
+    return seen.item(), float(n), reused
+
+
+def scenario_record_stream():
+    gpu_alloc, torch = enabled()
+    check(gpu_alloc.uses_bridge(), "bridge installed")
+    seen, expected, reused = hazard_run(torch)
+    check(seen == expected, "stream B read %s, expected %s (block reused too early)" % (seen, expected))
+    check(not reused, "the block was handed out again while stream B used it")
+    # After B's work completes the block becomes reusable again.
+    torch.cuda.synchronize()
+    return "B read %.0f as expected; block not reused while in use" % seen
+
+
+def scenario_record_stream_plain():
+    """The same with a plain pluggable allocator: record_stream never reaches the library."""
+    gpu_alloc, torch = enabled(bridge=False)
+    seen, expected, reused = hazard_run(torch)
+    check(reused and seen != expected,
+          "expected the hazard without the bridge: read %s (expected %s), reused=%s"
+          % (seen, expected, reused))
+    return "hazard shown: B read %.0f instead of %.0f (block reused at once)" % (seen, expected)
+
+
+def scenario_stats():
+    gpu_alloc, torch = enabled()
+    free0, total = torch.cuda.mem_get_info()
+    x = torch.empty(1024 * MIB, dtype=torch.uint8, device="cuda")
+    y = torch.empty(3 * MIB, dtype=torch.uint8, device="cuda")
+    ours = gpu_alloc.memory_stats()
+    theirs = torch.cuda.memory_stats()
+    for k, v in ours.items():
+        check(theirs.get(k) == v, "torch.cuda.memory_stats()[%r] = %r, ours %r" % (k, theirs.get(k), v))
+    check(torch.cuda.memory_allocated() == ours["allocated_bytes.all.current"], "memory_allocated")
+    check(torch.cuda.memory_reserved() == ours["reserved_bytes.all.current"], "memory_reserved")
+    check(torch.cuda.memory_allocated() >= 1027 * MIB, "allocated counts both tensors")
+    free1, _ = torch.cuda.mem_get_info()
+    used = free0 - free1
+    reserved = torch.cuda.memory_reserved()
+    check(abs(used - reserved) <= 64 * MIB,
+          "cuMemGetInfo saw %d bytes taken, allocator reserved %d" % (used, reserved))
+    del x
+    check(torch.cuda.max_memory_allocated() >= 1027 * MIB, "peak kept after free")
+    torch.cuda.reset_peak_memory_stats()
+    check(torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated(), "peak reset")
+    summary = torch.cuda.memory_summary()
+    check("Allocated memory" in summary, "memory_summary renders")
+    torch.cuda.empty_cache()  # reaches the library: the freed 1 GiB segment goes back
+    check(torch.cuda.memory_reserved() < reserved - 1000 * MIB, "empty_cache released the segment")
+    free2, _ = torch.cuda.mem_get_info()
+    check(free2 - free1 >= 1000 * MIB, "the driver got the memory back")
+    del y
+    return "stats equal in %d keys; cuMemGetInfo delta %d vs reserved %d" % (len(ours), used, reserved)
+
+
+def scenario_fraction_and_oom():
+    gpu_alloc, torch = enabled()
+    _, total = torch.cuda.mem_get_info()
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    keep = torch.empty(int(total * 0.2), dtype=torch.uint8, device="cuda")
+    try:
+        torch.empty(int(total * 0.1), dtype=torch.uint8, device="cuda")
+    except torch.OutOfMemoryError as e:
+        msg = str(e)
+    else:
+        raise AssertionError("allocation past the memory fraction succeeded")
+    check("out of memory" in msg.lower(), "OOM message: " + msg)
+    check(torch.cuda.memory_stats()["num_ooms"] >= 1, "num_ooms counted")
+    small = torch.ones(1000, device="cuda")  # still works after the OOM
+    check(small.sum().item() == 1000, "allocations work after an OOM")
+    del keep
+    return "torch.OutOfMemoryError raised: " + msg.splitlines()[0][:160]
+
+
+def scenario_snapshot():
+    gpu_alloc, torch = enabled()
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    m = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+    for _ in range(3):
+        loss = m(torch.randn(256, 1024, device="cuda")).square().mean()
+        loss.backward()
+    snap = torch.cuda.memory._snapshot()
+    check(len(snap["segments"]) > 0, "segments in torch.cuda.memory._snapshot()")
+    check(any(len(t) > 10 for t in snap["device_traces"]), "device_traces recorded")
+    blocks = sum(len(s["blocks"]) for s in snap["segments"])
+    total = sum(s["total_size"] for s in snap["segments"])
+    check(total == torch.cuda.memory_reserved(), "snapshot segments = reserved bytes")
+    out = os.environ.get("OUT", "/tmp")
+    path = os.path.join(out, "bridge_snapshot.pickle")
+    torch.cuda.memory._dump_snapshot(path)
+    torch.cuda.memory._record_memory_history(enabled=None)
+    from torch.cuda import _memory_viz
+
+    with open(path, "rb") as f:
+        data = pickle.load(f)
+    html = _memory_viz.trace_plot(data)
+    with open(os.path.join(out, "bridge_memory_viz_trace.html"), "w") as f:
+        f.write(html)
+    seg_html = _memory_viz.segment_plot(data)
+    with open(os.path.join(out, "bridge_memory_viz_segments.html"), "w") as f:
+        f.write(seg_html)
+    return "%d segments, %d blocks, %d trace events; rendered by torch.cuda._memory_viz" % (
+        len(snap["segments"]), blocks, sum(len(t) for t in snap["device_traces"]))
+
+
+def scenario_cuda_graph():
+    gpu_alloc, torch = enabled()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+    static_in = torch.randn(64, 512, device="cuda")
+    reserved0 = torch.cuda.memory_reserved()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(g):
+        static_out = model(static_in)
+    pools = {tuple(s["segment_pool_id"]) for s in torch.cuda.memory._snapshot()["segments"]}
+    check(any(p != (0, 0) for p in pools), "capture allocated in a private pool: %s" % pools)
+    worst = 0.0
+    for i in range(5):
+        x = torch.randn(64, 512, device="cuda")
+        static_in.copy_(x)
+        g.replay()
+        with torch.no_grad():
+            eager = model(x)
+        torch.cuda.synchronize()
+        worst = max(worst, (static_out - eager).abs().max().item())
+    check(worst == 0.0, "graph replay differs from eager by %g" % worst)
+    # make_graphed_callables (forward and backward captured).
+    lin = torch.nn.Linear(256, 256).cuda()
+    graphed = torch.cuda.make_graphed_callables(lin, (torch.randn(32, 256, device="cuda", requires_grad=True),))
+    inp = torch.randn(32, 256, device="cuda", requires_grad=True)
+    out = graphed(inp)
+    out.sum().backward()
+    check(torch.allclose(out, lin(inp)), "make_graphed_callables output equals eager")
+    del g, static_out, graphed, out
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    leftover = [s for s in torch.cuda.memory._snapshot()["segments"]
+                if tuple(s["segment_pool_id"]) != (0, 0) and any(b["state"] != "inactive" for b in s["blocks"])]
+    reserved1 = torch.cuda.memory_reserved()
+    check(not leftover, "private pool segments still in use after the graphs were deleted")
+    return "replay == eager (max diff %g); reserved before %d, after delete+empty_cache %d" % (worst, reserved0, reserved1)
+
+
+def scenario_mempool():
+    import torch
+    import gpu_alloc
+
+    torch.ones(1, device="cuda")  # PyTorch's allocator is in use already
+    base_torch = torch.cuda.memory_stats()["allocated_bytes.all.current"]
+    base_ours = gpu_alloc.memory_stats()["reserved_bytes.all.current"]
+    outside = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")
+    check(gpu_alloc.memory_stats()["reserved_bytes.all.current"] == base_ours,
+          "an allocation outside the pool reached gpualloc")
+    with gpu_alloc.pool() as mem_pool:
+        inside = torch.empty(32 * MIB, dtype=torch.uint8, device="cuda")
+    ours = gpu_alloc.memory_stats()
+    check(ours["reserved_bytes.all.current"] >= 32 * MIB, "the pool's allocation reached gpualloc")
+    check(torch.cuda.memory_stats()["allocated_bytes.all.current"] >= base_torch + 64 * MIB,
+          "PyTorch's allocator served the outside tensor")
+    inside.fill_(3)
+    check(inside.sum().item() == 3 * 32 * MIB, "pool tensor usable")
+    del inside, outside, mem_pool
+    return "inside: gpualloc reserved %d bytes; outside: PyTorch's allocator" % ours["reserved_bytes.all.current"]
+
+
+def scenario_late_enable():
+    import torch
+    import gpu_alloc
+
+    torch.ones(1, device="cuda")
+    try:
+        gpu_alloc.enable()
+    except gpu_alloc.GpuAllocError as e:
+        check("before the first CUDA allocation" in str(e), str(e))
+        return "late enable refused clearly"
+    raise AssertionError("enable() after CUDA use did not raise")
+
+
+SCENARIOS = {
+    name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")
+}
+
+
+def main(names):
+    failed = 0
+    for name in names or SCENARIOS:
+        t = time.time()
+        r = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--child", name],
+                           capture_output=True, text=True, timeout=600)
+        lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+        ok = r.returncode == 0 and lines
+        detail = lines[-1][7:] if lines else (r.stderr.strip().splitlines() or ["no output (exit %d)" % r.returncode])[-1]
+        print("%s  %-22s (%.1f s) %s" % ("PASS" if ok else "FAIL", name, time.time() - t, detail), flush=True)
+        if not ok:
+            failed += 1
+            sys.stdout.write(r.stdout[-3000:] + r.stderr[-3000:] + "\n")
+    print("ALL PASSED" if not failed else "%d FAILED" % failed)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        print("RESULT " + SCENARIOS[sys.argv[2]]())
+    else:
+        sys.exit(main(sys.argv[1:]))
