@@ -1,16 +1,52 @@
-"""Real workloads under PyTorch's allocator and under gpualloc, same seeds, one process
-each (run on a machine with a GPU):
+"""Real workloads under PyTorch's allocator settings and under gpualloc's policies, one
+process per (workload, allocator), same seeds (run on a machine with a GPU):
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 python/examples/compare_workloads.py \
-        [gpt2_train,resnet50_train] [torch,gpualloc,gpualloc:policy:size-class]
+        [WORKLOADS|all] [ALLOCATORS|all] [--timeout S] [--out DIR] [--deterministic]
 
-Per workload and allocator: the losses, the median step time (steps 2..n: the first
-includes cuBLAS / cuDNN set-up), peak reserved bytes (torch.cuda.memory_stats under
-PyTorch's allocator, gpu_alloc.memory_stats under gpualloc), and the peak of device memory
-in use as cuMemGetInfo reports it (torch.cuda.mem_get_info, sampled after every step:
-includes the CUDA context and library workspaces, so it is the cross-check, not the figure
-to compare with the allocators' own).
+WORKLOADS (comma list; default: the four below; shapes as in shared/device/traces.py):
+  resnet50_train      torchvision ResNet-50, 64 x 3 x 224 x 224, SGD momentum; 20 steps
+  gpt2_train          GPT-2 small, 8 x 1024 tokens, bf16 autocast, AdamW; 16 steps
+  gpt2_generate       GPT-2 small, 3 rounds of 8 prompts of 16..256 tokens, 256 sampled
+                      new tokens each; a step is one decoded token
+  vit_varbatch_infer  torchvision vit_b_16 (random weights, classifier re-drawn from
+                      N(0, 0.02) since torchvision zeroes it), 40 batches of 1..96 images,
+                      bf16 autocast, no_grad; the 40 run twice, the first pass is warm-up
+Models are built with random weights directly on the GPU (torch.device("cuda")), which
+takes a fraction of the CPU initialisation's time; nothing is downloaded.
+  gpt2_varlen_train   (not in the default set) GPT-2 small, 30 steps of 8 x 32..1024
+ALLOCATORS (comma list; default: all eight):
+  torch               PyTorch's caching allocator (PYTORCH_CUDA_ALLOC_CONF unset)
+  torch-expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+  torch-async         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+  torch:CONF          PYTORCH_CUDA_ALLOC_CONF=CONF
+  gpualloc            gpu_alloc.enable() with the default policy (GPUALLOC_CONF unset)
+  gpualloc:CONF       gpu_alloc.enable(CONF), e.g. gpualloc:policy:buddy,
+                      gpualloc:policy:size-class, gpualloc:policy:pytorch-bfc+gc-age,
+                      gpualloc:expandable_segments:True
+  NAME#TAG            the same allocator run once more (torch#2: a run-to-run noise control)
+
+Per run (a child process of this script): the outputs' fingerprint (training: every
+step's loss; vit: every batch's sum of logits in float64; generate: per round the sum of
+all logits computed, in float64, and a SHA-256 of the generated token ids), compared
+exactly with the `torch` run's; the median step time after the warm-up steps; peak
+reserved and allocated bytes and num_device_alloc (torch.cuda.memory_stats under PyTorch;
+under gpualloc too when it answers, else gpu_alloc.memory_stats); and the cross-check
+"device used": the peak of total - free from cuMemGetInfo (torch.cuda.mem_get_info)
+sampled after every step, minus its value right after CUDA initialisation (so it includes
+cuBLAS / cuDNN workspaces and lazily loaded kernels but not the context).
+
+Writes $OUT/compare_workloads.json and $OUT/compare_workloads.md (--out overrides $OUT;
+default /tmp) after every run, so that a cut-off matrix keeps what it finished.
+`--from-json FILE` only re-renders the table of an earlier JSON (no torch needed).
+
+Exact equality of losses needs deterministic kernels: GPT-2's backward (attention) uses
+atomics, so its later losses can differ in the last digits between two runs of the same
+allocator; the PyTorch rows (and torch#2) show that noise. --deterministic asks PyTorch for
+deterministic algorithms (slower, other kernels) to make the comparison strict.
 """
+import argparse
+import hashlib
 import json
 import os
 import random
@@ -20,106 +56,701 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+PYROOT = os.path.dirname(HERE)
+
+# name -> (steps, warm-up steps excluded from the median). gpt2_generate: rounds, and the
+# whole first round is warm-up (its steps are the decoded tokens).
+WORKLOADS = {
+    "resnet50_train": (20, 4),
+    "gpt2_train": (16, 4),
+    "gpt2_generate": (3, 1),
+    "vit_varbatch_infer": (40, 40),  # the 40 batches twice, the first pass as warm-up
+    "gpt2_varlen_train": (30, 5),
+}
+DEFAULT_WORKLOADS = ["resnet50_train", "gpt2_train", "gpt2_generate", "vit_varbatch_infer"]
+TORCH_ALIASES = {
+    "torch": "",
+    "torch-expandable": "expandable_segments:True",
+    "torch-async": "backend:cudaMallocAsync",
+}
+DEFAULT_ALLOCS = [
+    "torch",
+    "torch-expandable",
+    "torch-async",
+    "gpualloc",
+    "gpualloc:policy:buddy",
+    "gpualloc:policy:size-class",
+    "gpualloc:policy:pytorch-bfc+gc-age",
+    "gpualloc:expandable_segments:True",
+]
+REF_ALLOC = "torch"
+GIB = float(2**30)
 
 
-def run(workload, alloc):
-    if alloc.startswith("gpualloc"):
+# ---------------------------------------------------------------------------------------
+# Allocator names, medians, the table: plain Python (tested without torch).
+
+
+def parse_alloc(name):
+    """'torch-async' -> ('torch', 'backend:cudaMallocAsync'); 'gpualloc' -> ('gpualloc',
+    None); 'gpualloc:policy:buddy' -> ('gpualloc', 'policy:buddy'). A '#tag' suffix
+    (a repeated run) is ignored. Raises ValueError for anything else."""
+    base = name.split("#", 1)[0]
+    if base in TORCH_ALIASES:
+        return "torch", TORCH_ALIASES[base]
+    if base.startswith("torch:") and len(base) > 6:
+        return "torch", base[6:]
+    if base == "gpualloc":
+        return "gpualloc", None
+    if base.startswith("gpualloc:") and len(base) > 9:
+        return "gpualloc", base[9:]
+    raise ValueError(
+        "unknown allocator %r (torch, torch-expandable, torch-async, torch:CONF, gpualloc, "
+        "gpualloc:CONF, each optionally with #TAG)" % name
+    )
+
+
+def median_step_ms(result):
+    """Median of the steps after the warm-up ones (from step_ms and warmup when present)."""
+    steps = result.get("step_ms")
+    if steps:
+        timed = steps[result.get("warmup", 0):]
+        return statistics.median(timed) if timed else None
+    return result.get("median_step_ms")
+
+
+def first_difference(ref, got, path="fingerprint"):
+    """None when got == ref exactly, else a short description of the first difference."""
+    if isinstance(ref, dict) and isinstance(got, dict):
+        for k in sorted(set(ref) | set(got)):
+            if k not in ref or k not in got:
+                return "%s.%s present in one run only" % (path, k)
+            d = first_difference(ref[k], got[k], "%s.%s" % (path, k))
+            if d:
+                return d
+        return None
+    if isinstance(ref, list) and isinstance(got, list):
+        for i, (x, y) in enumerate(zip(ref, got)):
+            d = first_difference(x, y, "%s[%d]" % (path, i))
+            if d:
+                return d
+        if len(ref) != len(got):
+            return "%s: %d entries, ref %d" % (path, len(got), len(ref))
+        return None
+    if _is_num(ref) and _is_num(got):
+        if got == ref:
+            return None
+        rel = " (relative %.2g)" % (abs(got - ref) / abs(ref)) if ref else ""
+        return "%s: %r, ref %r%s" % (path, got, ref, rel)
+    if type(got) is type(ref) and got == ref:
+        return None
+    return "%s: %r, ref %r" % (path, got, ref)
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _failed(r):
+    return bool(r.get("error")) or "fingerprint" not in r
+
+
+def summarize(results, ref_alloc=REF_ALLOC):
+    """One dict per result, in the results' order grouped by workload (first appearance),
+    with the figures and ratios the table shows:
+
+    step_ratio      median step / the ref_alloc run's median step (same workload)
+    reserved_ratio  peak reserved / the smallest peak reserved among the workload's
+                    PyTorch settings (kind 'torch'); settings whose figure is the
+                    cuMemGetInfo fallback count only when no other PyTorch setting has one
+    outputs_equal   'ref' for the ref_alloc run itself, 'yes' / 'no' for exact equality of
+                    the fingerprint with it, 'n/a' without a successful ref_alloc run
+    """
+    order, groups = [], {}
+    for r in results:
+        w = r.get("workload")
+        if w not in groups:
+            order.append(w)
+            groups[w] = []
+        groups[w].append(r)
+    rows = []
+    for w in order:
+        rs = groups[w]
+        ok = [r for r in rs if not _failed(r)]
+        ref = next((r for r in ok if r.get("alloc") == ref_alloc), None)
+        ref_ms = median_step_ms(ref) if ref else None
+        pytorch = [r for r in ok if _kind(r.get("alloc")) == "torch" and r.get("peak_reserved")]
+        direct = [r for r in pytorch if r.get("reserved_source") != "cuMemGetInfo"]
+        best = min(direct or pytorch, key=lambda r: r["peak_reserved"]) if pytorch else None
+        for r in rs:
+            row = {"workload": w, "alloc": r.get("alloc"), "error": None}
+            if _failed(r):
+                row["error"] = r.get("error") or "no result"
+                rows.append(row)
+                continue
+            ms = median_step_ms(r)
+            reserved = r.get("peak_reserved")
+            row.update(
+                median_step_ms=ms,
+                step_ratio=(ms / ref_ms) if (ms is not None and ref_ms) else None,
+                peak_reserved=reserved,
+                reserved_marked=r.get("reserved_source") == "cuMemGetInfo",
+                reserved_ratio=(reserved / best["peak_reserved"]) if (best and reserved) else None,
+                best_pytorch=best.get("alloc") if best else None,
+                peak_allocated=r.get("peak_allocated"),
+                allocated_marked=r.get("allocated_source") == "cudaMallocAsync pool",
+                num_device_alloc=r.get("num_device_alloc"),
+                device_used_delta=r.get("device_used_delta"),
+            )
+            if r is ref:
+                row["outputs_equal"], row["difference"] = "ref", None
+            elif ref is None:
+                row["outputs_equal"], row["difference"] = "n/a", None
+            else:
+                d = first_difference(ref["fingerprint"], r["fingerprint"])
+                row["outputs_equal"], row["difference"] = ("no" if d else "yes"), d
+            rows.append(row)
+    return rows
+
+
+def _kind(alloc):
+    try:
+        return parse_alloc(alloc)[0]
+    except (ValueError, AttributeError):
+        return None
+
+
+def _gib(v):
+    return "-" if v is None else "%.3f" % (v / GIB)
+
+
+def _ms(v):
+    return "-" if v is None else "%.2f" % v
+
+
+def _ratio(v):
+    return "-" if v is None else "%.3f" % v
+
+
+TABLE_COLUMNS = [
+    "workload",
+    "allocator",
+    "median step ms",
+    "step / torch",
+    "peak reserved GiB",
+    "reserved / best PyTorch",
+    "peak allocated GiB",
+    "device allocs",
+    "cuMemGetInfo Δ GiB",
+    "outputs equal",
+]
+
+
+def make_table(results, ref_alloc=REF_ALLOC):
+    """The markdown report: one table row per (workload, allocator), then notes,
+    output mismatches and failures."""
+    rows = summarize(results, ref_alloc)
+    out = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    marked_res = marked_alloc = False
+    mismatches, failures, best = [], [], {}
+    for row in rows:
+        if row["error"]:
+            err = " ".join(str(row["error"]).split())
+            cells = [row["workload"], row["alloc"]] + ["-"] * 7 + ["FAILED"]
+            failures.append("%s / %s: %s" % (row["workload"], row["alloc"], err[-400:]))
+        else:
+            res = _gib(row["peak_reserved"])
+            if row["reserved_marked"] and row["peak_reserved"] is not None:
+                res += " †"
+                marked_res = True
+            alloc = _gib(row["peak_allocated"])
+            if row["allocated_marked"] and row["peak_allocated"] is not None:
+                alloc += " ‡"
+                marked_alloc = True
+            nda = row["num_device_alloc"]
+            cells = [
+                row["workload"],
+                row["alloc"],
+                _ms(row["median_step_ms"]),
+                _ratio(row["step_ratio"]),
+                res,
+                _ratio(row["reserved_ratio"]),
+                alloc,
+                "n/a" if nda is None else str(nda),
+                _gib(row["device_used_delta"]),
+                row["outputs_equal"],
+            ]
+            if row["outputs_equal"] == "no":
+                mismatches.append("%s / %s: %s" % (row["workload"], row["alloc"], row["difference"]))
+            if row["best_pytorch"]:
+                best[row["workload"]] = row["best_pytorch"]
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    out.append("")
+    notes = [
+        "step / torch: median step time over the `%s` run's; reserved / best PyTorch: peak "
+        "reserved over the smallest of the PyTorch settings' (%s)."
+        % (ref_alloc, ", ".join("%s: %s" % kv for kv in best.items()) or "none"),
+        "cuMemGetInfo Δ: peak of total - free sampled after every step, minus the figure "
+        "right after CUDA initialisation (includes cuBLAS / cuDNN workspaces and kernels).",
+        "gpt2_generate's step is one decoded token (the first round is warm-up).",
+    ]
+    if marked_res:
+        notes.append("†: the allocator reports no reserved figure (cudaMallocAsync: "
+                     "memory_reserved() is 0); the cuMemGetInfo Δ stands in for it.")
+    if marked_alloc:
+        notes.append("‡: cudaMallocAsync's pool high-water mark of used memory as the driver "
+                     "reports it (driver granularity), not comparable byte for byte.")
+    out += ["- " + n for n in notes]
+    if mismatches:
+        out += ["", "Outputs that differ from the `%s` run (PyTorch settings differing too "
+                "point at nondeterministic kernels; see --deterministic):" % ref_alloc]
+        out += ["- " + m for m in mismatches]
+    if failures:
+        out += ["", "Failed runs:"] + ["- " + f for f in failures]
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------
+# The child: one workload under one allocator. torch is imported here only.
+
+
+class Meter:
+    """Step times and the cuMemGetInfo cross-check."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        free0, self.total = torch.cuda.mem_get_info()
+        self.used0 = self.total - free0
+        self.used_peak = self.used0
+        self.step_ms = []
+
+    def sample(self):
+        free, _ = self.torch.cuda.mem_get_info()
+        self.used_peak = max(self.used_peak, self.total - free)
+
+    def step_done(self, t0):
+        """Call after torch.cuda.synchronize(): records the step, then samples memory."""
+        self.step_ms.append((time.perf_counter() - t0) * 1e3)
+        self.sample()
+
+
+def _gpt2(torch):
+    """GPT-2 small (124M) from transformers' config, random weights; a built-in equivalent
+    when transformers is missing (its numbers then do not compare with transformers')."""
+    try:
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        return _mini_gpt2(torch), "builtin"
+    try:
+        transformers.logging.set_verbosity_error()
+    except Exception:
+        pass
+    return GPT2LMHeadModel(GPT2Config()), "transformers " + transformers.__version__
+
+
+def _mini_gpt2(torch):
+    nn, F = torch.nn, torch.nn.functional
+    V, P, D, H, NL = 50257, 1024, 768, 12, 12
+
+    class Block(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.ln_1, s.ln_2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            s.c_attn, s.c_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+            s.c_fc, s.mlp_proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+        def forward(s, x, cache):
+            B, T, _ = x.shape
+            q, k, v = (t.view(B, T, H, D // H).transpose(1, 2) for t in s.c_attn(s.ln_1(x)).split(D, 2))
+            if cache is not None:
+                if cache:
+                    k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+                cache[:] = [k, v]
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1)
+            x = x + s.c_proj(a.transpose(1, 2).reshape(B, T, D))
+            return x + s.mlp_proj(F.gelu(s.c_fc(s.ln_2(x)), approximate="tanh"))
+
+    class Trunk(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.wte, s.wpe = nn.Embedding(V, D), nn.Embedding(P, D)
+            s.h = nn.ModuleList(Block() for _ in range(NL))
+            s.ln_f = nn.LayerNorm(D)
+
+        def forward(s, ids, caches=None, pos0=0):
+            x = s.wte(ids) + s.wpe(torch.arange(pos0, pos0 + ids.shape[1], device=ids.device))
+            for i, blk in enumerate(s.h):
+                x = blk(x, None if caches is None else caches[i])
+            return s.ln_f(x)
+
+    class Out:
+        def __init__(s, loss, logits):
+            s.loss, s.logits = loss, logits
+
+    class MiniGPT2(nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.transformer = Trunk()
+            s.lm_head = nn.Linear(D, V, bias=False)
+            s.lm_head.weight = s.transformer.wte.weight
+
+        def forward(s, input_ids, labels=None):
+            logits = s.lm_head(s.transformer(input_ids))
+            loss = None
+            if labels is not None:
+                loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+            return Out(loss, logits)
+
+        def generate(s, ids, max_new_tokens, top_k=50, **_):
+            caches = [[] for _ in s.transformer.h]
+            toks, cur, pos = [ids], ids, 0
+            for _ in range(max_new_tokens):
+                h = s.transformer(cur, caches, pos)
+                pos += cur.shape[1]
+                logits = s.lm_head(h[:, -1:])[:, -1].float()
+                val, idx = logits.topk(top_k)
+                cur = idx.gather(1, torch.multinomial(F.softmax(val, -1), 1))
+                toks.append(cur)
+            return torch.cat(toks, 1)
+
+    return MiniGPT2()
+
+
+def wl_resnet50_train(torch, meter, steps, extra):
+    import torchvision
+
+    F = torch.nn.functional
+    with torch.device("cuda"):  # initialised on the GPU: much faster than on the CPU
+        m = torchvision.models.resnet50()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        x = torch.randn(64, 3, 224, 224, device="cuda")
+        y = torch.randint(0, 1000, (64,), device="cuda")
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        meter.step_done(t0)
+        losses.append(loss.item())
+    return {"losses": losses}
+
+
+def _gpt2_train(torch, meter, steps, extra, varlen):
+    with torch.device("cuda"):  # initialised on the GPU: much faster than on the CPU
+        m, extra["model"] = _gpt2(torch)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    losses, lengths = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        L = random.randint(32, 1024) if varlen else 1024
+        ids = torch.randint(0, 50257, (8, L), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = m(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+        meter.step_done(t0)
+        losses.append(loss.item())
+        lengths.append(L)
+    if varlen:
+        extra["lengths"] = lengths
+    return {"losses": losses}
+
+
+def wl_gpt2_train(torch, meter, steps, extra):
+    return _gpt2_train(torch, meter, steps, extra, varlen=False)
+
+
+def wl_gpt2_varlen_train(torch, meter, steps, extra):
+    return _gpt2_train(torch, meter, steps, extra, varlen=True)
+
+
+def wl_gpt2_generate(torch, meter, rounds, extra):
+    """Steps are decoded tokens: the time between the starts of two consecutive forward
+    passes of the trunk (generate synchronises on every token), less the memory
+    sampling done at each start. The prefill (first forward) and the last token of each
+    round are left out; the caller's warm-up is the whole first round."""
+    with torch.device("cuda"):
+        m, extra["model"] = _gpt2(torch)
+    m.eval()
+    acc = torch.zeros((), dtype=torch.float64, device="cuda")
+    marks = []
+
+    def on_logits(mod, inp, out):
+        acc.add_(out.sum(dtype=torch.float64))
+
+    def on_forward(mod, args):
+        a = time.perf_counter()
+        meter.sample()
+        marks.append((a, time.perf_counter()))
+
+    hooks = [m.lm_head.register_forward_hook(on_logits),
+             m.transformer.register_forward_pre_hook(on_forward)]
+    fp, round_ms, tokens, warm = [], [], [], 0
+    with torch.no_grad():
+        for r in range(rounds):
+            del marks[:]
+            acc.zero_()
+            t0 = time.perf_counter()
+            plen = random.randint(16, 256)
+            ids = torch.randint(0, 50257, (8, plen), device="cuda")
+            out = m.generate(ids, max_new_tokens=256, do_sample=True, pad_token_id=0, min_new_tokens=256)
+            torch.cuda.synchronize()
+            round_ms.append((time.perf_counter() - t0) * 1e3)
+            meter.sample()
+            iv = [(marks[k + 1][0] - marks[k][1]) * 1e3 for k in range(1, len(marks) - 1)]
+            meter.step_ms.extend(iv)
+            if r == 0:
+                warm = len(iv)
+            new = out[:, plen:].tolist()
+            tokens.append(len(new[0]))
+            fp.append({"prompt_len": plen, "logit_sum": acc.item(),
+                       "tokens_sha256": hashlib.sha256(json.dumps(new).encode()).hexdigest()})
+            del out, ids
+    for h in hooks:
+        h.remove()
+    extra.update(round_ms=[round(v, 2) for v in round_ms], new_tokens=tokens, warmup=warm)
+    return {"rounds": fp}
+
+
+def wl_vit_varbatch_infer(torch, meter, steps, extra):
+    """The sequence of `steps` random batch sizes runs twice; the first pass is the
+    warm-up: every new batch size costs tens of ms of cuDNN plan building (the patch
+    convolution) on its first use, far more than its allocations."""
+    import torchvision
+
+    with torch.device("cuda"):
+        m = torchvision.models.vit_b_16().eval()
+        # torchvision zero-initialises the classifier, which would make every logit 0
+        torch.nn.init.normal_(m.heads.head.weight, std=0.02)
+    batches = [random.randint(1, 96) for _ in range(steps)]
+    sums = []
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for b in batches + batches:
+            t0 = time.perf_counter()
+            out = m(torch.randn(b, 3, 224, 224, device="cuda"))
+            torch.cuda.synchronize()
+            meter.step_done(t0)
+            sums.append(out.sum(dtype=torch.float64).item())
+            del out
+    extra.update(batches=batches, warmup=steps)
+    return {"logit_sums": sums}
+
+
+def _stats(torch, kind):
+    """(memory_stats dict, source name, gpu_alloc's own dict or None)."""
+    ours = None
+    if kind == "gpualloc":
         import gpu_alloc
 
-        conf = alloc.split(":", 1)[1] if ":" in alloc else None
-        gpu_alloc.enable(conf)
+        ours = dict(gpu_alloc.memory_stats())
+        try:
+            st = dict(torch.cuda.memory_stats())
+        except Exception:  # the pluggable allocator without the C++ bridge raises
+            st = {}
+        if st.get("reserved_bytes.all.peak"):
+            return st, "torch.cuda.memory_stats", ours
+        return ours, "gpu_alloc.memory_stats", ours
+    return dict(torch.cuda.memory_stats()), "torch.cuda.memory_stats", None
+
+
+STAT_KEYS = ["allocated_bytes.all.peak", "reserved_bytes.all.peak", "requested_bytes.all.peak",
+             "active_bytes.all.peak", "num_device_alloc", "num_device_free", "num_alloc_retries",
+             "num_ooms", "segment.all.peak"]
+
+
+def child(workload, alloc, deterministic=False):
+    kind, conf = parse_alloc(alloc)
+    steps, warmup = WORKLOADS[workload]
+    t_start = time.perf_counter()
+    bridge = None
+    if kind == "gpualloc":
+        sys.path.insert(0, PYROOT)
+        import gpu_alloc
+
+        gpu_alloc.enable(conf)  # the driver removed GPUALLOC_CONF: None = the defaults
+        bridge = gpu_alloc.uses_bridge() if hasattr(gpu_alloc, "uses_bridge") else False
     import torch
 
+    if deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        # ResNet-50's adaptive_avg_pool2d backward has no deterministic kernel (it is
+        # exact here anyway: one contribution per input element).
+        torch.use_deterministic_algorithms(True, warn_only=workload == "resnet50_train")
+        import torch.utils.deterministic
+
+        torch.utils.deterministic.fill_uninitialized_memory = False
     torch.manual_seed(0)
     random.seed(0)
-    dev = "cuda"
-    free0, total = torch.cuda.mem_get_info()
-    used_peak = 0
-    losses, times = [], []
-
-    def step_done(t, loss):
-        nonlocal used_peak
-        torch.cuda.synchronize()
-        times.append(time.time() - t)
-        losses.append(round(loss.item(), 6))
-        free, _ = torch.cuda.mem_get_info()
-        used_peak = max(used_peak, total - free)
-
-    if workload == "resnet50_train":
-        import torchvision
-
-        m = torchvision.models.resnet50().to(dev)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
-        for _ in range(6):
-            t = time.time()
-            x = torch.randn(64, 3, 224, 224, device=dev)
-            y = torch.randint(0, 1000, (64,), device=dev)
-            loss = torch.nn.functional.cross_entropy(m(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step_done(t, loss)
-    elif workload == "gpt2_train":
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        m = GPT2LMHeadModel(GPT2Config()).to(dev)
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        for _ in range(6):
-            t = time.time()
-            ids = torch.randint(0, 50257, (8, 1024), device=dev)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = m(input_ids=ids, labels=ids).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            step_done(t, loss)
-    else:
-        raise SystemExit("unknown workload " + workload)
-
-    if alloc.startswith("gpualloc"):
-        import gpu_alloc
-
-        st = gpu_alloc.memory_stats()
-    else:
-        st = torch.cuda.memory_stats()
-    keys = ["allocated_bytes.all.peak", "reserved_bytes.all.peak", "requested_bytes.all.peak",
-            "num_device_alloc", "num_alloc_retries"]
-    res = {k: st.get(k) for k in keys}
-    res.update(workload=workload, alloc=alloc, losses=losses,
-               step_s=[round(v, 4) for v in times],
-               median_step_s=round(statistics.median(times[1:]), 4),
-               device_used_peak=used_peak, device_used_at_start=total - free0)
-    print("RESULT " + json.dumps(res))
+    torch.cuda.init()
+    meter = Meter(torch)
+    extra = {}
+    t0 = time.perf_counter()
+    fingerprint = globals()["wl_" + workload](torch, meter, steps, extra)
+    run_s = time.perf_counter() - t0
+    warmup = extra.pop("warmup", warmup)
+    backend = torch.cuda.get_allocator_backend() if kind == "torch" else "gpualloc"
+    st, source, ours = _stats(torch, kind)
+    used_delta = meter.used_peak - meter.used0
+    res = {k: st.get(k) for k in STAT_KEYS}
+    res.update(
+        workload=workload, alloc=alloc, kind=kind, conf=conf, backend=backend,
+        deterministic=deterministic, bridge=bridge, fingerprint=fingerprint,
+        step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup,
+        median_step_ms=median_step_ms({"step_ms": meter.step_ms, "warmup": warmup}),
+        stats_source=source,
+        peak_reserved=st.get("reserved_bytes.all.peak"), reserved_source=source,
+        peak_allocated=st.get("allocated_bytes.all.peak"), allocated_source=source,
+        num_device_alloc=st.get("num_device_alloc"),
+        device_used_at_start=meter.used0, device_used_peak=meter.used_peak,
+        device_used_delta=used_delta, device_total=meter.total,
+        run_s=round(run_s, 2), child_s=round(time.perf_counter() - t_start, 2),
+        torch=torch.__version__, device=torch.cuda.get_device_name(), **extra)
+    if backend == "cudaMallocAsync":
+        # Only allocated / active / reserved exist there; device allocation counts do not.
+        res["num_device_alloc"] = None
+        res["allocated_source"] = "cudaMallocAsync pool"
+        if not res["peak_reserved"]:
+            res["peak_reserved"] = torch.cuda.max_memory_reserved() or None
+        if not res["peak_reserved"]:
+            res.update(peak_reserved=used_delta, reserved_source="cuMemGetInfo")
+    if ours is not None and source != "gpu_alloc.memory_stats":
+        res["gpu_alloc_stats"] = {k: ours.get(k) for k in STAT_KEYS}
+    print("RESULT " + json.dumps(res), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # skips the interpreter's and CUDA's teardown (a second per run)
 
 
-def main():
-    workloads = (sys.argv[1] if len(sys.argv) > 1 else "gpt2_train,resnet50_train").split(",")
-    allocs = (sys.argv[2] if len(sys.argv) > 2 else "torch,gpualloc").split(",")
-    results = []
+# ---------------------------------------------------------------------------------------
+# The driver.
+
+
+def _pick(arg, default, known):
+    names = default if arg in (None, "", "default") else (list(known) if arg == "all" else arg.split(","))
+    return [n.strip() for n in names if n.strip()]
+
+
+def child_env(alloc, deterministic):
+    kind, conf = parse_alloc(alloc)
+    env = dict(os.environ)
+    env.pop("GPUALLOC_CONF", None)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if kind == "torch" and conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1",
+               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error",
+               PYTHONWARNINGS="ignore")
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    return env
+
+
+def prebuild_bridge(timeout):
+    """Builds gpu_alloc's C++ bridge into torch's extension cache once, so that the first
+    gpualloc run does not carry the compilation (a no-op for a gpu_alloc without one)."""
+    code = ("import sys; sys.path.insert(0, %r); import gpu_alloc\n"
+            "b = getattr(gpu_alloc, 'build_bridge', None)\n"
+            "print('built' if b and b() else 'none')" % PYROOT)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=timeout, env=child_env("gpualloc", False))
+        what = p.stdout.strip() if p.returncode == 0 else "failed: " + p.stderr.strip()[-600:]
+    except subprocess.TimeoutExpired:
+        what = "timed out"
+    print("gpu_alloc bridge: %s (%.1f s)" % (what, time.perf_counter() - t0), flush=True)
+
+
+def write_outputs(results, out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "compare_workloads.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    head = ""
+    ok = [r for r in results if not _failed(r)]
+    if ok:
+        r = ok[0]
+        bridged = sorted({str(x.get("bridge")) for x in ok if x.get("kind") == "gpualloc"})
+        head = "%s, torch %s%s%s\n\n" % (
+            r.get("device"), r.get("torch"),
+            ", deterministic algorithms" if r.get("deterministic") else "",
+            (", gpualloc through the C++ bridge: %s" % "/".join(bridged)) if bridged else "")
+    with open(os.path.join(out_dir, "compare_workloads.md"), "w") as f:
+        f.write(head + make_table(results))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("workloads", nargs="?", help="comma list, 'all' or 'default' (%s)" % ",".join(DEFAULT_WORKLOADS))
+    ap.add_argument("allocs", nargs="?", help="comma list, 'all' or 'default' (all eight)")
+    ap.add_argument("--timeout", type=float, default=150, help="seconds per run (default 150)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"), help="output folder (default $OUT or /tmp)")
+    ap.add_argument("--so", help="liballoc_ffi.so (default $GPUALLOC_SO, else gpu_alloc's search)")
+    ap.add_argument("--deterministic", action="store_true", help="deterministic algorithms in every child")
+    ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            sys.stdout.write(make_table(json.load(f)))
+        return 0
+    workloads = _pick(args.workloads, DEFAULT_WORKLOADS, WORKLOADS)
+    allocs = _pick(args.allocs, DEFAULT_ALLOCS, DEFAULT_ALLOCS)
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
+    for a in allocs:
+        try:
+            parse_alloc(a)
+        except ValueError as e:
+            ap.error(str(e))
+    if args.so:
+        os.environ["GPUALLOC_SO"] = os.path.abspath(args.so)
+    results, t_all = [], time.perf_counter()
+    if any(parse_alloc(a)[0] == "gpualloc" for a in allocs):
+        prebuild_bridge(max(args.timeout, 300))
     for w in workloads:
         for a in allocs:
-            r = subprocess.run([sys.executable, __file__, "--child", w, a],
-                               capture_output=True, text=True, timeout=300)
-            line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-            if r.returncode != 0 or not line:
-                print("FAILED", w, a, r.returncode, r.stderr[-1500:], flush=True)
-                continue
-            res = json.loads(line[-1][7:])
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", w, a]
+            if args.deterministic:
+                cmd.append("--deterministic")
+            t0 = time.perf_counter()
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                                   env=child_env(a, args.deterministic))
+                lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+                if p.returncode == 0 and lines:
+                    res = json.loads(lines[-1][7:])
+                else:
+                    res = {"workload": w, "alloc": a, "rc": p.returncode,
+                           "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
+            except subprocess.TimeoutExpired:  # run() killed the child
+                res = {"workload": w, "alloc": a, "error": "timeout after %g s" % args.timeout}
+            res["proc_s"] = round(time.perf_counter() - t0, 2)
             results.append(res)
-            gib = lambda v: "%.3f" % (v / 2**30) if isinstance(v, int) else str(v)
-            print("%-15s %-28s median_step=%.1f ms reserved_peak=%s GiB allocated_peak=%s GiB "
-                  "device_used_peak=%s GiB dev_allocs=%s losses=%s" % (
-                      w, a, res["median_step_s"] * 1e3, gib(res["reserved_bytes.all.peak"]),
-                      gib(res["allocated_bytes.all.peak"]), gib(res["device_used_peak"]),
-                      res["num_device_alloc"], res["losses"]), flush=True)
-    out = os.environ.get("OUT", "/tmp")
-    with open(os.path.join(out, "compare_workloads.json"), "w") as f:
-        json.dump(results, f, indent=1)
+            if _failed(res):
+                print("FAILED %-20s %-36s %s" % (w, a, res["error"][-600:]), flush=True)
+            else:
+                print("%-20s %-36s median %8s ms  reserved %s GiB (%s)  allocated %s GiB  "
+                      "dev allocs %s  cuMemGetInfo d %s GiB  %.1f s" % (
+                          w, a, _ms(res.get("median_step_ms")), _gib(res["peak_reserved"]),
+                          res["reserved_source"], _gib(res["peak_allocated"]),
+                          res["num_device_alloc"], _gib(res["device_used_delta"]), res["proc_s"]),
+                      flush=True)
+            write_outputs(results, args.out)
+    print("\n%d runs in %.0f s; wrote %s/compare_workloads.{json,md}\n" % (
+        len(results), time.perf_counter() - t_all, args.out))
+    sys.stdout.write(make_table(results))
+    return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        run(sys.argv[2], sys.argv[3])
+    if len(sys.argv) > 3 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], deterministic="--deterministic" in sys.argv[4:])
     else:
-        main()
+        sys.exit(main())

@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
-#include <sstream>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -165,18 +165,10 @@ class Bridge : public CUDAAllocator {
     size_t free_bytes = 0, total = 0;
     C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     size_t largest = free_bytes;
-    std::istringstream lines(take_string(api.snapshot_text(device), "snapshot"));
-    std::string kind;
-    while (lines >> kind) {
-      if (kind == "block") {
-        uint64_t addr, size, requested;
-        std::string state;
-        lines >> addr >> size >> requested >> state;
-        if (state == "inactive" && size > largest) {
-          largest = size;
-        }
+    for (const auto& f : snapshot_lines(device)) {
+      if (f[0] == "block" && f.size() >= 5 && f[4] == "inactive") {
+        largest = std::max<size_t>(largest, to_u64(f[2]));
       }
-      lines.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
     }
     *largestBlock = largest;
   }
@@ -228,38 +220,28 @@ class Bridge : public CUDAAllocator {
 
   // ---------------------------------------------------------------- snapshots
   SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override {
-    if (std::getenv("GPU_ALLOC_BRIDGE_DEBUG")) {
-      fprintf(stderr, "bridge snapshot begin\n");
-    }
     SnapshotInfo info{};
     info.config_metadata = {};
     int devices = c10::cuda::device_count();
     info.device_traces.resize(devices);
-    std::istringstream lines(take_string(api.snapshot_text(-1), "snapshot"));
-    std::string kind;
-    while (lines >> kind) {
-      if (kind == "segment") {
+    for (const auto& f : snapshot_lines(-1)) {
+      if (f[0] == "segment" && f.size() >= 9) {
         SegmentInfo seg;
-        int device;
-        uint64_t stream, pool_first, pool_second;
-        std::string type;
-        int expandable;
-        lines >> device >> seg.address >> seg.total_size >> stream >> type >> expandable >>
-            pool_first >> pool_second;
-        seg.device = static_cast<c10::DeviceIndex>(device);
-        seg.stream = reinterpret_cast<void*>(stream);
-        seg.is_large = type == "large";
-        seg.is_expandable = expandable != 0;
-        seg.owner_private_pool_id = {pool_first, pool_second};
+        seg.device = static_cast<c10::DeviceIndex>(to_i64(f[1]));
+        seg.address = to_u64(f[2]);
+        seg.total_size = to_u64(f[3]);
+        seg.stream = reinterpret_cast<void*>(to_u64(f[4]));
+        seg.is_large = f[5] == "large";
+        seg.is_expandable = f[6] == "1";
+        seg.owner_private_pool_id = {to_u64(f[7]), to_u64(f[8])};
         info.segments.push_back(std::move(seg));
-      } else if (kind == "block") {
-        BlockInfo block;
-        uint64_t addr;
-        std::string state;
-        lines >> addr >> block.size >> block.requested_size >> state;
-        block.allocated = state == "active_allocated";
-        block.active = state != "inactive";
+      } else if (f[0] == "block" && f.size() >= 5) {
         TORCH_CHECK(!info.segments.empty(), "gpu_alloc bridge: block before any segment");
+        BlockInfo block;
+        block.size = to_u64(f[2]);
+        block.requested_size = to_u64(f[3]);
+        block.allocated = f[4] == "active_allocated";
+        block.active = f[4] != "inactive";
         SegmentInfo& seg = info.segments.back();
         if (block.allocated) {
           seg.allocated_size += block.size;
@@ -269,21 +251,16 @@ class Bridge : public CUDAAllocator {
           seg.requested_size += block.requested_size;
         }
         seg.blocks.push_back(std::move(block));
-      } else if (kind == "trace" && include_traces) {
-        int device;
-        std::string action;
-        uint64_t addr, size, stream;
-        int64_t time_us;
-        lines >> device >> action >> addr >> size >> stream >> time_us;
+      } else if (f[0] == "trace" && f.size() >= 7 && include_traces) {
+        int64_t device = to_i64(f[1]);
         if (device >= 0 && device < devices) {
-          TraceEntry entry(c10::CachingDeviceAllocator::parseTraceEntryAction(action),
-                           static_cast<c10::DeviceIndex>(device), addr, size,
-                           reinterpret_cast<void*>(stream), MempoolId_t{0, 0}, 0);
-          entry.time_.t_ = time_us;
+          TraceEntry entry(c10::CachingDeviceAllocator::parseTraceEntryAction(f[2]),
+                           static_cast<c10::DeviceIndex>(device), to_u64(f[3]), to_u64(f[4]),
+                           reinterpret_cast<void*>(to_u64(f[5])), MempoolId_t{0, 0}, 0);
+          entry.time_.t_ = to_i64(f[6]);
           info.device_traces[device].push_back(std::move(entry));
         }
       }
-      lines.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
     }
     if (mempool_id.first != 0 || mempool_id.second != 0) {
       std::vector<SegmentInfo> kept;
@@ -295,10 +272,6 @@ class Bridge : public CUDAAllocator {
       info.segments = std::move(kept);
     }
     info.config_metadata.last_allocator_settings = "gpualloc";
-    if (std::getenv("GPU_ALLOC_BRIDGE_DEBUG")) {
-      fprintf(stderr, "bridge snapshot: %zu segments, %zu trace lists\n", info.segments.size(),
-              info.device_traces.size());
-    }
     return info;
   }
 
@@ -420,6 +393,40 @@ class Bridge : public CUDAAllocator {
     std::string out(s);
     api.string_free(s);
     return out;
+  }
+
+  static uint64_t to_u64(const std::string& s) { return std::strtoull(s.c_str(), nullptr, 10); }
+  static int64_t to_i64(const std::string& s) { return std::strtoll(s.c_str(), nullptr, 10); }
+
+  // The library's snapshot text (see gpualloc_snapshot_text) split into lines
+  // of space-separated fields; no empty lines.
+  static std::vector<std::vector<std::string>> snapshot_lines(int device) {
+    std::string text = take_string(api.snapshot_text(device), "snapshot");
+    std::vector<std::vector<std::string>> lines;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t eol = text.find('\n', pos);
+      if (eol == std::string::npos) {
+        eol = text.size();
+      }
+      std::vector<std::string> fields;
+      size_t f = pos;
+      while (f < eol) {
+        size_t sp = text.find(' ', f);
+        if (sp == std::string::npos || sp > eol) {
+          sp = eol;
+        }
+        if (sp > f) {
+          fields.push_back(text.substr(f, sp - f));
+        }
+        f = sp + 1;
+      }
+      if (!fields.empty()) {
+        lines.push_back(std::move(fields));
+      }
+      pos = eol + 1;
+    }
+    return lines;
   }
 
   // The private pool this allocation goes to, or {0, 0}.

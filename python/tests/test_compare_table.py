@@ -1,0 +1,192 @@
+"""CPU test of compare_workloads.py's table (no torch, no GPU):
+
+    python3 python/tests/test_compare_table.py      (or python3 -m pytest ...)
+
+The expected figures are worked out by hand from the synthetic results below, so a wrong
+median, ratio, baseline or equality verdict fails a test.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+import compare_workloads as cw  # noqa: E402
+
+G = 2**30
+
+
+def run(alloc, step_ms, warmup, reserved, allocated, fingerprint, workload="w1",
+        reserved_source="torch.cuda.memory_stats", allocated_source=None, dev_allocs=10,
+        used=None):
+    return {
+        "workload": workload, "alloc": alloc, "step_ms": step_ms, "warmup": warmup,
+        "peak_reserved": reserved, "reserved_source": reserved_source,
+        "peak_allocated": allocated, "allocated_source": allocated_source or reserved_source,
+        "num_device_alloc": dev_allocs, "device_used_delta": used if used is not None else reserved,
+        "fingerprint": fingerprint,
+    }
+
+
+FP = {"losses": [10.981129, 10.977077, 10.983126]}
+FP_OTHER = {"losses": [10.981129, 10.977077, 10.983126 + 1e-6]}
+
+RESULTS = [
+    # warm-up steps (500, 300) must not count: median of [100, 104, 96] = 100
+    run("torch", [500.0, 300.0, 100.0, 104.0, 96.0], 2, 10 * G, 6 * G, FP),
+    run("torch-expandable", [400.0, 101.0, 99.0, 103.0], 1, 8 * G, 6 * G, FP, dev_allocs=3),
+    # cudaMallocAsync without a reserved figure: the cuMemGetInfo stand-in (7 GiB) is
+    # smaller than expandable's 8 GiB but must not become the baseline
+    run("torch-async", [300.0, 110.0, 112.0, 111.0], 1, 7 * G, 5.5 * G, FP,
+        reserved_source="cuMemGetInfo", allocated_source="cudaMallocAsync pool", dev_allocs=None),
+    # median of [102, 101, 103] = 102 -> 1.020; 8.8 GiB / 8 GiB = 1.100
+    run("gpualloc", [900.0, 102.0, 101.0, 103.0], 1, int(8.8 * G), 6 * G, FP,
+        reserved_source="gpu_alloc.memory_stats"),
+    # even number of timed steps: median of [98, 99, 101, 102] = 100 -> 1.000; 12 / 8 = 1.5
+    run("gpualloc:policy:buddy", [1.0, 98.0, 102.0, 99.0, 101.0], 1, 12 * G, 6 * G, FP_OTHER),
+    {"workload": "w1", "alloc": "gpualloc:policy:size-class", "error": "rc -11: Segmentation fault"},
+    # second workload with no torch run: no step ratio, no equality verdict; the best
+    # PyTorch reserved is the cuMemGetInfo one because no other PyTorch figure exists
+    run("torch-async", [5.0, 4.0, 4.0], 1, 2 * G, G, {"logit_sums": [1.5]}, workload="w2",
+        reserved_source="cuMemGetInfo", dev_allocs=None),
+    run("gpualloc", [5.0, 4.0, 6.0], 1, 3 * G, G, {"logit_sums": [1.5]}, workload="w2"),
+]
+
+
+def parse_markdown(md):
+    """{(workload, allocator): {column: cell}} from the report's table."""
+    lines = [l for l in md.splitlines() if l.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    table = {}
+    for l in lines[2:]:
+        cells = [c.strip() for c in l.strip().strip("|").split("|")]
+        assert len(cells) == len(header), l
+        row = dict(zip(header, cells))
+        table[(row["workload"], row["allocator"])] = row
+    return header, table
+
+
+class TableTest(unittest.TestCase):
+    def setUp(self):
+        self.md = cw.make_table(RESULTS)
+        self.header, self.t = parse_markdown(self.md)
+
+    def cell(self, alloc, col, workload="w1"):
+        return self.t[(workload, alloc)][col]
+
+    def test_columns_and_rows(self):
+        self.assertEqual(self.header, cw.TABLE_COLUMNS)
+        self.assertEqual(len(self.t), len(RESULTS))
+        self.assertEqual(list(self.t), [(r["workload"], r["alloc"]) for r in RESULTS])
+
+    def test_median_excludes_warmup(self):
+        self.assertEqual(self.cell("torch", "median step ms"), "100.00")
+        self.assertEqual(self.cell("torch-expandable", "median step ms"), "101.00")
+        self.assertEqual(self.cell("gpualloc", "median step ms"), "102.00")
+        self.assertEqual(self.cell("gpualloc:policy:buddy", "median step ms"), "100.00")
+        self.assertEqual(cw.median_step_ms({"step_ms": [9.0, 1.0, 2.0, 3.0], "warmup": 1}), 2.0)
+
+    def test_step_ratio_to_torch(self):
+        self.assertEqual(self.cell("torch", "step / torch"), "1.000")
+        self.assertEqual(self.cell("torch-expandable", "step / torch"), "1.010")
+        self.assertEqual(self.cell("torch-async", "step / torch"), "1.110")
+        self.assertEqual(self.cell("gpualloc", "step / torch"), "1.020")
+        self.assertEqual(self.cell("gpualloc:policy:buddy", "step / torch"), "1.000")
+
+    def test_reserved_ratio_to_best_pytorch_setting(self):
+        self.assertEqual(self.cell("torch", "peak reserved GiB"), "10.000")
+        self.assertEqual(self.cell("torch", "reserved / best PyTorch"), "1.250")
+        self.assertEqual(self.cell("torch-expandable", "reserved / best PyTorch"), "1.000")
+        self.assertEqual(self.cell("torch-async", "peak reserved GiB"), "7.000 †")
+        self.assertEqual(self.cell("torch-async", "reserved / best PyTorch"), "0.875")
+        self.assertEqual(self.cell("gpualloc", "peak reserved GiB"), "8.800")
+        self.assertEqual(self.cell("gpualloc", "reserved / best PyTorch"), "1.100")
+        self.assertEqual(self.cell("gpualloc:policy:buddy", "reserved / best PyTorch"), "1.500")
+        self.assertIn("w1: torch-expandable", self.md)
+
+    def test_marked_fallback_is_baseline_only_when_alone(self):
+        self.assertEqual(self.cell("torch-async", "reserved / best PyTorch", "w2"), "1.000")
+        self.assertEqual(self.cell("gpualloc", "reserved / best PyTorch", "w2"), "1.500")
+
+    def test_allocated_and_device_allocs(self):
+        self.assertEqual(self.cell("torch", "peak allocated GiB"), "6.000")
+        self.assertEqual(self.cell("torch-async", "peak allocated GiB"), "5.500 ‡")
+        self.assertEqual(self.cell("torch-expandable", "device allocs"), "3")
+        self.assertEqual(self.cell("torch-async", "device allocs"), "n/a")
+        self.assertEqual(self.cell("gpualloc", "cuMemGetInfo Δ GiB"), "8.800")
+
+    def test_outputs_equal(self):
+        self.assertEqual(self.cell("torch", "outputs equal"), "ref")
+        self.assertEqual(self.cell("torch-expandable", "outputs equal"), "yes")
+        self.assertEqual(self.cell("gpualloc", "outputs equal"), "yes")
+        # 1e-6 apart is a mismatch: equality is exact, and the report says where
+        self.assertEqual(self.cell("gpualloc:policy:buddy", "outputs equal"), "no")
+        self.assertIn("gpualloc:policy:buddy: fingerprint.losses[2]", self.md)
+
+    def test_without_reference_run(self):
+        self.assertEqual(self.cell("gpualloc", "step / torch", "w2"), "-")
+        self.assertEqual(self.cell("gpualloc", "outputs equal", "w2"), "n/a")
+
+    def test_failed_run(self):
+        self.assertEqual(self.cell("gpualloc:policy:size-class", "outputs equal"), "FAILED")
+        self.assertEqual(self.cell("gpualloc:policy:size-class", "median step ms"), "-")
+        self.assertIn("Segmentation fault", self.md)
+
+    def test_order_independent(self):
+        md2 = cw.make_table(list(reversed(RESULTS[:6])) + RESULTS[6:])
+        _, t2 = parse_markdown(md2)
+        for key, row in self.t.items():
+            self.assertEqual(t2[key], row)
+
+    def test_first_difference(self):
+        self.assertIsNone(cw.first_difference({"a": [1.0, "x"]}, {"a": [1.0, "x"]}))
+        self.assertIn("fingerprint.a[1]", cw.first_difference({"a": [1.0, "x"]}, {"a": [1.0, "y"]}))
+        self.assertIn("entries", cw.first_difference({"a": [1.0]}, {"a": [1.0, 2.0]}))
+        self.assertIsNotNone(cw.first_difference({"s": 0.1 + 0.2}, {"s": 0.3}))
+
+    def test_parse_alloc(self):
+        self.assertEqual(cw.parse_alloc("torch"), ("torch", ""))
+        self.assertEqual(cw.parse_alloc("torch-expandable"), ("torch", "expandable_segments:True"))
+        self.assertEqual(cw.parse_alloc("torch-async"), ("torch", "backend:cudaMallocAsync"))
+        self.assertEqual(cw.parse_alloc("torch#2"), ("torch", ""))
+        self.assertEqual(cw.parse_alloc("gpualloc"), ("gpualloc", None))
+        self.assertEqual(cw.parse_alloc("gpualloc:policy:pytorch-bfc+gc-age"),
+                         ("gpualloc", "policy:pytorch-bfc+gc-age"))
+        self.assertEqual(cw.parse_alloc("gpualloc:expandable_segments:True"),
+                         ("gpualloc", "expandable_segments:True"))
+        with self.assertRaises(ValueError):
+            cw.parse_alloc("rmm")
+        for a in cw.DEFAULT_ALLOCS:
+            cw.parse_alloc(a)
+
+    def test_child_env(self):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        os.environ["GPUALLOC_CONF"] = "policy:buddy"
+        try:
+            self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", cw.child_env("torch", False))
+            self.assertNotIn("PYTORCH_CUDA_ALLOC_CONF", cw.child_env("gpualloc", False))
+            self.assertNotIn("GPUALLOC_CONF", cw.child_env("gpualloc", False))
+            self.assertEqual(cw.child_env("torch-async", False)["PYTORCH_CUDA_ALLOC_CONF"],
+                             "backend:cudaMallocAsync")
+        finally:
+            del os.environ["PYTORCH_CUDA_ALLOC_CONF"], os.environ["GPUALLOC_CONF"]
+
+    def test_from_json_and_no_torch_import(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "r.json")
+            with open(path, "w") as f:
+                json.dump(RESULTS, f)
+            script = os.path.join(os.path.dirname(HERE), "examples", "compare_workloads.py")
+            p = subprocess.run([sys.executable, script, "--from-json", path],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout, self.md)
+        self.assertNotIn("torch", sys.modules)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
