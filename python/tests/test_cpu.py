@@ -12,6 +12,8 @@ torch is replaced by a mock where enable() is exercised.
 """
 
 import ctypes
+import contextlib
+import io
 import os
 import pickle
 import shutil
@@ -57,8 +59,9 @@ SO, WHY_NO_SO = _find_or_build_library()
 needs_so = unittest.skipIf(SO is None, "liballoc_ffi.so unavailable: %s" % WHY_NO_SO)
 
 
-def fake_torch(available=True, initialized=False, swap_error=None):
-    """A stand-in for the parts of torch that gpu_alloc.enable() touches."""
+def fake_torch(available=True, initialized=False, swap_error=None, bridge=False):
+    """A stand-in for the parts of torch that gpu_alloc.enable() touches; with bridge=True
+    its cpp_extension.load "builds" a bridge module that records install()."""
     calls = []
 
     class CUDAPluggableAllocator:
@@ -80,6 +83,12 @@ def fake_torch(available=True, initialized=False, swap_error=None):
             change_current_allocator=change_current_allocator,
         ),
     )
+    if bridge:
+        def load(name, sources, **kwargs):
+            calls.append(("cpp_extension.load", name, os.path.basename(sources[0])))
+            return types.SimpleNamespace(install=lambda path: calls.append(("install", path)))
+
+        torch.utils = types.SimpleNamespace(cpp_extension=types.SimpleNamespace(load=load))
     return torch, calls
 
 
@@ -104,6 +113,7 @@ class WithoutLibrary(unittest.TestCase):
 class Library(unittest.TestCase):
     def setUp(self):
         gpu_alloc._enabled_with = None
+        gpu_alloc._bridge = None
         gpu_alloc.load_library(SO)
 
     def test_version(self):
@@ -184,6 +194,44 @@ class Library(unittest.TestCase):
         self.assertEqual(calls[0], ("CUDAPluggableAllocator", SO, "gpualloc_malloc", "gpualloc_free"))
         self.assertEqual(calls[1][0], "change_current_allocator")
         self.assertEqual(len(calls), 2)
+
+    def test_enable_installs_the_bridge_when_it_builds(self):
+        torch, calls = fake_torch(bridge=True)
+        modules = {"torch": torch, "torch.utils": torch.utils}
+        with mock.patch.dict(sys.modules, modules), mock.patch.dict(os.environ):
+            os.environ.pop("GPUALLOC_CONF", None)
+            gpu_alloc.enable(so_path=SO)
+            self.assertTrue(gpu_alloc.uses_bridge())
+        self.assertEqual(calls[0], ("cpp_extension.load", "gpu_alloc_bridge", "bridge.cpp"))
+        self.assertEqual(calls[1], ("install", SO))
+        self.assertEqual(len(calls), 2, "no plain pluggable allocator as well")
+
+    def test_enable_falls_back_to_plain_pluggable_and_says_what_is_lost(self):
+        torch, calls = fake_torch()  # no torch.utils: the bridge cannot be built
+        err = io.StringIO()
+        with mock.patch.dict(sys.modules, {"torch": torch}), mock.patch.dict(os.environ), \
+                contextlib.redirect_stderr(err):
+            os.environ.pop("GPUALLOC_CONF", None)
+            gpu_alloc.enable(so_path=SO)
+        self.assertFalse(gpu_alloc.uses_bridge())
+        self.assertEqual(calls[0][0], "CUDAPluggableAllocator")
+        self.assertIn("cannot build the C++ bridge", err.getvalue())
+        self.assertIn("record_stream", err.getvalue())
+
+    def test_enable_with_bridge_required_raises_when_it_cannot_be_built(self):
+        torch, calls = fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+                gpu_alloc.enable(so_path=SO, bridge=True)
+        self.assertIn("C++ bridge", str(cm.exception))
+        self.assertEqual(calls, [])
+        self.assertFalse(gpu_alloc.is_enabled())
+
+    def test_no_compiler_is_named(self):
+        with mock.patch.dict(os.environ, {"PATH": "", "CXX": "no-such-compiler"}):
+            with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+                gpu_alloc.build_bridge()
+        self.assertIn("no C++ compiler", str(cm.exception))
 
     def test_enable_too_late_says_so(self):
         torch, _ = fake_torch(swap_error="Can't swap an already initialized allocator")

@@ -134,3 +134,65 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("pickle ok"));
 }
+
+/// The text the C++ bridge parses: one line per segment, block and trace
+/// event, fields as documented on `to_text`, private pools named.
+#[test]
+fn snapshot_text_for_the_bridge_lists_every_segment_block_and_event() {
+    let cfg = AllocatorConfig::default();
+    let policy = AnyPolicy::from_config(&cfg).unwrap();
+    let mut e = Engine::new(
+        policy,
+        SimMemory::new(80 << 30),
+        SimStreams::new(),
+        EngineOptions::default(),
+    );
+    let a = e.malloc(1000, 0).unwrap();
+    e.begin_allocate_to_pool((7, 0));
+    let g = e.malloc_in(3 * MIB, 0x40, Some((7, 0))).unwrap();
+    e.end_allocate_to_pool((7, 0)).unwrap();
+    let snap = e.snapshot();
+    let py = PySnapshot {
+        segments: segments_of(0, &snap, false),
+        device_traces: vec![vec![TraceEntry {
+            action: "alloc",
+            addr: a.addr,
+            size: 1000,
+            stream: 0,
+            time_us: 42,
+            frames: Vec::new(),
+            device_free: None,
+        }]],
+        allocator_settings: settings_of("", &cfg, "pytorch-bfc"),
+    };
+    let text = alloc_ffi::snapshot::to_text(&py);
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    let segments: Vec<&Vec<&str>> = lines.iter().filter(|l| l[0] == "segment").collect();
+    assert_eq!(segments.len(), snap.segments.len());
+    for l in &lines {
+        let fields = match l[0] {
+            "segment" => 9,
+            "block" => 5,
+            "trace" => 7,
+            other => panic!("unknown line kind {other}: {text}"),
+        };
+        assert_eq!(l.len(), fields, "{l:?}");
+    }
+    let blocks = lines.iter().filter(|l| l[0] == "block").count();
+    let expected: usize = snap.segments.iter().map(|s| s.blocks.len()).sum();
+    assert_eq!(blocks, expected);
+    // The graph's segment names its pool and its real stream.
+    let pooled = segments
+        .iter()
+        .find(|l| l[7] == "7" && l[8] == "0")
+        .expect("a segment of pool (7, 0)");
+    assert_eq!(pooled[4], "64", "stream 0x40");
+    let seg_addr: u64 = pooled[2].parse().unwrap();
+    let seg_size: u64 = pooled[3].parse().unwrap();
+    assert!((seg_addr..seg_addr + seg_size).contains(&g.addr));
+    assert!(
+        text.contains(&format!("block {} 1024 1000 active_allocated\n", a.addr)),
+        "{text}"
+    );
+    assert!(text.contains(&format!("trace 0 alloc {} 1000 0 42", a.addr)));
+}
