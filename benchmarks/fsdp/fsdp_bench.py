@@ -33,7 +33,7 @@ figures (peaks per step: the peaks are reset after each reading) and the device'
 use (torch.cuda.mem_get_info: includes the CUDA context, NCCL buffers and cuBLAS workspaces).
 
 The allocator's figures come from torch.cuda.memory_stats() where it works; under a
-pluggable allocator it raises until the C++ bridge lands, and then gpu_alloc.memory_stats()
+pluggable allocator (no C++ bridge) it raises, and then gpu_alloc.memory_stats()
 (same key names) is used. Under the ours-* settings gpu_alloc's figures are recorded too.
 
 Output: DIR/runs/<setting>__<fsdp>__<shape>__rank<R>.json per rank (summary + per-step
@@ -284,7 +284,7 @@ def shard(torch, args, model, block_cls, blocks, device, world):
 
 class AllocStats:
     """Reads the allocator's figures: torch.cuda.memory_stats() where it works, else
-    gpu_alloc.memory_stats() (ours-* settings, until the C++ bridge lands)."""
+    gpu_alloc.memory_stats() (ours-* settings without the C++ bridge)."""
 
     KEYS = ("reserved_bytes.all.current", "reserved_bytes.all.peak",
             "allocated_bytes.all.current", "allocated_bytes.all.peak",
