@@ -24,8 +24,8 @@ pub enum BlockState {
     AwaitingEvents,
 }
 
-/// A contiguous piece of a segment.
-#[derive(Clone, Debug)]
+/// A contiguous piece of a segment (64 bytes: one cache line).
+#[derive(Clone, Copy, Debug)]
 pub struct Block {
     /// Device address of the first byte.
     pub addr: u64,
@@ -88,7 +88,14 @@ impl Segment {
 /// Arena of blocks and segments plus the statistics they determine.
 #[derive(Debug, Default)]
 pub struct Heap {
-    blocks: Slab<Block>,
+    /// Block arena indexed by [`BlockId::index`]. Slot 0 is a placeholder
+    /// (ids are non-zero); a retired slot has size 0 and links the next
+    /// retired slot through `next` (reused last-in first-out).
+    blocks: Vec<Block>,
+    /// The most recently retired slot.
+    vacant: Option<BlockId>,
+    /// Number of blocks in use (not retired).
+    live_blocks: usize,
     segments: Slab<Segment>,
     by_addr: BTreeMap<u64, SegmentId>,
     /// Live statistics; the engine adds its event counters to them.
@@ -114,6 +121,56 @@ const T_REQUESTED_BYTES: usize = 4;
 const T_INACTIVE_SPLIT: usize = 5;
 const T_INACTIVE_SPLIT_BYTES: usize = 6;
 const T_OVERSIZE: usize = 7;
+
+/// Contents of the placeholder slot 0 and of retired slots.
+const VACANT: Block = Block {
+    addr: 0,
+    size: 0,
+    requested: 0,
+    segment: SegmentId(0),
+    prev: None,
+    next: None,
+    state: BlockState::Free,
+    stream: 0,
+    pool: PoolKind::Small,
+    tag: 0,
+    freed_at: 0,
+};
+
+/// Adds (`sign = 1`) or removes (`sign = -1`) the contribution of one block
+/// with these attributes to a pool's tally.
+#[inline(always)]
+fn contribute(
+    t: &mut Tally,
+    sign: i64,
+    state: BlockState,
+    split: bool,
+    size: u64,
+    requested: u64,
+    oversize_threshold: u64,
+) {
+    let (bytes, requested) = (size as i64 * sign, requested as i64 * sign);
+    match state {
+        BlockState::Free => {
+            if split {
+                t[T_INACTIVE_SPLIT] += sign;
+                t[T_INACTIVE_SPLIT_BYTES] += bytes;
+            }
+        }
+        state => {
+            t[T_ACTIVE] += sign;
+            t[T_ACTIVE_BYTES] += bytes;
+            t[T_REQUESTED_BYTES] += requested;
+            if state == BlockState::Allocated {
+                t[T_ALLOCATION] += sign;
+                t[T_ALLOCATED_BYTES] += bytes;
+                if size >= oversize_threshold {
+                    t[T_OVERSIZE] += sign;
+                }
+            }
+        }
+    }
+}
 
 impl Heap {
     /// An empty heap; `oversize_threshold` as in [`Heap::oversize_threshold`].
@@ -149,7 +206,7 @@ impl Heap {
 
     /// Number of blocks.
     pub fn block_count(&self) -> usize {
-        self.blocks.len()
+        self.live_blocks
     }
 
     /// All segments in address order.
@@ -161,7 +218,12 @@ impl Heap {
 
     /// All blocks in arena order.
     pub fn blocks(&self) -> impl Iterator<Item = (BlockId, &Block)> + '_ {
-        self.blocks.iter().map(|(i, b)| (BlockId(i as u32), b))
+        self.blocks
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, b)| b.size != 0)
+            .map(|(i, b)| (BlockId::from_index(i), b))
     }
 
     /// The blocks of one segment in address order.
@@ -170,6 +232,51 @@ impl Heap {
             heap: self,
             next: Some(self.segment(seg).first),
         }
+    }
+
+    /// Puts a block into a free arena slot; returns its id.
+    #[inline]
+    fn alloc_slot(&mut self, block: Block) -> BlockId {
+        debug_assert!(block.size > 0);
+        self.live_blocks += 1;
+        match self.vacant {
+            Some(id) => {
+                let slot = &mut self.blocks[id.index()];
+                self.vacant = slot.next;
+                *slot = block;
+                id
+            }
+            None => self.push_slot(block),
+        }
+    }
+
+    #[inline(never)]
+    fn push_slot(&mut self, block: Block) -> BlockId {
+        if self.blocks.is_empty() {
+            self.blocks.push(VACANT);
+        }
+        let id = BlockId::from_index(self.blocks.len());
+        self.blocks.push(block);
+        id
+    }
+
+    /// Retires a block's slot; returns the block it held.
+    #[inline]
+    fn retire_slot(&mut self, id: BlockId) -> Block {
+        self.live_blocks -= 1;
+        let vacant = Block {
+            next: self.vacant,
+            ..VACANT
+        };
+        self.vacant = Some(id);
+        std::mem::replace(&mut self.blocks[id.index()], vacant)
+    }
+
+    /// The tally of `pool`, marked as changed.
+    #[inline(always)]
+    fn tally_mut(&mut self, pool: PoolKind) -> &mut Tally {
+        self.dirty[pool.index()] = true;
+        &mut self.tally[pool.index()]
     }
 
     /// The segment containing `addr`, if any.
@@ -194,9 +301,8 @@ impl Heap {
         pool: PoolKind,
         stream: StreamId,
     ) -> (SegmentId, BlockId) {
-        let seg_entry = self.segments.vacant_entry();
-        let seg_id = SegmentId(seg_entry.key() as u32);
-        let block_id = BlockId(self.blocks.insert(Block {
+        let seg_id = SegmentId(self.segments.vacant_key() as u32);
+        let block_id = self.alloc_slot(Block {
             addr,
             size,
             requested: 0,
@@ -208,8 +314,8 @@ impl Heap {
             pool,
             tag: 0,
             freed_at: self.clock[pool.index()],
-        }) as u32);
-        seg_entry.insert(Segment {
+        });
+        let inserted = self.segments.insert(Segment {
             addr,
             size,
             stream,
@@ -221,6 +327,7 @@ impl Heap {
             busy: 0,
             idle_since: self.clock[pool.index()],
         });
+        debug_assert_eq!(inserted, seg_id.index());
         self.by_addr.insert(addr, seg_id);
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
@@ -238,7 +345,7 @@ impl Heap {
         let ids: smallvec::SmallVec<[BlockId; 4]> = self.segment_blocks(seg_id).collect();
         for id in ids {
             self.account(id, -1);
-            self.blocks.remove(id.index());
+            self.retire_slot(id);
         }
         let seg = self.segments.remove(seg_id.index());
         self.by_addr.remove(&seg.addr);
@@ -261,22 +368,29 @@ impl Heap {
             requested: 0,
             prev: Some(id),
             tag: 0,
-            ..b.clone()
+            ..*b
         };
-        self.account(id, -1);
-        let rest_id = BlockId(self.blocks.insert(rest) as u32);
+        let (whole, seg, pool) = (b.size, b.segment, b.pool);
+        let rest_id = self.alloc_slot(rest);
         let b = &mut self.blocks[id.index()];
         let old_next = b.next.replace(rest_id);
         b.size = first_size;
-        let seg = b.segment;
         let segment = &mut self.segments[seg.index()];
         match old_next {
             Some(n) => self.blocks[n.index()].prev = Some(rest_id),
             None => segment.last = rest_id,
         }
+        let was_split = segment.blocks > 1;
         segment.blocks += 1;
-        self.account(id, 1);
-        self.account(rest_id, 1);
+        // Both pieces are free blocks of a split segment now; before, the
+        // block counted as inactive split only if its segment was split.
+        let t = self.tally_mut(pool);
+        if was_split {
+            t[T_INACTIVE_SPLIT] += 1;
+        } else {
+            t[T_INACTIVE_SPLIT] += 2;
+            t[T_INACTIVE_SPLIT_BYTES] += whole as i64;
+        }
         rest_id
     }
 
@@ -288,21 +402,28 @@ impl Heap {
             .expect("merge_next without successor");
         debug_assert!(self.block(id).state == BlockState::Free);
         debug_assert!(self.block(next).state == BlockState::Free);
-        self.account(id, -1);
-        self.account(next, -1);
-        let absorbed = self.blocks.remove(next.index());
+        let absorbed = self.retire_slot(next);
         let b = &mut self.blocks[id.index()];
         b.size += absorbed.size;
         b.next = absorbed.next;
         b.freed_at = b.freed_at.max(absorbed.freed_at);
-        let seg = b.segment;
+        let (merged, seg, pool) = (b.size, b.segment, b.pool);
         let segment = &mut self.segments[seg.index()];
         match absorbed.next {
             Some(n) => self.blocks[n.index()].prev = Some(id),
             None => segment.last = id,
         }
         segment.blocks -= 1;
-        self.account(id, 1);
+        let still_split = segment.blocks > 1;
+        // Two inactive split blocks become one, which no longer counts if
+        // it is now its segment's only block.
+        let t = self.tally_mut(pool);
+        if still_split {
+            t[T_INACTIVE_SPLIT] -= 1;
+        } else {
+            t[T_INACTIVE_SPLIT] -= 2;
+            t[T_INACTIVE_SPLIT_BYTES] -= merged as i64;
+        }
     }
 
     /// Marks a segment as growable (expandable segments).
@@ -332,9 +453,9 @@ impl Heap {
                 state: BlockState::Free,
                 tag: 0,
                 freed_at: self.clock[pool.index()],
-                ..self.blocks[last.index()].clone()
+                ..self.blocks[last.index()]
             };
-            let id = BlockId(self.blocks.insert(tail) as u32);
+            let id = self.alloc_slot(tail);
             self.blocks[last.index()].next = Some(id);
             let segment = &mut self.segments[seg_id.index()];
             segment.last = id;
@@ -359,7 +480,7 @@ impl Heap {
             let prev = b.prev.expect("shrink would empty the segment");
             self.account(last, -1);
             self.account(prev, -1);
-            self.blocks.remove(last.index());
+            self.retire_slot(last);
             self.blocks[prev.index()].next = None;
             let seg = &mut self.segments[seg_id.index()];
             seg.last = prev;
@@ -378,28 +499,76 @@ impl Heap {
 
     /// Moves a block to a new state, recording `requested` bytes when it
     /// becomes allocated.
+    #[inline]
     pub fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
-        self.account(id, -1);
-        let clock = self.clock;
         let b = &mut self.blocks[id.index()];
-        let was_free = b.state == BlockState::Free;
+        let seg = &mut self.segments[b.segment.index()];
+        let p = b.pool.index();
+        let size = b.size as i64;
+        let oversize = i64::from(b.size >= self.oversize_threshold);
+        // The two transitions of every malloc and free, tallied directly.
+        let (sign, requested) = match (b.state, state) {
+            (BlockState::Free, BlockState::Allocated) => {
+                b.requested = requested;
+                seg.busy += 1;
+                (1, requested as i64)
+            }
+            (BlockState::Allocated, BlockState::Free) => {
+                seg.busy -= 1;
+                if seg.busy == 0 {
+                    seg.idle_since = self.clock[p];
+                }
+                b.freed_at = self.clock[p];
+                (-1, std::mem::replace(&mut b.requested, 0) as i64)
+            }
+            _ => return self.set_state_slow(id, state, requested),
+        };
+        b.state = state;
+        let split = seg.blocks > 1;
+        self.dirty[p] = true;
+        let t = &mut self.tally[p];
+        if split {
+            t[T_INACTIVE_SPLIT] -= sign;
+            t[T_INACTIVE_SPLIT_BYTES] -= sign * size;
+        }
+        t[T_ACTIVE] += sign;
+        t[T_ACTIVE_BYTES] += sign * size;
+        t[T_REQUESTED_BYTES] += sign * requested;
+        t[T_ALLOCATION] += sign;
+        t[T_ALLOCATED_BYTES] += sign * size;
+        t[T_OVERSIZE] += sign * oversize;
+    }
+
+    /// [`Heap::set_state`] for transitions other than free <-> allocated.
+    #[inline(never)]
+    fn set_state_slow(&mut self, id: BlockId, state: BlockState, requested: u64) {
+        let clock = self.clock;
+        let threshold = self.oversize_threshold;
+        let b = &mut self.blocks[id.index()];
+        let old = b.state;
+        let seg = &mut self.segments[b.segment.index()];
+        let split = seg.blocks > 1;
+        let p = b.pool.index();
+        self.dirty[p] = true;
+        let t = &mut self.tally[p];
+        contribute(t, -1, old, split, b.size, b.requested, threshold);
         b.state = state;
         if state == BlockState::Allocated {
             b.requested = requested;
         }
+        let was_free = old == BlockState::Free;
         let now_free = state == BlockState::Free;
-        let seg = &mut self.segments[b.segment.index()];
         if was_free && !now_free {
             seg.busy += 1;
         } else if !was_free && now_free {
             b.requested = 0;
-            b.freed_at = clock[b.pool.index()];
+            b.freed_at = clock[p];
             seg.busy -= 1;
             if seg.busy == 0 {
-                seg.idle_since = clock[b.pool.index()];
+                seg.idle_since = clock[p];
             }
         }
-        self.account(id, 1);
+        contribute(t, 1, state, split, b.size, b.requested, threshold);
     }
 
     /// Adds (`sign = 1`) or removes (`sign = -1`) one block's contribution to
@@ -412,45 +581,40 @@ impl Heap {
         let split = self.segments[b.segment.index()].blocks > 1;
         let p = b.pool.index();
         self.dirty[p] = true;
-        let t = &mut self.tally[p];
-        let (size, requested) = (b.size as i64 * sign, b.requested as i64 * sign);
-        match b.state {
-            BlockState::Free => {
-                if split {
-                    t[T_INACTIVE_SPLIT] += sign;
-                    t[T_INACTIVE_SPLIT_BYTES] += size;
-                }
-            }
-            state => {
-                t[T_ACTIVE] += sign;
-                t[T_ACTIVE_BYTES] += size;
-                t[T_REQUESTED_BYTES] += requested;
-                if state == BlockState::Allocated {
-                    t[T_ALLOCATION] += sign;
-                    t[T_ALLOCATED_BYTES] += size;
-                    if b.size >= self.oversize_threshold {
-                        t[T_OVERSIZE] += sign;
-                    }
-                }
-            }
-        }
+        contribute(
+            &mut self.tally[p],
+            sign,
+            b.state,
+            split,
+            b.size,
+            b.requested,
+            self.oversize_threshold,
+        );
     }
 
     /// Applies the net change tallied by the mutations since the last call
     /// to the statistics. The engine calls it once at the end of every
     /// operation, so peaks and totals describe states between operations.
+    #[inline]
     pub fn settle(&mut self) {
-        for pool in [PoolKind::Small, PoolKind::Large] {
-            if self.dirty[pool.index()] {
-                self.settle_pool(pool);
-            }
+        if self.dirty[PoolKind::Small.index()] {
+            self.settle_pool::<true>();
+        }
+        if self.dirty[PoolKind::Large.index()] {
+            self.settle_pool::<false>();
         }
     }
 
-    // Kept out of line: inlined into the loop above, the compiler keeps every
-    // statistic in registers across both iterations and spills heavily.
+    // Kept out of line: inlined into the caller, the compiler keeps every
+    // statistic in registers across both pools and spills heavily. One copy
+    // per pool, so that the pool's column is a constant offset.
     #[inline(never)]
-    fn settle_pool(&mut self, pool: PoolKind) {
+    fn settle_pool<const SMALL: bool>(&mut self) {
+        let pool = if SMALL {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
         let p = pool.index();
         self.dirty[p] = false;
         let t = std::mem::take(&mut self.tally[p]);
@@ -568,6 +732,26 @@ mod tests {
         assert_eq!(heap.stats.inactive_split.all.current, 0);
         assert_eq!(heap.block_count(), 0);
         assert_eq!(heap.stats.segment.all.peak, 1);
+    }
+
+    #[test]
+    fn retired_slots_are_reused_last_in_first_out() {
+        let (mut heap, seg, a) = heap_with_segment(900);
+        let b = heap.split(a, 300);
+        let c = heap.split(b, 300);
+        heap.merge_next(b);
+        heap.merge_next(a);
+        heap.settle();
+        assert_eq!(heap.block_count(), 1);
+        assert_eq!(heap.blocks().map(|(id, _)| id).collect::<Vec<_>>(), vec![a]);
+        // b was retired last, so it comes back first.
+        assert_eq!(heap.split(a, 100), b);
+        assert_eq!(heap.split(b, 100), c);
+        heap.settle();
+        assert_eq!(heap.segment(seg).blocks, 3);
+        assert_eq!(heap.stats.inactive_split.all.current, 3);
+        assert_eq!(heap.stats.inactive_split_bytes.all.current, 900);
+        assert_eq!(heap.stats.inactive_split.all.peak, 3);
     }
 
     #[test]

@@ -25,7 +25,9 @@ impl Stat {
     pub fn increase(&mut self, amount: u64) {
         self.current += amount as i64;
         self.allocated += amount;
-        self.peak = self.peak.max(self.current);
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
     }
 
     /// Subtracts `amount` from the current value.

@@ -1,5 +1,7 @@
 //! Small identifier and classification types shared by every layer.
 
+use std::num::NonZeroU32;
+
 use serde::Serialize;
 
 /// An opaque stream handle. `0` is the default (legacy) stream; the CUDA layer
@@ -38,19 +40,29 @@ impl PoolKind {
 }
 
 /// Index of a block in the engine's arena.
+///
+/// Never zero (the arena's slot 0 is never handed out), so that
+/// `Option<BlockId>` takes four bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(pub(crate) u32);
+pub struct BlockId(pub(crate) NonZeroU32);
 
 impl BlockId {
     /// The smallest id, for range bounds in ordered indexes.
-    pub const MIN: BlockId = BlockId(0);
+    pub const MIN: BlockId = BlockId(NonZeroU32::MIN);
     /// The largest id, for range bounds in ordered indexes.
-    pub const MAX: BlockId = BlockId(u32::MAX);
+    pub const MAX: BlockId = BlockId(NonZeroU32::MAX);
+
+    /// The id of arena slot `index` (not 0).
+    #[inline]
+    pub(crate) fn from_index(index: usize) -> BlockId {
+        let index = u32::try_from(index).expect("block arena exceeds u32 ids");
+        BlockId(NonZeroU32::new(index).expect("block slot 0 is reserved"))
+    }
 
     /// The arena slot of this block.
     #[inline]
     pub fn index(self) -> usize {
-        self.0 as usize
+        self.0.get() as usize
     }
 }
 

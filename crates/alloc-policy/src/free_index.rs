@@ -24,27 +24,46 @@ const SUB_BITS: u32 = 4;
 const SUBS: usize = 1 << SUB_BITS;
 /// Sizes below this share the first level (bins of 512 bytes).
 const LINEAR_LIMIT: u64 = 512 << SUB_BITS;
-const LEVELS: usize = 64 - LINEAR_LIMIT.trailing_zeros() as usize + 1;
+const LINEAR_SHIFT: u32 = LINEAR_LIMIT.trailing_zeros();
+const LEVELS: usize = 64 - LINEAR_SHIFT as usize + 1;
+const BINS: usize = LEVELS * SUBS;
 
-/// The bin of a size: (first level, sub-bin). Monotonic in size.
+/// The bin of a size: first level x [`SUBS`] + sub-bin. Monotonic in size.
 #[inline]
-fn bin_of(size: u64) -> (usize, usize) {
+fn bin_of(size: u64) -> usize {
     if size < LINEAR_LIMIT {
-        (0, (size / 512) as usize)
+        (size / 512) as usize
     } else {
         let log = 63 - size.leading_zeros();
-        let fl = (log - LINEAR_LIMIT.trailing_zeros() + 1) as usize;
-        let sl = ((size >> (log - SUB_BITS)) as usize) - SUBS;
-        (fl, sl)
+        // (log - LINEAR_SHIFT + 1) * SUBS + (the top SUB_BITS + 1 bits - SUBS)
+        (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
     }
+}
+
+/// Inserts `e` before the last entry of a sorted bin (the uncommon case).
+#[cold]
+#[inline(never)]
+fn insert_sorted(entries: &mut Vec<Entry>, e: Entry) {
+    let at = entries.partition_point(|x| (x.size, x.addr) < (e.size, e.addr));
+    entries.insert(at, e);
+}
+
+/// Removes an entry other than the last of a bin (the uncommon case).
+#[cold]
+#[inline(never)]
+fn remove_inner(entries: &mut Vec<Entry>, at: usize) -> Entry {
+    entries.remove(at)
 }
 
 /// Size bins of one stream.
 #[derive(Debug, Clone)]
 struct Bins {
+    /// Bit `fl` set: some bin of first level `fl` is non-empty.
     first: u64,
+    /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
     second: [u16; LEVELS],
-    bins: Vec<Vec<Entry>>,
+    /// Entries of each bin, sorted by (size, address).
+    bins: Box<[Vec<Entry>]>,
     len: usize,
 }
 
@@ -53,19 +72,24 @@ impl Bins {
         Bins {
             first: 0,
             second: [0; LEVELS],
-            bins: vec![Vec::new(); LEVELS * SUBS],
+            bins: vec![Vec::new(); BINS].into_boxed_slice(),
             len: 0,
         }
     }
 
-    /// First non-empty bin at or after (fl, sl).
+    /// First non-empty bin at or after `bin`.
     #[inline]
-    fn next_nonempty(&self, fl: usize, sl: usize) -> Option<usize> {
+    fn next_nonempty(&self, bin: usize) -> Option<usize> {
+        let (fl, sl) = (bin / SUBS, bin % SUBS);
+        if fl >= LEVELS {
+            return None;
+        }
         let here = self.second[fl] & (u16::MAX << sl);
         if here != 0 {
             return Some(fl * SUBS + here.trailing_zeros() as usize);
         }
-        let above = self.first & (u64::MAX.checked_shl(fl as u32 + 1).unwrap_or(0));
+        // fl + 1 <= LEVELS < 64: the shift cannot overflow.
+        let above = self.first & (u64::MAX << (fl + 1));
         if above == 0 {
             return None;
         }
@@ -73,21 +97,33 @@ impl Bins {
         Some(fl * SUBS + self.second[fl].trailing_zeros() as usize)
     }
 
+    #[inline]
     fn insert(&mut self, e: Entry) {
-        let (fl, sl) = bin_of(e.size);
-        let bin = &mut self.bins[fl * SUBS + sl];
-        let at = bin.partition_point(|x| (x.size, x.addr) < (e.size, e.addr));
-        bin.insert(at, e);
-        self.second[fl] |= 1 << sl;
-        self.first |= 1 << fl;
+        let bin = bin_of(e.size);
+        let entries = &mut self.bins[bin];
+        match entries.last() {
+            None => {
+                entries.push(e);
+                let (fl, sl) = (bin / SUBS, bin % SUBS);
+                self.second[fl] |= 1 << sl;
+                self.first |= 1 << fl;
+            }
+            Some(last) if (last.size, last.addr) < (e.size, e.addr) => entries.push(e),
+            Some(_) => insert_sorted(entries, e),
+        }
         self.len += 1;
     }
 
+    #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
-        let (fl, sl) = bin_of(size);
-        let bin = fl * SUBS + sl;
-        let at = self.bins[bin].partition_point(|x| (x.size, x.addr) < (size, addr));
-        if self.bins[bin]
+        let bin = bin_of(size);
+        let entries = &self.bins[bin];
+        let at = match entries.last() {
+            // Bins are short: the block is most often the last entry.
+            Some(last) if (last.size, last.addr) == (size, addr) => entries.len() - 1,
+            _ => entries.partition_point(|x| (x.size, x.addr) < (size, addr)),
+        };
+        if entries
             .get(at)
             .is_none_or(|x| (x.size, x.addr) != (size, addr))
         {
@@ -106,27 +142,24 @@ impl Bins {
     /// Position (bin, index) of the smallest entry with size >= `size`.
     #[inline]
     fn lower_bound_position(&self, size: u64) -> Option<(usize, usize)> {
-        let (fl, sl) = bin_of(size);
-        let here = fl * SUBS + sl;
-        let at = self.bins[here].partition_point(|x| x.size < size);
-        if at < self.bins[here].len() {
-            return Some((here, at));
+        let bin = bin_of(size);
+        let entries = &self.bins[bin];
+        if entries.last().is_some_and(|last| last.size >= size) {
+            return Some((bin, entries.partition_point(|x| x.size < size)));
         }
-        let (fl, sl) = if sl + 1 < SUBS {
-            (fl, sl + 1)
-        } else {
-            (fl + 1, 0)
-        };
-        if fl >= LEVELS {
-            return None;
-        }
-        self.next_nonempty(fl, sl).map(|b| (b, 0))
+        self.next_nonempty(bin + 1).map(|b| (b, 0))
     }
 
     /// Removes the entry at a position found by `lower_bound_position`.
+    #[inline]
     fn remove_at(&mut self, bin: usize, at: usize) -> Entry {
-        let e = self.bins[bin].remove(at);
-        if self.bins[bin].is_empty() {
+        let entries = &mut self.bins[bin];
+        let e = if at + 1 == entries.len() {
+            entries.pop().expect("position in range")
+        } else {
+            remove_inner(entries, at)
+        };
+        if entries.is_empty() {
             let (fl, sl) = (bin / SUBS, bin % SUBS);
             self.second[fl] &= !(1 << sl);
             if self.second[fl] == 0 {
@@ -144,10 +177,25 @@ impl Bins {
 
 /// Free blocks of one pool, per stream, in PyTorch's (stream, size, address)
 /// order.
+///
+/// The block inserted last waits in a one-entry cache, `recent`, until the
+/// next insertion moves it into the bins: the two index updates of the
+/// commonest patterns (a block freed and taken again by the next request of
+/// its size; a split remainder merged back when its neighbour is freed) then
+/// never touch the bins. Every query looks at both, so answers are exactly
+/// those of one ordered set.
 #[derive(Debug, Clone, Default)]
 pub struct FreeIndex {
     /// Sorted by stream.
     streams: Vec<(StreamId, Bins)>,
+    /// The most recently inserted block, not in `streams`.
+    recent: Option<(StreamId, Entry)>,
+}
+
+/// The order of the index within one stream.
+#[inline(always)]
+fn key(e: &Entry) -> (u64, u64) {
+    (e.size, e.addr)
 }
 
 impl FreeIndex {
@@ -160,22 +208,46 @@ impl FreeIndex {
     fn bins_mut(&mut self, stream: StreamId) -> &mut Bins {
         let at = match self.streams.iter().position(|s| s.0 == stream) {
             Some(i) => i,
-            None => {
-                let at = self.streams.partition_point(|s| s.0 < stream);
-                self.streams.insert(at, (stream, Bins::new()));
-                at
-            }
+            None => self.add_stream(stream),
         };
         &mut self.streams[at].1
     }
 
+    #[cold]
+    #[inline(never)]
+    fn add_stream(&mut self, stream: StreamId) -> usize {
+        let at = self.streams.partition_point(|s| s.0 < stream);
+        self.streams.insert(at, (stream, Bins::new()));
+        at
+    }
+
+    /// The cached recent block if it belongs to `stream` and has at least
+    /// `size` bytes.
+    #[inline(always)]
+    fn recent_fit(&self, stream: StreamId, size: u64) -> Option<Entry> {
+        match self.recent {
+            Some((s, e)) if s == stream && e.size >= size => Some(e),
+            _ => None,
+        }
+    }
+
     /// Adds a free block.
+    #[inline]
     pub fn insert(&mut self, stream: StreamId, size: u64, addr: u64, id: BlockId) {
-        self.bins_mut(stream).insert(Entry { size, addr, id });
+        if let Some((s, older)) = self.recent.replace((stream, Entry { size, addr, id })) {
+            self.bins_mut(s).insert(older);
+        }
     }
 
     /// Removes the block with this (stream, size, address); returns it.
+    #[inline]
     pub fn remove(&mut self, stream: StreamId, size: u64, addr: u64) -> Option<Entry> {
+        if let Some((s, e)) = self.recent {
+            if s == stream && key(&e) == (size, addr) {
+                self.recent = None;
+                return Some(e);
+            }
+        }
         self.streams
             .iter_mut()
             .find(|s| s.0 == stream)
@@ -186,7 +258,11 @@ impl FreeIndex {
     /// among equals).
     #[inline]
     pub fn lower_bound(&self, stream: StreamId, size: u64) -> Option<Entry> {
-        self.bins(stream)?.lower_bound(size)
+        let binned = self.bins(stream).and_then(|b| b.lower_bound(size));
+        match (binned, self.recent_fit(stream, size)) {
+            (Some(b), Some(r)) => Some(if key(&r) < key(&b) { r } else { b }),
+            (b, r) => b.or(r),
+        }
     }
 
     /// Removes and returns the smallest block of `stream` with size >=
@@ -198,12 +274,29 @@ impl FreeIndex {
         size: u64,
         accept: impl FnOnce(&Entry) -> bool,
     ) -> Option<Entry> {
-        let bins = &mut self.streams.iter_mut().find(|s| s.0 == stream)?.1;
-        let (bin, at) = bins.lower_bound_position(size)?;
-        if !accept(&bins.bins[bin][at]) {
-            return None;
+        let recent = self.recent_fit(stream, size);
+        let found = match self.streams.iter_mut().find(|s| s.0 == stream) {
+            Some((_, bins)) => bins
+                .lower_bound_position(size)
+                .map(|(bin, at)| (bins, bin, at)),
+            None => None,
+        };
+        match (found, recent) {
+            (Some((bins, bin, at)), r) if r.is_none_or(|r| key(&bins.bins[bin][at]) < key(&r)) => {
+                if !accept(&bins.bins[bin][at]) {
+                    return None;
+                }
+                Some(bins.remove_at(bin, at))
+            }
+            (_, Some(r)) => {
+                if !accept(&r) {
+                    return None;
+                }
+                self.recent = None;
+                Some(r)
+            }
+            (_, None) => None,
         }
-        Some(bins.remove_at(bin, at))
     }
 
     /// Blocks of `stream` with size < `size`, largest first.
@@ -212,23 +305,39 @@ impl FreeIndex {
         stream: StreamId,
         size: u64,
     ) -> impl Iterator<Item = Entry> + '_ {
-        self.bins(stream)
+        let mut below: Vec<Entry> = self
+            .bins(stream)
             .into_iter()
             .flat_map(|b| b.iter().rev())
-            .filter(move |e| e.size < size)
+            .filter(|e| e.size < size)
             .copied()
+            .collect();
+        if let Some((s, e)) = self.recent {
+            if s == stream && e.size < size {
+                let at = below.partition_point(|x| key(x) > key(&e));
+                below.insert(at, e);
+            }
+        }
+        below.into_iter()
     }
 
     /// Every block in (stream, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (StreamId, Entry)> + '_ {
-        self.streams
+        let mut all: Vec<(StreamId, Entry)> = self
+            .streams
             .iter()
             .flat_map(|(stream, bins)| bins.iter().map(move |e| (*stream, *e)))
+            .collect();
+        if let Some((s, e)) = self.recent {
+            let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
+            all.insert(at, (s, e));
+        }
+        all.into_iter()
     }
 
     /// Number of blocks.
     pub fn len(&self) -> usize {
-        self.streams.iter().map(|s| s.1.len).sum()
+        self.streams.iter().map(|s| s.1.len).sum::<usize>() + usize::from(self.recent.is_some())
     }
 
     /// True when no block is indexed.
@@ -245,15 +354,44 @@ mod tests {
 
     #[test]
     fn bins_are_monotonic_and_cover_all_sizes() {
-        let mut last = (0, 0);
+        let mut last = 0;
         for size in (512..(64 << 20)).step_by(512 * 7) {
             let b = bin_of(size);
             assert!(b >= last, "{size}");
-            assert!(b.0 < LEVELS && b.1 < SUBS);
+            assert!(b < BINS);
             last = b;
         }
-        assert!(bin_of(1 << 50).0 < LEVELS);
-        assert!(bin_of(u64::MAX).0 < LEVELS);
+        assert!(bin_of(1 << 50) < BINS);
+        assert!(bin_of(u64::MAX) < BINS);
+    }
+
+    #[test]
+    fn recent_entry_competes_with_the_bins() {
+        let mut index = FreeIndex::default();
+        index.insert(0, 4096, 0x1000, BlockId::MIN);
+        index.insert(0, 1024, 0x9000, BlockId::MIN); // recent; 4096 moves to the bins
+        index.insert(1, 512, 0x5000, BlockId::MIN); // recent, other stream
+                                                    // The best fit is in the bins (1024 at 0x9000), not the recent one.
+        assert_eq!(index.lower_bound(0, 600).map(|e| e.addr), Some(0x9000));
+        assert_eq!(index.lower_bound(1, 600), None);
+        let taken = index.take_lower_bound(0, 600, |_| true).map(|e| e.addr);
+        assert_eq!(taken, Some(0x9000));
+        index.insert(0, 4096, 0x0, BlockId::MIN); // recent, same size, lower address
+        assert_eq!(index.lower_bound(0, 4000).map(|e| e.addr), Some(0x0));
+        assert!(index.take_lower_bound(0, 4000, |_| false).is_none());
+        let all: Vec<_> = index.iter().map(|(s, e)| (s, e.size, e.addr)).collect();
+        assert_eq!(
+            all,
+            vec![(0, 4096, 0x0), (0, 4096, 0x1000), (1, 512, 0x5000)]
+        );
+        assert_eq!(index.len(), 3);
+        assert!(index.remove(0, 4096, 0x0).is_some());
+        assert!(index.remove(0, 4096, 0x0).is_none());
+        assert_eq!(
+            index.take_lower_bound(0, 1, |_| true).map(|e| e.addr),
+            Some(0x1000)
+        );
+        assert_eq!(index.len(), 1);
     }
 
     proptest! {
