@@ -417,6 +417,16 @@ def _mini_gpt2(torch):
     return MiniGPT2()
 
 
+
+def _train_step(torch, opt, loss, meter, t0, losses):
+    """Backward and optimizer step, then time the step and keep its loss."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    torch.cuda.synchronize()
+    meter.step_done(t0)
+    losses.append(loss.item())
+
 def wl_resnet50_train(torch, meter, steps, extra):
     import torchvision
 
@@ -430,12 +440,7 @@ def wl_resnet50_train(torch, meter, steps, extra):
         x = torch.randn(64, 3, 224, 224, device="cuda")
         y = torch.randint(0, 1000, (64,), device="cuda")
         loss = F.cross_entropy(m(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
-        meter.step_done(t0)
-        losses.append(loss.item())
+        _train_step(torch, opt, loss, meter, t0, losses)
     return {"losses": losses}
 
 
@@ -450,12 +455,7 @@ def _gpt2_train(torch, meter, steps, extra, varlen):
         ids = torch.randint(0, 50257, (8, L), device="cuda")
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = m(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
-        meter.step_done(t0)
-        losses.append(loss.item())
+        _train_step(torch, opt, loss, meter, t0, losses)
         lengths.append(L)
     if varlen:
         extra["lengths"] = lengths

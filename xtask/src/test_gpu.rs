@@ -151,9 +151,8 @@ struct Artifact {
     path: PathBuf,
 }
 
-/// Runs cargo with `--message-format=json` and returns every artifact with
-/// an executable.
-fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Artifact>, String> {
+/// Runs cargo with `--message-format=json` and returns its JSON messages.
+fn cargo_json(root: &Path, args: &[&str]) -> Result<Vec<Value>, String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("$ cargo {}", args.join(" "));
     let out = Command::new(cargo)
@@ -165,11 +164,17 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Artifact>, String
     if !out.status.success() {
         return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
     }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .collect())
+}
+
+/// Runs cargo with `--message-format=json` and returns every artifact with
+/// an executable.
+fn cargo_executables(root: &Path, args: &[&str]) -> Result<Vec<Artifact>, String> {
     let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<Value>(line) else {
-            continue;
-        };
+    for msg in cargo_json(root, args)? {
         if msg["reason"] != "compiler-artifact" {
             continue;
         }
@@ -261,7 +266,6 @@ fn build(root: &Path, features: &str) -> Result<Binaries, String> {
 
 /// Builds `liballoc_ffi.so` (release) and returns its path.
 fn ffi_library(root: &Path) -> Result<PathBuf, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let args = [
         "build",
         "-p",
@@ -269,19 +273,8 @@ fn ffi_library(root: &Path) -> Result<PathBuf, String> {
         "--release",
         "--message-format=json",
     ];
-    println!("$ cargo {}", args.join(" "));
-    let out = Command::new(cargo)
-        .current_dir(root)
-        .args(args)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("running cargo: {e}"))?;
-    if !out.status.success() {
-        return Err(format!("cargo {} failed ({})", args.join(" "), out.status));
-    }
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+    cargo_json(root, &args)?
+        .into_iter()
         .filter(|msg| msg["reason"] == "compiler-artifact")
         .flat_map(|msg| {
             msg["filenames"]

@@ -286,49 +286,42 @@ fn named_pool(first: u64, second: u64) -> FfiResult<PoolId> {
     pool_id(first, second).ok_or_else(|| FfiError::invalid("pool id (0, 0) names no pool"))
 }
 
-/// Starts routing allocations to a private pool; see `include/gpualloc.h`.
-#[no_mangle]
-pub extern "C" fn gpualloc_begin_allocate_to_pool(
+/// Runs `f` on `device`'s allocator with the named pool, as an int entry point.
+fn on_pool(
     device: c_int,
-    pool_first: u64,
-    pool_second: u64,
+    first: u64,
+    second: u64,
+    f: impl FnOnce(&CudaAllocator, PoolId) -> Result<(), CudaError>,
 ) -> c_int {
     call_int(|| {
-        let pool = named_pool(pool_first, pool_second)?;
-        Ok(state::allocator(device)?.begin_allocate_to_pool(pool)?)
+        let pool = named_pool(first, second)?;
+        let _ctx = CtxGuard::save_if_driver_loaded();
+        Ok(f(state::allocator(device)?, pool)?)
     })
+}
+
+/// Starts routing allocations to a private pool; see `include/gpualloc.h`.
+#[no_mangle]
+pub extern "C" fn gpualloc_begin_allocate_to_pool(device: c_int, first: u64, second: u64) -> c_int {
+    on_pool(device, first, second, CudaAllocator::begin_allocate_to_pool)
 }
 
 /// Ends a routing to a private pool.
 #[no_mangle]
-pub extern "C" fn gpualloc_end_allocate_to_pool(
-    device: c_int,
-    pool_first: u64,
-    pool_second: u64,
-) -> c_int {
-    call_int(|| {
-        let pool = named_pool(pool_first, pool_second)?;
-        Ok(state::allocator(device)?.end_allocate_to_pool(pool)?)
-    })
+pub extern "C" fn gpualloc_end_allocate_to_pool(device: c_int, first: u64, second: u64) -> c_int {
+    on_pool(device, first, second, CudaAllocator::end_allocate_to_pool)
 }
 
 /// One more holder of a private pool.
 #[no_mangle]
-pub extern "C" fn gpualloc_retain_pool(device: c_int, pool_first: u64, pool_second: u64) -> c_int {
-    call_int(|| {
-        let pool = named_pool(pool_first, pool_second)?;
-        Ok(state::allocator(device)?.retain_pool(pool)?)
-    })
+pub extern "C" fn gpualloc_retain_pool(device: c_int, first: u64, second: u64) -> c_int {
+    on_pool(device, first, second, CudaAllocator::retain_pool)
 }
 
 /// One holder of a private pool fewer.
 #[no_mangle]
-pub extern "C" fn gpualloc_release_pool(device: c_int, pool_first: u64, pool_second: u64) -> c_int {
-    call_int(|| {
-        let pool = named_pool(pool_first, pool_second)?;
-        let _ctx = CtxGuard::save_if_driver_loaded();
-        Ok(state::allocator(device)?.release_pool(pool)?)
-    })
+pub extern "C" fn gpualloc_release_pool(device: c_int, first: u64, second: u64) -> c_int {
+    on_pool(device, first, second, CudaAllocator::release_pool)
 }
 
 /// Holders of a private pool; negative on error.

@@ -8,17 +8,21 @@ use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, 
 use alloc_ffi::snapshot::{segments_of, settings_of, to_pickle, PySnapshot, TraceEntry};
 use alloc_policy::AnyPolicy;
 
-/// An engine on the simulated device with allocated, cached and pending blocks
-/// in both pools.
-fn engine_snapshot() -> alloc_core::Snapshot {
-    let cfg = AllocatorConfig::default();
-    let policy = AnyPolicy::from_config(&cfg).unwrap();
-    let mut e = Engine::new(
+/// PyTorch's default policy on an 80 GiB simulated device.
+fn sim_engine() -> Engine<AnyPolicy, SimMemory, SimStreams> {
+    let policy = AnyPolicy::from_config(&AllocatorConfig::default()).unwrap();
+    Engine::new(
         policy,
         SimMemory::new(80 << 30),
         SimStreams::new(),
         EngineOptions::default(),
-    );
+    )
+}
+
+/// An engine on the simulated device with allocated, cached and pending blocks
+/// in both pools.
+fn engine_snapshot() -> alloc_core::Snapshot {
+    let mut e = sim_engine();
     let s0 = 0;
     let s1 = 0x5555_0000;
     let a = e.malloc(1000, s0).unwrap();
@@ -100,7 +104,6 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
         frames: vec![],
         device_free,
     };
-    let cfg = AllocatorConfig::default();
     let py = PySnapshot {
         segments: segments_of(0, &snap, false),
         device_traces: vec![vec![
@@ -109,7 +112,7 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
             entry("free_completed", 512, None),
             entry("oom", 1 << 40, Some(123)),
         ]],
-        allocator_settings: settings_of("", &cfg, "pytorch-bfc"),
+        allocator_settings: settings_of("", &AllocatorConfig::default(), "pytorch-bfc"),
     };
     let bytes = to_pickle(&py).unwrap();
     let Some(python) = python3() else {
@@ -139,14 +142,7 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
 /// event, fields as documented on `to_text`, private pools named.
 #[test]
 fn snapshot_text_for_the_bridge_lists_every_segment_block_and_event() {
-    let cfg = AllocatorConfig::default();
-    let policy = AnyPolicy::from_config(&cfg).unwrap();
-    let mut e = Engine::new(
-        policy,
-        SimMemory::new(80 << 30),
-        SimStreams::new(),
-        EngineOptions::default(),
-    );
+    let mut e = sim_engine();
     let a = e.malloc(1000, 0).unwrap();
     e.begin_allocate_to_pool((7, 0));
     let g = e.malloc_in(3 * MIB, 0x40, Some((7, 0))).unwrap();
@@ -163,7 +159,7 @@ fn snapshot_text_for_the_bridge_lists_every_segment_block_and_event() {
             frames: Vec::new(),
             device_free: None,
         }]],
-        allocator_settings: settings_of("", &cfg, "pytorch-bfc"),
+        allocator_settings: settings_of("", &AllocatorConfig::default(), "pytorch-bfc"),
     };
     let text = alloc_ffi::snapshot::to_text(&py);
     let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
