@@ -8,6 +8,8 @@
 //! path, statistics in PyTorch's model and snapshots. A simulated device
 //! ([`SimMemory`], [`SimStreams`]) backs tests and trace replay.
 
+#![warn(missing_docs)]
+
 pub mod backend;
 pub mod config;
 pub mod engine;

@@ -31,6 +31,8 @@
 //! private `driver` module and the cudarc trait implementations of
 //! [`DeviceBuffer`].
 
+#![warn(missing_docs)]
+
 mod allocator;
 mod buffer;
 mod driver;

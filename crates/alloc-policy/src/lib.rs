@@ -11,6 +11,8 @@
 //! [`AnyPolicy`] chooses among the compiled-in policies at run time from the
 //! `policy:` key of the configuration string.
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "buddy")]
 pub mod buddy;
 pub mod free_index;
