@@ -113,6 +113,40 @@ fn index(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     free[b.pool.index()].insert(b.stream, b.size, b.addr, id);
 }
 
+/// Whether `id` is the last block of a growable segment: with expandable
+/// segments its size can grow by the unmapped rest of the segment's range.
+fn is_growable_tail(heap: &Heap, id: BlockId) -> bool {
+    let b = heap.block(id);
+    b.next.is_none() && heap.segment(b.segment).expandable
+}
+
+/// PyTorch's best fit with expandable segments counts the free tail of a
+/// growable segment as its size plus the unmapped rest, so any other free
+/// block that fits is preferred to it, and the tail is kept for growth.
+/// `tail` is the best fit by size; takes the next block instead if there is
+/// one (checked by `accept`, as PyTorch checks the block it settles on).
+fn take_sparing_tail(
+    free: &mut FreeIndex,
+    req: &Request,
+    tail: Entry,
+    accept: impl Fn(&Entry) -> bool,
+) -> Option<BlockId> {
+    let removed = free.remove(req.stream, tail.size, tail.addr);
+    debug_assert!(removed.is_some(), "the tail was indexed");
+    let next = free.take_lower_bound(req.stream, req.size, &accept);
+    let has_next = next.is_some() || free.lower_bound(req.stream, req.size).is_some();
+    if has_next {
+        free.insert(req.stream, tail.size, tail.addr, tail.id);
+        return next.map(|e| e.id);
+    }
+    if accept(&tail) {
+        Some(tail.id)
+    } else {
+        free.insert(req.stream, tail.size, tail.addr, tail.id);
+        None
+    }
+}
+
 /// PyTorch's best fit with coalescing.
 #[derive(Debug, Clone, Default)]
 pub struct PytorchBfc {
@@ -175,19 +209,27 @@ impl Policy for PytorchBfc {
         allocation_size(req.size)
     }
 
-    fn take_free(&mut self, _heap: &Heap, req: &Request) -> Option<BlockId> {
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         let max_split = self.settings.max_split_size;
         let max_rounding = self.settings.max_non_split_rounding;
-        self.free[req.pool.index()]
-            .take_lower_bound(req.stream, req.size, |e| {
-                // Do not hand an oversize block to a small request, nor one
-                // much larger than an oversize request.
-                if req.size < max_split {
-                    e.size < max_split
-                } else {
-                    e.size < req.size.saturating_add(max_rounding)
+        // Do not hand an oversize block to a small request, nor one much
+        // larger than an oversize request.
+        let accept = |e: &Entry| {
+            if req.size < max_split {
+                e.size < max_split
+            } else {
+                e.size < req.size.saturating_add(max_rounding)
+            }
+        };
+        let free = &mut self.free[req.pool.index()];
+        if self.settings.expandable {
+            if let Some(best) = free.lower_bound(req.stream, req.size) {
+                if is_growable_tail(heap, best.id) {
+                    return take_sparing_tail(free, req, best, accept);
                 }
-            })
+            }
+        }
+        free.take_lower_bound(req.stream, req.size, accept)
             .map(|e| e.id)
     }
 

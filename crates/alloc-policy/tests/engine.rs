@@ -357,3 +357,32 @@ fn expandable_request_larger_than_the_device_is_out_of_memory() {
     assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
     e.assert_valid();
 }
+
+/// With expandable segments PyTorch's best fit counts the free tail of the
+/// growable segment as its size plus the unmapped rest, so a larger interior
+/// free block is preferred to it and the tail stays for growth.
+#[test]
+fn expandable_best_fit_spares_the_growable_tail() {
+    let mut e = common::engine("policy:pytorch-bfc,expandable_segments:true", 1 << 30);
+    let a = e.malloc(4 * MIB, 0).unwrap(); // maps 20 MiB: [a 4][free 16]
+    let b = e.malloc(9 * MIB, 0).unwrap(); // [a 4][b 9][free 7]
+    let c = e.malloc(2 * MIB, 0).unwrap(); // [a 4][b 9][c 2][tail 5]
+    assert_eq!(e.stats().reserved_bytes.all.current as u64, 20 * MIB);
+    e.free(b.addr).unwrap(); // interior 9 MiB free, tail 5 MiB free
+    let d = e.malloc(4 * MIB, 0).unwrap();
+    assert_eq!(
+        d.addr, b.addr,
+        "took the tail instead of the interior block"
+    );
+    // The interior remainder (5 MiB) and the tail (5 MiB) tie: the interior
+    // one is taken; then only the tail fits, and it is used without growth.
+    let f = e.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(f.addr, b.addr + 4 * MIB);
+    let g = e.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(g.addr, c.addr + 2 * MIB);
+    assert_eq!(e.stats().reserved_bytes.all.current as u64, 20 * MIB);
+    for x in [a, c, d, f, g] {
+        e.free(x.addr).unwrap();
+    }
+    e.assert_valid();
+}
