@@ -68,6 +68,10 @@ pub struct AllocatorConfig {
     /// Reuse blocks still awaiting other streams' events by making the
     /// allocating stream wait on those events (`stream_wait_reuse`, ours).
     pub stream_wait_reuse: bool,
+    /// With expandable segments: before mapping more memory, unmap the free
+    /// pages inside growable segments, and map pages again when a block over
+    /// them is handed out (`unmap_free_pages`, ours).
+    pub unmap_free_pages: bool,
     /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
     /// optionally with `+gc-age`.
     pub policy: Option<String>,
@@ -82,6 +86,7 @@ impl Default for AllocatorConfig {
             garbage_collection_threshold: None,
             expandable_segments: false,
             stream_wait_reuse: false,
+            unmap_free_pages: false,
             policy: None,
         }
     }
@@ -89,7 +94,7 @@ impl Default for AllocatorConfig {
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads";
 
 impl AllocatorConfig {
@@ -119,6 +124,7 @@ impl AllocatorConfig {
                 "roundup_power2_divisions" => p.divisions(&mut cfg.roundup_power2_divisions)?,
                 "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
                 "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
+                "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
                 "policy" => cfg.policy = Some(p.value(&key)?),
                 "backend" => {
                     let v = p.value(&key)?;
@@ -159,6 +165,13 @@ impl AllocatorConfig {
                     })
                 }
             }
+        }
+        if cfg.unmap_free_pages && !cfg.expandable_segments {
+            return Err(invalid(
+                "unmap_free_pages",
+                "true",
+                "needs expandable_segments:True (only growable segments map pages)",
+            ));
         }
         Ok(cfg)
     }
@@ -345,9 +358,13 @@ mod tests {
     fn parses_every_key() {
         let c = AllocatorConfig::parse(
             "max_split_size_mb:128, garbage_collection_threshold:0.6,expandable_segments:True,\
-             policy:buddy,stream_wait_reuse:true,backend:native,max_non_split_rounding_mb:64",
+             policy:buddy,stream_wait_reuse:true,backend:native,max_non_split_rounding_mb:64,\
+             unmap_free_pages:true",
         )
         .unwrap();
+        assert!(c.unmap_free_pages);
+        let e = AllocatorConfig::parse("unmap_free_pages:true").unwrap_err();
+        assert!(e.to_string().contains("expandable_segments"), "{e}");
         assert_eq!(c.max_split_size, 128 * MIB);
         assert_eq!(c.max_non_split_rounding, 64 * MIB);
         assert_eq!(c.garbage_collection_threshold, Some(0.6));

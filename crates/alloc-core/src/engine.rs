@@ -11,6 +11,7 @@ use crate::backend::{MemoryBackend, StreamBackend};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
+use crate::page_set::PageSet;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
@@ -32,6 +33,8 @@ pub struct EngineOptions {
     /// Grow one segment per stream and pool instead of making new ones
     /// (needs a backend with growable ranges and a policy that supports them).
     pub expandable_segments: bool,
+    /// With expandable segments, unmap free pages before mapping more.
+    pub unmap_free_pages: bool,
 }
 
 impl From<&AllocatorConfig> for EngineOptions {
@@ -40,6 +43,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             garbage_collection_threshold: cfg.garbage_collection_threshold,
             stream_wait_reuse: cfg.stream_wait_reuse,
             expandable_segments: cfg.expandable_segments,
+            unmap_free_pages: cfg.unmap_free_pages,
         }
     }
 }
@@ -75,11 +79,13 @@ struct StreamQueue<E> {
 const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
 
 /// The growable segment of one stream and pool.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Growable {
     segment: SegmentId,
     /// Size of the reserved address range.
     range: u64,
+    /// Pages inside the segment that are not mapped (`unmap_free_pages`).
+    unmapped: PageSet,
 }
 
 /// The caching allocator.
@@ -195,6 +201,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             None => self.grow(&req)?,
         };
         let piece = self.policy.carve(&mut self.heap, block, &req);
+        if self.options.unmap_free_pages && !self.map_pages_under(piece)? {
+            self.policy.insert_free(&mut self.heap, piece);
+            return Err(self.out_of_memory(&req));
+        }
         self.heap.set_state(piece, BlockState::Allocated, size);
         let b = self.heap.block(piece);
         let alloc = Allocation {
@@ -489,7 +499,34 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             &self.live,
             &self.awaiting,
             self.pending_events(),
-        )
+        )?;
+        self.check_unmapped_pages()
+    }
+
+    /// Unmapped pages (`unmap_free_pages`) match the segments' counts and
+    /// lie only under free blocks.
+    fn check_unmapped_pages(&self) -> Result<(), String> {
+        let granularity = self.memory.growth_granularity().max(1);
+        for g in self.growable.values() {
+            let seg = self.heap.segment(g.segment);
+            if seg.unmapped != g.unmapped.len() as u64 * granularity {
+                return Err(format!(
+                    "segment {:#x}: {} unmapped bytes counted, {} pages listed",
+                    seg.addr,
+                    seg.unmapped,
+                    g.unmapped.len()
+                ));
+            }
+            for id in self.heap.segment_blocks(g.segment) {
+                let b = self.heap.block(id);
+                let lo = b.addr / granularity * granularity;
+                let hi = (b.addr + b.size).div_ceil(granularity) * granularity;
+                if b.state != BlockState::Free && g.unmapped.any_in(lo, hi) {
+                    return Err(format!("block {:#x} in use over an unmapped page", b.addr));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Panics with the violated invariant when [`Engine::validate`] fails:
@@ -712,9 +749,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
         let granularity = self.memory.growth_granularity();
         let step = GROWTH_STEP[req.pool.index()].div_ceil(granularity) * granularity;
-        let grown = self.growable.get(&(req.stream, req.pool)).copied();
-        let free_tail = grown.map_or(0, |g| {
-            let last = self.heap.block(self.heap.segment(g.segment).last);
+        let grown = self
+            .growable
+            .get(&(req.stream, req.pool))
+            .map(|g| (g.segment, g.range));
+        let free_tail = grown.map_or(0, |(segment, _)| {
+            let last = self.heap.block(self.heap.segment(segment).last);
             if last.state == BlockState::Free {
                 last.size
             } else {
@@ -722,10 +762,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
         });
         let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
+        // The free tail grows into the new pages: keep it mapped.
+        let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
+        self.make_room(extra, tail)?;
         if self.would_pass_limit(extra) {
             return Ok(None);
         }
-        let Some(g) = grown else {
+        let Some((segment, range)) = grown else {
             let range = self.memory.capacity().div_ceil(step) * step;
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
@@ -741,13 +784,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.stats.num_device_alloc += 1;
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
             self.heap.set_expandable(segment);
-            self.growable
-                .insert((req.stream, req.pool), Growable { segment, range });
+            self.growable.insert(
+                (req.stream, req.pool),
+                Growable {
+                    segment,
+                    range,
+                    unmapped: PageSet::default(),
+                },
+            );
             return Ok(Some(block));
         };
-        let seg = self.heap.segment(g.segment);
+        let seg = self.heap.segment(segment);
         let (end, last) = (seg.addr + seg.size, seg.last);
-        if seg.size + extra > g.range {
+        if seg.size + extra > range {
             return Ok(None);
         }
         match self.memory.map(end, extra) {
@@ -759,14 +808,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
-        Ok(Some(self.heap.grow_segment(g.segment, extra)))
+        Ok(Some(self.heap.grow_segment(segment, extra)))
     }
 
     /// Unmaps the whole free chunks at the end of every growable segment.
     fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
         let granularity = self.memory.growth_granularity();
-        let segments: Vec<SegmentId> = self.growable.values().map(|g| g.segment).collect();
-        for seg_id in segments {
+        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
+        for key in keys {
+            let seg_id = self.growable[&key].segment;
             let seg = self.heap.segment(seg_id);
             let last = self.heap.block(seg.last);
             if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.stream)
@@ -780,10 +830,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if cut == 0 {
                 continue;
             }
-            self.memory.unmap(keep_to, cut)?;
-            self.heap.stats.num_device_free += 1;
+            self.unmap_mapped_runs(&key, keep_to, end)?;
+            let unmapped = self
+                .growable
+                .get_mut(&key)
+                .expect("growable")
+                .unmapped
+                .remove_in(keep_to, end)
+                * granularity;
             self.policy.remove_free(&self.heap, last_id);
-            self.heap.shrink_segment(seg_id, cut);
+            self.heap.shrink_segment(seg_id, cut, unmapped);
             let new_last = self.heap.segment(seg_id).last;
             if self.heap.block(new_last).state == BlockState::Free {
                 self.policy.insert_free(&mut self.heap, new_last);
@@ -792,8 +848,125 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
+    /// Unmaps the mapped pages of `[lo, hi)` in the growable segment `key`,
+    /// a run per backend call (each counted as a device free).
+    fn unmap_mapped_runs(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), AllocError> {
+        let granularity = self.memory.growth_granularity();
+        for (start, bytes) in self.growable[key].unmapped.gaps_in(lo, hi, granularity) {
+            self.memory.unmap(start, bytes)?;
+            self.heap.stats.num_device_free += 1;
+        }
+        Ok(())
+    }
+
+    /// `unmap_free_pages`: before mapping `needed` more bytes would raise
+    /// reserved memory above its peak, unmaps whole free pages of growable
+    /// segments (held private pools and `keep` excepted), highest addresses
+    /// first, until the mapping fits under the peak or none are left. Only
+    /// peak-raising mappings pay for it (the unmap waits for the device), so
+    /// a steady state maps and unmaps nothing.
+    fn make_room(&mut self, needed: u64, keep: Option<BlockId>) -> Result<(), AllocError> {
+        if !self.options.unmap_free_pages || self.pools.capture_underway() {
+            return Ok(());
+        }
+        let peak = self.heap.stats.reserved_bytes.all.peak as u64;
+        let mut deficit = (self.reserved() + needed).saturating_sub(peak);
+        if deficit == 0 {
+            return Ok(());
+        }
+        self.unmap_free_pages(keep, &mut deficit)
+    }
+
+    /// Unmaps whole free pages of growable segments (highest addresses
+    /// first; held private pools and `keep` excepted) until `budget` bytes
+    /// are unmapped; `u64::MAX` unmaps all of them.
+    fn unmap_free_pages(
+        &mut self,
+        keep: Option<BlockId>,
+        budget: &mut u64,
+    ) -> Result<(), AllocError> {
+        let granularity = self.memory.growth_granularity();
+        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
+        for key in keys {
+            let seg_id = self.growable[&key].segment;
+            if !self.pools.releasable(self.heap.segment(seg_id).stream) {
+                continue;
+            }
+            let mut runs = Vec::new();
+            for id in self.heap.segment_blocks(seg_id) {
+                let b = self.heap.block(id);
+                if b.state != BlockState::Free || Some(id) == keep {
+                    continue;
+                }
+                let lo = b.addr.div_ceil(granularity) * granularity;
+                let hi = (b.addr + b.size) / granularity * granularity;
+                if lo < hi {
+                    runs.extend(self.growable[&key].unmapped.gaps_in(lo, hi, granularity));
+                }
+            }
+            for (start, bytes) in runs.into_iter().rev() {
+                if *budget == 0 {
+                    return Ok(());
+                }
+                // Whole pages from the run's end, no more than the budget.
+                let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
+                let start = start + bytes - take;
+                self.memory.unmap(start, take)?;
+                self.heap.stats.num_device_free += 1;
+                let g = self.growable.get_mut(&key).expect("growable");
+                g.unmapped.insert_run(start, take, granularity);
+                self.heap.pages_unmapped(seg_id, take);
+                *budget = budget.saturating_sub(take);
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps the unmapped pages under the free block `block` before it is
+    /// handed out; `Ok(false)` when the device (or the memory fraction) has
+    /// no room.
+    fn map_pages_under(&mut self, block: BlockId) -> Result<bool, AllocError> {
+        let b = self.heap.block(block);
+        let size = b.size;
+        let seg = self.heap.segment(b.segment);
+        if !seg.expandable || seg.unmapped == 0 {
+            return Ok(true);
+        }
+        let (seg_id, key) = (b.segment, (seg.stream, seg.pool));
+        let granularity = self.memory.growth_granularity();
+        let lo = b.addr / granularity * granularity;
+        let hi = (b.addr + size).div_ceil(granularity) * granularity;
+        let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
+        let needed = runs.iter().map(|r| r.1).sum();
+        self.make_room(needed, Some(block))?;
+        for (start, bytes) in runs {
+            if self.would_pass_limit(bytes) {
+                return Ok(false);
+            }
+            match self.memory.map(start, bytes) {
+                Ok(()) => {}
+                Err(BackendError::OutOfMemory) => return Ok(false),
+                Err(e) => return Err(e.into()),
+            }
+            self.heap.stats.num_device_alloc += 1;
+            let g = self.growable.get_mut(&key).expect("growable");
+            g.unmapped.remove_in(start, start + bytes);
+            self.heap.pages_mapped(seg_id, bytes);
+        }
+        Ok(true)
+    }
+
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
         self.trim_growable_segments()?;
+        if self.options.unmap_free_pages {
+            let mut everything = u64::MAX;
+            self.unmap_free_pages(None, &mut everything)?;
+        }
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
@@ -815,9 +988,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             if seg.expandable {
                 let key = (seg.stream, seg.pool);
-                let range = self.growable[&key].range;
-                self.memory.unmap(seg.addr, seg.size)?;
-                self.memory.release_range(seg.addr, range)?;
+                let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
+                self.unmap_mapped_runs(&key, addr, end)?;
+                self.memory.release_range(addr, range)?;
                 self.growable.remove(&key);
             } else {
                 self.memory.free(seg.addr, seg.size)?;

@@ -69,6 +69,9 @@ pub struct Segment {
     /// True for a growable segment (expandable segments): its blocks tile
     /// the mapped prefix of a larger reserved address range.
     pub expandable: bool,
+    /// Bytes of pages inside the segment that are not mapped (growable
+    /// segments with `unmap_free_pages`); only free blocks lie over them.
+    pub unmapped: u64,
     /// Number of blocks tiling it.
     pub blocks: u32,
     /// Number of blocks that are not free.
@@ -323,6 +326,7 @@ impl Heap {
             first: block_id,
             last: block_id,
             expandable: false,
+            unmapped: 0,
             blocks: 1,
             busy: 0,
             idle_since: self.clock[pool.index()],
@@ -350,7 +354,9 @@ impl Heap {
         let seg = self.segments.remove(seg_id.index());
         self.by_addr.remove(&seg.addr);
         self.stats.segment.decrease(seg.pool, 1);
-        self.stats.reserved_bytes.decrease(seg.pool, seg.size);
+        self.stats
+            .reserved_bytes
+            .decrease(seg.pool, seg.size - seg.unmapped);
         if seg.size >= self.oversize_threshold {
             self.stats.oversize_segments.decrease(1);
         }
@@ -472,7 +478,7 @@ impl Heap {
     /// at least `by` bytes long; a last block cut entirely is retired. The
     /// caller must have taken that block out of the policy's index (and
     /// re-indexes what is left of it). The segment keeps at least one block.
-    pub fn shrink_segment(&mut self, seg_id: SegmentId, by: u64) {
+    pub fn shrink_segment(&mut self, seg_id: SegmentId, by: u64, unmapped: u64) {
         let last = self.segments[seg_id.index()].last;
         let b = self.block(last);
         debug_assert!(b.state == BlockState::Free && b.size >= by);
@@ -492,9 +498,30 @@ impl Heap {
             self.account(last, 1);
         }
         let seg = &mut self.segments[seg_id.index()];
+        debug_assert!(unmapped <= by.min(seg.unmapped));
         seg.size -= by;
+        seg.unmapped -= unmapped;
         let pool = seg.pool;
-        self.stats.reserved_bytes.decrease(pool, by);
+        self.stats.reserved_bytes.decrease(pool, by - unmapped);
+    }
+
+    /// `bytes` of pages inside a growable segment were unmapped: they no
+    /// longer count as reserved (the free blocks over them stay).
+    pub fn pages_unmapped(&mut self, seg_id: SegmentId, bytes: u64) {
+        let seg = &mut self.segments[seg_id.index()];
+        seg.unmapped += bytes;
+        debug_assert!(seg.unmapped <= seg.size);
+        let pool = seg.pool;
+        self.stats.reserved_bytes.decrease(pool, bytes);
+    }
+
+    /// `bytes` of unmapped pages inside a growable segment were mapped again.
+    pub fn pages_mapped(&mut self, seg_id: SegmentId, bytes: u64) {
+        let seg = &mut self.segments[seg_id.index()];
+        debug_assert!(bytes <= seg.unmapped);
+        seg.unmapped -= bytes;
+        let pool = seg.pool;
+        self.stats.reserved_bytes.increase(pool, bytes);
     }
 
     /// Moves a block to a new state, recording `requested` bytes when it

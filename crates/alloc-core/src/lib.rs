@@ -15,6 +15,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod heap;
+mod page_set;
 pub mod policy;
 pub mod private_pool;
 pub mod sim;

@@ -175,7 +175,7 @@ fn check_stats(heap: &Heap) -> Result<(), String> {
     let mut oversize_segs = Stat::default();
     for (seg_id, seg) in heap.segments() {
         add(&mut r.segment, seg.pool, 1);
-        add(&mut r.reserved_bytes, seg.pool, seg.size);
+        add(&mut r.reserved_bytes, seg.pool, seg.size - seg.unmapped);
         if seg.size >= heap.oversize_threshold {
             oversize_segs.increase(1);
         }

@@ -386,3 +386,41 @@ fn expandable_best_fit_spares_the_growable_tail() {
     }
     e.assert_valid();
 }
+
+/// `unmap_free_pages`: a mapping that would raise reserved memory above its
+/// peak first unmaps whole free pages, which are mapped back when a block
+/// over them is handed out.
+#[test]
+fn unmap_free_pages_reuses_physical_memory_before_growing() {
+    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let mut e = common::engine(config, 1 << 30);
+    let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
+    let a = e.malloc(20 * MIB, 0).unwrap();
+    let b = e.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(reserved(&e), 40 * MIB);
+    e.free(a.addr).unwrap(); // 20 MiB free in the middle, still mapped
+    let frees = e.stats().num_device_free;
+    let c = e.malloc(30 * MIB, 0).unwrap(); // needs 40 MiB more address space
+    assert_eq!(
+        reserved(&e),
+        60 * MIB,
+        "unmapped a's 20 MiB before mapping 40"
+    );
+    assert_eq!(e.memory().used(), 60 * MIB);
+    assert!(e.stats().num_device_free > frees);
+    e.assert_valid();
+    // a's range is handed out again: its pages are mapped back.
+    let d = e.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(d.addr, a.addr);
+    assert_eq!(
+        e.memory().used() as i64,
+        e.stats().reserved_bytes.all.current
+    );
+    e.assert_valid();
+    for x in [b, c, d] {
+        e.free(x.addr).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0);
+    e.assert_valid();
+}

@@ -65,6 +65,7 @@ fn configs() -> Vec<String> {
         .map(|p| format!("policy:{p}"))
         .collect();
     all.push("policy:pytorch-bfc,expandable_segments:true".into());
+    all.push("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true".into());
     all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
     all
 }
