@@ -703,3 +703,61 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
         human_bytes(free0)
     );
 }
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn unmap_free_pages_remaps_holes_with_data_intact() {
+    let alloc = allocator("expandable_segments:True,unmap_free_pages:true");
+    let stream = new_stream(&alloc);
+    // Interleaved 6 MiB buffers; freeing every other one leaves free holes
+    // of whole 2 MiB pages between live data.
+    let mut bufs: Vec<Option<(DeviceBuffer<u8>, Vec<u8>)>> = (0..20u64)
+        .map(|i| {
+            let data = pattern(6 * MIB as usize, i + 1);
+            Some((alloc.alloc_from_host(&data, &stream).unwrap(), data))
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    for slot in bufs.iter_mut().step_by(2) {
+        *slot = None;
+    }
+    let peak = alloc.stats().unwrap().reserved_bytes.all.peak as u64;
+    let frees0 = alloc.stats().unwrap().num_device_free;
+    // Larger requests fit no hole: growing past the peak unmaps the holes.
+    let big: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..3u64)
+        .map(|i| {
+            let data = pattern(14 * MIB as usize, 100 + i);
+            (alloc.alloc_from_host(&data, &stream).unwrap(), data)
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    let stats = alloc.stats().unwrap();
+    println!(
+        "peak before {} -> reserved {} (peak {}), {} unmaps",
+        human_bytes(peak),
+        human_bytes(stats.reserved_bytes.all.current as u64),
+        human_bytes(stats.reserved_bytes.all.peak as u64),
+        stats.num_device_free - frees0
+    );
+    assert!(stats.num_device_free > frees0, "holes were unmapped");
+    assert!(
+        (stats.reserved_bytes.all.peak as u64) < peak + 3 * 14 * MIB,
+        "the holes' memory served the growth"
+    );
+    // Blocks in the holes again: their pages are mapped back and usable.
+    let refill: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..10u64)
+        .map(|i| {
+            let data = pattern(5 * MIB as usize, 200 + i);
+            (alloc.alloc_from_host(&data, &stream).unwrap(), data)
+        })
+        .collect();
+    stream.synchronize().unwrap();
+    for (buf, data) in bufs.iter().flatten().chain(&big).chain(&refill) {
+        assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact");
+    }
+    alloc.validate().unwrap().unwrap();
+    let (free, _) = alloc.mem_get_info().unwrap();
+    println!("device free {}", human_bytes(free));
+    drop((bufs, big, refill));
+    assert_drained(&alloc);
+}

@@ -424,3 +424,38 @@ fn unmap_free_pages_reuses_physical_memory_before_growing() {
     assert_eq!(e.memory().used(), 0);
     e.assert_valid();
 }
+
+/// The GPU test `unmap_free_pages_remaps_holes_with_data_intact`'s pattern
+/// on the simulated device: interleaved holes are unmapped when larger
+/// requests grow the segment, and mapped back when refilled.
+#[test]
+fn unmap_free_pages_on_interleaved_holes() {
+    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let mut e = common::engine(config, 8 << 30);
+    let mut bufs: Vec<Option<u64>> = (0..20)
+        .map(|_| Some(e.malloc(6 * MIB, 0).unwrap().addr))
+        .collect();
+    for slot in bufs.iter_mut().step_by(2) {
+        e.free(slot.take().unwrap()).unwrap();
+    }
+    let peak = e.stats().reserved_bytes.all.peak as u64;
+    let frees0 = e.stats().num_device_free;
+    let big: Vec<u64> = (0..3)
+        .map(|_| e.malloc(14 * MIB, 0).unwrap().addr)
+        .collect();
+    assert!(e.stats().num_device_free > frees0, "holes were unmapped");
+    assert!((e.stats().reserved_bytes.all.peak as u64) < peak + 3 * 14 * MIB);
+    let refill: Vec<u64> = (0..10)
+        .map(|_| e.malloc(5 * MIB, 0).unwrap().addr)
+        .collect();
+    e.assert_valid();
+    assert_eq!(
+        e.memory().used() as i64,
+        e.stats().reserved_bytes.all.current
+    );
+    for a in bufs.into_iter().flatten().chain(big).chain(refill) {
+        e.free(a).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0);
+}
