@@ -67,6 +67,8 @@ SETTINGS = {
     "ours": ({}, None),
     "ours-streamwait": ({}, "stream_wait_reuse:true"),
     "ours-expandable": ({}, "expandable_segments:True"),
+    # Not in the list: physical pages of free blocks serve growth.
+    "ours-unmap": ({}, "expandable_segments:True,unmap_free_pages:true"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")
 SHAPES = {

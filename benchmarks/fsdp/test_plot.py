@@ -220,7 +220,8 @@ class Report(unittest.TestCase):
         for fn in ("fsdp_results.json", "fsdp_table.md", "fsdp_reserved.svg"):
             self.assertTrue(os.path.isfile(os.path.join(self.tmp, fn)), fn)
         data = json.loads(read(os.path.join(self.tmp, "fsdp_results.json")))
-        self.assertEqual(len(data["runs"]), 12 + 2)
+        # Every setting under two FSDP variants, plus the two failed attempts.
+        self.assertEqual(len(data["runs"]), 2 * len(fsdp_bench.SETTINGS) + 2)
         parse_svg(read(os.path.join(self.tmp, "fsdp_reserved.svg")))
 
         rows = [l for l in table.splitlines() if l.startswith("| ") and "|---" not in l]
@@ -250,7 +251,8 @@ class Report(unittest.TestCase):
         self.assertNotIn("x|y", table)
         self.assertIn("Not run (budget): ours__fsdp2__1.3b", table)
         self.assertIn("**gpt2-medium**", table)
-        self.assertEqual(len(body), 12 * 2 + 1 + 1)
+        # Two ranks per (setting, variant) run, plus a row per failed attempt.
+        self.assertEqual(len(body), 2 * len(fsdp_bench.SETTINGS) * 2 + 1 + 1)
 
     def test_no_baseline_and_nan(self):
         attempts = fake_out_dir(self.tmp, settings=["ours"], fsdps=("fsdp2",))
