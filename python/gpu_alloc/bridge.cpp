@@ -184,8 +184,8 @@ class Bridge : public CUDAAllocator {
 
   // ---------------------------------------------------------------- streams
   void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
-    if (!ptr.get()) {
-      return;  // an empty tensor
+    if (!ptr.get() || ptr.get_deleter() != &bridge_delete) {
+      return;  // an empty tensor, or memory gpualloc did not allocate (as PyTorch)
     }
     check(api.record_stream(ptr.get(), ptr.device().index(), stream.stream()), "record_stream");
   }
