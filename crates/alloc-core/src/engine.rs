@@ -11,12 +11,14 @@ use crate::backend::{MemoryBackend, StreamBackend};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
-use crate::page_set::PageSet;
+
+mod expandable;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use expandable::Growable;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
 /// bug, refused before any arithmetic could overflow.
@@ -72,20 +74,6 @@ struct PendingEvent<E> {
 struct StreamQueue<E> {
     stream: StreamId,
     events: VecDeque<PendingEvent<E>>,
-}
-
-/// Growth step of expandable segments per pool, as PyTorch's (2 MiB pages
-/// for the small pool, 20 MiB for the large).
-const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
-
-/// The growable segment of one stream and pool.
-#[derive(Debug, Clone)]
-struct Growable {
-    segment: SegmentId,
-    /// Size of the reserved address range.
-    range: u64,
-    /// Pages inside the segment that are not mapped (`unmap_free_pages`).
-    unmapped: PageSet,
 }
 
 /// The caching allocator.
@@ -503,32 +491,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.check_unmapped_pages()
     }
 
-    /// Unmapped pages (`unmap_free_pages`) match the segments' counts and
-    /// lie only under free blocks.
-    fn check_unmapped_pages(&self) -> Result<(), String> {
-        let granularity = self.memory.growth_granularity().max(1);
-        for g in self.growable.values() {
-            let seg = self.heap.segment(g.segment);
-            if seg.unmapped != g.unmapped.len() as u64 * granularity {
-                return Err(format!(
-                    "segment {:#x}: {} unmapped bytes counted, {} pages listed",
-                    seg.addr,
-                    seg.unmapped,
-                    g.unmapped.len()
-                ));
-            }
-            for id in self.heap.segment_blocks(g.segment) {
-                let b = self.heap.block(id);
-                let lo = b.addr / granularity * granularity;
-                let hi = (b.addr + b.size).div_ceil(granularity) * granularity;
-                if b.state != BlockState::Free && g.unmapped.any_in(lo, hi) {
-                    return Err(format!("block {:#x} in use over an unmapped page", b.addr));
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Panics with the violated invariant when [`Engine::validate`] fails:
     /// for tests that check the state after every step.
     #[track_caller]
@@ -741,224 +703,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn would_pass_limit(&self, extra: u64) -> bool {
         self.limit
             .is_some_and(|limit| self.reserved() + extra > limit)
-    }
-
-    /// Expandable segments: maps more memory at the end of the stream's
-    /// growable segment (reserving its address range first if needed) so that
-    /// its free tail covers `req`; returns that free tail.
-    fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let granularity = self.memory.growth_granularity();
-        let step = GROWTH_STEP[req.pool.index()].div_ceil(granularity) * granularity;
-        let grown = self
-            .growable
-            .get(&(req.stream, req.pool))
-            .map(|g| (g.segment, g.range));
-        let free_tail = grown.map_or(0, |(segment, _)| {
-            let last = self.heap.block(self.heap.segment(segment).last);
-            if last.state == BlockState::Free {
-                last.size
-            } else {
-                0
-            }
-        });
-        let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
-        // The free tail grows into the new pages: keep it mapped.
-        let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
-        self.make_room(extra, tail)?;
-        if self.would_pass_limit(extra) {
-            return Ok(None);
-        }
-        let Some((segment, range)) = grown else {
-            let range = self.memory.capacity().div_ceil(step) * step;
-            if extra > range {
-                return Ok(None); // larger than the device: out of memory
-            }
-            let addr = self.memory.reserve_range(range)?;
-            if let Err(e) = self.memory.map(addr, extra) {
-                self.memory.release_range(addr, range)?;
-                return match e {
-                    BackendError::OutOfMemory => Ok(None),
-                    e => Err(e.into()),
-                };
-            }
-            self.heap.stats.num_device_alloc += 1;
-            let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
-            self.heap.set_expandable(segment);
-            self.growable.insert(
-                (req.stream, req.pool),
-                Growable {
-                    segment,
-                    range,
-                    unmapped: PageSet::default(),
-                },
-            );
-            return Ok(Some(block));
-        };
-        let seg = self.heap.segment(segment);
-        let (end, last) = (seg.addr + seg.size, seg.last);
-        if seg.size + extra > range {
-            return Ok(None);
-        }
-        match self.memory.map(end, extra) {
-            Ok(()) => {}
-            Err(BackendError::OutOfMemory) => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        self.heap.stats.num_device_alloc += 1;
-        if free_tail > 0 {
-            self.policy.remove_free(&self.heap, last);
-        }
-        Ok(Some(self.heap.grow_segment(segment, extra)))
-    }
-
-    /// Unmaps the whole free chunks at the end of every growable segment.
-    fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
-        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
-        for key in keys {
-            let seg_id = self.growable[&key].segment;
-            let seg = self.heap.segment(seg_id);
-            let last = self.heap.block(seg.last);
-            if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.stream)
-            {
-                continue; // idle ones go back whole with the other idle segments
-            }
-            let end = seg.addr + seg.size;
-            let keep_to = (last.addr - seg.addr).div_ceil(granularity) * granularity + seg.addr;
-            let cut = end - keep_to;
-            let last_id = seg.last;
-            if cut == 0 {
-                continue;
-            }
-            self.unmap_mapped_runs(&key, keep_to, end)?;
-            let unmapped = self
-                .growable
-                .get_mut(&key)
-                .expect("growable")
-                .unmapped
-                .remove_in(keep_to, end)
-                * granularity;
-            self.policy.remove_free(&self.heap, last_id);
-            self.heap.shrink_segment(seg_id, cut, unmapped);
-            let new_last = self.heap.segment(seg_id).last;
-            if self.heap.block(new_last).state == BlockState::Free {
-                self.policy.insert_free(&mut self.heap, new_last);
-            }
-        }
-        Ok(())
-    }
-
-    /// Unmaps the mapped pages of `[lo, hi)` in the growable segment `key`,
-    /// a run per backend call (each counted as a device free).
-    fn unmap_mapped_runs(
-        &mut self,
-        key: &(StreamId, PoolKind),
-        lo: u64,
-        hi: u64,
-    ) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
-        for (start, bytes) in self.growable[key].unmapped.gaps_in(lo, hi, granularity) {
-            self.memory.unmap(start, bytes)?;
-            self.heap.stats.num_device_free += 1;
-        }
-        Ok(())
-    }
-
-    /// `unmap_free_pages`: before mapping `needed` more bytes would raise
-    /// reserved memory above its peak, unmaps whole free pages of growable
-    /// segments (held private pools and `keep` excepted), highest addresses
-    /// first, until the mapping fits under the peak or none are left. Only
-    /// peak-raising mappings pay for it (the unmap waits for the device), so
-    /// a steady state maps and unmaps nothing.
-    fn make_room(&mut self, needed: u64, keep: Option<BlockId>) -> Result<(), AllocError> {
-        if !self.options.unmap_free_pages || self.pools.capture_underway() {
-            return Ok(());
-        }
-        let peak = self.heap.stats.reserved_bytes.all.peak as u64;
-        let mut deficit = (self.reserved() + needed).saturating_sub(peak);
-        if deficit == 0 {
-            return Ok(());
-        }
-        self.unmap_free_pages(keep, &mut deficit)
-    }
-
-    /// Unmaps whole free pages of growable segments (highest addresses
-    /// first; held private pools and `keep` excepted) until `budget` bytes
-    /// are unmapped; `u64::MAX` unmaps all of them.
-    fn unmap_free_pages(
-        &mut self,
-        keep: Option<BlockId>,
-        budget: &mut u64,
-    ) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
-        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
-        for key in keys {
-            let seg_id = self.growable[&key].segment;
-            if !self.pools.releasable(self.heap.segment(seg_id).stream) {
-                continue;
-            }
-            let mut runs = Vec::new();
-            for id in self.heap.segment_blocks(seg_id) {
-                let b = self.heap.block(id);
-                if b.state != BlockState::Free || Some(id) == keep {
-                    continue;
-                }
-                let lo = b.addr.div_ceil(granularity) * granularity;
-                let hi = (b.addr + b.size) / granularity * granularity;
-                if lo < hi {
-                    runs.extend(self.growable[&key].unmapped.gaps_in(lo, hi, granularity));
-                }
-            }
-            for (start, bytes) in runs.into_iter().rev() {
-                if *budget == 0 {
-                    return Ok(());
-                }
-                // Whole pages from the run's end, no more than the budget.
-                let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
-                let start = start + bytes - take;
-                self.memory.unmap(start, take)?;
-                self.heap.stats.num_device_free += 1;
-                let g = self.growable.get_mut(&key).expect("growable");
-                g.unmapped.insert_run(start, take, granularity);
-                self.heap.pages_unmapped(seg_id, take);
-                *budget = budget.saturating_sub(take);
-            }
-        }
-        Ok(())
-    }
-
-    /// Maps the unmapped pages under the free block `block` before it is
-    /// handed out; `Ok(false)` when the device (or the memory fraction) has
-    /// no room.
-    fn map_pages_under(&mut self, block: BlockId) -> Result<bool, AllocError> {
-        let b = self.heap.block(block);
-        let size = b.size;
-        let seg = self.heap.segment(b.segment);
-        if !seg.expandable || seg.unmapped == 0 {
-            return Ok(true);
-        }
-        let (seg_id, key) = (b.segment, (seg.stream, seg.pool));
-        let granularity = self.memory.growth_granularity();
-        let lo = b.addr / granularity * granularity;
-        let hi = (b.addr + size).div_ceil(granularity) * granularity;
-        let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
-        let needed = runs.iter().map(|r| r.1).sum();
-        self.make_room(needed, Some(block))?;
-        for (start, bytes) in runs {
-            if self.would_pass_limit(bytes) {
-                return Ok(false);
-            }
-            match self.memory.map(start, bytes) {
-                Ok(()) => {}
-                Err(BackendError::OutOfMemory) => return Ok(false),
-                Err(e) => return Err(e.into()),
-            }
-            self.heap.stats.num_device_alloc += 1;
-            let g = self.growable.get_mut(&key).expect("growable");
-            g.unmapped.remove_in(start, start + bytes);
-            self.heap.pages_mapped(seg_id, bytes);
-        }
-        Ok(true)
     }
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
