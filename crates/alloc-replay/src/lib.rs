@@ -2,7 +2,7 @@
 //!
 //! * [`trace`]: the allocation-trace model ([`Trace`], [`TraceEvent`]) and readers for the
 //!   text format and PyTorch memory snapshot pickles.
-//! * [`replay`]: runs a trace through the engine on the simulated device ([`replay()`]).
+//! * [`replay`](mod@replay): runs a trace through the engine on the simulated device ([`replay()`]).
 //! * [`plot`]: dependency-free SVG line charts of memory over time.
 
 #![warn(missing_docs)]
