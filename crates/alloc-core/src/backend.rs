@@ -44,6 +44,13 @@ pub trait MemoryBackend {
         ))
     }
 
+    /// Unmaps pages the device no longer uses: the caller has waited for
+    /// every stream that used them, so no device-wide wait is needed.
+    /// Default: [`MemoryBackend::unmap`].
+    fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.unmap(addr, size)
+    }
+
     /// Gives back a reserved range whose memory is all unmapped.
     fn release_range(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
         Err(BackendError::Other(

@@ -90,6 +90,11 @@ impl MemoryBackend for CudaMemory {
         Ok(self.vmm.unmap(addr, size)?)
     }
 
+    fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.unmap_idle(addr, size)?)
+    }
+
     fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         Ok(self.vmm.release(addr, size)?)

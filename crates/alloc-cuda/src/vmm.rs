@@ -104,12 +104,25 @@ impl VmmMappings {
     /// Unmaps and releases the granules over `[addr, addr + size)`, after
     /// waiting for the context's work (unmapping does not synchronize).
     pub(crate) fn unmap(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        let granules = self.mapped_granules(addr, size)?;
+        driver::ctx_synchronize()?;
+        self.unmap_granules(&granules)
+    }
+
+    /// [`VmmMappings::unmap`] without the context-wide wait: the caller has waited
+    /// for every stream that used the range.
+    pub(crate) fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        let granules = self.mapped_granules(addr, size)?;
+        self.unmap_granules(&granules)
+    }
+
+    /// The granules over `[addr, addr + size)`, which must all be mapped.
+    fn mapped_granules(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
         let granules: Vec<u64> = self.granules_of(addr, size)?.collect();
         if !granules.iter().all(|a| self.granules.contains_key(a)) {
             return Err(CudaError::Unsupported("unmap of memory that is not mapped"));
         }
-        driver::ctx_synchronize()?;
-        self.unmap_granules(&granules)
+        Ok(granules)
     }
 
     fn unmap_granules(&mut self, granules: &[u64]) -> Result<(), CudaError> {

@@ -222,6 +222,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     runs.extend(self.growable[&key].unmapped.gaps_in(lo, hi, granularity));
                 }
             }
+            if !runs.is_empty() {
+                self.wait_for_stream(self.heap.segment(seg_id).stream)?;
+            }
             for (start, bytes) in runs.into_iter().rev() {
                 if *budget == 0 {
                     return Ok(());
@@ -229,7 +232,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 // Whole pages from the run's end, no more than the budget.
                 let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
                 let start = start + bytes - take;
-                self.memory.unmap(start, take)?;
+                self.memory.unmap_idle(start, take)?;
                 self.heap.stats.num_device_free += 1;
                 let g = self.growable.get_mut(&key).expect("growable");
                 g.unmapped.insert_run(start, take, granularity);
@@ -272,5 +275,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.pages_mapped(seg_id, bytes);
         }
         Ok(true)
+    }
+
+    /// Waits on the host for the work queued so far on the stream behind
+    /// the segment key `key`. A growable segment serves one stream, and a
+    /// block used on other streams becomes free only once their events
+    /// completed, so its free pages are idle when this stream is.
+    fn wait_for_stream(&mut self, key: StreamId) -> Result<(), AllocError> {
+        let event = self.streams.record(self.pools.real_stream(key))?;
+        let waited = self.streams.synchronize(&event);
+        self.streams.release(event);
+        Ok(waited?)
     }
 }
