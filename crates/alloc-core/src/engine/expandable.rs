@@ -83,14 +83,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 return Ok(None); // larger than the device: out of memory
             }
             let addr = self.memory.reserve_range(range)?;
-            if let Err(e) = self.memory.map(addr, extra) {
+            let mapped = self.map_pages(addr, extra);
+            if !matches!(mapped, Ok(true)) {
                 self.memory.release_range(addr, range)?;
-                return match e {
-                    BackendError::OutOfMemory => Ok(None),
-                    e => Err(e.into()),
-                };
+                return mapped.map(|_| None);
             }
-            self.heap.stats.num_device_alloc += 1;
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
             self.heap.set_expandable(segment);
             self.growable.insert(
@@ -108,12 +105,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if seg.size + extra > range {
             return Ok(None);
         }
-        match self.memory.map(end, extra) {
-            Ok(()) => {}
-            Err(BackendError::OutOfMemory) => return Ok(None),
-            Err(e) => return Err(e.into()),
+        if !self.map_pages(end, extra)? {
+            return Ok(None);
         }
-        self.heap.stats.num_device_alloc += 1;
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -157,6 +151,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
+    /// Maps `[addr, addr + bytes)`, counted as a device allocation;
+    /// `Ok(false)` when the device has no memory for it.
+    fn map_pages(&mut self, addr: u64, bytes: u64) -> Result<bool, AllocError> {
+        match self.memory.map(addr, bytes) {
+            Ok(()) => {
+                self.heap.stats.num_device_alloc += 1;
+                Ok(true)
+            }
+            Err(BackendError::OutOfMemory) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Unmaps the mapped pages of `[lo, hi)` in the growable segment `key`,
     /// a run per backend call (each counted as a device free).
     pub(super) fn unmap_mapped_runs(
@@ -177,8 +184,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// reserved memory above its peak, unmaps whole free pages of growable
     /// segments (held private pools and `keep` excepted), highest addresses
     /// first, until the mapping fits under the peak or none are left. Only
-    /// peak-raising mappings pay for it (the unmap waits for the device), so
-    /// a steady state maps and unmaps nothing.
+    /// peak-raising mappings pay for it (an unmap waits for the segment's
+    /// stream), so a steady state maps and unmaps nothing.
     pub(super) fn make_room(
         &mut self,
         needed: u64,
@@ -264,12 +271,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if self.would_pass_limit(bytes) {
                 return Ok(false);
             }
-            match self.memory.map(start, bytes) {
-                Ok(()) => {}
-                Err(BackendError::OutOfMemory) => return Ok(false),
-                Err(e) => return Err(e.into()),
+            if !self.map_pages(start, bytes)? {
+                return Ok(false);
             }
-            self.heap.stats.num_device_alloc += 1;
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
             self.heap.pages_mapped(seg_id, bytes);
