@@ -15,7 +15,7 @@ WORKLOADS (comma list; default: the four below; shapes as in shared/device/trace
 Models are built with random weights directly on the GPU (torch.device("cuda")), which
 takes a fraction of the CPU initialisation's time; nothing is downloaded.
   gpt2_varlen_train   (not in the default set) GPT-2 small, 30 steps of 8 x 32..1024
-ALLOCATORS (comma list; default: all eight):
+ALLOCATORS (comma list; a CONF may hold commas; default: all nine):
   torch               PyTorch's caching allocator (PYTORCH_CUDA_ALLOC_CONF unset)
   torch-expandable    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   torch-async         PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
@@ -23,7 +23,8 @@ ALLOCATORS (comma list; default: all eight):
   gpualloc            gpu_alloc.enable() with the default policy (GPUALLOC_CONF unset)
   gpualloc:CONF       gpu_alloc.enable(CONF), e.g. gpualloc:policy:buddy,
                       gpualloc:policy:size-class, gpualloc:policy:pytorch-bfc+gc-age,
-                      gpualloc:expandable_segments:True
+                      gpualloc:expandable_segments:True,
+                      gpualloc:expandable_segments:True,unmap_free_pages:True
   NAME#TAG            the same allocator run once more (torch#2: a run-to-run noise control)
 
 Per run (a child process of this script): the outputs' fingerprint (training: every
@@ -82,6 +83,7 @@ DEFAULT_ALLOCS = [
     "gpualloc:policy:size-class",
     "gpualloc:policy:pytorch-bfc+gc-age",
     "gpualloc:expandable_segments:True",
+    "gpualloc:expandable_segments:True,unmap_free_pages:True",
 ]
 REF_ALLOC = "torch"
 GIB = float(2**30)
@@ -632,7 +634,19 @@ def child(workload, alloc, deterministic=False):
 
 
 def _pick(arg, default, known):
-    names = default if arg in (None, "", "default") else (list(known) if arg == "all" else arg.split(","))
+    if arg in (None, "", "default"):
+        names = default
+    elif arg == "all":
+        names = list(known)
+    else:
+        names = []
+        for part in arg.split(","):
+            # A CONF holds commas too: a part that names no allocator or workload
+            # continues the previous CONF ('gpualloc:a:1,b:2' is one allocator).
+            if names and ":" in part and ":" in names[-1] and not part.startswith(("torch", "gpualloc")):
+                names[-1] += "," + part
+            else:
+                names.append(part)
     return [n.strip() for n in names if n.strip()]
 
 
@@ -688,7 +702,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workloads", nargs="?", help="comma list, 'all' or 'default' (%s)" % ",".join(DEFAULT_WORKLOADS))
-    ap.add_argument("allocs", nargs="?", help="comma list, 'all' or 'default' (all eight)")
+    ap.add_argument("allocs", nargs="?", help="comma list, 'all' or 'default' (all nine)")
     ap.add_argument("--timeout", type=float, default=150, help="seconds per run (default 150)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"), help="output folder (default $OUT or /tmp)")
     ap.add_argument("--so", help="liballoc_ffi.so (default $GPUALLOC_SO, else gpu_alloc's search)")

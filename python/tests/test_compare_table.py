@@ -188,5 +188,20 @@ class TableTest(unittest.TestCase):
         self.assertNotIn("torch", sys.modules)
 
 
+class PickTest(unittest.TestCase):
+    def test_a_conf_with_commas_stays_one_allocator(self):
+        got = cw._pick("torch,gpualloc:expandable_segments:True,unmap_free_pages:True,torch-async",
+                       cw.DEFAULT_ALLOCS, cw.DEFAULT_ALLOCS)
+        self.assertEqual(got, ["torch", "gpualloc:expandable_segments:True,unmap_free_pages:True",
+                               "torch-async"])
+
+    def test_plain_lists_default_and_all(self):
+        self.assertEqual(cw._pick("resnet50_train, gpt2_train", cw.DEFAULT_WORKLOADS, cw.WORKLOADS),
+                         ["resnet50_train", "gpt2_train"])
+        self.assertEqual(cw._pick(None, cw.DEFAULT_WORKLOADS, cw.WORKLOADS), cw.DEFAULT_WORKLOADS)
+        self.assertEqual(cw._pick("all", cw.DEFAULT_WORKLOADS, cw.WORKLOADS), list(cw.WORKLOADS))
+        self.assertEqual(cw._pick("torch:a:1,torch-async", [], []), ["torch:a:1", "torch-async"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
