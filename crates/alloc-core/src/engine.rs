@@ -13,6 +13,7 @@ use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 
 mod expandable;
+mod idle_pages;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
@@ -93,7 +94,7 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
     /// Growable segments by (stream, pool), when expandable segments are on.
-    growable: FxHashMap<(StreamId, PoolKind), Growable>,
+    growable: FxHashMap<(StreamId, PoolKind), Growable<S::Event>>,
     expandable: bool,
     /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
     pools: PrivatePools,
@@ -538,6 +539,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn release_to_cache(&mut self, id: BlockId) {
+        if self.options.unmap_free_pages {
+            self.note_freed(id);
+        }
         self.heap.set_state(id, BlockState::Free, 0);
         self.policy.insert_free(&mut self.heap, id);
     }
@@ -735,7 +739,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
                 self.unmap_mapped_runs(&key, addr, end)?;
                 self.memory.release_range(addr, range)?;
-                self.growable.remove(&key);
+                self.drop_growable(&key);
             } else {
                 self.memory.free(seg.addr, seg.size)?;
             }

@@ -459,3 +459,63 @@ fn unmap_free_pages_on_interleaved_holes() {
     e.empty_cache().unwrap();
     assert_eq!(e.memory().used(), 0);
 }
+
+/// `unmap_free_pages` waits for the stream only when the pages it needs may
+/// still be in use: when the GPU has passed the marks recorded after their
+/// frees (here: every event completes before each call), the same rounds
+/// unmap without a host synchronization; when it never does, every round
+/// that needs freed pages waits.
+#[test]
+fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
+    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let run = |gpu_keeps_up: bool| {
+        let mut e = common::engine(config, 8 << 30);
+        let mut live: Vec<u64> = Vec::new();
+        // A training-like loop: every step frees the previous step's
+        // interleaved buffers and asks for larger ones, so each step needs
+        // pages that were freed earlier.
+        for step in 0..12u64 {
+            for i in 0..10u64 {
+                if gpu_keeps_up {
+                    e.streams_mut().complete_all();
+                }
+                let size = (4 + (step + i) % 5 * 3) * MIB;
+                live.push(e.malloc(size, 0).unwrap().addr);
+                if live.len() > 6 {
+                    let victim = live.remove((i as usize * 7) % live.len());
+                    e.free(victim).unwrap();
+                }
+            }
+            e.assert_valid();
+            assert_eq!(
+                e.memory().used() as i64,
+                e.stats().reserved_bytes.all.current
+            );
+        }
+        let unmaps = e.stats().num_device_free;
+        for a in live {
+            e.free(a).unwrap();
+        }
+        e.empty_cache().unwrap();
+        assert_eq!(e.memory().used(), 0);
+        (e.streams().synchronizations, unmaps)
+    };
+    let (waits_idle_gpu, unmaps_idle_gpu) = run(true);
+    let (waits_busy_gpu, unmaps_busy_gpu) = run(false);
+    assert!(
+        unmaps_busy_gpu > 4,
+        "the loop unmaps pages ({unmaps_busy_gpu})"
+    );
+    assert!(
+        unmaps_idle_gpu > 4,
+        "the loop unmaps pages ({unmaps_idle_gpu})"
+    );
+    assert!(
+        waits_busy_gpu > 4,
+        "a GPU that never finishes forces waits ({waits_busy_gpu})"
+    );
+    assert!(
+        waits_idle_gpu * 2 < waits_busy_gpu,
+        "a GPU that keeps up spares most waits: {waits_idle_gpu} vs {waits_busy_gpu}"
+    );
+}

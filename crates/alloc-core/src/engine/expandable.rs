@@ -3,6 +3,7 @@
 //! trimmed on `empty_cache`; and with `unmap_free_pages`, holes of unmapped
 //! pages under free blocks, so that physical memory serves growth first.
 
+use super::idle_pages::IdlePages;
 use super::Engine;
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
@@ -15,14 +16,17 @@ use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
 /// for the small pool, 20 MiB for the large).
 const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
 
-/// The growable segment of one stream and pool.
-#[derive(Debug, Clone)]
-pub(super) struct Growable {
+/// The growable segment of one stream and pool (`E`: the stream backend's
+/// event).
+#[derive(Debug)]
+pub(super) struct Growable<E> {
     pub(super) segment: SegmentId,
     /// Size of the reserved address range.
     pub(super) range: u64,
     /// Pages inside the segment that are not mapped (`unmap_free_pages`).
     pub(super) unmapped: PageSet,
+    /// Which free pages the GPU is done with (`unmap_free_pages`).
+    idle: IdlePages<E>,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
@@ -96,22 +100,31 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     segment,
                     range,
                     unmapped: PageSet::default(),
+                    idle: IdlePages::default(),
                 },
             );
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
-        let (end, last) = (seg.addr + seg.size, seg.last);
+        let (base, end, last) = (seg.addr, seg.addr + seg.size, seg.last);
         if seg.size + extra > range {
             return Ok(None);
         }
         if !self.map_pages(end, extra)? {
             return Ok(None);
         }
+        let first = ((end - base) / granularity) as usize;
+        let g = self
+            .growable
+            .get_mut(&(req.stream, req.pool))
+            .expect("growable");
+        g.idle.mapped(first, first + (extra / granularity) as usize);
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
-        Ok(Some(self.heap.grow_segment(segment, extra)))
+        let tail = self.heap.grow_segment(segment, extra);
+        self.mark_epoch(&(req.stream, req.pool))?;
+        Ok(Some(tail))
     }
 
     /// Unmaps the whole free chunks at the end of every growable segment.
@@ -204,7 +217,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Unmaps whole free pages of growable segments (highest addresses
     /// first; held private pools and `keep` excepted) until `budget` bytes
-    /// are unmapped; `u64::MAX` unmaps all of them.
+    /// are unmapped; `u64::MAX` unmaps all of them. Pages the GPU is known
+    /// to be done with go first, without waiting; the host waits for the
+    /// segment's stream only if those are not enough.
     pub(super) fn unmap_free_pages(
         &mut self,
         keep: Option<BlockId>,
@@ -213,8 +228,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let granularity = self.memory.growth_granularity();
         let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
+            if *budget == 0 {
+                return Ok(());
+            }
             let seg_id = self.growable[&key].segment;
-            if !self.pools.releasable(self.heap.segment(seg_id).stream) {
+            let (base, stream) = {
+                let seg = self.heap.segment(seg_id);
+                (seg.addr, seg.stream)
+            };
+            if !self.pools.releasable(stream) {
                 continue;
             }
             let mut runs = Vec::new();
@@ -229,25 +251,114 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     runs.extend(self.growable[&key].unmapped.gaps_in(lo, hi, granularity));
                 }
             }
-            if !runs.is_empty() {
-                self.wait_for_stream(self.heap.segment(seg_id).stream)?;
+            if runs.is_empty() {
+                continue;
             }
-            for (start, bytes) in runs.into_iter().rev() {
-                if *budget == 0 {
-                    return Ok(());
-                }
-                // Whole pages from the run's end, no more than the budget.
-                let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
-                let start = start + bytes - take;
-                self.memory.unmap_idle(start, take)?;
-                self.heap.stats.num_device_free += 1;
+            // End the epoch here: an idle stream has passed the new mark at
+            // once, and later rounds find what was freed so far idle.
+            self.mark_epoch(&key)?;
+            self.poll_marks(&key)?;
+            let (idle, busy) = self.growable[&key]
+                .idle
+                .split_runs(base, &runs, granularity);
+            self.unmap_runs(&key, idle, budget)?;
+            if *budget > 0 && !busy.is_empty() {
+                self.wait_for_stream(stream)?;
                 let g = self.growable.get_mut(&key).expect("growable");
-                g.unmapped.insert_run(start, take, granularity);
-                self.heap.pages_unmapped(seg_id, take);
-                *budget = budget.saturating_sub(take);
+                for mark in g.idle.waited() {
+                    self.streams.release(mark);
+                }
+                self.unmap_runs(&key, busy, budget)?;
             }
         }
         Ok(())
+    }
+
+    /// `unmap_free_pages`: ends the epoch of the growable segment `key` with
+    /// a mark on its stream (unless too many are outstanding), so that the
+    /// pages freed so far become idle once the GPU passes it. Called at
+    /// unmap rounds and after mappings, the moments around which later
+    /// rounds look for idle pages.
+    fn mark_epoch(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+        if !self.options.unmap_free_pages || self.pools.capture_underway() {
+            return Ok(());
+        }
+        self.poll_marks(key)?;
+        if self.growable[key].idle.wants_mark() {
+            let stream = self.heap.segment(self.growable[key].segment).stream;
+            let mark = self.streams.record(self.pools.real_stream(stream))?;
+            self.growable
+                .get_mut(key)
+                .expect("growable")
+                .idle
+                .end_epoch(mark);
+        }
+        Ok(())
+    }
+
+    /// Unmaps page runs of the growable segment `key`, from the highest
+    /// address down, no more than `budget` bytes (whole pages).
+    fn unmap_runs(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        runs: Vec<(u64, u64)>,
+        budget: &mut u64,
+    ) -> Result<(), AllocError> {
+        let granularity = self.memory.growth_granularity();
+        let seg_id = self.growable[key].segment;
+        for (start, bytes) in runs.into_iter().rev() {
+            if *budget == 0 {
+                break;
+            }
+            let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
+            let start = start + bytes - take;
+            self.memory.unmap_idle(start, take)?;
+            self.heap.stats.num_device_free += 1;
+            let g = self.growable.get_mut(key).expect("growable");
+            g.unmapped.insert_run(start, take, granularity);
+            self.heap.pages_unmapped(seg_id, take);
+            *budget = budget.saturating_sub(take);
+        }
+        Ok(())
+    }
+
+    /// Forgets the growable segment `key` (its segment is gone), releasing
+    /// its marks.
+    pub(super) fn drop_growable(&mut self, key: &(StreamId, PoolKind)) {
+        if let Some(mut g) = self.growable.remove(key) {
+            for mark in g.idle.take_marks() {
+                self.streams.release(mark);
+            }
+        }
+    }
+
+    /// Retires the completed marks of the growable segment `key`.
+    fn poll_marks(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+        let g = self.growable.get_mut(key).expect("growable");
+        while let Some(mark) = g.idle.oldest_mark() {
+            if !self.streams.is_complete(mark)? {
+                break;
+            }
+            let mark = g.idle.oldest_mark_done().expect("a mark");
+            self.streams.release(mark);
+        }
+        Ok(())
+    }
+
+    /// `unmap_free_pages`: stamps the pages under the block `id`, about to
+    /// become free, with the current epoch.
+    pub(super) fn note_freed(&mut self, id: BlockId) {
+        let b = self.heap.block(id);
+        let seg = self.heap.segment(b.segment);
+        if !seg.expandable {
+            return;
+        }
+        let granularity = self.memory.growth_granularity();
+        let first = ((b.addr - seg.addr) / granularity) as usize;
+        let end = ((b.addr + b.size - seg.addr).div_ceil(granularity)) as usize;
+        if let Some(g) = self.growable.get_mut(&(seg.stream, seg.pool)) {
+            g.idle.freed(first, end);
+        }
     }
 
     /// Maps the unmapped pages under the free block `block` before it is
@@ -266,6 +377,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let hi = (b.addr + size).div_ceil(granularity) * granularity;
         let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
         let needed = runs.iter().map(|r| r.1).sum();
+        let runs_empty = runs.is_empty();
         self.make_room(needed, Some(block))?;
         for (start, bytes) in runs {
             if self.would_pass_limit(bytes) {
@@ -274,9 +386,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.map_pages(start, bytes)? {
                 return Ok(false);
             }
+            let base = self.heap.segment(seg_id).addr;
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
+            let first = ((start - base) / granularity) as usize;
+            g.idle.mapped(first, first + (bytes / granularity) as usize);
             self.heap.pages_mapped(seg_id, bytes);
+        }
+        if !runs_empty {
+            self.mark_epoch(&key)?;
         }
         Ok(true)
     }
