@@ -44,11 +44,20 @@ pub trait MemoryBackend {
         ))
     }
 
-    /// Unmaps pages the device no longer uses: the caller has waited for
-    /// every stream that used them, so no device-wide wait is needed.
+    /// Unmaps pages the device no longer uses: the caller knows that the
+    /// work that used them is done (it waited for their stream, or an event
+    /// recorded there after their last use completed), so no device-wide
+    /// wait is needed. The backend may keep their physical memory for the
+    /// next [`MemoryBackend::map`] until [`MemoryBackend::release_spare`].
     /// Default: [`MemoryBackend::unmap`].
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.unmap(addr, size)
+    }
+
+    /// Gives back the physical memory [`MemoryBackend::unmap_idle`] kept for
+    /// reuse and [`MemoryBackend::map`] did not take. Default: none is kept.
+    fn release_spare(&mut self) -> Result<(), BackendError> {
+        Ok(())
     }
 
     /// Gives back a reserved range whose memory is all unmapped.

@@ -149,6 +149,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ) -> Result<Allocation, AllocError> {
         let result = self.malloc_unsettled(size, stream, pool);
         self.heap.settle();
+        if self.options.unmap_free_pages {
+            // Physical pages unmapped for this call and not mapped again go
+            // back now. A failure leaves them to the next call (or to
+            // empty_cache, which reports it): the allocation's own outcome
+            // is what the caller gets.
+            let _ = self.memory.release_spare();
+        }
         result
     }
 
@@ -714,6 +721,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.options.unmap_free_pages {
             let mut everything = u64::MAX;
             self.unmap_free_pages(None, &mut everything)?;
+            self.memory.release_spare()?;
         }
         let idle: Vec<SegmentId> = self
             .heap

@@ -95,6 +95,11 @@ impl MemoryBackend for CudaMemory {
         Ok(self.vmm.unmap_idle(addr, size)?)
     }
 
+    fn release_spare(&mut self) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.release_spare()?)
+    }
+
     fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         Ok(self.vmm.release(addr, size)?)

@@ -24,6 +24,10 @@ pub struct VmmMappings {
     ranges: BTreeMap<u64, u64>,
     /// Mapped granules by address.
     granules: BTreeMap<u64, PhysicalHandle>,
+    /// Physical granules unmapped by [`VmmMappings::unmap_idle`], kept for
+    /// the next mapping: moving a granule costs an unmap and a map, not a
+    /// release and a create too.
+    spare: Vec<PhysicalHandle>,
 }
 
 impl VmmMappings {
@@ -78,7 +82,11 @@ impl VmmMappings {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
         for (i, &at) in granules.iter().enumerate() {
-            let mapped = driver::mem_create(self.granularity, self.device).and_then(|handle| {
+            let handle = match self.spare.pop() {
+                Some(h) => Ok(h),
+                None => driver::mem_create(self.granularity, self.device),
+            };
+            let mapped = handle.and_then(|handle| {
                 match driver::mem_map(at, self.granularity, &handle, self.device) {
                     Ok(()) => Ok(handle),
                     Err(e) => {
@@ -109,11 +117,25 @@ impl VmmMappings {
         self.unmap_granules(&granules)
     }
 
-    /// [`VmmMappings::unmap`] without the context-wide wait: the caller has waited
-    /// for every stream that used the range.
+    /// [`VmmMappings::unmap`] without the context-wide wait (the caller knows
+    /// the work that used the range is done), keeping the physical granules
+    /// for the next [`VmmMappings::map`] until [`VmmMappings::release_spare`].
     pub(crate) fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let granules = self.mapped_granules(addr, size)?;
-        self.unmap_granules(&granules)
+        for at in self.mapped_granules(addr, size)? {
+            driver::mem_unmap(at, self.granularity)?;
+            let handle = self.granules.remove(&at).expect("mapped granule");
+            self.spare.push(handle);
+        }
+        Ok(())
+    }
+
+    /// Releases the granules [`VmmMappings::unmap_idle`] kept and no mapping
+    /// took.
+    pub(crate) fn release_spare(&mut self) -> Result<(), CudaError> {
+        while let Some(handle) = self.spare.pop() {
+            driver::mem_release(handle)?;
+        }
+        Ok(())
     }
 
     /// The granules over `[addr, addr + size)`, which must all be mapped.
