@@ -96,6 +96,9 @@ impl MemoryBackend for CudaMemory {
     }
 
     fn release_spare(&mut self) -> Result<(), BackendError> {
+        if !self.vmm.has_spare() {
+            return Ok(()); // the common case: no driver call at all
+        }
         driver::bind(&self.ctx)?;
         Ok(self.vmm.release_spare()?)
     }

@@ -129,6 +129,11 @@ impl VmmMappings {
         Ok(())
     }
 
+    /// Whether granules unmapped by [`VmmMappings::unmap_idle`] are kept.
+    pub(crate) fn has_spare(&self) -> bool {
+        !self.spare.is_empty()
+    }
+
     /// Releases the granules [`VmmMappings::unmap_idle`] kept and no mapping
     /// took.
     pub(crate) fn release_spare(&mut self) -> Result<(), CudaError> {
