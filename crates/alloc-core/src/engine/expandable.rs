@@ -100,25 +100,24 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     segment,
                     range,
                     unmapped: PageSet::default(),
-                    idle: IdlePages::default(),
+                    idle: IdlePages::new(addr, granularity),
                 },
             );
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
-        let (base, end, last) = (seg.addr, seg.addr + seg.size, seg.last);
+        let (end, last) = (seg.addr + seg.size, seg.last);
         if seg.size + extra > range {
             return Ok(None);
         }
         if !self.map_pages(end, extra)? {
             return Ok(None);
         }
-        let first = ((end - base) / granularity) as usize;
         let g = self
             .growable
             .get_mut(&(req.stream, req.pool))
             .expect("growable");
-        g.idle.mapped(first, first + (extra / granularity) as usize);
+        g.idle.mapped(end, end + extra);
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -232,10 +231,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 return Ok(());
             }
             let seg_id = self.growable[&key].segment;
-            let (base, stream) = {
-                let seg = self.heap.segment(seg_id);
-                (seg.addr, seg.stream)
-            };
+            let stream = self.heap.segment(seg_id).stream;
             if !self.pools.releasable(stream) {
                 continue;
             }
@@ -258,9 +254,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // once, and later rounds find what was freed so far idle.
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
-            let (idle, busy) = self.growable[&key]
-                .idle
-                .split_runs(base, &runs, granularity);
+            let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
             self.unmap_runs(&key, idle, budget)?;
             if *budget > 0 && !busy.is_empty() {
                 self.wait_for_stream(stream)?;
@@ -353,11 +347,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !seg.expandable {
             return;
         }
-        let granularity = self.memory.growth_granularity();
-        let first = ((b.addr - seg.addr) / granularity) as usize;
-        let end = ((b.addr + b.size - seg.addr).div_ceil(granularity)) as usize;
+        let (lo, hi) = (b.addr, b.addr + b.size);
         if let Some(g) = self.growable.get_mut(&(seg.stream, seg.pool)) {
-            g.idle.freed(first, end);
+            g.idle.freed(lo, hi);
         }
     }
 
@@ -386,11 +378,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.map_pages(start, bytes)? {
                 return Ok(false);
             }
-            let base = self.heap.segment(seg_id).addr;
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
-            let first = ((start - base) / granularity) as usize;
-            g.idle.mapped(first, first + (bytes / granularity) as usize);
+            g.idle.mapped(start, start + bytes);
             self.heap.pages_mapped(seg_id, bytes);
         }
         if !runs_empty {

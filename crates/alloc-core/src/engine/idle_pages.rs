@@ -23,6 +23,10 @@ const MAX_MARKS: usize = 16;
 /// Epoch stamps of one growable segment's pages and its outstanding marks.
 #[derive(Debug)]
 pub(super) struct IdlePages<E> {
+    /// The segment's start address.
+    base: u64,
+    /// Page size (the backend's growth granularity).
+    page: u64,
     /// Per page, from the segment's start: epoch of the last free touching
     /// it; 0 = not used since it was mapped.
     freed_in: Vec<u64>,
@@ -34,38 +38,49 @@ pub(super) struct IdlePages<E> {
     idle_through: u64,
 }
 
-impl<E> Default for IdlePages<E> {
-    fn default() -> Self {
+impl<E> IdlePages<E> {
+    /// No page used yet, in a segment starting at `base` with pages of
+    /// `page` bytes.
+    pub(super) fn new(base: u64, page: u64) -> Self {
         IdlePages {
+            base,
+            page,
             freed_in: Vec::new(),
             epoch: 1,
             marks: VecDeque::new(),
             idle_through: 0,
         }
     }
-}
 
-impl<E> IdlePages<E> {
-    /// A block over pages `[first, end)` became free now.
-    pub(super) fn freed(&mut self, first: usize, end: usize) {
-        if self.freed_in.len() < end {
-            self.freed_in.resize(end, 0);
-        }
-        self.freed_in[first..end].fill(self.epoch);
+    /// Indexes of the pages that `[lo, hi)` touches.
+    fn pages(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
+        let first = ((lo - self.base) / self.page) as usize;
+        let end = (hi - self.base).div_ceil(self.page) as usize;
+        first..end
     }
 
-    /// Pages `[first, end)` were just mapped: nothing has used them.
-    pub(super) fn mapped(&mut self, first: usize, end: usize) {
-        let end = end.min(self.freed_in.len());
-        if first < end {
-            self.freed_in[first..end].fill(0);
+    /// A block over `[lo, hi)` became free now: every page it touches.
+    pub(super) fn freed(&mut self, lo: u64, hi: u64) {
+        let pages = self.pages(lo, hi);
+        if self.freed_in.len() < pages.end {
+            self.freed_in.resize(pages.end, 0);
+        }
+        self.freed_in[pages].fill(self.epoch);
+    }
+
+    /// The pages of `[lo, hi)` were just mapped: nothing has used them.
+    pub(super) fn mapped(&mut self, lo: u64, hi: u64) {
+        let pages = self.pages(lo, hi);
+        let end = pages.end.min(self.freed_in.len());
+        if pages.start < end {
+            self.freed_in[pages.start..end].fill(0);
         }
     }
 
-    /// Whether the GPU is known to be done with page `page`.
-    pub(super) fn is_idle(&self, page: usize) -> bool {
+    /// Whether the GPU is known to be done with the page at `addr`.
+    pub(super) fn is_idle(&self, addr: u64) -> bool {
         self.freed_in
-            .get(page)
+            .get(((addr - self.base) / self.page) as usize)
             .is_none_or(|&e| e <= self.idle_through)
     }
 
@@ -106,13 +121,14 @@ impl<E> IdlePages<E> {
         self.marks.drain(..).map(|(_, e)| e)
     }
 
-    /// Splits page runs `(start, bytes)` of a segment starting at `base`
-    /// into the runs of idle pages and the runs of the others.
-    pub(super) fn split_runs(&self, base: u64, runs: &[(u64, u64)], page: u64) -> (Runs, Runs) {
+    /// Splits page runs `(start, bytes)` into the runs of idle pages and the
+    /// runs of the others.
+    pub(super) fn split_runs(&self, runs: &[(u64, u64)]) -> (Runs, Runs) {
+        let page = self.page;
         let (mut idle, mut busy): (Runs, Runs) = (Vec::new(), Vec::new());
         for &(start, bytes) in runs {
             for addr in (start..start + bytes).step_by(page as usize) {
-                let out = if self.is_idle(((addr - base) / page) as usize) {
+                let out = if self.is_idle(addr) {
                     &mut idle
                 } else {
                     &mut busy
@@ -133,30 +149,38 @@ mod tests {
 
     #[test]
     fn pages_become_idle_when_a_later_mark_completes() {
-        let mut p: IdlePages<u32> = IdlePages::default();
-        assert!(p.is_idle(3), "never used");
-        p.freed(2, 4);
-        assert!(!p.is_idle(2) && !p.is_idle(3) && p.is_idle(4));
+        // Pages of 10 bytes from address 100: page i is [100 + 10i, 110 + 10i).
+        let mut p: IdlePages<u32> = IdlePages::new(100, 10);
+        let page = |i: u64| 100 + 10 * i;
+        assert!(p.is_idle(page(3)), "never used");
+        p.freed(page(2) + 3, page(3) + 5); // touches pages 2 and 3
+        assert!(!p.is_idle(page(2)) && !p.is_idle(page(3)) && p.is_idle(page(4)));
         p.end_epoch(7); // mark of epoch 1
-        p.freed(4, 5); // epoch 2
+        p.freed(page(4), page(5)); // epoch 2
         assert_eq!(p.oldest_mark(), Some(&7));
         assert_eq!(p.oldest_mark_done(), Some(7));
-        assert!(p.is_idle(2) && p.is_idle(3), "freed before the mark");
-        assert!(!p.is_idle(4), "freed after it");
-        p.freed(2, 3); // used and freed again: busy again
-        assert!(!p.is_idle(2));
+        assert!(
+            p.is_idle(page(2)) && p.is_idle(page(3)),
+            "freed before the mark"
+        );
+        assert!(!p.is_idle(page(4)), "freed after it");
+        p.freed(page(2), page(3)); // used and freed again: busy again
+        assert!(!p.is_idle(page(2)));
         let done: Vec<u32> = p.waited().collect();
         assert!(done.is_empty());
-        assert!(p.is_idle(2) && p.is_idle(4));
-        p.freed(4, 5);
-        assert!(!p.is_idle(4), "a free after the wait is in a new epoch");
-        p.mapped(4, 9);
-        assert!(p.is_idle(4), "remapped pages are unused");
+        assert!(p.is_idle(page(2)) && p.is_idle(page(4)));
+        p.freed(page(4), page(5));
+        assert!(
+            !p.is_idle(page(4)),
+            "a free after the wait is in a new epoch"
+        );
+        p.mapped(page(4), page(9));
+        assert!(p.is_idle(page(4)), "remapped pages are unused");
     }
 
     #[test]
     fn marks_are_capped_and_returned_by_a_wait() {
-        let mut p: IdlePages<usize> = IdlePages::default();
+        let mut p: IdlePages<usize> = IdlePages::new(0, 1);
         let mut n = 0;
         while p.wants_mark() {
             p.end_epoch(n);
@@ -169,11 +193,11 @@ mod tests {
 
     #[test]
     fn runs_split_by_idleness() {
-        let mut p: IdlePages<()> = IdlePages::default();
         let base = 1000;
-        p.freed(1, 2); // page 1 busy
-        p.freed(4, 6); // pages 4, 5 busy
-        let (idle, busy) = p.split_runs(base, &[(base, 3 * 10), (base + 40, 30)], 10);
+        let mut p: IdlePages<()> = IdlePages::new(base, 10);
+        p.freed(base + 10, base + 20); // page 1 busy
+        p.freed(base + 40, base + 60); // pages 4, 5 busy
+        let (idle, busy) = p.split_runs(&[(base, 3 * 10), (base + 40, 30)]);
         assert_eq!(idle, vec![(base, 10), (base + 20, 10), (base + 60, 10)]);
         assert_eq!(busy, vec![(base + 10, 10), (base + 40, 20)]);
     }
