@@ -225,20 +225,21 @@ pub(crate) fn mem_create(size: u64, device: i32) -> Result<PhysicalHandle, CudaE
     Ok(PhysicalHandle(handle))
 }
 
-/// `cuMemMap` of a whole physical allocation at `addr`, then `cuMemSetAccess`
-/// read-write for `device`.
-pub(crate) fn mem_map(
-    addr: u64,
-    size: u64,
-    handle: &PhysicalHandle,
-    device: i32,
-) -> Result<(), CudaError> {
+/// `cuMemMap` of a whole physical allocation at `addr` (not yet accessible:
+/// see [`mem_set_access`]).
+pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(), CudaError> {
     // SAFETY: `addr..addr+size` lies in a range this backend reserved and is
     // not mapped (the backend tracks every mapped granule); `size` is the
     // handle's size.
     check("cuMemMap", unsafe {
         sys::cuMemMap(addr, size as usize, 0, handle.0, 0)
-    })?;
+    })
+}
+
+/// `cuMemSetAccess` read-write for `device` over `[addr, addr + size)`, which
+/// may span several mapped physical allocations (one call per run, as
+/// PyTorch's expandable segments do).
+pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), CudaError> {
     let access = sys::CUmemAccessDesc {
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
@@ -246,14 +247,11 @@ pub(crate) fn mem_map(
         },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: the range was just mapped; one access descriptor is passed.
-    let code = unsafe { sys::cuMemSetAccess(addr, size as usize, &access, 1) };
-    if let Err(e) = check("cuMemSetAccess", code) {
-        // SAFETY: undoes the mapping made above.
-        let _ = unsafe { sys::cuMemUnmap(addr, size as usize) };
-        return Err(e);
-    }
-    Ok(())
+    // SAFETY: the whole range is mapped (the caller mapped every granule of
+    // it); one access descriptor is passed.
+    check("cuMemSetAccess", unsafe {
+        sys::cuMemSetAccess(addr, size as usize, &access, 1)
+    })
 }
 
 /// `cuMemUnmap` of one mapped granule.

@@ -86,15 +86,16 @@ impl VmmMappings {
                 Some(h) => Ok(h),
                 None => driver::mem_create(self.granularity, self.device),
             };
-            let mapped = handle.and_then(|handle| {
-                match driver::mem_map(at, self.granularity, &handle, self.device) {
-                    Ok(()) => Ok(handle),
-                    Err(e) => {
-                        let _ = driver::mem_release(handle);
-                        Err(e)
-                    }
-                }
-            });
+            let mapped =
+                handle.and_then(
+                    |handle| match driver::mem_map(at, self.granularity, &handle) {
+                        Ok(()) => Ok(handle),
+                        Err(e) => {
+                            let _ = driver::mem_release(handle);
+                            Err(e)
+                        }
+                    },
+                );
             match mapped {
                 Ok(handle) => {
                     self.granules.insert(at, handle);
@@ -105,6 +106,11 @@ impl VmmMappings {
                     return Err(e);
                 }
             }
+        }
+        // One access call for the whole run instead of one per granule.
+        if let Err(e) = driver::mem_set_access(addr, size, self.device) {
+            let _ = self.unmap_granules(&granules);
+            return Err(e);
         }
         Ok(())
     }
