@@ -624,6 +624,10 @@ def child(workload, alloc, deterministic=False):
             res.update(peak_reserved=used_delta, reserved_source="cuMemGetInfo")
     if ours is not None and source != "gpu_alloc.memory_stats":
         res["gpu_alloc_stats"] = {k: ours.get(k) for k in STAT_KEYS}
+    if ours is not None:
+        # What unmap_free_pages moved, and the host time it took (ours only).
+        res["page_moves"] = {k.split(".", 1)[1]: v for k, v in ours.items()
+                             if k.startswith("page_moves.")}
     print("RESULT " + json.dumps(res), flush=True)
     sys.stderr.flush()
     os._exit(0)  # skips the interpreter's and CUDA's teardown (a second per run)
@@ -756,6 +760,12 @@ def main(argv=None):
                           res["reserved_source"], _gib(res["peak_allocated"]),
                           res["num_device_alloc"], _gib(res["device_used_delta"]), res["proc_s"]),
                       flush=True)
+                moves = res.get("page_moves") or {}
+                if moves.get("rounds"):
+                    print("%-20s %-36s page moves: %s rounds, %s unmapped, %s mapped, %s waits, "
+                          "%.1f ms host" % (w, a, moves["rounds"], moves.get("pages_unmapped"),
+                                            moves.get("pages_mapped"), moves.get("stream_waits"),
+                                            (moves.get("host_ns") or 0) / 1e6), flush=True)
             write_outputs(results, args.out)
     print("\n%d runs in %.0f s; wrote %s/compare_workloads.{json,md}\n" % (
         len(results), time.perf_counter() - t_all, args.out))

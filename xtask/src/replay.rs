@@ -162,12 +162,12 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 
 fn print_table(reports: &[ReplayReport]) {
     println!(
-        "| trace | policy | peak requested | peak allocated | peak reserved | reserved/requested | device allocs | device frees | retries | OOMs | ns/op |"
+        "| trace | policy | peak requested | peak allocated | peak reserved | reserved/requested | device allocs | device frees | pages moved | retries | OOMs | ns/op |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in reports {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} | {:.0} |",
             r.trace,
             r.policy,
             human_bytes(r.peak_requested_bytes),
@@ -176,6 +176,7 @@ fn print_table(reports: &[ReplayReport]) {
             r.reserved_over_requested,
             r.device_allocs,
             r.device_frees,
+            r.pages_moved,
             r.retries,
             r.ooms,
             r.ns_per_op

@@ -22,15 +22,21 @@ pub trait MemoryBackend {
         0
     }
 
-    /// Reserves `size` bytes of address space with no memory behind it.
-    fn reserve_range(&mut self, _size: u64) -> Result<u64, BackendError> {
+    /// Reserves `size` bytes of address space with no memory behind it,
+    /// aligned to `page`: the size of each physical allocation that
+    /// [`MemoryBackend::map`] puts in it (a power-of-two multiple of the
+    /// granularity, and a divisor of `size`). Maps and unmaps in the range
+    /// cover whole pages: the driver cannot unmap part of one, and moving a
+    /// page costs about the same whatever its size, so large pages make
+    /// moving memory cheaper per byte.
+    fn reserve_range(&mut self, _size: u64, _page: u64) -> Result<u64, BackendError> {
         Err(BackendError::Other(
             "this backend has no expandable segments".into(),
         ))
     }
 
-    /// Backs `[addr, addr + size)` of a reserved range with memory (multiples
-    /// of the granularity). [`BackendError::OutOfMemory`] when the device is full.
+    /// Backs `[addr, addr + size)` of a reserved range with memory (whole
+    /// pages of the range). [`BackendError::OutOfMemory`] when the device is full.
     fn map(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
         Err(BackendError::Other(
             "this backend has no expandable segments".into(),

@@ -72,6 +72,12 @@ pub struct AllocatorConfig {
     /// pages inside growable segments, and map pages again when a block over
     /// them is handed out (`unmap_free_pages`, ours).
     pub unmap_free_pages: bool,
+    /// With `unmap_free_pages`: bytes of each physical page of the large
+    /// pool's growable segments (`unmap_page_mb`, ours; a power of two);
+    /// 0 = the driver's granularity (2 MiB on an H100). Larger pages make
+    /// each moved byte cheaper and leave free holes smaller than a page
+    /// mapped.
+    pub unmap_page: u64,
     /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
     /// optionally with `+gc-age`.
     pub policy: Option<String>,
@@ -87,6 +93,7 @@ impl Default for AllocatorConfig {
             expandable_segments: false,
             stream_wait_reuse: false,
             unmap_free_pages: false,
+            unmap_page: 0,
             policy: None,
         }
     }
@@ -94,7 +101,7 @@ impl Default for AllocatorConfig {
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, unmap_page_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads";
 
 impl AllocatorConfig {
@@ -125,6 +132,17 @@ impl AllocatorConfig {
                 "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
                 "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
                 "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
+                "unmap_page_mb" => {
+                    let v = p.value(&key)?;
+                    cfg.unmap_page = v
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|mb| mb.is_power_of_two() && *mb <= 1 << 20)
+                        .ok_or_else(|| {
+                            invalid(&key, &v, "expected a power of two from 1 to 1048576 (MiB)")
+                        })?
+                        << 20;
+                }
                 "policy" => cfg.policy = Some(p.value(&key)?),
                 "backend" => {
                     let v = p.value(&key)?;
@@ -171,6 +189,13 @@ impl AllocatorConfig {
                 "unmap_free_pages",
                 "true",
                 "needs expandable_segments:True (only growable segments map pages)",
+            ));
+        }
+        if cfg.unmap_page != 0 && !cfg.unmap_free_pages {
+            return Err(invalid(
+                "unmap_page_mb",
+                &(cfg.unmap_page >> 20).to_string(),
+                "needs unmap_free_pages:True (it sizes the pages that mode moves)",
             ));
         }
         Ok(cfg)
@@ -373,6 +398,19 @@ mod tests {
     }
 
     #[test]
+    fn unmap_page_mb_sizes_the_moved_pages() {
+        let c = AllocatorConfig::parse(
+            "expandable_segments:true,unmap_free_pages:true,unmap_page_mb:64",
+        )
+        .unwrap();
+        assert_eq!(c.unmap_page, 64 * MIB);
+        let c = AllocatorConfig::parse("expandable_segments:true,unmap_free_pages:true").unwrap();
+        assert_eq!(c.unmap_page, 0, "the driver's granularity by default");
+        let e = AllocatorConfig::parse("expandable_segments:true,unmap_page_mb:8").unwrap_err();
+        assert!(e.to_string().contains("unmap_free_pages"), "{e}");
+    }
+
+    #[test]
     fn divisions_single_value_and_list() {
         let c = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
         assert!(c.roundup_power2_divisions.iter().all(|&d| d == 4));
@@ -406,6 +444,9 @@ mod tests {
             "policy",
             "policy:",
             "max_split_size_mb:64 max_split_size_mb:32",
+            "expandable_segments:true,unmap_free_pages:true,unmap_page_mb:6",
+            "expandable_segments:true,unmap_free_pages:true,unmap_page_mb:0",
+            "expandable_segments:true,unmap_page_mb:8",
         ] {
             assert!(AllocatorConfig::parse(bad).is_err(), "{bad} accepted");
         }

@@ -38,6 +38,9 @@ pub struct EngineOptions {
     pub expandable_segments: bool,
     /// With expandable segments, unmap free pages before mapping more.
     pub unmap_free_pages: bool,
+    /// With `unmap_free_pages`, the large pool's page size (0 = the
+    /// backend's granularity).
+    pub unmap_page: u64,
 }
 
 impl From<&AllocatorConfig> for EngineOptions {
@@ -47,6 +50,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             stream_wait_reuse: cfg.stream_wait_reuse,
             expandable_segments: cfg.expandable_segments,
             unmap_free_pages: cfg.unmap_free_pages,
+            unmap_page: cfg.unmap_page,
         }
     }
 }

@@ -33,5 +33,5 @@ pub use policy::{OomRelease, Policy, Pressure, Request};
 pub use private_pool::PoolId;
 pub use sim::{SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
-pub use stats::{human_bytes, scale_bytes, Stat, StatArray, Stats};
+pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use types::{BlockId, PoolKind, SegmentId, StreamId, GIB, KIB, MIB};

@@ -25,8 +25,8 @@ pub struct SimMemory {
     live: BTreeMap<u64, u64>,
     /// Recorded (size, address) of segments, handed out in order.
     plan: VecDeque<(u64, u64)>,
-    /// Reserved address ranges: start -> size.
-    ranges: BTreeMap<u64, u64>,
+    /// Reserved address ranges: start -> (size, page).
+    ranges: BTreeMap<u64, (u64, u64)>,
     /// Mapped chunks (granularity-sized) inside reserved ranges.
     chunks: BTreeSet<u64>,
     /// Number of successful `allocate` calls.
@@ -138,15 +138,16 @@ impl MemoryBackend for SimMemory {
         SIM_ALIGN
     }
 
-    fn reserve_range(&mut self, size: u64) -> Result<u64, BackendError> {
-        if size == 0 || !size.is_multiple_of(SIM_ALIGN) {
+    fn reserve_range(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+        if !page.is_power_of_two() || page < SIM_ALIGN || size == 0 || !size.is_multiple_of(page) {
             return Err(BackendError::Other(format!(
-                "reserve of {size} bytes: not a granularity multiple"
+                "reserve of {size} bytes in pages of {page}: not whole power-of-two pages \
+                 of at least the granularity"
             )));
         }
-        let addr = self.next_addr;
-        self.next_addr += size + SIM_ALIGN;
-        self.ranges.insert(addr, size);
+        let addr = self.next_addr.div_ceil(page) * page;
+        self.next_addr = addr + size + SIM_ALIGN;
+        self.ranges.insert(addr, (size, page));
         Ok(addr)
     }
 
@@ -189,7 +190,7 @@ impl MemoryBackend for SimMemory {
     }
 
     fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        if self.ranges.get(&addr) != Some(&size) {
+        if self.ranges.get(&addr).map(|r| r.0) != Some(size) {
             return Err(BackendError::Other(format!(
                 "release of unknown range {addr:#x}"
             )));
@@ -206,18 +207,15 @@ impl MemoryBackend for SimMemory {
 
 impl SimMemory {
     fn check_range(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        let inside = self
+        let page = self
             .ranges
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&start, &len)| addr + size <= start + len);
-        if size == 0
-            || !addr.is_multiple_of(SIM_ALIGN)
-            || !size.is_multiple_of(SIM_ALIGN)
-            || !inside
-        {
+            .filter(|(&start, &(len, _))| addr + size <= start + len)
+            .map(|(_, &(_, page))| page);
+        if size == 0 || !page.is_some_and(|p| addr.is_multiple_of(p) && size.is_multiple_of(p)) {
             return Err(BackendError::Other(format!(
-                "mapping [{addr:#x}, +{size}) is not granular or not inside a reserved range"
+                "mapping [{addr:#x}, +{size}) is not whole pages of a reserved range"
             )));
         }
         Ok(())
@@ -367,7 +365,19 @@ mod tests {
     #[test]
     fn growable_ranges_map_and_unmap_chunks() {
         let mut m = SimMemory::new(10 << 20);
-        let r = m.reserve_range(64 << 20).unwrap();
+        assert!(
+            m.reserve_range(64 << 20, 3 << 20).is_err(),
+            "page not a power of two"
+        );
+        assert!(
+            m.reserve_range(60 << 20, 8 << 20).is_err(),
+            "not whole pages"
+        );
+        let big = m.reserve_range(64 << 20, 8 << 20).unwrap();
+        assert!(big.is_multiple_of(8 << 20), "aligned to its page");
+        assert!(m.map(big, 2 << 20).is_err(), "part of a page");
+        m.release_range(big, 64 << 20).unwrap();
+        let r = m.reserve_range(64 << 20, 2 << 20).unwrap();
         assert_eq!(m.used(), 0);
         m.map(r, 4 << 20).unwrap();
         assert!(m.map(r + (2 << 20), 2 << 20).is_err(), "double map");

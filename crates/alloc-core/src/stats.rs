@@ -152,6 +152,41 @@ pub struct Stats {
     pub oversize_allocations: Stat,
     /// Segments at or above the oversize threshold.
     pub oversize_segments: Stat,
+    /// What `unmap_free_pages` moved (ours: not in PyTorch's statistics).
+    pub page_moves: PageMoves,
+}
+
+/// The work `unmap_free_pages` did: pages unmapped under free blocks to make
+/// room, mapped again when a block over them was handed out, and the host
+/// time it took. Each moved page costs driver calls (tens of microseconds
+/// on an H100, whatever the page size), so these explain its step time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PageMoves {
+    /// Rounds that unmapped free pages because mapping more would have
+    /// raised reserved memory above its peak.
+    pub rounds: u64,
+    /// Pages unmapped by those rounds.
+    pub pages_unmapped: u64,
+    /// Unmapped pages mapped again under blocks handed out.
+    pub pages_mapped: u64,
+    /// Rounds that waited on the host for a stream because the pages the
+    /// GPU was known to be done with were not enough.
+    pub stream_waits: u64,
+    /// Host nanoseconds spent in those maps, unmaps and waits.
+    pub host_ns: u64,
+}
+
+impl PageMoves {
+    /// The counters as `(name, value)` pairs, named `page_moves.<field>`.
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("page_moves.rounds", self.rounds),
+            ("page_moves.pages_unmapped", self.pages_unmapped),
+            ("page_moves.pages_mapped", self.pages_mapped),
+            ("page_moves.stream_waits", self.stream_waits),
+            ("page_moves.host_ns", self.host_ns),
+        ]
+    }
 }
 
 impl Stats {
@@ -176,6 +211,7 @@ impl Stats {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+        self.page_moves = PageMoves::default();
     }
 
     fn arrays_mut(&mut self) -> [&mut StatArray; 9] {

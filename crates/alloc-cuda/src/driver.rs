@@ -229,7 +229,7 @@ pub(crate) fn mem_create(size: u64, device: i32) -> Result<PhysicalHandle, CudaE
 /// see [`mem_set_access`]).
 pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(), CudaError> {
     // SAFETY: `addr..addr+size` lies in a range this backend reserved and is
-    // not mapped (the backend tracks every mapped granule); `size` is the
+    // not mapped (the backend tracks every mapped page); `size` is the
     // handle's size.
     check("cuMemMap", unsafe {
         sys::cuMemMap(addr, size as usize, 0, handle.0, 0)
@@ -247,16 +247,16 @@ pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), Cu
         },
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
-    // SAFETY: the whole range is mapped (the caller mapped every granule of
+    // SAFETY: the whole range is mapped (the caller mapped every page of
     // it); one access descriptor is passed.
     check("cuMemSetAccess", unsafe {
         sys::cuMemSetAccess(addr, size as usize, &access, 1)
     })
 }
 
-/// `cuMemUnmap` of one mapped granule.
+/// `cuMemUnmap` of one mapped page.
 pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
-    // SAFETY: the backend unmaps only granules it mapped, after a context
+    // SAFETY: the backend unmaps only pages it mapped, after a context
     // synchronize, when the engine holds no live block in them.
     check("cuMemUnmap", unsafe {
         sys::cuMemUnmap(addr, size as usize)

@@ -75,9 +75,9 @@ impl MemoryBackend for CudaMemory {
         self.vmm.granularity()
     }
 
-    fn reserve_range(&mut self, size: u64) -> Result<u64, BackendError> {
+    fn reserve_range(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.reserve(size)?)
+        Ok(self.vmm.reserve(size, page)?)
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {

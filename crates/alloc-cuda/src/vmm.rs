@@ -6,28 +6,33 @@
 //! free tails on `empty_cache` and the out-of-memory retry (`cuMemUnmap` +
 //! `cuMemRelease`).
 //!
-//! Each granule (2 MiB on an H100) is its own physical allocation, because
-//! the driver cannot unmap part of one: that lets a segment shrink by any
-//! number of granules.
+//! Each page of a range is its own physical allocation, because the driver
+//! cannot unmap part of one: that lets a segment shrink, or a hole be
+//! unmapped, by whole pages. Pages are the driver's granularity (2 MiB on an
+//! H100) unless the engine asks for larger ones at reservation: moving a
+//! page costs about the same host time whatever its size
+//! (`benchmarks/vmm_cost`).
 
 use std::collections::BTreeMap;
 
 use crate::driver::{self, PhysicalHandle};
 use crate::error::CudaError;
 
-/// Reserved ranges and the physical granules mapped into them.
+/// Reserved ranges and the physical pages mapped into them.
 #[derive(Debug, Default)]
 pub struct VmmMappings {
     granularity: u64,
     device: i32,
-    /// Reserved ranges: start -> size.
-    ranges: BTreeMap<u64, u64>,
-    /// Mapped granules by address.
-    granules: BTreeMap<u64, PhysicalHandle>,
-    /// Physical granules unmapped by [`VmmMappings::unmap_idle`], kept for
-    /// the next mapping: moving a granule costs an unmap and a map, not a
-    /// release and a create too.
-    spare: Vec<PhysicalHandle>,
+    /// Reserved ranges: start -> (size, page size).
+    ranges: BTreeMap<u64, (u64, u64)>,
+    /// Mapped pages by address, with their size.
+    pages: BTreeMap<u64, (PhysicalHandle, u64)>,
+    /// Bytes mapped now.
+    mapped: u64,
+    /// Physical pages unmapped by [`VmmMappings::unmap_idle`], by size, kept
+    /// for the next [`VmmMappings::map`]: moving a page costs an unmap and a
+    /// map, not a release and a create too.
+    spare: BTreeMap<u64, Vec<PhysicalHandle>>,
 }
 
 impl VmmMappings {
@@ -41,127 +46,145 @@ impl VmmMappings {
         }
     }
 
-    /// Physical granule size (0 when unsupported).
+    /// The driver's minimum page size (0 when unsupported).
     pub fn granularity(&self) -> u64 {
         self.granularity
     }
 
     /// Bytes mapped now.
     pub fn mapped_bytes(&self) -> u64 {
-        self.granules.len() as u64 * self.granularity
+        self.mapped
     }
 
-    fn granules_of(&self, addr: u64, size: u64) -> Result<impl Iterator<Item = u64>, CudaError> {
-        let g = self.granularity;
-        let inside = self
+    /// The pages of `[addr, addr + size)` (start addresses) and their size:
+    /// the span must cover whole pages of one reserved range.
+    fn pages_of(&self, addr: u64, size: u64) -> Result<(Vec<u64>, u64), CudaError> {
+        let page = self
             .ranges
             .range(..=addr)
             .next_back()
-            .is_some_and(|(&start, &len)| {
+            .filter(|(&start, &(len, _))| {
                 addr.checked_add(size).is_some_and(|end| end <= start + len)
-            });
-        if g == 0 || size == 0 || !addr.is_multiple_of(g) || !size.is_multiple_of(g) || !inside {
-            return Err(CudaError::Unsupported(
-                "mapping is not granule-aligned or not inside a reserved range",
-            ));
+            })
+            .map(|(_, &(_, page))| page);
+        match page {
+            Some(p) if size > 0 && addr.is_multiple_of(p) && size.is_multiple_of(p) => {
+                Ok(((addr..addr + size).step_by(p as usize).collect(), p))
+            }
+            _ => Err(CudaError::Unsupported(
+                "mapping is not whole pages of a reserved range",
+            )),
         }
-        Ok((addr..addr + size).step_by(g as usize))
     }
 
-    pub(crate) fn reserve(&mut self, size: u64) -> Result<u64, CudaError> {
-        let addr = driver::address_reserve(size, self.granularity)?;
-        self.ranges.insert(addr, size);
+    /// Reserves `size` bytes of address space, aligned to and mapped in pages
+    /// of `page` bytes (a power-of-two multiple of the granularity).
+    pub(crate) fn reserve(&mut self, size: u64, page: u64) -> Result<u64, CudaError> {
+        let g = self.granularity;
+        if g == 0 || !page.is_power_of_two() || !page.is_multiple_of(g) || size == 0 {
+            return Err(CudaError::Unsupported(
+                "page size is not a power-of-two multiple of the granularity",
+            ));
+        }
+        if !size.is_multiple_of(page) {
+            return Err(CudaError::Unsupported("range is not whole pages"));
+        }
+        let addr = driver::address_reserve(size, page)?;
+        self.ranges.insert(addr, (size, page));
         Ok(addr)
     }
 
-    /// Maps fresh physical granules over `[addr, addr + size)`; on failure
+    /// Maps physical pages (kept spares first, else new ones) over
+    /// `[addr, addr + size)`, with one access call for the run; on failure
     /// nothing stays mapped.
     pub(crate) fn map(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let granules: Vec<u64> = self.granules_of(addr, size)?.collect();
-        if granules.iter().any(|a| self.granules.contains_key(a)) {
+        let (pages, page) = self.pages_of(addr, size)?;
+        if pages.iter().any(|a| self.pages.contains_key(a)) {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
-        for (i, &at) in granules.iter().enumerate() {
-            let handle = match self.spare.pop() {
+        for (i, &at) in pages.iter().enumerate() {
+            let handle = match self.spare.get_mut(&page).and_then(Vec::pop) {
                 Some(h) => Ok(h),
-                None => driver::mem_create(self.granularity, self.device),
+                None => driver::mem_create(page, self.device),
             };
-            let mapped =
-                handle.and_then(
-                    |handle| match driver::mem_map(at, self.granularity, &handle) {
-                        Ok(()) => Ok(handle),
-                        Err(e) => {
-                            let _ = driver::mem_release(handle);
-                            Err(e)
-                        }
-                    },
-                );
+            let mapped = handle.and_then(|handle| match driver::mem_map(at, page, &handle) {
+                Ok(()) => Ok(handle),
+                Err(e) => {
+                    let _ = driver::mem_release(handle);
+                    Err(e)
+                }
+            });
             match mapped {
                 Ok(handle) => {
-                    self.granules.insert(at, handle);
+                    self.pages.insert(at, (handle, page));
+                    self.mapped += page;
                 }
                 Err(e) => {
                     // Roll back what this call mapped.
-                    let _ = self.unmap_granules(&granules[..i]);
+                    let _ = self.unmap_pages(&pages[..i]);
                     return Err(e);
                 }
             }
         }
-        // One access call for the whole run instead of one per granule.
         if let Err(e) = driver::mem_set_access(addr, size, self.device) {
-            let _ = self.unmap_granules(&granules);
+            let _ = self.unmap_pages(&pages);
             return Err(e);
         }
         Ok(())
     }
 
-    /// Unmaps and releases the granules over `[addr, addr + size)`, after
+    /// Unmaps and releases the pages over `[addr, addr + size)`, after
     /// waiting for the context's work (unmapping does not synchronize).
     pub(crate) fn unmap(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let granules = self.mapped_granules(addr, size)?;
+        let pages = self.mapped_pages(addr, size)?;
         driver::ctx_synchronize()?;
-        self.unmap_granules(&granules)
+        self.unmap_pages(&pages)
     }
 
     /// [`VmmMappings::unmap`] without the context-wide wait (the caller knows
-    /// the work that used the range is done), keeping the physical granules
+    /// the work that used the range is done), keeping the physical pages
     /// for the next [`VmmMappings::map`] until [`VmmMappings::release_spare`].
     pub(crate) fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        for at in self.mapped_granules(addr, size)? {
-            driver::mem_unmap(at, self.granularity)?;
-            let handle = self.granules.remove(&at).expect("mapped granule");
-            self.spare.push(handle);
+        for at in self.mapped_pages(addr, size)? {
+            let page = self.pages[&at].1;
+            driver::mem_unmap(at, page)?;
+            let (handle, page) = self.pages.remove(&at).expect("mapped page");
+            self.mapped -= page;
+            self.spare.entry(page).or_default().push(handle);
         }
         Ok(())
     }
 
-    /// Whether granules unmapped by [`VmmMappings::unmap_idle`] are kept.
+    /// Whether pages unmapped by [`VmmMappings::unmap_idle`] are kept.
     pub(crate) fn has_spare(&self) -> bool {
-        !self.spare.is_empty()
+        self.spare.values().any(|v| !v.is_empty())
     }
 
-    /// Releases the granules [`VmmMappings::unmap_idle`] kept and no mapping
+    /// Releases the pages [`VmmMappings::unmap_idle`] kept and no mapping
     /// took.
     pub(crate) fn release_spare(&mut self) -> Result<(), CudaError> {
-        while let Some(handle) = self.spare.pop() {
-            driver::mem_release(handle)?;
+        for handles in self.spare.values_mut() {
+            while let Some(handle) = handles.pop() {
+                driver::mem_release(handle)?;
+            }
         }
         Ok(())
     }
 
-    /// The granules over `[addr, addr + size)`, which must all be mapped.
-    fn mapped_granules(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
-        let granules: Vec<u64> = self.granules_of(addr, size)?.collect();
-        if !granules.iter().all(|a| self.granules.contains_key(a)) {
+    /// The pages over `[addr, addr + size)`, which must all be mapped.
+    fn mapped_pages(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
+        let (pages, _) = self.pages_of(addr, size)?;
+        if !pages.iter().all(|a| self.pages.contains_key(a)) {
             return Err(CudaError::Unsupported("unmap of memory that is not mapped"));
         }
-        Ok(granules)
+        Ok(pages)
     }
 
-    fn unmap_granules(&mut self, granules: &[u64]) -> Result<(), CudaError> {
-        for at in granules {
-            if let Some(handle) = self.granules.remove(at) {
-                driver::mem_unmap(*at, self.granularity)?;
+    fn unmap_pages(&mut self, pages: &[u64]) -> Result<(), CudaError> {
+        for at in pages {
+            if let Some((handle, page)) = self.pages.remove(at) {
+                self.mapped -= page;
+                driver::mem_unmap(*at, page)?;
                 driver::mem_release(handle)?;
             }
         }
@@ -170,12 +193,12 @@ impl VmmMappings {
 
     /// Frees a reserved range with nothing mapped in it.
     pub(crate) fn release(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        if self.ranges.get(&addr) != Some(&size) {
+        if self.ranges.get(&addr).map(|r| r.0) != Some(size) {
             return Err(CudaError::Unsupported(
                 "release of a range that was not reserved",
             ));
         }
-        if self.granules.range(addr..addr + size).next().is_some() {
+        if self.pages.range(addr..addr + size).next().is_some() {
             return Err(CudaError::Unsupported(
                 "release of a range with memory mapped",
             ));

@@ -707,13 +707,28 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn unmap_free_pages_remaps_holes_with_data_intact() {
-    let alloc = allocator("expandable_segments:True,unmap_free_pages:true");
+    remap_holes_with_data_intact("expandable_segments:True,unmap_free_pages:true", 2 * MIB);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn unmap_page_mb_remaps_whole_large_pages_with_data_intact() {
+    remap_holes_with_data_intact(
+        "expandable_segments:True,unmap_free_pages:true,unmap_page_mb:8",
+        8 * MIB,
+    );
+}
+
+/// Interleaved buffers of 3 pages of `page` bytes; every other one freed
+/// leaves holes of whole pages; larger requests unmap them, refills map
+/// them back, and every buffer keeps its data.
+fn remap_holes_with_data_intact(config: &str, page: u64) {
+    let alloc = allocator(config);
     let stream = new_stream(&alloc);
-    // Interleaved 6 MiB buffers; freeing every other one leaves free holes
-    // of whole 2 MiB pages between live data.
+    let unit = page as usize / 2; // sizes as multiples of half a page
     let mut bufs: Vec<Option<(DeviceBuffer<u8>, Vec<u8>)>> = (0..20u64)
         .map(|i| {
-            let data = pattern(6 * MIB as usize, i + 1);
+            let data = pattern(6 * unit, i + 1);
             Some((alloc.alloc_from_host(&data, &stream).unwrap(), data))
         })
         .collect();
@@ -726,32 +741,35 @@ fn unmap_free_pages_remaps_holes_with_data_intact() {
     // Larger requests fit no hole: growing past the peak unmaps the holes.
     let big: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..3u64)
         .map(|i| {
-            let data = pattern(14 * MIB as usize, 100 + i);
+            let data = pattern(14 * unit, 100 + i);
             (alloc.alloc_from_host(&data, &stream).unwrap(), data)
         })
         .collect();
     stream.synchronize().unwrap();
     let stats = alloc.stats().unwrap();
     println!(
-        "peak before {} -> reserved {} (peak {}), {} unmaps",
+        "{config}: peak before {} -> reserved {} (peak {}), {} pages unmapped in {} rounds",
         human_bytes(peak),
         human_bytes(stats.reserved_bytes.all.current as u64),
         human_bytes(stats.reserved_bytes.all.peak as u64),
-        stats.num_device_free - frees0
+        stats.page_moves.pages_unmapped,
+        stats.page_moves.rounds,
     );
     assert!(stats.num_device_free > frees0, "holes were unmapped");
+    assert!(stats.page_moves.pages_unmapped > 0);
     assert!(
-        (stats.reserved_bytes.all.peak as u64) < peak + 3 * 14 * MIB,
+        (stats.reserved_bytes.all.peak as u64) < peak + 3 * 14 * unit as u64,
         "the holes' memory served the growth"
     );
     // Blocks in the holes again: their pages are mapped back and usable.
     let refill: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..10u64)
         .map(|i| {
-            let data = pattern(5 * MIB as usize, 200 + i);
+            let data = pattern(5 * unit, 200 + i);
             (alloc.alloc_from_host(&data, &stream).unwrap(), data)
         })
         .collect();
     stream.synchronize().unwrap();
+    assert!(alloc.stats().unwrap().page_moves.pages_mapped > 0);
     for (buf, data) in bufs.iter().flatten().chain(&big).chain(&refill) {
         assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact");
     }

@@ -447,7 +447,8 @@ pub extern "C" fn gpualloc_reset_accumulated_stats(device: c_int) -> c_int {
 }
 
 /// The statistics of one allocator (or zeros) as PyTorch's flat map, plus
-/// `max_split_size` (-1 when unset, as PyTorch reports it).
+/// `max_split_size` (-1 when unset, as PyTorch reports it) and our
+/// `page_moves.*` counters (`unmap_free_pages`).
 pub fn stats_map(
     alloc: Option<&CudaAllocator>,
 ) -> FfiResult<std::collections::BTreeMap<String, i64>> {
@@ -456,6 +457,9 @@ pub fn stats_map(
         None => (alloc_core::Stats::default(), u64::MAX),
     };
     let mut map = stats.to_flat_map();
+    for (name, value) in stats.page_moves.named() {
+        map.insert(name.into(), i64::try_from(value).unwrap_or(i64::MAX));
+    }
     let max_split = if max_split == u64::MAX {
         -1
     } else {

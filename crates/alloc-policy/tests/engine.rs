@@ -425,6 +425,45 @@ fn unmap_free_pages_reuses_physical_memory_before_growing() {
     e.assert_valid();
 }
 
+/// `unmap_page_mb`: the large pool moves whole pages of the configured size
+/// (the simulated device refuses any map or unmap that is not whole pages of
+/// its range), so the same free hole costs a quarter of the page moves with
+/// 8 MiB pages as with 2 MiB ones; `page_moves` counts them.
+#[test]
+fn unmap_page_mb_moves_whole_large_pages() {
+    for (page_mb, pages_of_a) in [(2, 12), (8, 3)] {
+        let config = format!(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,\
+             unmap_page_mb:{page_mb}"
+        );
+        let mut e = common::engine(&config, 1 << 30);
+        let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
+        let a = e.malloc(24 * MIB, 0).unwrap();
+        let b = e.malloc(24 * MIB, 0).unwrap();
+        assert_eq!(reserved(&e) % (page_mb * MIB), 0);
+        let before = reserved(&e);
+        e.free(a.addr).unwrap();
+        let c = e.malloc(40 * MIB, 0).unwrap();
+        let moves = e.stats().page_moves;
+        assert_eq!(moves.rounds, 1, "{page_mb} MiB pages");
+        assert_eq!(moves.pages_unmapped, pages_of_a, "{page_mb} MiB pages");
+        assert!(
+            reserved(&e) < before + 40 * MIB,
+            "a's pages served the growth"
+        );
+        assert_eq!(e.memory().used() as u64, reserved(&e));
+        let d = e.malloc(24 * MIB, 0).unwrap();
+        assert_eq!(d.addr, a.addr);
+        assert_eq!(e.stats().page_moves.pages_mapped, pages_of_a);
+        e.assert_valid();
+        for x in [b, c, d] {
+            e.free(x.addr).unwrap();
+        }
+        e.empty_cache().unwrap();
+        assert_eq!(e.memory().used(), 0);
+    }
+}
+
 /// The GPU test `unmap_free_pages_remaps_holes_with_data_intact`'s pattern
 /// on the simulated device: interleaved holes are unmapped when larger
 /// requests grow the segment, and mapped back when refilled.

@@ -57,6 +57,9 @@ pub struct ReplayReport {
     pub device_allocs: u64,
     /// Device frees (cudaFree calls).
     pub device_frees: u64,
+    /// Pages `unmap_free_pages` unmapped under free blocks to make room
+    /// (each is mapped again later: a move).
+    pub pages_moved: u64,
     /// Allocations that needed the flush-everything retry.
     pub retries: u64,
     /// Allocations that failed for lack of memory.
@@ -162,6 +165,7 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
             reserved_over_requested: peak_reserved as f64 / peak_requested.max(1) as f64,
             device_allocs: s.num_device_alloc,
             device_frees: s.num_device_free,
+            pages_moved: s.page_moves.pages_unmapped,
             retries: s.num_alloc_retries,
             ooms: s.num_ooms,
             ns_per_op: if opts.timed_runs == 0 {

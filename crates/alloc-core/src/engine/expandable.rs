@@ -3,6 +3,8 @@
 //! trimmed on `empty_cache`; and with `unmap_free_pages`, holes of unmapped
 //! pages under free blocks, so that physical memory serves growth first.
 
+use std::time::Instant;
+
 use super::idle_pages::IdlePages;
 use super::Engine;
 use crate::backend::{MemoryBackend, StreamBackend};
@@ -11,6 +13,11 @@ use crate::heap::BlockState;
 use crate::page_set::PageSet;
 use crate::policy::{Policy, Request};
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+
+/// Nanoseconds since `started` (saturating).
+fn elapsed_ns(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// Growth step of expandable segments per pool, as PyTorch's (2 MiB pages
 /// for the small pool, 20 MiB for the large).
@@ -21,6 +28,8 @@ const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
 #[derive(Debug)]
 pub(super) struct Growable<E> {
     pub(super) segment: SegmentId,
+    /// Bytes of each physical page: maps and unmaps cover whole pages.
+    page: u64,
     /// Size of the reserved address range.
     pub(super) range: u64,
     /// Pages inside the segment that are not mapped (`unmap_free_pages`).
@@ -33,8 +42,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Unmapped pages (`unmap_free_pages`) match the segments' counts and
     /// lie only under free blocks.
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
-        let granularity = self.memory.growth_granularity().max(1);
         for g in self.growable.values() {
+            let granularity = g.page;
             let seg = self.heap.segment(g.segment);
             if seg.unmapped != g.unmapped.len() as u64 * granularity {
                 return Err(format!(
@@ -60,8 +69,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// growable segment (reserving its address range first if needed) so that
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let granularity = self.memory.growth_granularity();
-        let step = GROWTH_STEP[req.pool.index()].div_ceil(granularity) * granularity;
+        let page = self.page_size(req.pool);
+        let step = GROWTH_STEP[req.pool.index()].div_ceil(page) * page;
         let grown = self
             .growable
             .get(&(req.stream, req.pool))
@@ -86,7 +95,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
             }
-            let addr = self.memory.reserve_range(range)?;
+            let addr = self.memory.reserve_range(range, page)?;
             let mapped = self.map_pages(addr, extra);
             if !matches!(mapped, Ok(true)) {
                 self.memory.release_range(addr, range)?;
@@ -98,9 +107,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 (req.stream, req.pool),
                 Growable {
                     segment,
+                    page,
                     range,
                     unmapped: PageSet::default(),
-                    idle: IdlePages::new(addr, granularity),
+                    idle: IdlePages::new(addr, page),
                 },
             );
             return Ok(Some(block));
@@ -126,12 +136,23 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(Some(tail))
     }
 
+    /// Bytes of each physical page of a new growable segment of `pool`: the
+    /// backend's granularity, or with `unmap_free_pages` the configured
+    /// large-pool page (rounded up to whole granules).
+    fn page_size(&self, pool: PoolKind) -> u64 {
+        let granularity = self.memory.growth_granularity();
+        if self.options.unmap_free_pages && pool == PoolKind::Large {
+            self.options.unmap_page.div_ceil(granularity).max(1) * granularity
+        } else {
+            granularity
+        }
+    }
+
     /// Unmaps the whole free chunks at the end of every growable segment.
     pub(super) fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
         let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
-            let seg_id = self.growable[&key].segment;
+            let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
             let seg = self.heap.segment(seg_id);
             let last = self.heap.block(seg.last);
             if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.stream)
@@ -184,8 +205,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
-        for (start, bytes) in self.growable[key].unmapped.gaps_in(lo, hi, granularity) {
+        let g = &self.growable[key];
+        for (start, bytes) in g.unmapped.gaps_in(lo, hi, g.page) {
             self.memory.unmap(start, bytes)?;
             self.heap.stats.num_device_free += 1;
         }
@@ -224,13 +245,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         keep: Option<BlockId>,
         budget: &mut u64,
     ) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
         let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
             if *budget == 0 {
                 return Ok(());
             }
-            let seg_id = self.growable[&key].segment;
+            let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
             let stream = self.heap.segment(seg_id).stream;
             if !self.pools.releasable(stream) {
                 continue;
@@ -252,12 +272,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             // End the epoch here: an idle stream has passed the new mark at
             // once, and later rounds find what was freed so far idle.
+            self.heap.stats.page_moves.rounds += 1;
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
             self.unmap_runs(&key, idle, budget)?;
             if *budget > 0 && !busy.is_empty() {
+                let started = Instant::now();
                 self.wait_for_stream(stream)?;
+                let moves = &mut self.heap.stats.page_moves;
+                moves.stream_waits += 1;
+                moves.host_ns += elapsed_ns(started);
                 let g = self.growable.get_mut(&key).expect("growable");
                 for mark in g.idle.waited() {
                     self.streams.release(mark);
@@ -298,15 +323,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         runs: Vec<(u64, u64)>,
         budget: &mut u64,
     ) -> Result<(), AllocError> {
-        let granularity = self.memory.growth_granularity();
-        let seg_id = self.growable[key].segment;
+        let (seg_id, granularity) = (self.growable[key].segment, self.growable[key].page);
         for (start, bytes) in runs.into_iter().rev() {
             if *budget == 0 {
                 break;
             }
             let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
             let start = start + bytes - take;
+            let started = Instant::now();
             self.memory.unmap_idle(start, take)?;
+            let moves = &mut self.heap.stats.page_moves;
+            moves.pages_unmapped += take / granularity;
+            moves.host_ns += elapsed_ns(started);
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
             g.unmapped.insert_run(start, take, granularity);
@@ -364,7 +392,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(true);
         }
         let (seg_id, key) = (b.segment, (seg.stream, seg.pool));
-        let granularity = self.memory.growth_granularity();
+        let granularity = self.growable[&key].page;
         let lo = b.addr / granularity * granularity;
         let hi = (b.addr + size).div_ceil(granularity) * granularity;
         let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
@@ -375,9 +403,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if self.would_pass_limit(bytes) {
                 return Ok(false);
             }
+            let started = Instant::now();
             if !self.map_pages(start, bytes)? {
                 return Ok(false);
             }
+            let moves = &mut self.heap.stats.page_moves;
+            moves.pages_mapped += bytes / granularity;
+            moves.host_ns += elapsed_ns(started);
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
             g.idle.mapped(start, start + bytes);
