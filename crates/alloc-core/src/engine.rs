@@ -38,8 +38,8 @@ pub struct EngineOptions {
     pub expandable_segments: bool,
     /// With expandable segments, unmap free pages before mapping more.
     pub unmap_free_pages: bool,
-    /// With `unmap_free_pages`, the large pool's page size (0 = the
-    /// backend's granularity).
+    /// With `unmap_free_pages`, the large pool's page size (rounded up to
+    /// the backend's granularity).
     pub unmap_page: u64,
 }
 

@@ -25,7 +25,7 @@ pub mod types;
 mod validate;
 
 pub use backend::{MemoryBackend, StreamBackend};
-pub use config::{AllocatorConfig, ConfigError};
+pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
 pub use engine::{Allocation, Engine, EngineOptions, MAX_REQUEST};
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};

@@ -707,15 +707,18 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn unmap_free_pages_remaps_holes_with_data_intact() {
-    remap_holes_with_data_intact("expandable_segments:True,unmap_free_pages:true", 2 * MIB);
+    remap_holes_with_data_intact(
+        "expandable_segments:True,unmap_free_pages:true,unmap_page_mb:2",
+        2 * MIB,
+    );
 }
 
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
-fn unmap_page_mb_remaps_whole_large_pages_with_data_intact() {
+fn unmap_free_pages_default_pages_remap_with_data_intact() {
     remap_holes_with_data_intact(
-        "expandable_segments:True,unmap_free_pages:true,unmap_page_mb:8",
-        8 * MIB,
+        "expandable_segments:True,unmap_free_pages:true",
+        alloc_core::DEFAULT_UNMAP_PAGE,
     );
 }
 

@@ -392,7 +392,8 @@ fn expandable_best_fit_spares_the_growable_tail() {
 /// over them is handed out.
 #[test]
 fn unmap_free_pages_reuses_physical_memory_before_growing() {
-    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let config =
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
     let mut e = common::engine(config, 1 << 30);
     let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
     let a = e.malloc(20 * MIB, 0).unwrap();
@@ -469,7 +470,8 @@ fn unmap_page_mb_moves_whole_large_pages() {
 /// requests grow the segment, and mapped back when refilled.
 #[test]
 fn unmap_free_pages_on_interleaved_holes() {
-    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let config =
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
     let mut e = common::engine(config, 8 << 30);
     let mut bufs: Vec<Option<u64>> = (0..20)
         .map(|_| Some(e.malloc(6 * MIB, 0).unwrap().addr))
@@ -506,7 +508,8 @@ fn unmap_free_pages_on_interleaved_holes() {
 /// that needs freed pages waits.
 #[test]
 fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
-    let config = "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true";
+    let config =
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
     let run = |gpu_keeps_up: bool| {
         let mut e = common::engine(config, 8 << 30);
         let mut live: Vec<u64> = Vec::new();

@@ -66,6 +66,9 @@ fn configs() -> Vec<String> {
         .collect();
     all.push("policy:pytorch-bfc,expandable_segments:true".into());
     all.push("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true".into());
+    all.push(
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2".into(),
+    );
     all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
     all
 }
