@@ -50,6 +50,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--runs: `{v}` is not a number"))?;
             }
+            "--gpu-lag" => {
+                let v = value("--gpu-lag")?;
+                out.opts.gpu_lag = Some(
+                    v.parse()
+                        .map_err(|_| format!("--gpu-lag: `{v}` is not a number of events"))?,
+                );
+            }
             flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
             path => out.traces.push(path.into()),
         }
@@ -162,12 +169,12 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 
 fn print_table(reports: &[ReplayReport]) {
     println!(
-        "| trace | policy | peak requested | peak allocated | peak reserved | reserved/requested | device allocs | device frees | pages moved | retries | OOMs | ns/op |"
+        "| trace | policy | peak requested | peak allocated | peak reserved | reserved/requested | device allocs | device frees | pages moved | waits | retries | OOMs | ns/op |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in reports {
         println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {:.0} |",
             r.trace,
             r.policy,
             human_bytes(r.peak_requested_bytes),
@@ -177,6 +184,7 @@ fn print_table(reports: &[ReplayReport]) {
             r.device_allocs,
             r.device_frees,
             r.pages_moved,
+            r.stream_waits,
             r.retries,
             r.ooms,
             r.ns_per_op

@@ -230,11 +230,15 @@ pub struct SimEvent(u64);
 struct SimEventState {
     stream: StreamId,
     complete: bool,
+    /// Host clock when it was recorded (see [`SimStreams::with_gpu_lag`]).
+    at: u64,
 }
 
 /// Simulated streams: every recorded event stays pending until completed by
 /// [`SimStreams::complete`], [`SimStreams::complete_stream`] or
-/// [`SimStreams::complete_all`] (or a host synchronize).
+/// [`SimStreams::complete_all`] (or a host synchronize), or, with a GPU lag
+/// ([`SimStreams::with_gpu_lag`]), once the simulated GPU has caught up with
+/// the moment it was recorded.
 #[derive(Debug, Clone, Default)]
 pub struct SimStreams {
     next: u64,
@@ -245,12 +249,40 @@ pub struct SimStreams {
     pub synchronizations: u64,
     /// Events recorded and not yet released.
     pub outstanding: usize,
+    /// Host clock: [`SimStreams::tick`]s so far.
+    clock: u64,
+    /// With a GPU lag: how many ticks the GPU runs behind the host.
+    lag: Option<u64>,
+    /// With a GPU lag: the host clock up to which the GPU has run the work
+    /// (`None`: nothing yet).
+    gpu_at: Option<u64>,
 }
 
 impl SimStreams {
     /// No events yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Streams whose GPU runs `lag` ticks behind the host (a tick is one
+    /// host operation, e.g. one replayed allocation or free): an event
+    /// completes once the host clock has passed its recording by `lag`
+    /// ticks, or once the host synchronized on it or on a later event (the
+    /// GPU then ran everything queued before it, and falls behind again).
+    /// Models a GPU that the host runs ahead of, as in training.
+    pub fn with_gpu_lag(lag: u64) -> Self {
+        SimStreams {
+            lag: Some(lag),
+            ..Self::default()
+        }
+    }
+
+    /// Advances the host clock by one operation.
+    pub fn tick(&mut self) {
+        self.clock += 1;
+        if let Some(done) = self.lag.and_then(|lag| self.clock.checked_sub(lag)) {
+            self.gpu_at = self.gpu_at.max(Some(done));
+        }
     }
 
     /// Completes one event.
@@ -290,6 +322,7 @@ impl StreamBackend for SimStreams {
             SimEventState {
                 stream,
                 complete: false,
+                at: self.clock,
             },
         );
         self.outstanding += 1;
@@ -297,15 +330,21 @@ impl StreamBackend for SimStreams {
     }
 
     fn is_complete(&mut self, event: &SimEvent) -> Result<bool, BackendError> {
+        let gpu_at = self.gpu_at;
         self.events
             .get(&event.0)
-            .map(|e| e.complete)
+            .map(|e| e.complete || gpu_at.is_some_and(|g| e.at <= g))
             .ok_or_else(|| BackendError::Other(format!("query of released event {}", event.0)))
     }
 
     fn synchronize(&mut self, event: &SimEvent) -> Result<(), BackendError> {
         self.synchronizations += 1;
         self.complete(*event);
+        if self.lag.is_some() {
+            if let Some(e) = self.events.get(&event.0) {
+                self.gpu_at = self.gpu_at.max(Some(e.at));
+            }
+        }
         Ok(())
     }
 
@@ -392,6 +431,42 @@ mod tests {
         m.unmap(r, 2 << 20).unwrap();
         assert_eq!(m.used(), 0);
         m.release_range(r, 64 << 20).unwrap();
+    }
+
+    #[test]
+    fn a_lagging_gpu_completes_events_lag_ticks_later_or_at_a_sync() {
+        let mut s = SimStreams::with_gpu_lag(3);
+        let e1 = s.record(0).unwrap();
+        s.tick();
+        let e2 = s.record(0).unwrap();
+        s.tick();
+        assert!(!s.is_complete(&e1).unwrap(), "2 ticks behind a lag of 3");
+        s.tick();
+        assert!(s.is_complete(&e1).unwrap());
+        assert!(!s.is_complete(&e2).unwrap());
+        let e3 = s.record(0).unwrap();
+        s.synchronize(&e3).unwrap();
+        assert!(
+            s.is_complete(&e2).unwrap(),
+            "a sync runs everything before it"
+        );
+        s.tick();
+        let e4 = s.record(0).unwrap();
+        s.tick();
+        assert!(
+            !s.is_complete(&e4).unwrap(),
+            "then the GPU falls behind again"
+        );
+        let mut keeps_up = SimStreams::with_gpu_lag(0);
+        let e = keeps_up.record(0).unwrap();
+        keeps_up.tick();
+        assert!(keeps_up.is_complete(&e).unwrap());
+        let mut never = SimStreams::new();
+        let e = never.record(0).unwrap();
+        for _ in 0..100 {
+            never.tick();
+        }
+        assert!(!never.is_complete(&e).unwrap(), "no lag: only on command");
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub struct ReplayReport {
     /// Pages `unmap_free_pages` unmapped under free blocks to make room
     /// (each is mapped again later: a move).
     pub pages_moved: u64,
+    /// Times `unmap_free_pages` waited on the host for a stream (with a
+    /// GPU lag, [`ReplayOptions::gpu_lag`], the pages it needed were still
+    /// in use).
+    pub stream_waits: u64,
     /// Allocations that needed the flush-everything retry.
     pub retries: u64,
     /// Allocations that failed for lack of memory.
@@ -85,6 +89,10 @@ pub struct ReplayOptions {
     pub capacity: u64,
     /// Timed repetitions; the fastest counts.
     pub timed_runs: usize,
+    /// How many trace events the simulated GPU runs behind the host (see
+    /// [`SimStreams::with_gpu_lag`]); `None`: events complete only when the
+    /// engine waits for them.
+    pub gpu_lag: Option<u64>,
 }
 
 impl Default for ReplayOptions {
@@ -92,6 +100,7 @@ impl Default for ReplayOptions {
         ReplayOptions {
             capacity: DEFAULT_CAPACITY,
             timed_runs: 3,
+            gpu_lag: None,
         }
     }
 }
@@ -100,16 +109,20 @@ type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 
 /// Builds an engine for a configuration string on a simulated device.
 pub fn sim_engine(config: &str, capacity: u64) -> Result<SimEngine, alloc_core::ConfigError> {
-    engine_on(config, SimMemory::new(capacity))
+    engine_on(config, SimMemory::new(capacity), SimStreams::new())
 }
 
-fn engine_on(config: &str, memory: SimMemory) -> Result<SimEngine, alloc_core::ConfigError> {
+fn engine_on(
+    config: &str,
+    memory: SimMemory,
+    streams: SimStreams,
+) -> Result<SimEngine, alloc_core::ConfigError> {
     let cfg = AllocatorConfig::parse(config)?;
     let policy = AnyPolicy::from_config(&cfg)?;
     Ok(Engine::new(
         policy,
         memory,
-        SimStreams::new(),
+        streams,
         EngineOptions::from(&cfg),
     ))
 }
@@ -136,11 +149,11 @@ pub fn device_for(trace: &Trace, capacity: u64) -> SimMemory {
 /// `policy:buddy`): one pass recording the timeline, then timed passes.
 pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<ReplayRun, ReplayError> {
     let mut timeline = Vec::new();
-    let engine = run_events(trace, config, opts.capacity, Some(&mut timeline))?;
+    let engine = run_events(trace, config, opts, Some(&mut timeline))?;
     let mut best = f64::INFINITY;
     for _ in 0..opts.timed_runs {
         let start = Instant::now();
-        let timed = run_events(trace, config, opts.capacity, None)?;
+        let timed = run_events(trace, config, opts, None)?;
         let ns = start.elapsed().as_nanos() as f64;
         drop(timed);
         best = best.min(ns);
@@ -166,6 +179,7 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
             device_allocs: s.num_device_alloc,
             device_frees: s.num_device_free,
             pages_moved: s.page_moves.pages_unmapped,
+            stream_waits: s.page_moves.stream_waits,
             retries: s.num_alloc_retries,
             ooms: s.num_ooms,
             ns_per_op: if opts.timed_runs == 0 {
@@ -184,10 +198,13 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
 fn run_events(
     trace: &Trace,
     config: &str,
-    capacity: u64,
+    opts: &ReplayOptions,
     mut timeline: Option<&mut Vec<(u64, u64, u64)>>,
 ) -> Result<SimEngine, ReplayError> {
-    let mut engine = engine_on(config, device_for(trace, capacity))?;
+    let streams = opts
+        .gpu_lag
+        .map_or_else(SimStreams::new, SimStreams::with_gpu_lag);
+    let mut engine = engine_on(config, device_for(trace, opts.capacity), streams)?;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     live.reserve(1024);
     let mut last = (0, 0);
@@ -206,6 +223,9 @@ fn run_events(
                 None => Ok(()),
             },
         };
+        if opts.gpu_lag.is_some() {
+            engine.streams_mut().tick();
+        }
         result.map_err(|source| ReplayError::Engine {
             trace: trace.name.clone(),
             policy: config.to_string(),
