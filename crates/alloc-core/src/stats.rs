@@ -162,8 +162,8 @@ pub struct Stats {
 /// on an H100, whatever the page size), so these explain its step time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct PageMoves {
-    /// Rounds that unmapped free pages because mapping more would have
-    /// raised reserved memory above its peak.
+    /// Rounds that unmapped free pages: before a mapping would have raised
+    /// reserved memory above its peak, and on `empty_cache`.
     pub rounds: u64,
     /// Pages unmapped by those rounds.
     pub pages_unmapped: u64,

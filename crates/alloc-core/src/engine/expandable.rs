@@ -12,6 +12,7 @@ use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_set::PageSet;
 use crate::policy::{Policy, Request};
+use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
 
 /// Nanoseconds since `started` (saturating).
@@ -280,9 +281,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if *budget > 0 && !busy.is_empty() {
                 let started = Instant::now();
                 self.wait_for_stream(stream)?;
-                let moves = &mut self.heap.stats.page_moves;
-                moves.stream_waits += 1;
-                moves.host_ns += elapsed_ns(started);
+                self.count_move(started, |m| m.stream_waits += 1);
                 let g = self.growable.get_mut(&key).expect("growable");
                 for mark in g.idle.waited() {
                     self.streams.release(mark);
@@ -332,9 +331,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let start = start + bytes - take;
             let started = Instant::now();
             self.memory.unmap_idle(start, take)?;
-            let moves = &mut self.heap.stats.page_moves;
-            moves.pages_unmapped += take / granularity;
-            moves.host_ns += elapsed_ns(started);
+            self.count_move(started, |m| m.pages_unmapped += take / granularity);
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
             g.unmapped.insert_run(start, take, granularity);
@@ -352,6 +349,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 self.streams.release(mark);
             }
         }
+    }
+
+    /// Counts a page move (`count` updates the counters) and the host time
+    /// since `started` in the statistics.
+    fn count_move(&mut self, started: Instant, count: impl FnOnce(&mut PageMoves)) {
+        let moves = &mut self.heap.stats.page_moves;
+        count(moves);
+        moves.host_ns += elapsed_ns(started);
     }
 
     /// Retires the completed marks of the growable segment `key`.
@@ -407,9 +412,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.map_pages(start, bytes)? {
                 return Ok(false);
             }
-            let moves = &mut self.heap.stats.page_moves;
-            moves.pages_mapped += bytes / granularity;
-            moves.host_ns += elapsed_ns(started);
+            self.count_move(started, |m| m.pages_mapped += bytes / granularity);
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
             g.idle.mapped(start, start + bytes);
