@@ -27,8 +27,6 @@ pub struct VmmMappings {
     ranges: BTreeMap<u64, (u64, u64)>,
     /// Mapped pages by address, with their size.
     pages: BTreeMap<u64, (PhysicalHandle, u64)>,
-    /// Bytes mapped now.
-    mapped: u64,
     /// Physical pages unmapped by [`VmmMappings::unmap_idle`], by size, kept
     /// for the next [`VmmMappings::map`]: moving a page costs an unmap and a
     /// map, not a release and a create too.
@@ -53,7 +51,7 @@ impl VmmMappings {
 
     /// Bytes mapped now.
     pub fn mapped_bytes(&self) -> u64 {
-        self.mapped
+        self.pages.values().map(|&(_, page)| page).sum()
     }
 
     /// The pages of `[addr, addr + size)` (start addresses) and their size:
@@ -117,7 +115,6 @@ impl VmmMappings {
             match mapped {
                 Ok(handle) => {
                     self.pages.insert(at, (handle, page));
-                    self.mapped += page;
                 }
                 Err(e) => {
                     // Roll back what this call mapped.
@@ -149,7 +146,6 @@ impl VmmMappings {
             let page = self.pages[&at].1;
             driver::mem_unmap(at, page)?;
             let (handle, page) = self.pages.remove(&at).expect("mapped page");
-            self.mapped -= page;
             self.spare.entry(page).or_default().push(handle);
         }
         Ok(())
@@ -183,7 +179,6 @@ impl VmmMappings {
     fn unmap_pages(&mut self, pages: &[u64]) -> Result<(), CudaError> {
         for at in pages {
             if let Some((handle, page)) = self.pages.remove(at) {
-                self.mapped -= page;
                 driver::mem_unmap(*at, page)?;
                 driver::mem_release(handle)?;
             }
