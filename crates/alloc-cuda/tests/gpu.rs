@@ -729,12 +729,16 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
     let alloc = allocator(config);
     let stream = new_stream(&alloc);
     let unit = page as usize / 2; // sizes as multiples of half a page
-    let mut bufs: Vec<Option<(DeviceBuffer<u8>, Vec<u8>)>> = (0..20u64)
-        .map(|i| {
-            let data = pattern(6 * unit, i + 1);
-            Some((alloc.alloc_from_host(&data, &stream).unwrap(), data))
-        })
-        .collect();
+                                  // `count` buffers of `units` half pages, each filled with its own pattern.
+    let fill = |count: u64, units: usize, seed: u64| -> Vec<(DeviceBuffer<u8>, Vec<u8>)> {
+        (0..count)
+            .map(|i| {
+                let data = pattern(units * unit, seed + i);
+                (alloc.alloc_from_host(&data, &stream).unwrap(), data)
+            })
+            .collect()
+    };
+    let mut bufs: Vec<Option<_>> = fill(20, 6, 1).into_iter().map(Some).collect();
     stream.synchronize().unwrap();
     for slot in bufs.iter_mut().step_by(2) {
         *slot = None;
@@ -742,12 +746,7 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
     let peak = alloc.stats().unwrap().reserved_bytes.all.peak as u64;
     let frees0 = alloc.stats().unwrap().num_device_free;
     // Larger requests fit no hole: growing past the peak unmaps the holes.
-    let big: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..3u64)
-        .map(|i| {
-            let data = pattern(14 * unit, 100 + i);
-            (alloc.alloc_from_host(&data, &stream).unwrap(), data)
-        })
-        .collect();
+    let big = fill(3, 14, 100);
     stream.synchronize().unwrap();
     let stats = alloc.stats().unwrap();
     println!(
@@ -765,12 +764,7 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
         "the holes' memory served the growth"
     );
     // Blocks in the holes again: their pages are mapped back and usable.
-    let refill: Vec<(DeviceBuffer<u8>, Vec<u8>)> = (0..10u64)
-        .map(|i| {
-            let data = pattern(5 * unit, 200 + i);
-            (alloc.alloc_from_host(&data, &stream).unwrap(), data)
-        })
-        .collect();
+    let refill = fill(10, 5, 200);
     stream.synchronize().unwrap();
     assert!(alloc.stats().unwrap().page_moves.pages_mapped > 0);
     for (buf, data) in bufs.iter().flatten().chain(&big).chain(&refill) {
