@@ -762,10 +762,12 @@ def main(argv=None):
                       flush=True)
                 moves = res.get("page_moves") or {}
                 if moves.get("rounds"):
-                    print("%-20s %-36s page moves: %s rounds, %s unmapped, %s mapped, %s waits, "
-                          "%.1f ms host" % (w, a, moves["rounds"], moves.get("pages_unmapped"),
-                                            moves.get("pages_mapped"), moves.get("stream_waits"),
-                                            (moves.get("host_ns") or 0) / 1e6), flush=True)
+                    print("%-20s %-36s page moves: %s rounds, %s unmapped (%s while busy), "
+                          "%s mapped, %s waits, %.1f ms host"
+                          % (w, a, moves["rounds"], moves.get("pages_unmapped"),
+                             moves.get("busy_pages_reused"), moves.get("pages_mapped"),
+                             moves.get("stream_waits"), (moves.get("host_ns") or 0) / 1e6),
+                          flush=True)
             write_outputs(results, args.out)
     print("\n%d runs in %.0f s; wrote %s/compare_workloads.{json,md}\n" % (
         len(results), time.perf_counter() - t_all, args.out))

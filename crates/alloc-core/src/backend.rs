@@ -60,6 +60,37 @@ pub trait MemoryBackend {
         self.unmap(addr, size)
     }
 
+    /// Whether [`MemoryBackend::detach`] is available.
+    fn can_detach(&self) -> bool {
+        false
+    }
+
+    /// Hands the physical memory behind the whole pages of
+    /// `[addr, addr + size)` to the next [`MemoryBackend::map`] while the
+    /// range keeps it mapped, because queued work may still use it there;
+    /// [`MemoryBackend::unmap_detached`] drops that old mapping once the work
+    /// is done. The same memory is then mapped at two addresses for a while:
+    /// the caller must order every use of the new mapping after the last
+    /// use of the old one (the same stream), and must not map the old range
+    /// again before unmapping it. This moves memory without the host
+    /// waiting for the GPU. Memory that no map takes goes back at
+    /// [`MemoryBackend::release_spare`] (physically once the old mapping is
+    /// dropped too).
+    fn detach(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Other(
+            "this backend cannot detach mapped memory".into(),
+        ))
+    }
+
+    /// Drops the old mapping of `[addr, addr + size)`, detached by
+    /// [`MemoryBackend::detach`]; the caller knows the work that used it is
+    /// done.
+    fn unmap_detached(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
+        Err(BackendError::Other(
+            "this backend cannot detach mapped memory".into(),
+        ))
+    }
+
     /// Gives back the physical memory [`MemoryBackend::unmap_idle`] kept for
     /// reuse and [`MemoryBackend::map`] did not take. Default: none is kept.
     fn release_spare(&mut self) -> Result<(), BackendError> {

@@ -724,7 +724,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.trim_growable_segments()?;
         if self.options.unmap_free_pages {
             let mut everything = u64::MAX;
-            self.unmap_free_pages(None, &mut everything)?;
+            self.unmap_free_pages(None, &mut everything, None)?;
+            // Detached memory is physically freed when its old mapping goes.
+            let keys: Vec<_> = self.growable.keys().copied().collect();
+            for key in keys {
+                self.settle_detached(&key, 0, u64::MAX)?;
+            }
             self.memory.release_spare()?;
         }
         let idle: Vec<SegmentId> = self
@@ -749,6 +754,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if seg.expandable {
                 let key = (seg.stream, seg.pool);
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
+                self.settle_detached(&key, addr, end)?;
                 self.unmap_mapped_runs(&key, addr, end)?;
                 self.memory.release_range(addr, range)?;
                 self.drop_growable(&key);

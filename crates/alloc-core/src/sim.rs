@@ -29,6 +29,8 @@ pub struct SimMemory {
     ranges: BTreeMap<u64, (u64, u64)>,
     /// Mapped chunks (granularity-sized) inside reserved ranges.
     chunks: BTreeSet<u64>,
+    /// Chunks still mapped whose memory was detached to a later map.
+    detached: BTreeSet<u64>,
     /// Number of successful `allocate` calls.
     pub allocs: u64,
     /// Number of successful `free` calls.
@@ -46,6 +48,7 @@ impl SimMemory {
             plan: VecDeque::new(),
             ranges: BTreeMap::new(),
             chunks: BTreeSet::new(),
+            detached: BTreeSet::new(),
             allocs: 0,
             frees: 0,
         }
@@ -153,10 +156,7 @@ impl MemoryBackend for SimMemory {
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.check_range(addr, size)?;
-        if (addr..addr + size)
-            .step_by(SIM_ALIGN as usize)
-            .any(|c| self.chunks.contains(&c))
-        {
+        if chunks_of(addr, size).any(|c| self.chunks.contains(&c) || self.detached.contains(&c)) {
             return Err(BackendError::Other(format!(
                 "map over mapped memory at {addr:#x}"
             )));
@@ -164,28 +164,43 @@ impl MemoryBackend for SimMemory {
         if size > self.capacity - self.used {
             return Err(BackendError::OutOfMemory);
         }
-        self.chunks
-            .extend((addr..addr + size).step_by(SIM_ALIGN as usize));
+        self.chunks.extend(chunks_of(addr, size));
         self.used += size;
         self.allocs += 1;
         Ok(())
     }
 
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.check_range(addr, size)?;
-        if !(addr..addr + size)
-            .step_by(SIM_ALIGN as usize)
-            .all(|c| self.chunks.contains(&c))
-        {
-            return Err(BackendError::Other(format!(
-                "unmap of unmapped memory at {addr:#x}"
-            )));
-        }
-        for c in (addr..addr + size).step_by(SIM_ALIGN as usize) {
-            self.chunks.remove(&c);
-        }
+        self.take_mapped(addr, size)?;
         self.used -= size;
         self.frees += 1;
+        Ok(())
+    }
+
+    fn can_detach(&self) -> bool {
+        true
+    }
+
+    fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.take_mapped(addr, size)?;
+        // The memory goes to the next map (counted free until then); the
+        // address range stays taken until `unmap_detached`.
+        self.detached.extend(chunks_of(addr, size));
+        self.used -= size;
+        self.frees += 1;
+        Ok(())
+    }
+
+    fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.check_range(addr, size)?;
+        if !chunks_of(addr, size).all(|c| self.detached.contains(&c)) {
+            return Err(BackendError::Other(format!(
+                "unmap_detached of memory not detached at {addr:#x}"
+            )));
+        }
+        for c in chunks_of(addr, size) {
+            self.detached.remove(&c);
+        }
         Ok(())
     }
 
@@ -195,7 +210,9 @@ impl MemoryBackend for SimMemory {
                 "release of unknown range {addr:#x}"
             )));
         }
-        if self.chunks.range(addr..addr + size).next().is_some() {
+        if self.chunks.range(addr..addr + size).next().is_some()
+            || self.detached.range(addr..addr + size).next().is_some()
+        {
             return Err(BackendError::Other(format!(
                 "release of range {addr:#x} with memory mapped"
             )));
@@ -205,7 +222,27 @@ impl MemoryBackend for SimMemory {
     }
 }
 
+/// The granularity-sized chunks of `[addr, addr + size)`.
+fn chunks_of(addr: u64, size: u64) -> impl Iterator<Item = u64> {
+    (addr..addr + size).step_by(SIM_ALIGN as usize)
+}
+
 impl SimMemory {
+    /// Removes the chunks of `[addr, addr + size)` from the mapped ones;
+    /// all must be mapped.
+    fn take_mapped(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.check_range(addr, size)?;
+        if !chunks_of(addr, size).all(|c| self.chunks.contains(&c)) {
+            return Err(BackendError::Other(format!(
+                "unmap of unmapped memory at {addr:#x}"
+            )));
+        }
+        for c in chunks_of(addr, size) {
+            self.chunks.remove(&c);
+        }
+        Ok(())
+    }
+
     fn check_range(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         let page = self
             .ranges

@@ -167,10 +167,17 @@ pub struct PageMoves {
     pub rounds: u64,
     /// Pages unmapped by those rounds.
     pub pages_unmapped: u64,
+    /// Of those, pages the GPU might still have been using: their memory
+    /// went to a mapping on the same stream (ordered after that use) while
+    /// the old address stayed mapped until the GPU was done there. Each is
+    /// a wait saved.
+    pub busy_pages_reused: u64,
     /// Unmapped pages mapped again under blocks handed out.
     pub pages_mapped: u64,
-    /// Rounds that waited on the host for a stream because the pages the
-    /// GPU was known to be done with were not enough.
+    /// Times the host waited for a stream: a round whose idle pages were
+    /// not enough and whose busy ones could not move without a wait (they
+    /// belong to another stream), or a mapping over an address whose old
+    /// mapping the GPU might still use.
     pub stream_waits: u64,
     /// Host nanoseconds spent in those maps, unmaps and waits.
     pub host_ns: u64,
@@ -178,10 +185,11 @@ pub struct PageMoves {
 
 impl PageMoves {
     /// The counters as `(name, value)` pairs, named `page_moves.<field>`.
-    pub fn named(&self) -> [(&'static str, u64); 5] {
+    pub fn named(&self) -> [(&'static str, u64); 6] {
         [
             ("page_moves.rounds", self.rounds),
             ("page_moves.pages_unmapped", self.pages_unmapped),
+            ("page_moves.busy_pages_reused", self.busy_pages_reused),
             ("page_moves.pages_mapped", self.pages_mapped),
             ("page_moves.stream_waits", self.stream_waits),
             ("page_moves.host_ns", self.host_ns),

@@ -95,6 +95,19 @@ impl MemoryBackend for CudaMemory {
         Ok(self.vmm.unmap_idle(addr, size)?)
     }
 
+    fn can_detach(&self) -> bool {
+        self.vmm.granularity() > 0
+    }
+
+    fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        Ok(self.vmm.detach(addr, size)?)
+    }
+
+    fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.unmap_detached(addr, size)?)
+    }
+
     fn release_spare(&mut self) -> Result<(), BackendError> {
         if !self.vmm.has_spare() {
             return Ok(()); // the common case: no driver call at all

@@ -31,6 +31,10 @@ pub struct VmmMappings {
     /// for the next [`VmmMappings::map`]: moving a page costs an unmap and a
     /// map, not a release and a create too.
     spare: BTreeMap<u64, Vec<PhysicalHandle>>,
+    /// Pages whose physical memory [`VmmMappings::detach`] handed on while
+    /// they stay mapped, by address, with their size: the GPU may still use
+    /// them there until [`VmmMappings::unmap_detached`].
+    detached: BTreeMap<u64, u64>,
 }
 
 impl VmmMappings {
@@ -97,7 +101,10 @@ impl VmmMappings {
     /// nothing stays mapped.
     pub(crate) fn map(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
         let (pages, page) = self.pages_of(addr, size)?;
-        if pages.iter().any(|a| self.pages.contains_key(a)) {
+        if pages
+            .iter()
+            .any(|a| self.pages.contains_key(a) || self.detached.contains_key(a))
+        {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
         for (i, &at) in pages.iter().enumerate() {
@@ -151,13 +158,44 @@ impl VmmMappings {
         Ok(())
     }
 
+    /// Hands the physical pages over `[addr, addr + size)` to the next
+    /// [`VmmMappings::map`] (as spares) while they stay mapped here, for
+    /// work still queued on them: the driver lets one physical allocation
+    /// be mapped at two addresses. No driver call.
+    pub(crate) fn detach(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        for at in self.mapped_pages(addr, size)? {
+            let (handle, page) = self.pages.remove(&at).expect("mapped page");
+            self.spare.entry(page).or_default().push(handle);
+            self.detached.insert(at, page);
+        }
+        Ok(())
+    }
+
+    /// Unmaps the pages over `[addr, addr + size)` that
+    /// [`VmmMappings::detach`] left mapped (their memory lives on at its new
+    /// address, or is released once unmapped here).
+    pub(crate) fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        let (pages, _) = self.pages_of(addr, size)?;
+        if !pages.iter().all(|a| self.detached.contains_key(a)) {
+            return Err(CudaError::Unsupported(
+                "unmap_detached of memory that is not detached",
+            ));
+        }
+        for at in pages {
+            driver::mem_unmap(at, self.detached[&at])?;
+            self.detached.remove(&at);
+        }
+        Ok(())
+    }
+
     /// Whether pages unmapped by [`VmmMappings::unmap_idle`] are kept.
     pub(crate) fn has_spare(&self) -> bool {
         self.spare.values().any(|v| !v.is_empty())
     }
 
-    /// Releases the pages [`VmmMappings::unmap_idle`] kept and no mapping
-    /// took.
+    /// Releases the pages [`VmmMappings::unmap_idle`] and
+    /// [`VmmMappings::detach`] kept and no mapping took (a detached one is
+    /// freed by the driver when its old mapping is dropped).
     pub(crate) fn release_spare(&mut self) -> Result<(), CudaError> {
         for handles in self.spare.values_mut() {
             while let Some(handle) = handles.pop() {
@@ -193,7 +231,9 @@ impl VmmMappings {
                 "release of a range that was not reserved",
             ));
         }
-        if self.pages.range(addr..addr + size).next().is_some() {
+        if self.pages.range(addr..addr + size).next().is_some()
+            || self.detached.range(addr..addr + size).next().is_some()
+        {
             return Err(CudaError::Unsupported(
                 "release of a range with memory mapped",
             ));

@@ -776,3 +776,86 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
     drop((bufs, big, refill));
     assert_drained(&alloc);
 }
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+/// `unmap_free_pages` while the GPU still reads a freed buffer X: a larger
+/// allocation on the same stream takes X's pages at once (the spin kernel
+/// is still running when it returns: no host wait) and is overwritten on
+/// that stream; the kernel still copies X's original contents, because the
+/// old mapping stays until the GPU is done and the overwrite is queued
+/// after the kernel. Then X's address is mapped and filled again.
+fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
+    const WORDS: usize = 6 << 20; // 24 MiB: three pages of 8 MiB
+    let alloc = allocator("expandable_segments:True,unmap_free_pages:true");
+    let stream = new_stream(&alloc);
+    let module = alloc
+        .context()
+        .load_module(Ptx::from_src(SPIN_COPY_PTX))
+        .unwrap();
+    let spin = module.load_function("spin_copy").unwrap();
+    let original: Vec<u32> = (0..WORDS as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x0BAD_F00D)
+        .collect();
+    let x = alloc.alloc_from_host(&original, &stream).unwrap();
+    let mut y = alloc.alloc_zeros::<u32>(WORDS, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let x_addr = x.device_address();
+
+    let (n, spin_ns) = (WORDS as u32, SPIN.as_nanos() as u64);
+    let cfg = LaunchConfig {
+        grid_dim: (264, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(&spin);
+    launch.arg(&x).arg(&mut y).arg(&n).arg(&spin_ns);
+    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
+    // X and Y hold WORDS u32 each; X is freed on the kernel's own stream
+    // (the allocator's rule for reuse) and Y lives until after the sync.
+    unsafe { launch.launch(cfg) }.unwrap();
+
+    let t0 = Instant::now();
+    drop(x); // freed while the kernel still reads it
+    let mut z = alloc.alloc::<u32>(2 * WORDS, &stream).unwrap(); // grows past the peak
+    z.fill_bytes(0xAB).unwrap(); // queued after the kernel
+    let host_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let still_running = !stream.record_event(None).unwrap().is_complete();
+    let moves = alloc.stats().unwrap().page_moves;
+    println!(
+        "X at {x_addr:#x}, new allocation at {:#x}: {} busy pages moved, {} host waits, \
+         free+malloc+memset {host_ms:.3} ms, kernel still running then: {still_running}",
+        z.device_address(),
+        moves.busy_pages_reused,
+        moves.stream_waits,
+    );
+    assert!(
+        still_running || under_sanitizer(),
+        "the spin kernel finished before the pages moved: the test would prove nothing"
+    );
+    assert_eq!(
+        moves.busy_pages_reused, 3,
+        "X's three pages moved while busy"
+    );
+    assert_eq!(moves.stream_waits, 0, "without a host wait");
+
+    stream.synchronize().unwrap();
+    let out = y.copy_to_host().unwrap();
+    if let Some(i) = out.iter().zip(&original).position(|(o, w)| o != w) {
+        panic!(
+            "kernel output differs from X's original contents at word {i}: {:#x} != {:#x}",
+            out[i], original[i]
+        );
+    }
+    assert!(z.copy_to_host().unwrap().iter().all(|&w| w == 0xABAB_ABAB));
+    // X's address again: its old mapping is dropped, new memory mapped.
+    let again = pattern(WORDS * 4, 7);
+    let w = alloc.alloc_from_host(&again, &stream).unwrap();
+    assert_eq!(w.device_address(), x_addr, "X's range reused");
+    assert_eq!(w.copy_to_host().unwrap(), again);
+    assert_eq!(y.copy_to_host().unwrap(), original, "Y intact");
+    println!("kernel output equals X's original contents; X's range mapped again, data intact");
+    alloc.validate().unwrap().unwrap();
+    drop((y, z, w));
+    assert_drained(&alloc);
+}

@@ -504,8 +504,9 @@ fn unmap_free_pages_on_interleaved_holes() {
 /// `unmap_free_pages` waits for the stream only when the pages it needs may
 /// still be in use: when the GPU has passed the marks recorded after their
 /// frees (here: every event completes before each call), the same rounds
-/// unmap without a host synchronization; when it never does, every round
-/// that needs freed pages waits.
+/// unmap without a host synchronization; when it never does, rounds move
+/// busy pages without waiting, and mapping an address whose pages moved
+/// while busy waits (for the mark of that move).
 #[test]
 fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
     let config =
@@ -560,4 +561,83 @@ fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
         waits_idle_gpu * 2 < waits_busy_gpu,
         "a GPU that keeps up spares most waits: {waits_idle_gpu} vs {waits_busy_gpu}"
     );
+}
+
+/// `unmap_free_pages` with the GPU still busy on a freed block (no event
+/// ever completes by itself here): a mapping on the same stream takes its
+/// pages at once, with no host wait (the new use is queued after the old
+/// one); mapping the old address again waits only for the mark recorded
+/// when its pages moved, not for the work queued since.
+#[test]
+fn busy_pages_move_to_their_own_stream_without_a_wait() {
+    let config =
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
+    let mut e = common::engine(config, 1 << 30);
+    let a = e.malloc(20 * MIB, 0).unwrap();
+    let b = e.malloc(20 * MIB, 0).unwrap();
+    e.free(a.addr).unwrap();
+    let c = e.malloc(30 * MIB, 0).unwrap();
+    let moves = e.stats().page_moves;
+    assert_eq!(e.streams().synchronizations, 0, "no host wait");
+    assert_eq!(moves.stream_waits, 0);
+    assert_eq!(
+        moves.busy_pages_reused, 10,
+        "a's ten pages moved while busy"
+    );
+    assert_eq!(e.stats().reserved_bytes.all.current as u64, 60 * MIB);
+    assert_eq!(e.memory().used(), 60 * MIB, "no new memory for them");
+    e.assert_valid();
+    // More work is queued after the move (an event the GPU has not reached).
+    let later = e.malloc(MIB, 0).unwrap();
+    e.free(later.addr).unwrap();
+    let pending = e.streams().pending();
+    // a's address again: its old mapping goes first, after one wait for
+    // the mark of the move.
+    let d = e.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(d.addr, a.addr);
+    assert_eq!(e.streams().synchronizations, 1);
+    assert_eq!(e.stats().page_moves.stream_waits, 1);
+    assert!(
+        e.streams().pending() > 0 && pending > 1,
+        "later work is not waited for"
+    );
+    e.assert_valid();
+    for x in [b, c, d] {
+        e.free(x.addr).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0);
+    e.assert_valid();
+}
+
+/// Busy pages of another stream cannot move without a wait (the new work
+/// is not queued after theirs): a mapping for stream 1 leaves them mapped
+/// and raises the peak instead of waiting on the host; emptying the cache
+/// waits and unmaps them.
+#[test]
+fn busy_pages_of_another_stream_stay_and_the_host_does_not_wait() {
+    let config =
+        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
+    let mut e = common::engine(config, 1 << 30);
+    let a = e.malloc(20 * MIB, 0).unwrap();
+    e.free(a.addr).unwrap();
+    let c = e.malloc(20 * MIB, 1).unwrap();
+    let moves = e.stats().page_moves;
+    assert_eq!(e.streams().synchronizations, 0);
+    assert_eq!((moves.pages_unmapped, moves.busy_pages_reused), (0, 0));
+    assert_eq!(e.stats().reserved_bytes.all.current as u64, 40 * MIB);
+    // Once stream 0's GPU work is done, its pages are idle and move freely.
+    e.streams_mut().complete_stream(0);
+    let d = e.malloc(40 * MIB, 1).unwrap();
+    let moves = e.stats().page_moves;
+    assert_eq!(e.streams().synchronizations, 0);
+    assert_eq!((moves.pages_unmapped, moves.busy_pages_reused), (10, 0));
+    assert_eq!(e.stats().reserved_bytes.all.peak as u64, 60 * MIB);
+    e.assert_valid();
+    for x in [c, d] {
+        e.free(x.addr).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0);
+    e.assert_valid();
 }

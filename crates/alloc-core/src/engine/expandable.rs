@@ -54,6 +54,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     g.unmapped.len()
                 ));
             }
+            for (start, bytes) in g.idle.detached_runs() {
+                if !g
+                    .unmapped
+                    .gaps_in(start, start + bytes, granularity)
+                    .is_empty()
+                {
+                    return Err(format!(
+                        "detached pages at {start:#x} are counted as mapped"
+                    ));
+                }
+            }
             for id in self.heap.segment_blocks(g.segment) {
                 let b = self.heap.block(id);
                 let lo = b.addr / granularity * granularity;
@@ -87,7 +98,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
         // The free tail grows into the new pages: keep it mapped.
         let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
-        self.make_room(extra, tail)?;
+        let mover = (self.pools.real_stream(req.stream), page);
+        let reused_busy = self.make_room(extra, tail, mover)?;
         if self.would_pass_limit(extra) {
             return Ok(None);
         }
@@ -104,6 +116,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
             self.heap.set_expandable(segment);
+            let mut idle = IdlePages::new(addr, page);
+            idle.mapped(addr, addr + extra, reused_busy);
             self.growable.insert(
                 (req.stream, req.pool),
                 Growable {
@@ -111,7 +125,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     page,
                     range,
                     unmapped: PageSet::default(),
-                    idle: IdlePages::new(addr, page),
+                    idle,
                 },
             );
             return Ok(Some(block));
@@ -128,7 +142,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .growable
             .get_mut(&(req.stream, req.pool))
             .expect("growable");
-        g.idle.mapped(end, end + extra);
+        g.idle.mapped(end, end + extra, reused_busy);
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -167,6 +181,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if cut == 0 {
                 continue;
             }
+            self.settle_detached(&key, keep_to, end)?;
             self.unmap_mapped_runs(&key, keep_to, end)?;
             let unmapped = self
                 .growable
@@ -218,38 +233,50 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// reserved memory above its peak, unmaps whole free pages of growable
     /// segments (held private pools and `keep` excepted), highest addresses
     /// first, until the mapping fits under the peak or none are left. Only
-    /// peak-raising mappings pay for it (an unmap waits for the segment's
-    /// stream), so a steady state maps and unmaps nothing.
+    /// peak-raising mappings pay for it, so a steady state maps and unmaps
+    /// nothing. `mover` is the real stream and page size of the mapping to
+    /// come. Returns whether busy pages were detached for it
+    /// ([`Engine::unmap_free_pages`]).
     pub(super) fn make_room(
         &mut self,
         needed: u64,
         keep: Option<BlockId>,
-    ) -> Result<(), AllocError> {
+        mover: (StreamId, u64),
+    ) -> Result<bool, AllocError> {
         if !self.options.unmap_free_pages || self.pools.capture_underway() {
-            return Ok(());
+            return Ok(false);
         }
         let peak = self.heap.stats.reserved_bytes.all.peak as u64;
         let mut deficit = (self.reserved() + needed).saturating_sub(peak);
         if deficit == 0 {
-            return Ok(());
+            return Ok(false);
         }
-        self.unmap_free_pages(keep, &mut deficit)
+        self.unmap_free_pages(keep, &mut deficit, Some(mover))
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
     /// first; held private pools and `keep` excepted) until `budget` bytes
     /// are unmapped; `u64::MAX` unmaps all of them. Pages the GPU is known
-    /// to be done with go first, without waiting; the host waits for the
-    /// segment's stream only if those are not enough.
+    /// to be done with go first, without waiting. Then busy ones: for a
+    /// mapping to come (`mover`: its real stream and page size), those of
+    /// its stream and page size are detached for it (its work is queued
+    /// after theirs) and the others stay, so that the host never waits here
+    /// and the mapping raises the peak by what is missing; with no mapping
+    /// to come (emptying the cache), the host waits for each stream with
+    /// busy pages and unmaps them all. Returns whether pages were detached.
     pub(super) fn unmap_free_pages(
         &mut self,
         keep: Option<BlockId>,
         budget: &mut u64,
-    ) -> Result<(), AllocError> {
+        mover: Option<(StreamId, u64)>,
+    ) -> Result<bool, AllocError> {
+        // Busy runs per segment: those that can move to `mover` without a
+        // wait, and the others. Idle pages of every segment go first.
+        let (mut movable, mut waiting) = (Vec::new(), Vec::new());
         let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
             if *budget == 0 {
-                return Ok(());
+                break;
             }
             let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
             let stream = self.heap.segment(seg_id).stream;
@@ -277,19 +304,35 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
-            self.unmap_runs(&key, idle, budget)?;
-            if *budget > 0 && !busy.is_empty() {
-                let started = Instant::now();
-                self.wait_for_stream(stream)?;
-                self.count_move(started, |m| m.stream_waits += 1);
-                let g = self.growable.get_mut(&key).expect("growable");
-                for mark in g.idle.waited() {
-                    self.streams.release(mark);
+            self.unmap_runs(&key, idle, budget, false)?;
+            if !busy.is_empty() {
+                let same_stream = mover == Some((self.pools.real_stream(stream), granularity));
+                if same_stream && self.memory.can_detach() {
+                    movable.push((key, busy));
+                } else {
+                    waiting.push((key, busy));
                 }
-                self.unmap_runs(&key, busy, budget)?;
             }
         }
-        Ok(())
+        let mut detached = false;
+        for (key, busy) in movable {
+            if *budget == 0 {
+                break;
+            }
+            detached = true;
+            self.unmap_runs(&key, busy, budget, true)?;
+        }
+        if mover.is_none() {
+            // Emptying the cache: wait for every stream with busy pages.
+            for (key, busy) in waiting {
+                if *budget == 0 {
+                    break;
+                }
+                self.wait_for_growable(&key)?;
+                self.unmap_runs(&key, busy, budget, false)?;
+            }
+        }
+        Ok(detached)
     }
 
     /// `unmap_free_pages`: ends the epoch of the growable segment `key` with
@@ -315,12 +358,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     /// Unmaps page runs of the growable segment `key`, from the highest
-    /// address down, no more than `budget` bytes (whole pages).
+    /// address down, no more than `budget` bytes (whole pages); with
+    /// `detach`, busy runs whose memory goes to the next mapping while their
+    /// old mapping stays until the GPU is done with it.
     fn unmap_runs(
         &mut self,
         key: &(StreamId, PoolKind),
         runs: Vec<(u64, u64)>,
         budget: &mut u64,
+        detach: bool,
     ) -> Result<(), AllocError> {
         let (seg_id, granularity) = (self.growable[key].segment, self.growable[key].page);
         for (start, bytes) in runs.into_iter().rev() {
@@ -330,10 +376,22 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
             let start = start + bytes - take;
             let started = Instant::now();
-            self.memory.unmap_idle(start, take)?;
-            self.count_move(started, |m| m.pages_unmapped += take / granularity);
+            let pages = take / granularity;
+            if detach {
+                self.memory.detach(start, take)?;
+                self.count_move(started, |m| {
+                    m.pages_unmapped += pages;
+                    m.busy_pages_reused += pages;
+                });
+            } else {
+                self.memory.unmap_idle(start, take)?;
+                self.count_move(started, |m| m.pages_unmapped += pages);
+            }
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
+            if detach {
+                g.idle.detached(start, start + take);
+            }
             g.unmapped.insert_run(start, take, granularity);
             self.heap.pages_unmapped(seg_id, take);
             *budget = budget.saturating_sub(take);
@@ -345,6 +403,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its marks.
     pub(super) fn drop_growable(&mut self, key: &(StreamId, PoolKind)) {
         if let Some(mut g) = self.growable.remove(key) {
+            debug_assert!(
+                g.idle.detached_runs().next().is_none(),
+                "segment dropped with detached pages still mapped"
+            );
             for mark in g.idle.take_marks() {
                 self.streams.release(mark);
             }
@@ -359,7 +421,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         moves.host_ns += elapsed_ns(started);
     }
 
-    /// Retires the completed marks of the growable segment `key`.
+    /// Retires the completed marks of the growable segment `key`, and drops
+    /// the old mappings of detached pages the GPU is now done with.
     fn poll_marks(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
         let g = self.growable.get_mut(key).expect("growable");
         while let Some(mark) = g.idle.oldest_mark() {
@@ -367,6 +430,53 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 break;
             }
             let mark = g.idle.oldest_mark_done().expect("a mark");
+            self.streams.release(mark);
+        }
+        for (start, bytes) in g.idle.take_idle_detached() {
+            self.memory.unmap_detached(start, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the old mappings of the detached pages of `key` that overlap
+    /// `[lo, hi)` (all of the segment's with `0..u64::MAX`), before those
+    /// addresses are mapped again or given back. If the GPU may still use
+    /// them, the host first waits for the mark that ends the epoch of their
+    /// last free, which is usually well behind the end of the stream's
+    /// queue (the whole stream only when no mark covers it).
+    pub(super) fn settle_detached(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        lo: u64,
+        hi: u64,
+    ) -> Result<(), AllocError> {
+        self.poll_marks(key)?;
+        let Some(epoch) = self.growable[key].idle.detached_epoch_in(lo, hi) else {
+            return Ok(());
+        };
+        match self.growable[key].idle.mark_ending(epoch) {
+            Some(mark) => {
+                let started = Instant::now();
+                self.streams.synchronize(mark)?;
+                self.count_move(started, |m| m.stream_waits += 1);
+                let g = self.growable.get_mut(key).expect("growable");
+                for mark in g.idle.waited_for_epoch(epoch) {
+                    self.streams.release(mark);
+                }
+            }
+            None => self.wait_for_growable(key)?,
+        }
+        self.poll_marks(key)
+    }
+
+    /// Waits on the host for the stream of the growable segment `key`: every
+    /// page freed so far becomes idle, and its marks go back.
+    fn wait_for_growable(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+        let started = Instant::now();
+        self.wait_for_stream(self.heap.segment(self.growable[key].segment).stream)?;
+        self.count_move(started, |m| m.stream_waits += 1);
+        let g = self.growable.get_mut(key).expect("growable");
+        for mark in g.idle.waited() {
             self.streams.release(mark);
         }
         Ok(())
@@ -400,10 +510,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let granularity = self.growable[&key].page;
         let lo = b.addr / granularity * granularity;
         let hi = (b.addr + size).div_ceil(granularity) * granularity;
+        self.settle_detached(&key, lo, hi)?;
         let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
         let needed = runs.iter().map(|r| r.1).sum();
         let runs_empty = runs.is_empty();
-        self.make_room(needed, Some(block))?;
+        let mover = (self.pools.real_stream(key.0), granularity);
+        let reused_busy = self.make_room(needed, Some(block), mover)?;
         for (start, bytes) in runs {
             if self.would_pass_limit(bytes) {
                 return Ok(false);
@@ -415,7 +527,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.count_move(started, |m| m.pages_mapped += bytes / granularity);
             let g = self.growable.get_mut(&key).expect("growable");
             g.unmapped.remove_in(start, start + bytes);
-            g.idle.mapped(start, start + bytes);
+            g.idle.mapped(start, start + bytes, reused_busy);
             self.heap.pages_mapped(seg_id, bytes);
         }
         if !runs_empty {

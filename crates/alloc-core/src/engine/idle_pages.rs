@@ -9,7 +9,13 @@
 //! epochs, each ended by an event (a *mark*) recorded on the stream at an
 //! unmap round; every page remembers the epoch of the last free that touched
 //! it. Once a mark has completed, pages last freed in its epoch or before
-//! are idle: they can be unmapped at once, and only the rest need a wait.
+//! are idle: they can be unmapped at once.
+//!
+//! A busy page need not wait either when its memory goes to a mapping on
+//! the same stream: that mapping's work is queued after the page's last
+//! use. The backend then *detaches* it (the memory is mapped at the new
+//! address while the old one stays mapped for the queued work), and the old
+//! mapping is dropped once the epoch of its last free is idle.
 
 use std::collections::VecDeque;
 
@@ -36,6 +42,9 @@ pub(super) struct IdlePages<E> {
     marks: VecDeque<(u64, E)>,
     /// Frees stamped with this epoch or an earlier one are done on the GPU.
     idle_through: u64,
+    /// Old mappings of detached pages: `(start, bytes, epoch)`, droppable
+    /// once `epoch` is idle.
+    detached: Vec<(u64, u64, u64)>,
 }
 
 impl<E> IdlePages<E> {
@@ -49,6 +58,7 @@ impl<E> IdlePages<E> {
             epoch: 1,
             marks: VecDeque::new(),
             idle_through: 0,
+            detached: Vec::new(),
         }
     }
 
@@ -68,8 +78,13 @@ impl<E> IdlePages<E> {
         self.freed_in[pages].fill(self.epoch);
     }
 
-    /// The pages of `[lo, hi)` were just mapped: nothing has used them.
-    pub(super) fn mapped(&mut self, lo: u64, hi: u64) {
+    /// The pages of `[lo, hi)` were just mapped: nothing has used them,
+    /// unless `reused_busy` (their memory may come from detached pages the
+    /// GPU still uses elsewhere: busy as of now).
+    pub(super) fn mapped(&mut self, lo: u64, hi: u64, reused_busy: bool) {
+        if reused_busy {
+            return self.freed(lo, hi);
+        }
         let pages = self.pages(lo, hi);
         let end = pages.end.min(self.freed_in.len());
         if pages.start < end {
@@ -82,6 +97,60 @@ impl<E> IdlePages<E> {
         self.freed_in
             .get(((addr - self.base) / self.page) as usize)
             .is_none_or(|&e| e <= self.idle_through)
+    }
+
+    /// The pages of `[lo, hi)` were detached: their old mapping stays until
+    /// the epoch of their last free is idle.
+    pub(super) fn detached(&mut self, lo: u64, hi: u64) {
+        let pages = self.pages(lo, hi);
+        let end = pages.end.min(self.freed_in.len());
+        let last_free = self
+            .freed_in
+            .get(pages.start..end)
+            .and_then(|epochs| epochs.iter().max().copied())
+            .unwrap_or(0);
+        self.detached.push((lo, hi - lo, last_free));
+    }
+
+    /// Removes and returns the detached runs `(start, bytes)` whose old
+    /// mapping the GPU is done with.
+    pub(super) fn take_idle_detached(&mut self) -> Runs {
+        let mut idle = Vec::new();
+        let idle_through = self.idle_through;
+        self.detached.retain(|&(start, bytes, epoch)| {
+            let done = epoch <= idle_through;
+            if done {
+                idle.push((start, bytes));
+            }
+            !done
+        });
+        idle
+    }
+
+    /// The epoch that must be idle before the detached runs overlapping
+    /// `[lo, hi)` can be dropped; `None` when none does.
+    pub(super) fn detached_epoch_in(&self, lo: u64, hi: u64) -> Option<u64> {
+        self.detached
+            .iter()
+            .filter(|&&(start, bytes, _)| start < hi && lo < start + bytes)
+            .map(|&(_, _, epoch)| epoch)
+            .max()
+    }
+
+    /// The oldest outstanding mark whose completion makes `epoch` idle:
+    /// waiting for it waits for no work queued after it.
+    pub(super) fn mark_ending(&self, epoch: u64) -> Option<&E> {
+        self.marks
+            .iter()
+            .find(|(ended, _)| *ended >= epoch)
+            .map(|(_, mark)| mark)
+    }
+
+    /// The detached runs `(start, bytes)` not yet dropped.
+    pub(super) fn detached_runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.detached
+            .iter()
+            .map(|&(start, bytes, _)| (start, bytes))
     }
 
     /// Whether a new mark may be recorded (few enough outstanding).
@@ -106,6 +175,23 @@ impl<E> IdlePages<E> {
         let (epoch, mark) = self.marks.pop_front()?;
         self.idle_through = self.idle_through.max(epoch);
         Some(mark)
+    }
+
+    /// The host waited for the mark that ends `epoch` (see
+    /// [`IdlePages::mark_ending`]): that epoch and every earlier one are
+    /// idle. Returns the marks it retires (the one waited for and older
+    /// ones, all done), for release.
+    pub(super) fn waited_for_epoch(&mut self, epoch: u64) -> impl Iterator<Item = E> + '_ {
+        let done = self
+            .marks
+            .iter()
+            .take_while(|(ended, _)| *ended < epoch)
+            .count()
+            + 1;
+        let done = done.min(self.marks.len());
+        let ended = self.marks.get(done.wrapping_sub(1)).map_or(epoch, |m| m.0);
+        self.idle_through = self.idle_through.max(ended).max(epoch);
+        self.marks.drain(..done).map(|(_, e)| e)
     }
 
     /// The host waited for the stream: every free so far is idle, and frees
@@ -174,7 +260,7 @@ mod tests {
             !p.is_idle(page(4)),
             "a free after the wait is in a new epoch"
         );
-        p.mapped(page(4), page(9));
+        p.mapped(page(4), page(9), false);
         assert!(p.is_idle(page(4)), "remapped pages are unused");
     }
 
@@ -189,6 +275,37 @@ mod tests {
         assert_eq!(n, MAX_MARKS);
         assert_eq!(p.waited().count(), MAX_MARKS);
         assert!(p.wants_mark());
+    }
+
+    #[test]
+    fn detached_runs_become_droppable_with_the_epoch_of_their_last_free() {
+        let mut p: IdlePages<u8> = IdlePages::new(0, 10);
+        p.freed(0, 20); // epoch 1
+        p.end_epoch(1);
+        p.freed(30, 40); // epoch 2
+        p.detached(0, 20);
+        p.detached(30, 40);
+        p.detached(50, 60); // never used: droppable at once
+        assert_eq!(p.detached_epoch_in(15, 16), Some(1));
+        assert_eq!(p.detached_epoch_in(20, 30), None);
+        assert_eq!(p.detached_epoch_in(0, 100), Some(2));
+        assert_eq!(p.mark_ending(1), Some(&1));
+        assert_eq!(p.mark_ending(2), None, "epoch 2 has no mark yet");
+        p.end_epoch(2);
+        p.end_epoch(3);
+        assert_eq!(p.mark_ending(2), Some(&2));
+        assert_eq!(p.take_idle_detached(), vec![(50, 10)]);
+        assert_eq!(p.waited_for_epoch(1).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(p.take_idle_detached(), vec![(0, 20)], "epoch 1 is idle");
+        assert_eq!(p.detached_runs().collect::<Vec<_>>(), vec![(30, 10)]);
+        assert_eq!(
+            p.waited_for_epoch(2).collect::<Vec<_>>(),
+            vec![2],
+            "3 stays"
+        );
+        assert_eq!(p.take_idle_detached(), vec![(30, 10)]);
+        assert_eq!(p.oldest_mark(), Some(&3));
+        assert_eq!(p.detached_epoch_in(0, 100), None);
     }
 
     #[test]
