@@ -787,7 +787,7 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
 /// after the kernel. Then X's address is mapped and filled again.
 fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
     const WORDS: usize = 6 << 20; // 24 MiB: three pages of 8 MiB
-    let alloc = allocator("expandable_segments:True,unmap_free_pages:true");
+    let alloc = allocator("expandable_segments:True,unmap_free_pages:true,unmap_page_mb:8");
     let stream = new_stream(&alloc);
     let module = alloc
         .context()

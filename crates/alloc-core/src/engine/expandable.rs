@@ -82,7 +82,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
         let page = self.page_size(req.pool);
-        let step = GROWTH_STEP[req.pool.index()].div_ceil(page) * page;
+        let step = if page > self.memory.growth_granularity() {
+            // Pages larger than the granularity (`unmap_free_pages`): grow
+            // by whole pages, not by PyTorch's step rounded up to them.
+            page
+        } else {
+            GROWTH_STEP[req.pool.index()]
+        };
         let grown = self
             .growable
             .get(&(req.stream, req.pool))
