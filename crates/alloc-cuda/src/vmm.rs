@@ -12,6 +12,11 @@
 //! H100) unless the engine asks for larger ones at reservation: moving a
 //! page costs about the same host time whatever its size
 //! (`benchmarks/vmm_cost`).
+//!
+//! A page the GPU may still be using can be *detached*: its physical
+//! allocation goes to the next mapping (the driver allows one allocation to be
+//! mapped at two addresses) while the old address stays mapped for the queued
+//! work, until the engine knows that work is done and drops it.
 
 use std::collections::BTreeMap;
 
