@@ -418,12 +418,7 @@ fn unmap_free_pages_reuses_physical_memory_before_growing() {
         e.stats().reserved_bytes.all.current
     );
     e.assert_valid();
-    for x in [b, c, d] {
-        e.free(x.addr).unwrap();
-    }
-    e.empty_cache().unwrap();
-    assert_eq!(e.memory().used(), 0);
-    e.assert_valid();
+    common::drain(&mut e, [b, c, d].map(|x| x.addr));
 }
 
 /// `unmap_page_mb`: the large pool moves whole pages of the configured size
@@ -602,12 +597,7 @@ fn busy_pages_move_to_their_own_stream_without_a_wait() {
         "later work is not waited for"
     );
     e.assert_valid();
-    for x in [b, c, d] {
-        e.free(x.addr).unwrap();
-    }
-    e.empty_cache().unwrap();
-    assert_eq!(e.memory().used(), 0);
-    e.assert_valid();
+    common::drain(&mut e, [b, c, d].map(|x| x.addr));
 }
 
 /// Busy pages of another stream cannot move without a wait (the new work
@@ -634,10 +624,5 @@ fn busy_pages_of_another_stream_stay_and_the_host_does_not_wait() {
     assert_eq!((moves.pages_unmapped, moves.busy_pages_reused), (10, 0));
     assert_eq!(e.stats().reserved_bytes.all.peak as u64, 60 * MIB);
     e.assert_valid();
-    for x in [c, d] {
-        e.free(x.addr).unwrap();
-    }
-    e.empty_cache().unwrap();
-    assert_eq!(e.memory().used(), 0);
-    e.assert_valid();
+    common::drain(&mut e, [c, d].map(|x| x.addr));
 }

@@ -18,3 +18,14 @@ pub fn engine(config: &str, capacity: u64) -> SimEngine {
         EngineOptions::from(&cfg),
     )
 }
+
+/// Frees `addrs`, empties the cache and checks that nothing stays on the
+/// simulated device and the engine's invariants hold.
+pub fn drain(e: &mut SimEngine, addrs: impl IntoIterator<Item = u64>) {
+    for addr in addrs {
+        e.free(addr).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.memory().used(), 0, "memory left on the device");
+    e.assert_valid();
+}
