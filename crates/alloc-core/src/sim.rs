@@ -193,13 +193,10 @@ impl MemoryBackend for SimMemory {
 
     fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.check_range(addr, size)?;
-        if !chunks_of(addr, size).all(|c| self.detached.contains(&c)) {
+        if !take_chunks(&mut self.detached, addr, size) {
             return Err(BackendError::Other(format!(
                 "unmap_detached of memory not detached at {addr:#x}"
             )));
-        }
-        for c in chunks_of(addr, size) {
-            self.detached.remove(&c);
         }
         Ok(())
     }
@@ -227,18 +224,27 @@ fn chunks_of(addr: u64, size: u64) -> impl Iterator<Item = u64> {
     (addr..addr + size).step_by(SIM_ALIGN as usize)
 }
 
+/// Removes the chunks of `[addr, addr + size)` from `set` if all are in it;
+/// otherwise removes nothing and returns false.
+fn take_chunks(set: &mut BTreeSet<u64>, addr: u64, size: u64) -> bool {
+    if !chunks_of(addr, size).all(|c| set.contains(&c)) {
+        return false;
+    }
+    for c in chunks_of(addr, size) {
+        set.remove(&c);
+    }
+    true
+}
+
 impl SimMemory {
     /// Removes the chunks of `[addr, addr + size)` from the mapped ones;
     /// all must be mapped.
     fn take_mapped(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.check_range(addr, size)?;
-        if !chunks_of(addr, size).all(|c| self.chunks.contains(&c)) {
+        if !take_chunks(&mut self.chunks, addr, size) {
             return Err(BackendError::Other(format!(
                 "unmap of unmapped memory at {addr:#x}"
             )));
-        }
-        for c in chunks_of(addr, size) {
-            self.chunks.remove(&c);
         }
         Ok(())
     }
