@@ -516,10 +516,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let granularity = self.growable[&key].page;
         let lo = b.addr / granularity * granularity;
         let hi = (b.addr + size).div_ceil(granularity) * granularity;
-        self.settle_detached(&key, lo, hi)?;
         let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
         let needed = runs.iter().map(|r| r.1).sum();
         let runs_empty = runs.is_empty();
+        if !runs_empty {
+            // Detached pages lie only in unmapped runs: a block with none
+            // pays no event query here.
+            self.settle_detached(&key, lo, hi)?;
+        }
         let mover = (self.pools.real_stream(key.0), granularity);
         let reused_busy = self.make_room(needed, Some(block), mover)?;
         for (start, bytes) in runs {
