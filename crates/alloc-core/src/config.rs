@@ -78,6 +78,12 @@ pub struct AllocatorConfig {
     /// [`DEFAULT_UNMAP_PAGE`]). Larger pages make each moved byte cheaper
     /// and leave free holes smaller than a page mapped.
     pub unmap_page: u64,
+    /// With `policy:size-class`: bytes of wholly idle slabs kept cached
+    /// (`idle_slab_limit_mb`, ours); above it the oldest idle slabs go back
+    /// to the device whenever a new slab is needed. `None` (the default):
+    /// idle slabs stay cached until memory runs short, the
+    /// `garbage_collection_threshold` is passed or the cache is emptied.
+    pub idle_slab_limit: Option<u64>,
     /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
     /// optionally with `+gc-age`.
     pub policy: Option<String>,
@@ -94,6 +100,7 @@ impl Default for AllocatorConfig {
             stream_wait_reuse: false,
             unmap_free_pages: false,
             unmap_page: DEFAULT_UNMAP_PAGE,
+            idle_slab_limit: None,
             policy: None,
         }
     }
@@ -109,7 +116,7 @@ pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, unmap_page_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, unmap_page_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads";
 
 impl AllocatorConfig {
@@ -153,6 +160,7 @@ impl AllocatorConfig {
                         })?
                         << 20;
                 }
+                "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
                 "policy" => cfg.policy = Some(p.value(&key)?),
                 "backend" => {
                     let v = p.value(&key)?;
@@ -217,6 +225,14 @@ impl AllocatorConfig {
         let index = log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
         self.roundup_power2_divisions[index]
     }
+}
+
+/// `v` whole MiB in bytes.
+fn parse_mebibytes(key: &str, v: &str) -> Result<u64, ConfigError> {
+    let mb: u64 = v
+        .parse()
+        .map_err(|_| invalid(key, v, "expected a whole number of MiB"))?;
+    Ok(mb.saturating_mul(MIB))
 }
 
 fn invalid(key: &str, value: &str, reason: &str) -> ConfigError {
@@ -295,15 +311,20 @@ impl Parser {
         }
     }
 
+    /// A size in whole MiB of at least PyTorch's 20 MiB large buffer.
     fn megabytes(&mut self, key: &str) -> Result<u64, ConfigError> {
         let v = self.value(key)?;
-        let mb: u64 = v
-            .parse()
-            .map_err(|_| invalid(key, &v, "expected a whole number of MiB"))?;
-        if mb < LARGE_BUFFER / MIB {
+        let mb = parse_mebibytes(key, &v)?;
+        if mb < LARGE_BUFFER {
             return Err(invalid(key, &v, "must be at least 20 (MiB)"));
         }
-        Ok(mb.saturating_mul(MIB))
+        Ok(mb)
+    }
+
+    /// A size in whole MiB, zero included.
+    fn mebibytes(&mut self, key: &str) -> Result<u64, ConfigError> {
+        let v = self.value(key)?;
+        parse_mebibytes(key, &v)
     }
 
     fn power_of_two(&self, key: &str, v: &str, allow_zero: bool) -> Result<u32, ConfigError> {
@@ -433,6 +454,23 @@ mod tests {
         assert_eq!(c.divisions_for(300 * MIB), 1);
         assert_eq!(c.divisions_for(5 << 30), 4);
         assert_eq!(c.divisions_for(100), 1);
+    }
+
+    #[test]
+    fn idle_slab_limit_takes_whole_mebibytes_from_zero() {
+        assert_eq!(AllocatorConfig::default().idle_slab_limit, None);
+        let c = AllocatorConfig::parse("idle_slab_limit_mb:0").unwrap();
+        assert_eq!(c.idle_slab_limit, Some(0));
+        let c = AllocatorConfig::parse("policy:size-class,idle_slab_limit_mb:512").unwrap();
+        assert_eq!(c.idle_slab_limit, Some(512 * MIB));
+        for bad in [
+            "idle_slab_limit_mb:-1",
+            "idle_slab_limit_mb:1.5",
+            "idle_slab_limit_mb:,",
+        ] {
+            let e = AllocatorConfig::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("idle_slab_limit_mb"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -110,6 +110,17 @@ impl AnyPolicy {
                 ),
             });
         }
+        #[cfg(feature = "size-class")]
+        let slabs = matches!(base, AnyPolicy::SizeClass(_));
+        #[cfg(not(feature = "size-class"))]
+        let slabs = false;
+        if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
+            return Err(ConfigError::InvalidValue {
+                key: "idle_slab_limit_mb".into(),
+                value: (limit / alloc_core::MIB).to_string(),
+                reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
+            });
+        }
         match adaptor {
             None => Ok(base),
             #[cfg(feature = "gc-age")]

@@ -9,9 +9,9 @@
 //!
 //! Free blocks are kept per (stream, pool, class) in LIFO lists and reused
 //! only by requests of exactly their class: class blocks are never split nor
-//! merged ([`Policy::coalesces`] is false), except that with
-//! [`SizeClassSettings::reuse_idle_slabs`] a slab whose blocks are all free
-//! again becomes one tail. A request whose list is empty is
+//! merged ([`Policy::coalesces`] is false), except that (with
+//! [`SizeClassSettings::reuse_idle_slabs`], the default) a slab whose blocks
+//! are all free again becomes one tail. A request whose list is empty is
 //! carved from the uncarved remainder ("tail") of a slab of its stream and
 //! pool, the smallest tail that fits; failing that, a new slab segment is
 //! allocated (2 MiB in the small pool; 64 MiB or the class rounded to 2 MiB in
@@ -19,12 +19,14 @@
 //! class they can hold, with a bit mask of non-empty buckets, so every
 //! operation of the hot path is O(1).
 //!
-//! Idle memory is bounded: before a new segment is allocated, wholly idle
-//! segments go back to the device, oldest first, while the bytes they hold
-//! exceed [`SizeClassSettings::idle_limit`] or, with
-//! `garbage_collection_threshold` set, while reserved memory exceeds threshold
-//! x limit. When the device refuses a slab, the request's idle segments go
-//! back and the slab shrinks to the class size for the retries.
+//! Idle memory is cached like PyTorch's: before a new segment is allocated,
+//! wholly idle segments go back to the device, oldest first, only while the
+//! bytes they hold exceed [`SizeClassSettings::idle_limit`]
+//! (`idle_slab_limit_mb`; unlimited by default, since every `cudaFree`
+//! synchronizes the device) or, with `garbage_collection_threshold` set,
+//! while reserved memory exceeds threshold x limit. When the device refuses
+//! a slab, the request's idle segments go back and the slab shrinks to the
+//! class size for the retries.
 
 use alloc_core::{
     AllocatorConfig, BlockId, BlockState, Heap, OomRelease, Policy, PoolKind, Pressure, Request,
@@ -50,8 +52,6 @@ pub const SMALL_SLAB: u64 = 2 * MIB;
 /// Default slab size of the large pool (at least the class, rounded to
 /// [`SEGMENT_ROUND`]).
 pub const LARGE_SLAB: u64 = 64 * MIB;
-/// Default [`SizeClassSettings::idle_limit`].
-pub const IDLE_LIMIT: u64 = 256 * MIB;
 /// Slab sizes are capped at this, so rounding can never overflow.
 const MAX_SLAB: u64 = 1 << 40;
 
@@ -130,6 +130,10 @@ fn round_up(size: u64, unit: u64) -> u64 {
 pub struct SizeClassSettings {
     /// Bytes of wholly idle segments kept cached; above it the oldest idle
     /// segments go back to the device whenever a new segment is needed.
+    /// `u64::MAX` (the default, `idle_slab_limit_mb` unset) keeps them until
+    /// memory runs short: each `cudaFree` synchronizes the device, so a
+    /// bound that releases slabs every step stalls the host's run-ahead
+    /// (docs/policies.md, "Size classes").
     pub idle_limit: u64,
     /// Slab (segment) size of the small pool; rounded up to 2 MiB.
     pub small_slab: u64,
@@ -137,28 +141,32 @@ pub struct SizeClassSettings {
     /// to 2 MiB.
     pub large_slab: u64,
     /// When a slab becomes wholly idle, merge its blocks back into one tail
-    /// so that any class can be carved from it again (off by default: class
-    /// blocks are otherwise never merged).
+    /// so that any class can be carved from it again (on by default; off,
+    /// class blocks are never merged and an idle slab serves only the
+    /// classes it was carved for).
     pub reuse_idle_slabs: bool,
 }
 
 impl Default for SizeClassSettings {
     fn default() -> Self {
         SizeClassSettings {
-            idle_limit: IDLE_LIMIT,
+            idle_limit: u64::MAX,
             small_slab: SMALL_SLAB,
             large_slab: LARGE_SLAB,
-            reuse_idle_slabs: false,
+            reuse_idle_slabs: true,
         }
     }
 }
 
 impl From<&AllocatorConfig> for SizeClassSettings {
-    /// The defaults: the configuration has no size-class keys (its
-    /// `garbage_collection_threshold` reaches the policy through
-    /// [`Pressure::threshold`]).
-    fn from(_cfg: &AllocatorConfig) -> Self {
-        SizeClassSettings::default()
+    /// The defaults, with the idle limit from `idle_slab_limit_mb` (the
+    /// configuration's `garbage_collection_threshold` reaches the policy
+    /// through [`Pressure::threshold`]).
+    fn from(cfg: &AllocatorConfig) -> Self {
+        SizeClassSettings {
+            idle_limit: cfg.idle_slab_limit.unwrap_or(u64::MAX),
+            ..SizeClassSettings::default()
+        }
     }
 }
 
@@ -884,8 +892,10 @@ mod tests {
 
     #[test]
     fn garbage_collection_threshold_bounds_reserved_memory() {
+        // Idle slabs kept whole, so the 2 MiB requests below come from the
+        // 64 MiB slab and the 128 MiB slabs stay idle.
         let settings = SizeClassSettings {
-            idle_limit: u64::MAX,
+            reuse_idle_slabs: false,
             ..SizeClassSettings::default()
         };
         let mut e = Engine::new(

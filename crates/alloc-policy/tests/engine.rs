@@ -307,6 +307,66 @@ fn unknown_policy_is_a_clear_error() {
 }
 
 #[test]
+fn idle_slab_limit_is_for_size_class_only() {
+    let cfg = alloc_core::AllocatorConfig::parse("idle_slab_limit_mb:64").unwrap();
+    let err = alloc_policy::AnyPolicy::from_config(&cfg).unwrap_err();
+    assert!(
+        err.to_string().contains("idle_slab_limit_mb") && err.to_string().contains("size-class"),
+        "{err}"
+    );
+    let cfg = alloc_core::AllocatorConfig::parse("policy:size-class+gc-age,idle_slab_limit_mb:0")
+        .unwrap();
+    assert!(alloc_policy::AnyPolicy::from_config(&cfg).is_ok());
+}
+
+/// One "training step" of a size-class engine: activations of one class,
+/// then of another, all freed at the end.
+fn size_class_step(e: &mut common::SimEngine, first: u64, second: u64) {
+    let a: Vec<u64> = (0..4).map(|_| e.malloc(first, 0).unwrap().addr).collect();
+    for x in a {
+        e.free(x).unwrap();
+    }
+    let b: Vec<u64> = (0..4).map(|_| e.malloc(second, 0).unwrap().addr).collect();
+    for x in b {
+        e.free(x).unwrap();
+    }
+}
+
+#[test]
+fn size_class_keeps_idle_slabs_unless_a_limit_is_set() {
+    // Default: after the first step, the idle slabs are reset and carved
+    // again for either class; nothing goes back to the device.
+    let mut e = engine("policy:size-class", 8 * GIB);
+    for _ in 0..5 {
+        size_class_step(&mut e, 96 * MIB, 224 * MIB);
+    }
+    let s = e.stats();
+    assert_eq!((s.num_device_alloc, s.num_device_free), (8, 0));
+    assert_eq!(s.reserved_bytes.all.peak as u64, 4 * (96 + 224) * MIB);
+    e.assert_valid();
+    // With a limit of 0, the 96 MiB slabs go back before the 224 MiB ones
+    // are reserved: a lower peak, paid for with device frees.
+    let mut e = engine("policy:size-class,idle_slab_limit_mb:0", 8 * GIB);
+    for _ in 0..5 {
+        size_class_step(&mut e, 96 * MIB, 224 * MIB);
+    }
+    let s = e.stats();
+    assert_eq!((s.num_device_alloc, s.num_device_free), (8, 4));
+    assert_eq!(s.reserved_bytes.all.peak as u64, 4 * 224 * MIB);
+    e.assert_valid();
+    // Out of memory still empties the idle cache: 5 x 1 GiB cached, 6 GiB
+    // asked on an 8 GiB device.
+    let mut e = engine("policy:size-class", 8 * GIB);
+    let a: Vec<u64> = (0..5).map(|_| e.malloc(GIB, 0).unwrap().addr).collect();
+    for x in a {
+        e.free(x).unwrap();
+    }
+    let big = e.malloc(6 * GIB, 0).unwrap();
+    assert_eq!(e.memory().used(), big.size);
+    e.assert_valid();
+}
+
+#[test]
 fn expandable_segments_grow_one_segment_and_trim_on_empty_cache() {
     let mut e = engine("expandable_segments:True", 8 * GIB);
     assert!(e.expandable());
