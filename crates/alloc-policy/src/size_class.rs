@@ -159,13 +159,21 @@ impl Default for SizeClassSettings {
 }
 
 impl From<&AllocatorConfig> for SizeClassSettings {
-    /// The defaults, with the idle limit from `idle_slab_limit_mb` (the
-    /// configuration's `garbage_collection_threshold` reaches the policy
-    /// through [`Pressure::threshold`]).
+    /// The defaults, or with `idle_slab_limit_mb` set the bounded mode: at
+    /// most that many idle bytes cached, and idle slabs kept for their own
+    /// classes (not reset), which in replay reserves less on variable-length
+    /// traces than resetting them, at the price of a device free (a
+    /// device-wide synchronization) per slab released. The configuration's
+    /// `garbage_collection_threshold` reaches the policy through
+    /// [`Pressure::threshold`].
     fn from(cfg: &AllocatorConfig) -> Self {
-        SizeClassSettings {
-            idle_limit: cfg.idle_slab_limit.unwrap_or(u64::MAX),
-            ..SizeClassSettings::default()
+        match cfg.idle_slab_limit {
+            None => SizeClassSettings::default(),
+            Some(limit) => SizeClassSettings {
+                idle_limit: limit,
+                reuse_idle_slabs: false,
+                ..SizeClassSettings::default()
+            },
         }
     }
 }
