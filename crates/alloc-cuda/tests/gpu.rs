@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alloc_core::{human_bytes, AllocError, GIB, KIB, MIB};
-use alloc_cuda::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+use alloc_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use alloc_cuda::cudarc::nvrtc::Ptx;
 use alloc_cuda::{CudaAllocator, CudaError, DeviceBuffer};
 
@@ -67,6 +67,37 @@ DONE:
 
 /// How long the cross-stream kernel spins before it reads its input.
 const SPIN: Duration = Duration::from_millis(100);
+
+/// `words` words of a recognisable pattern (`salt` tells tests apart).
+fn word_pattern(words: usize, salt: u32) -> Vec<u32> {
+    (0..words as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ salt)
+        .collect()
+}
+
+/// Queues `spin_copy` on `stream`: [`SPIN`] of spinning, then `src` copied
+/// into `dst`. The caller keeps `src` readable until the kernel is done (by
+/// the allocator's stream rules) and `dst` alive until it has synchronized.
+fn launch_spin_copy(
+    stream: &CudaStream,
+    spin: &CudaFunction,
+    src: &DeviceBuffer<u32>,
+    dst: &mut DeviceBuffer<u32>,
+) {
+    assert_eq!(src.len(), dst.len(), "spin_copy copies equal lengths");
+    let (n, spin_ns) = (src.len() as u32, SPIN.as_nanos() as u64);
+    let cfg = LaunchConfig {
+        grid_dim: (264, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(spin);
+    launch.arg(src).arg(dst).arg(&n).arg(&spin_ns);
+    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
+    // `src` and `dst` hold `n` u32 each, and their lifetimes are the
+    // caller's contract above.
+    unsafe { launch.launch(cfg) }.unwrap();
+}
 
 fn under_sanitizer() -> bool {
     std::env::var_os("ALLOC_CUDA_SANITIZER").is_some()
@@ -209,28 +240,15 @@ fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
     let module = ctx.load_module(Ptx::from_src(SPIN_COPY_PTX)).unwrap();
     let spin = module.load_function("spin_copy").unwrap();
 
-    let original: Vec<u32> = (0..WORDS as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x1234_5678)
-        .collect();
+    let original = word_pattern(WORDS, 0x1234_5678);
     let mut x = alloc.alloc_from_host(&original, &a).unwrap();
     a.synchronize().unwrap(); // X's contents are in place before B reads them
     let mut y = alloc.alloc_zeros::<u32>(WORDS, &b).unwrap();
     x.record_stream(&b).unwrap();
     let x_addr = x.device_address();
 
-    let n = WORDS as u32;
-    let spin_ns = SPIN.as_nanos() as u64;
-    let cfg = LaunchConfig {
-        grid_dim: (264, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = b.launch_builder(&spin);
-    launch.arg(&x).arg(&mut y).arg(&n).arg(&spin_ns);
-    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
-    // X and Y hold WORDS u32 each and stay allocated until B's work is done
-    // (X through record_stream, Y until after b.synchronize()).
-    unsafe { launch.launch(cfg) }.unwrap();
+    // X stays readable through record_stream, Y until after b.synchronize().
+    launch_spin_copy(&b, &spin, &x, &mut y);
 
     let t0 = Instant::now();
     drop(x); // freed on A's side while B's kernel still reads it
@@ -794,26 +812,15 @@ fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
         .load_module(Ptx::from_src(SPIN_COPY_PTX))
         .unwrap();
     let spin = module.load_function("spin_copy").unwrap();
-    let original: Vec<u32> = (0..WORDS as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ 0x0BAD_F00D)
-        .collect();
+    let original = word_pattern(WORDS, 0x0BAD_F00D);
     let x = alloc.alloc_from_host(&original, &stream).unwrap();
     let mut y = alloc.alloc_zeros::<u32>(WORDS, &stream).unwrap();
     stream.synchronize().unwrap();
     let x_addr = x.device_address();
 
-    let (n, spin_ns) = (WORDS as u32, SPIN.as_nanos() as u64);
-    let cfg = LaunchConfig {
-        grid_dim: (264, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = stream.launch_builder(&spin);
-    launch.arg(&x).arg(&mut y).arg(&n).arg(&spin_ns);
-    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
-    // X and Y hold WORDS u32 each; X is freed on the kernel's own stream
-    // (the allocator's rule for reuse) and Y lives until after the sync.
-    unsafe { launch.launch(cfg) }.unwrap();
+    // X is freed on the kernel's own stream (the allocator's rule for
+    // reuse); Y lives until after the sync.
+    launch_spin_copy(&stream, &spin, &x, &mut y);
 
     let t0 = Instant::now();
     drop(x); // freed while the kernel still reads it
