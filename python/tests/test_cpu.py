@@ -123,7 +123,9 @@ class Library(unittest.TestCase):
         gpu_alloc.check_config("")
         gpu_alloc.check_config("policy:size-class,max_split_size_mb:128,expandable_segments:False")
         gpu_alloc.check_config("roundup_power2_divisions:[256:1,512:2,>:4]")
+        gpu_alloc.check_config("policy:size-class,idle_slab_limit_mb:256")
         for bad, words in [
+            ("idle_slab_limit_mb:256", ["idle_slab_limit_mb", "size-class"]),
             ("max_split_size_mb:1", ["max_split_size_mb", "at least 20"]),
             ("bogus:1", ["bogus"]),
             ("policy:nope", ["nope", "compiled-in policies"]),
