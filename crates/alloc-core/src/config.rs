@@ -79,9 +79,10 @@ pub struct AllocatorConfig {
     /// and leave free holes smaller than a page mapped.
     pub unmap_page: u64,
     /// With `policy:size-class`: bytes of wholly idle slabs kept cached
-    /// (`idle_slab_limit_mb`, ours); above it the oldest idle slabs go back
-    /// to the device whenever a new slab is needed. `None` (the default):
-    /// idle slabs stay cached until memory runs short, the
+    /// (`idle_slab_limit_mb`, ours). Set, the policy runs bounded: idle slabs
+    /// keep their classes and the oldest go back to the device whenever a new
+    /// slab is needed while more is idle. `None` (the default): idle slabs
+    /// are reset for any class and stay cached until memory runs short, the
     /// `garbage_collection_threshold` is passed or the cache is emptied.
     pub idle_slab_limit: Option<u64>,
     /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
