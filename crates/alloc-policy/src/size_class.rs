@@ -11,7 +11,9 @@
 //! only by requests of exactly their class: class blocks are never split nor
 //! merged ([`Policy::coalesces`] is false), except that (with
 //! [`SizeClassSettings::reuse_idle_slabs`], the default) a slab whose blocks
-//! are all free again becomes one tail. A request whose list is empty is
+//! are all free again becomes one tail, unless it is one class block before
+//! a tail that already holds every class the whole slab would (the shape an
+//! alloc+free pair goes through in a small-pool slab). A request whose list is empty is
 //! carved from the uncarved remainder ("tail") of a slab of its stream and
 //! pool, the smallest tail that fits; failing that, a new slab segment is
 //! allocated (2 MiB in the small pool; 64 MiB or the class rounded to 2 MiB in
@@ -176,6 +178,37 @@ impl From<&AllocatorConfig> for SizeClassSettings {
             },
         }
     }
+}
+
+/// Whether the slab `seg` should be reset into one tail now: it is wholly
+/// idle, not a dedicated segment, and the merge would let it serve a larger
+/// class of its pool than its tail already does. A slab of one class block
+/// before its tail, the shape a slab holding a single short-lived block goes
+/// through on every allocation, often gains nothing (a small-pool slab's
+/// tail holds the pool's largest class already); merging it only to split it
+/// again at the next request would double the cost of such an alloc+free
+/// pair.
+fn worth_resetting(heap: &Heap, seg: SegmentId) -> bool {
+    let segment = heap.segment(seg);
+    if !segment.is_idle() {
+        return false;
+    }
+    let head = heap.block(segment.first);
+    if head.tag == TAG_DEDICATED {
+        return false;
+    }
+    let Some(tail) = head.next.map(|n| heap.block(n)) else {
+        return true; // one class block: a tail serves more classes
+    };
+    if tail.tag != TAG_TAIL || tail.next.is_some() {
+        return true;
+    }
+    let largest = match segment.pool {
+        PoolKind::Small => SMALL_CLASSES - 1,
+        PoolKind::Large => NUM_CLASSES - 1,
+    };
+    let holds = |size| floor_class(size).map(|c| c.min(largest));
+    holds(tail.size) != holds(segment.size)
 }
 
 /// Which list of a pool's lists a free block belongs in.
@@ -535,8 +568,7 @@ impl Policy for SizeClass {
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         if self.settings.reuse_idle_slabs {
             let seg = heap.block(block).segment;
-            let segment = heap.segment(seg);
-            if segment.is_idle() && heap.block(segment.first).tag != TAG_DEDICATED {
+            if worth_resetting(heap, seg) {
                 self.reset_slab(heap, seg, block);
                 return;
             }
@@ -996,6 +1028,30 @@ mod tests {
             assert!(e.policy().indexed_blocks().is_empty());
             e.assert_valid();
         }
+    }
+
+    #[test]
+    fn an_idle_slab_is_reset_only_when_that_serves_a_larger_class() {
+        let mut e = engine();
+        // Small pool: the tail of a 2 MiB slab after one 64 KiB block holds
+        // the pool's largest class (1 MiB) already: no merge, no split.
+        let a = e.malloc(64 * KIB, 0).unwrap();
+        e.free(a.addr).unwrap();
+        assert_eq!(e.snapshot().segments[0].blocks.len(), 2);
+        let b = e.malloc(64 * KIB, 0).unwrap();
+        assert_eq!(b.addr, a.addr);
+        e.free(b.addr).unwrap();
+        e.assert_valid();
+        // Large pool: after an 8 MiB block, a 64 MiB slab's 56 MiB tail
+        // cannot hold the 64 MiB class: reset into one tail.
+        let c = e.malloc(8 * MIB, 0).unwrap();
+        e.free(c.addr).unwrap();
+        let large = e.heap().segment_containing(c.addr).unwrap();
+        assert_eq!(e.heap().segment_blocks(large).count(), 1);
+        let d = e.malloc(64 * MIB, 0).unwrap();
+        assert_eq!(d.addr, c.addr, "the whole slab serves the 64 MiB class");
+        assert_eq!(e.stats().num_device_alloc, 2);
+        e.assert_valid();
     }
 
     #[test]
