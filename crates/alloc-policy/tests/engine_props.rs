@@ -58,7 +58,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// Every compiled-in policy, plus PyTorch's with expandable segments.
+/// Every compiled-in policy, plus PyTorch's with expandable segments and
+/// the other modes with settings of their own.
 fn configs() -> Vec<String> {
     let mut all: Vec<String> = policy_names()
         .iter()
@@ -70,6 +71,10 @@ fn configs() -> Vec<String> {
         "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2".into(),
     );
     all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
+    // Size-class's bounded mode (class-pure idle slabs, released past 0 MiB).
+    if all.iter().any(|p| p == "policy:size-class") {
+        all.push("policy:size-class,idle_slab_limit_mb:0".into());
+    }
     all
 }
 
