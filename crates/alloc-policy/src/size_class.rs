@@ -13,8 +13,8 @@
 //! [`SizeClassSettings::reuse_idle_slabs`], the default) a slab whose blocks
 //! are all free again becomes one tail, unless it is one class block before
 //! a tail that already holds every class the whole slab would (the shape an
-//! alloc+free pair goes through in a small-pool slab). A request whose list is empty is
-//! carved from the uncarved remainder ("tail") of a slab of its stream and
+//! alloc+free pair goes through in a small-pool slab). A request whose list
+//! is empty is carved from the uncarved remainder ("tail") of a slab of its stream and
 //! pool, the smallest tail that fits; failing that, a new slab segment is
 //! allocated (2 MiB in the small pool; 64 MiB or the class rounded to 2 MiB in
 //! the large pool) and carved. Tails are indexed in buckets by the largest
@@ -135,7 +135,7 @@ pub struct SizeClassSettings {
     /// `u64::MAX` (the default, `idle_slab_limit_mb` unset) keeps them until
     /// memory runs short: each `cudaFree` synchronizes the device, so a
     /// bound that releases slabs every step stalls the host's run-ahead
-    /// (docs/policies.md, "Size classes").
+    /// (docs/policies.md, section `size-class`).
     pub idle_limit: u64,
     /// Slab (segment) size of the small pool; rounded up to 2 MiB.
     pub small_slab: u64,
@@ -143,9 +143,9 @@ pub struct SizeClassSettings {
     /// to 2 MiB.
     pub large_slab: u64,
     /// When a slab becomes wholly idle, merge its blocks back into one tail
-    /// so that any class can be carved from it again (on by default; off,
-    /// class blocks are never merged and an idle slab serves only the
-    /// classes it was carved for).
+    /// so that any class can be carved from it again, where that lets it
+    /// hold a larger class (on by default; off, class blocks are never
+    /// merged and an idle slab serves only the classes it was carved for).
     pub reuse_idle_slabs: bool,
 }
 
