@@ -28,6 +28,11 @@ commands:
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo xtask <command> --help` too: the README points there.
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay::main(&args[1..]),
         Some("test-gpu") => test_gpu::main(&args[1..]),
@@ -40,7 +45,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
-            eprintln!("error: {msg}");
+            eprintln!("error: {msg}\n(`cargo xtask --help` lists the commands and options)");
             ExitCode::FAILURE
         }
     }
