@@ -1,12 +1,11 @@
 //! An exact best-fit index of free blocks: per stream, a two-level bitmap of
-//! size bins (16 sub-bins per power of two, as TLSF) whose bins are short
-//! unsorted vectors, scanned for the smallest (size, address) that fits.
+//! size bins (16 sub-bins per power of two, as TLSF) whose bins are vectors
+//! sorted by (size, address).
 //!
 //! It answers the same query as PyTorch's `std::set` ordered by (stream,
 //! size, address) — the smallest block of the stream with size >= n, lowest
 //! address first — but without per-operation node allocation: the bitmap
-//! finds the first non-empty bin, and bins stay small (insertion is a push,
-//! removal a swap with the last entry: no shifting).
+//! finds the first non-empty bin, and bins stay small.
 
 use alloc_core::{BlockId, StreamId};
 
@@ -41,17 +40,19 @@ fn bin_of(size: u64) -> usize {
     }
 }
 
-/// Position of the smallest (size, address) entry of `entries` with size
-/// >= `size`.
-#[inline]
-fn min_fitting(entries: &[Entry], size: u64) -> Option<usize> {
-    let mut best: Option<(usize, (u64, u64))> = None;
-    for (i, x) in entries.iter().enumerate() {
-        if x.size >= size && best.is_none_or(|(_, k)| (x.size, x.addr) < k) {
-            best = Some((i, (x.size, x.addr)));
-        }
-    }
-    best.map(|(i, _)| i)
+/// Inserts `e` before the last entry of a sorted bin (the uncommon case).
+#[cold]
+#[inline(never)]
+fn insert_sorted(entries: &mut Vec<Entry>, e: Entry) {
+    let at = entries.partition_point(|x| (x.size, x.addr) < (e.size, e.addr));
+    entries.insert(at, e);
+}
+
+/// Removes an entry other than the last of a bin (the uncommon case).
+#[cold]
+#[inline(never)]
+fn remove_inner(entries: &mut Vec<Entry>, at: usize) -> Entry {
+    entries.remove(at)
 }
 
 /// Size bins of one stream.
@@ -100,22 +101,34 @@ impl Bins {
     fn insert(&mut self, e: Entry) {
         let bin = bin_of(e.size);
         let entries = &mut self.bins[bin];
-        if entries.is_empty() {
-            let (fl, sl) = (bin / SUBS, bin % SUBS);
-            self.second[fl] |= 1 << sl;
-            self.first |= 1 << fl;
+        match entries.last() {
+            None => {
+                entries.push(e);
+                let (fl, sl) = (bin / SUBS, bin % SUBS);
+                self.second[fl] |= 1 << sl;
+                self.first |= 1 << fl;
+            }
+            Some(last) if (last.size, last.addr) < (e.size, e.addr) => entries.push(e),
+            Some(_) => insert_sorted(entries, e),
         }
-        entries.push(e);
         self.len += 1;
     }
 
     #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
         let bin = bin_of(size);
-        // Bins are short: the block is most often the last entry.
-        let at = self.bins[bin]
-            .iter()
-            .rposition(|x| x.size == size && x.addr == addr)?;
+        let entries = &self.bins[bin];
+        let at = match entries.last() {
+            // Bins are short: the block is most often the last entry.
+            Some(last) if (last.size, last.addr) == (size, addr) => entries.len() - 1,
+            _ => entries.partition_point(|x| (x.size, x.addr) < (size, addr)),
+        };
+        if entries
+            .get(at)
+            .is_none_or(|x| (x.size, x.addr) != (size, addr))
+        {
+            return None;
+        }
         Some(self.remove_at(bin, at))
     }
 
@@ -130,18 +143,22 @@ impl Bins {
     #[inline]
     fn lower_bound_position(&self, size: u64) -> Option<(usize, usize)> {
         let bin = bin_of(size);
-        if let Some(at) = min_fitting(&self.bins[bin], size) {
-            return Some((bin, at));
+        let entries = &self.bins[bin];
+        if entries.last().is_some_and(|last| last.size >= size) {
+            return Some((bin, entries.partition_point(|x| x.size < size)));
         }
-        let b = self.next_nonempty(bin + 1)?;
-        min_fitting(&self.bins[b], 0).map(|at| (b, at))
+        self.next_nonempty(bin + 1).map(|b| (b, 0))
     }
 
     /// Removes the entry at a position found by `lower_bound_position`.
     #[inline]
     fn remove_at(&mut self, bin: usize, at: usize) -> Entry {
         let entries = &mut self.bins[bin];
-        let e = entries.swap_remove(at);
+        let e = if at + 1 == entries.len() {
+            entries.pop().expect("position in range")
+        } else {
+            remove_inner(entries, at)
+        };
         if entries.is_empty() {
             let (fl, sl) = (bin / SUBS, bin % SUBS);
             self.second[fl] &= !(1 << sl);
@@ -153,16 +170,8 @@ impl Bins {
         e
     }
 
-    /// Every entry in (size, address) order (bins are in size order; each
-    /// is sorted here, off the hot path).
-    fn sorted(&self) -> Vec<Entry> {
-        let mut all = Vec::with_capacity(self.len);
-        for bin in self.bins.iter().filter(|b| !b.is_empty()) {
-            let from = all.len();
-            all.extend_from_slice(bin);
-            all[from..].sort_unstable_by_key(key);
-        }
-        all
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Entry> + '_ {
+        self.bins.iter().flatten()
     }
 }
 
@@ -299,8 +308,9 @@ impl FreeIndex {
         let mut below: Vec<Entry> = self
             .bins(stream)
             .into_iter()
-            .flat_map(|b| b.sorted().into_iter().rev())
+            .flat_map(|b| b.iter().rev())
             .filter(|e| e.size < size)
+            .copied()
             .collect();
         if let Some((s, e)) = self.recent {
             if s == stream && e.size < size {
@@ -316,7 +326,7 @@ impl FreeIndex {
         let mut all: Vec<(StreamId, Entry)> = self
             .streams
             .iter()
-            .flat_map(|(stream, bins)| bins.sorted().into_iter().map(move |e| (*stream, e)))
+            .flat_map(|(stream, bins)| bins.iter().map(move |e| (*stream, *e)))
             .collect();
         if let Some((s, e)) = self.recent {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
