@@ -367,6 +367,15 @@ fn size_class_keeps_idle_slabs_unless_a_limit_is_set() {
     let big = e.malloc(6 * GIB, 0).unwrap();
     assert_eq!(e.memory().used(), big.size);
     e.assert_valid();
+    // Also when the cache belongs to another stream and the other pool.
+    e.free(big.addr).unwrap();
+    let small: Vec<u64> = (0..512).map(|_| e.malloc(MIB, 2).unwrap().addr).collect();
+    for x in small {
+        e.free(x).unwrap();
+    }
+    let other = e.malloc(7 * GIB, 1).unwrap();
+    assert_eq!(e.memory().used(), other.size);
+    e.assert_valid();
 }
 
 #[test]
