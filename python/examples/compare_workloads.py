@@ -2,7 +2,7 @@
 process per (workload, allocator), same seeds (run on a machine with a GPU):
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 python/examples/compare_workloads.py \
-        [WORKLOADS|all] [ALLOCATORS|all] [--timeout S] [--out DIR] [--deterministic]
+        [WORKLOADS|all] [ALLOCATORS|all] [--timeout S] [--out DIR] [--deterministic] [--repeat N]
 
 WORKLOADS (comma list; default: the four below; shapes as in shared/device/traces.py):
   resnet50_train      torchvision ResNet-50, 64 x 3 x 224 x 224, SGD momentum; 20 steps
@@ -309,7 +309,55 @@ def make_table(results, ref_alloc=REF_ALLOC):
         out += ["- " + m for m in mismatches]
     if failures:
         out += ["", "Failed runs:"] + ["- " + f for f in failures]
+    out += repeat_summary(results, ref_alloc)
     return "\n".join(out) + "\n"
+
+
+def split_tag(alloc):
+    """'gpualloc:policy:buddy#3' -> ('gpualloc:policy:buddy', '3'); untagged -> (alloc, '')."""
+    base, _, tag = alloc.partition("#")
+    return base, tag
+
+
+def with_repeats(allocs, repeat):
+    """The allocators run `repeat` times, interleaved: round 1 as given, round k tagged '#k'."""
+    return [a if k == 1 else "%s#%d" % (a, k) for k in range(1, repeat + 1) for a in allocs]
+
+
+def repeat_summary(results, ref_alloc=REF_ALLOC):
+    """Markdown lines summarising settings run more than once ('#tag' rounds): every
+    round's median step, and its ratio to the ref_alloc run of the same round (the run
+    next to it, so the drift between rounds cancels). Empty when nothing was repeated."""
+    rounds = {}  # (workload, base) -> {tag: median ms}
+    order = []
+    for r in results:
+        if _failed(r):
+            continue
+        base, tag = split_tag(r.get("alloc", ""))
+        key = (r.get("workload"), base)
+        if key not in rounds:
+            rounds[key] = {}
+            order.append(key)
+        ms = median_step_ms(r)
+        if ms is not None:
+            rounds[key][tag] = ms
+    repeated = [k for k in order if len(rounds[k]) > 1]
+    if not repeated:
+        return []
+    out = ["", "Repeated settings (median step ms per round; ratio to the `%s` run of the same "
+           "round):" % ref_alloc, "",
+           "| workload | allocator | rounds | step ms per round | ratio per round | median ratio |",
+           "|---|---|---|---|---|---|"]
+    for w, base in repeated:
+        runs = rounds[(w, base)]
+        ref = rounds.get((w, ref_alloc), {})
+        tags = sorted(runs, key=lambda t: (t != "", int(t) if t.isdigit() else 0, t))
+        ratios = [runs[t] / ref[t] for t in tags if ref.get(t)]
+        out.append("| %s | %s | %d | %s | %s | %s |" % (
+            w, base, len(tags), " / ".join("%.2f" % runs[t] for t in tags),
+            " / ".join("%.3f" % x for x in ratios) or "-",
+            "%.3f" % statistics.median(ratios) if ratios else "-"))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -711,6 +759,9 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"), help="output folder (default $OUT or /tmp)")
     ap.add_argument("--so", help="liballoc_ffi.so (default $GPUALLOC_SO, else gpu_alloc's search)")
     ap.add_argument("--deterministic", action="store_true", help="deterministic algorithms in every child")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="run every allocator N times, interleaved (round k tagged '#k'); the "
+                         "report adds each round's ratio to the reference run of that round")
     ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -719,6 +770,9 @@ def main(argv=None):
         return 0
     workloads = _pick(args.workloads, DEFAULT_WORKLOADS, WORKLOADS)
     allocs = _pick(args.allocs, DEFAULT_ALLOCS, DEFAULT_ALLOCS)
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    allocs = with_repeats(allocs, args.repeat)
     for w in workloads:
         if w not in WORKLOADS:
             ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))

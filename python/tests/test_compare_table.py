@@ -188,6 +188,39 @@ class TableTest(unittest.TestCase):
         self.assertNotIn("torch", sys.modules)
 
 
+class RepeatTest(unittest.TestCase):
+    def test_rounds_are_interleaved_and_tagged(self):
+        self.assertEqual(cw.with_repeats(["torch", "gpualloc:policy:buddy"], 3),
+                         ["torch", "gpualloc:policy:buddy", "torch#2", "gpualloc:policy:buddy#2",
+                          "torch#3", "gpualloc:policy:buddy#3"])
+        self.assertEqual(cw.with_repeats(["torch"], 1), ["torch"])
+        self.assertEqual(cw.split_tag("gpualloc:policy:buddy#12"), ("gpualloc:policy:buddy", "12"))
+        self.assertEqual(cw.split_tag("torch"), ("torch", ""))
+
+    def test_each_round_is_compared_with_its_own_reference_run(self):
+        results = [
+            # round 1: torch 10, ours 11 (1.1); round 2: torch 20 (drift), ours 19 (0.95);
+            # round 3: torch 10, ours 10.5 (1.05); round 2's other setting failed.
+            run("torch", [10.0], 0, G, G, FP),
+            run("gpualloc", [11.0], 0, G, G, FP),
+            run("gpualloc:policy:buddy", [12.0], 0, G, G, FP),
+            run("torch#2", [20.0], 0, G, G, FP),
+            run("gpualloc#2", [19.0], 0, G, G, FP),
+            {"workload": "w1", "alloc": "gpualloc:policy:buddy#2", "error": "timeout after 40 s"},
+            run("torch#3", [10.0], 0, G, G, FP),
+            run("gpualloc#3", [10.5], 0, G, G, FP),
+        ]
+        lines = cw.repeat_summary(results)
+        rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| w1 ")}
+        self.assertEqual(set(rows), {"torch", "gpualloc"})  # buddy succeeded once only
+        self.assertIn("| 3 | 11.00 / 19.00 / 10.50 | 1.100 / 0.950 / 1.050 | 1.050 |",
+                      rows["gpualloc"])
+        self.assertIn("| 3 | 10.00 / 20.00 / 10.00 | 1.000 / 1.000 / 1.000 | 1.000 |",
+                      rows["torch"])
+        self.assertIn("Repeated settings", cw.make_table(results))
+        self.assertEqual(cw.repeat_summary(RESULTS), [])
+
+
 class PickTest(unittest.TestCase):
     def test_a_conf_with_commas_stays_one_allocator(self):
         got = cw._pick("torch,gpualloc:expandable_segments:True,unmap_free_pages:True,torch-async",
