@@ -97,7 +97,7 @@ def parse_alloc(name):
     """'torch-async' -> ('torch', 'backend:cudaMallocAsync'); 'gpualloc' -> ('gpualloc',
     None); 'gpualloc:policy:buddy' -> ('gpualloc', 'policy:buddy'). A '#tag' suffix
     (a repeated run) is ignored. Raises ValueError for anything else."""
-    base = name.split("#", 1)[0]
+    base, _ = split_tag(name)
     if base in TORCH_ALIASES:
         return "torch", TORCH_ALIASES[base]
     if base.startswith("torch:") and len(base) > 6:

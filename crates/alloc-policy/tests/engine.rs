@@ -321,17 +321,22 @@ fn idle_slab_limit_is_for_size_class_only() {
     engine("policy:size-class+gc-age,idle_slab_limit_mb:0", GIB).assert_valid();
 }
 
+/// Allocates `count` blocks of `size` bytes on `stream`, then frees them
+/// all: their memory stays cached.
+fn allocate_then_free(e: &mut common::SimEngine, count: usize, size: u64, stream: u64) {
+    let addrs: Vec<u64> = (0..count)
+        .map(|_| e.malloc(size, stream).unwrap().addr)
+        .collect();
+    for x in addrs {
+        e.free(x).unwrap();
+    }
+}
+
 /// One "training step" of a size-class engine: activations of one class,
-/// then of another, all freed at the end.
+/// then of another, each freed before the next.
 fn size_class_step(e: &mut common::SimEngine, first: u64, second: u64) {
-    let a: Vec<u64> = (0..4).map(|_| e.malloc(first, 0).unwrap().addr).collect();
-    for x in a {
-        e.free(x).unwrap();
-    }
-    let b: Vec<u64> = (0..4).map(|_| e.malloc(second, 0).unwrap().addr).collect();
-    for x in b {
-        e.free(x).unwrap();
-    }
+    allocate_then_free(e, 4, first, 0);
+    allocate_then_free(e, 4, second, 0);
 }
 
 #[test]
@@ -360,19 +365,13 @@ fn size_class_keeps_idle_slabs_unless_a_limit_is_set() {
     // Out of memory still empties the idle cache: 5 x 1 GiB cached, 6 GiB
     // asked on an 8 GiB device.
     let mut e = engine("policy:size-class", 8 * GIB);
-    let a: Vec<u64> = (0..5).map(|_| e.malloc(GIB, 0).unwrap().addr).collect();
-    for x in a {
-        e.free(x).unwrap();
-    }
+    allocate_then_free(&mut e, 5, GIB, 0);
     let big = e.malloc(6 * GIB, 0).unwrap();
     assert_eq!(e.memory().used(), big.size);
     e.assert_valid();
     // Also when the cache belongs to another stream and the other pool.
     e.free(big.addr).unwrap();
-    let small: Vec<u64> = (0..512).map(|_| e.malloc(MIB, 2).unwrap().addr).collect();
-    for x in small {
-        e.free(x).unwrap();
-    }
+    allocate_then_free(&mut e, 512, MIB, 2);
     let other = e.malloc(7 * GIB, 1).unwrap();
     assert_eq!(e.memory().used(), other.size);
     e.assert_valid();
