@@ -458,14 +458,17 @@ fn expandable_best_fit_spares_the_growable_tail() {
     e.assert_valid();
 }
 
+/// `unmap_free_pages` with pages of the driver's 2 MiB granularity, so that
+/// the tests' page counts are small multiples of MiB.
+const UNMAP_2MIB_PAGES: &str =
+    "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
+
 /// `unmap_free_pages`: a mapping that would raise reserved memory above its
 /// peak first unmaps whole free pages, which are mapped back when a block
 /// over them is handed out.
 #[test]
 fn unmap_free_pages_reuses_physical_memory_before_growing() {
-    let config =
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
-    let mut e = common::engine(config, 1 << 30);
+    let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
     let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
     let a = e.malloc(20 * MIB, 0).unwrap();
     let b = e.malloc(20 * MIB, 0).unwrap();
@@ -536,9 +539,7 @@ fn unmap_page_mb_moves_whole_large_pages() {
 /// requests grow the segment, and mapped back when refilled.
 #[test]
 fn unmap_free_pages_on_interleaved_holes() {
-    let config =
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
-    let mut e = common::engine(config, 8 << 30);
+    let mut e = common::engine(UNMAP_2MIB_PAGES, 8 << 30);
     let mut bufs: Vec<Option<u64>> = (0..20)
         .map(|_| Some(e.malloc(6 * MIB, 0).unwrap().addr))
         .collect();
@@ -575,10 +576,8 @@ fn unmap_free_pages_on_interleaved_holes() {
 /// while busy waits (for the mark of that move).
 #[test]
 fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
-    let config =
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
     let run = |gpu_keeps_up: bool| {
-        let mut e = common::engine(config, 8 << 30);
+        let mut e = common::engine(UNMAP_2MIB_PAGES, 8 << 30);
         let mut live: Vec<u64> = Vec::new();
         // A training-like loop: every step frees the previous step's
         // interleaved buffers and asks for larger ones, so each step needs
@@ -636,9 +635,7 @@ fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
 /// when its pages moved, not for the work queued since.
 #[test]
 fn busy_pages_move_to_their_own_stream_without_a_wait() {
-    let config =
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
-    let mut e = common::engine(config, 1 << 30);
+    let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
     let a = e.malloc(20 * MIB, 0).unwrap();
     let b = e.malloc(20 * MIB, 0).unwrap();
     e.free(a.addr).unwrap();
@@ -677,9 +674,7 @@ fn busy_pages_move_to_their_own_stream_without_a_wait() {
 /// waits and unmaps them.
 #[test]
 fn busy_pages_of_another_stream_stay_and_the_host_does_not_wait() {
-    let config =
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2";
-    let mut e = common::engine(config, 1 << 30);
+    let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
     let a = e.malloc(20 * MIB, 0).unwrap();
     e.free(a.addr).unwrap();
     let c = e.malloc(20 * MIB, 1).unwrap();
