@@ -733,6 +733,28 @@ def prebuild_bridge(timeout):
     print("gpu_alloc bridge: %s (%.1f s)" % (what, time.perf_counter() - t0), flush=True)
 
 
+def parse_cpus(text):
+    """CPU numbers of a list such as '2-5,8' (argparse type for --cpus)."""
+    cpus = set()
+    try:
+        for part in text.split(","):
+            lo, dash, hi = part.strip().partition("-")
+            first, last = int(lo), int(hi) if dash else int(lo)
+            if first < 0 or last < first:
+                raise ValueError
+            cpus.update(range(first, last + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError("not a CPU list: %r (e.g. '2-5' or '2,3')" % text)
+    return sorted(cpus)
+
+
+def pinned_to(cpus):
+    """A preexec_fn that pins the child to `cpus` (None: no pinning)."""
+    if not cpus:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 def write_outputs(results, out_dir):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "compare_workloads.json"), "w") as f:
@@ -762,6 +784,9 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1, metavar="N",
                     help="run every allocator N times, interleaved (round k tagged '#k'); the "
                          "report adds each round's ratio to the reference run of that round")
+    ap.add_argument("--cpus", type=parse_cpus, metavar="LIST",
+                    help="pin every child to these CPUs (e.g. '2-5' or '2,3'): a host-bound step "
+                         "then moves less between runs")
     ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -794,7 +819,8 @@ def main(argv=None):
             t0 = time.perf_counter()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                   env=child_env(a, args.deterministic))
+                                   env=child_env(a, args.deterministic),
+                                   preexec_fn=pinned_to(args.cpus))
                 lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
                 if p.returncode == 0 and lines:
                     res = json.loads(lines[-1][7:])
@@ -804,6 +830,8 @@ def main(argv=None):
             except subprocess.TimeoutExpired:  # run() killed the child
                 res = {"workload": w, "alloc": a, "error": "timeout after %g s" % args.timeout}
             res["proc_s"] = round(time.perf_counter() - t0, 2)
+            if args.cpus:
+                res["cpus"] = args.cpus
             results.append(res)
             if _failed(res):
                 print("FAILED %-20s %-36s %s" % (w, a, res["error"][-600:]), flush=True)

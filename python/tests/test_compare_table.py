@@ -235,6 +235,20 @@ class PickTest(unittest.TestCase):
         self.assertEqual(cw._pick("all", cw.DEFAULT_WORKLOADS, cw.WORKLOADS), list(cw.WORKLOADS))
         self.assertEqual(cw._pick("torch:a:1,torch-async", [], []), ["torch:a:1", "torch-async"])
 
+    def test_cpu_lists(self):
+        self.assertEqual(cw.parse_cpus("2-5,8"), [2, 3, 4, 5, 8])
+        self.assertEqual(cw.parse_cpus("3, 1,3"), [1, 3])
+        for bad in ("", "a", "5-2", "-1", "2-"):
+            with self.assertRaises(Exception, msg=bad):
+                cw.parse_cpus(bad)
+        self.assertIsNone(cw.pinned_to(None))
+
+    def test_pinned_child_runs_on_the_given_cpu(self):
+        cpu = sorted(os.sched_getaffinity(0))[-1]
+        p = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                           capture_output=True, text=True, preexec_fn=cw.pinned_to([cpu]), check=True)
+        self.assertEqual(p.stdout.strip(), str([cpu]))
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
