@@ -213,9 +213,9 @@ class RepeatTest(unittest.TestCase):
         lines = cw.repeat_summary(results)
         rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| w1 ")}
         self.assertEqual(set(rows), {"torch", "gpualloc"})  # buddy succeeded once only
-        self.assertIn("| 3 | 11.00 / 19.00 / 10.50 | 1.100 / 0.950 / 1.050 | 1.050 |",
+        self.assertIn("| 3 | 11.00 / 19.00 / 10.50 | 1.100 / 0.950 / 1.050 | 1.050 | 1.050 |",
                       rows["gpualloc"])
-        self.assertIn("| 3 | 10.00 / 20.00 / 10.00 | 1.000 / 1.000 / 1.000 | 1.000 |",
+        self.assertIn("| 3 | 10.00 / 20.00 / 10.00 | 1.000 / 1.000 / 1.000 | 1.000 | 1.000 |",
                       rows["torch"])
         self.assertIn("Repeated settings", cw.make_table(results))
         self.assertEqual(cw.repeat_summary(RESULTS), [])
