@@ -22,6 +22,11 @@ Why more than baseline.py:
 
 Prints one table per build and writes DIR/host_cost.json. All figures are ns per
 alloc+free pair (pair rows) and ns per operation (mixed rows), as in baseline.py.
+
+--interleave N times only gpualloc's .so and the null allocator, in one process, in N
+rounds that alternate the harness builds (O0, O2, O0, O2, ...): whether a difference
+between the builds is the harness's or the host's drift between processes. Writes
+DIR/host_cost_interleaved.json.
 """
 import argparse
 import json
@@ -110,6 +115,48 @@ def child(args):
     print("RESULT " + json.dumps(res), flush=True)
 
 
+def interleaved(args):
+    """One process: every harness build of --opts, then --interleave rounds alternating
+    the builds, each timing gpualloc's .so and the null allocator."""
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    opts = args.opts.split(",")
+    exts = {opt: build_harness(args.harness, opt) for opt in opts}
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        null_so = build_null(tmp)
+        for _ in range(args.interleave):
+            for opt in opts:
+                ext, got = exts[opt], {"opt": opt}
+                for name, so, a, f in (("gpualloc .so", args.so, "gpualloc_malloc", "gpualloc_free"),
+                                       ("null (loop cost)", null_so, "null_malloc", "null_free")):
+                    assert ext.load_ext(os.path.abspath(so), a, f), "cannot load " + so
+                    got[name] = time_kind(ext, KIND_SO)
+                rounds.append(got)
+                print("round %d, %s: .so %s | null %s" % (
+                    len(rounds), opt, " ".join("%.0f" % v for v in got["gpualloc .so"]),
+                    " ".join("%.0f" % v for v in got["null (loop cost)"])), flush=True)
+    return rounds
+
+
+def interleaved_table(rounds):
+    """Per build and row: every round's .so figure, the best one, the best null figure and
+    the best .so figure net of it."""
+    opts = list(dict.fromkeys(r["opt"] for r in rounds))
+    lines = ["| workload | build | gpualloc .so per round | best | null, best | best - null |",
+             "|---|---|---|---|---|---|"]
+    for i, label in enumerate(row_labels()):
+        for opt in opts:
+            ours = [r["gpualloc .so"][i] for r in rounds if r["opt"] == opt]
+            null = min(r["null (loop cost)"][i] for r in rounds if r["opt"] == opt)
+            lines.append("| %s | %s | %s | %.0f | %.0f | %.0f |" % (
+                label, opt, " / ".join("%.0f" % v for v in ours), min(ours), null,
+                min(ours) - null))
+    return "\n".join(lines)
+
+
 def table(opt, res):
     cols = ["torch", "cudaMallocAsync", "gpualloc .so", "gpualloc via bridge", "null (loop cost)"]
     cols = [c for c in cols if c in res]
@@ -134,6 +181,8 @@ def main():
     ap.add_argument("--config", default=None, help="GPUALLOC_CONF for both gpualloc runs")
     ap.add_argument("--opts", default="O0,O2", help="harness builds to time (default O0,O2)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--interleave", type=int, metavar="N",
+                    help="only gpualloc's .so and the null allocator, N rounds alternating the builds")
     ap.add_argument("--child", choices=("native", "bridge"), help=argparse.SUPPRESS)
     ap.add_argument("--opt", default="O0", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -141,6 +190,14 @@ def main():
         ap.error("--so (or $GPUALLOC_SO) is required")
     if args.child:
         return child(args)
+    if args.interleave:
+        if args.config is not None:
+            os.environ["GPUALLOC_CONF"] = args.config
+        rounds = interleaved(args)
+        print("\n" + interleaved_table(rounds), flush=True)
+        with open(os.path.join(args.out, "host_cost_interleaved.json"), "w") as f:
+            json.dump({"rows": row_labels(), "rounds": rounds}, f, indent=1)
+        return None
     env = dict(os.environ)
     if args.config is not None:
         env["GPUALLOC_CONF"] = args.config

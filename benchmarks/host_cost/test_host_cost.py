@@ -26,6 +26,17 @@ class TableTest(unittest.TestCase):
         self.assertIn("| 0.25 | n/a | 70 |", host_cost.table("O0", res))
         self.assertIn("no optimisation", host_cost.table("O0", res))
 
+    def test_interleaved_rounds_best_and_net(self):
+        n = len(host_cost.row_labels())
+        rounds = [{"opt": "O0", "gpualloc .so": [200.0] * n, "null (loop cost)": [12.0] * n},
+                  {"opt": "O2", "gpualloc .so": [110.0] * n, "null (loop cost)": [4.0] * n},
+                  {"opt": "O0", "gpualloc .so": [150.0] * n, "null (loop cost)": [10.0] * n},
+                  {"opt": "O2", "gpualloc .so": [130.0] * n, "null (loop cost)": [3.0] * n}]
+        lines = host_cost.interleaved_table(rounds).splitlines()
+        self.assertEqual(len(lines), 2 + 2 * n)
+        self.assertEqual(lines[2], "| 512 B pair | O0 | 200 / 150 | 150 | 10 | 140 |")
+        self.assertEqual(lines[3], "| 512 B pair | O2 | 110 / 130 | 110 | 3 | 107 |")
+
     def test_labels(self):
         self.assertEqual(host_cost.row_labels()[:2], ["512 B pair", "64 KiB pair"])
         self.assertEqual(host_cost.human(64 << 20), "64 MiB")
