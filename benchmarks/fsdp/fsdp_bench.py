@@ -15,6 +15,8 @@ stray PYTORCH_CUDA_ALLOC_CONF in the caller's environment cannot taint a run):
     ours              gpu_alloc.enable()
     ours-streamwait   gpu_alloc.enable("stream_wait_reuse:true")
     ours-expandable   gpu_alloc.enable("expandable_segments:True")
+    ours-unmap        gpu_alloc.enable("expandable_segments:True,unmap_free_pages:true")
+    ours-streamwait-unmap  the two above together
 NCCL_NVLS_ENABLE=0 (NVLink multicast off) in every setting.
 
 Model: a GPT-2-style decoder written here in plain torch (nn.Linear / LayerNorm /
@@ -69,6 +71,9 @@ SETTINGS = {
     "ours-expandable": ({}, "expandable_segments:True"),
     # Not in the issue's list: physical pages of free blocks serve growth.
     "ours-unmap": ({}, "expandable_segments:True,unmap_free_pages:true"),
+    # Both: blocks held by other streams' events reused through stream waits, and free
+    # pages' physical memory serving growth.
+    "ours-streamwait-unmap": ({}, "stream_wait_reuse:true,expandable_segments:True,unmap_free_pages:true"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")
 SHAPES = {
