@@ -107,12 +107,18 @@ def child(args):
         res["torch"] = time_kind(ext, KIND_TORCH)
         res["cudaMallocAsync"] = time_kind(ext, KIND_ASYNC)
         with tempfile.TemporaryDirectory() as tmp:
-            null_so = build_null(tmp)
-            for name, so, a, f in (("gpualloc .so", args.so, "gpualloc_malloc", "gpualloc_free"),
-                                   ("null (loop cost)", null_so, "null_malloc", "null_free")):
-                assert ext.load_ext(os.path.abspath(so), a, f), "cannot load " + so
-                res[name] = time_kind(ext, KIND_SO)
+            res.update(time_so_and_null(ext, args.so, build_null(tmp)))
     print("RESULT " + json.dumps(res), flush=True)
+
+
+def time_so_and_null(ext, so, null_so):
+    """baseline.py's loops calling gpualloc's .so, then the null allocator (the loop's cost)."""
+    res = {}
+    for name, lib, a, f in (("gpualloc .so", so, "gpualloc_malloc", "gpualloc_free"),
+                            ("null (loop cost)", null_so, "null_malloc", "null_free")):
+        assert ext.load_ext(os.path.abspath(lib), a, f), "cannot load " + lib
+        res[name] = time_kind(ext, KIND_SO)
+    return res
 
 
 def interleaved(args):
@@ -129,11 +135,7 @@ def interleaved(args):
         null_so = build_null(tmp)
         for _ in range(args.interleave):
             for opt in opts:
-                ext, got = exts[opt], {"opt": opt}
-                for name, so, a, f in (("gpualloc .so", args.so, "gpualloc_malloc", "gpualloc_free"),
-                                       ("null (loop cost)", null_so, "null_malloc", "null_free")):
-                    assert ext.load_ext(os.path.abspath(so), a, f), "cannot load " + so
-                    got[name] = time_kind(ext, KIND_SO)
+                got = {"opt": opt, **time_so_and_null(exts[opt], args.so, null_so)}
                 rounds.append(got)
                 print("round %d, %s: .so %s | null %s" % (
                     len(rounds), opt, " ".join("%.0f" % v for v in got["gpualloc .so"]),
