@@ -88,6 +88,14 @@ def time_kind(ext, kind):
     return out
 
 
+def start_cuda():
+    """Initialises CUDA and the current allocator before any loop is timed."""
+    import torch
+
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+
+
 def child(args):
     """One process: either the native set (torch, cudaMallocAsync, gpualloc .so, null)
     or the bridge run (gpu_alloc.enable(), then the torch kind)."""
@@ -95,10 +103,7 @@ def child(args):
         import gpu_alloc
 
         gpu_alloc.enable(args.config, so_path=args.so, bridge=True)
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
+    start_cuda()
     ext = build_harness(args.harness, args.opt)
     res = {}
     if args.child == "bridge":
@@ -124,10 +129,7 @@ def time_so_and_null(ext, so, null_so):
 def interleaved(args):
     """One process: every harness build of --opts, then --interleave rounds alternating
     the builds, each timing gpualloc's .so and the null allocator."""
-    import torch
-
-    torch.cuda.init()
-    torch.empty(1, device="cuda")
+    start_cuda()
     opts = args.opts.split(",")
     exts = {opt: build_harness(args.harness, opt) for opt in opts}
     rounds = []
@@ -192,24 +194,21 @@ def main():
         ap.error("--so (or $GPUALLOC_SO) is required")
     if args.child:
         return child(args)
+    if args.config is not None:
+        os.environ["GPUALLOC_CONF"] = args.config  # for this process and the children
     if args.interleave:
-        if args.config is not None:
-            os.environ["GPUALLOC_CONF"] = args.config
         rounds = interleaved(args)
         print("\n" + interleaved_table(rounds), flush=True)
         with open(os.path.join(args.out, "host_cost_interleaved.json"), "w") as f:
             json.dump({"rows": row_labels(), "rounds": rounds}, f, indent=1)
         return None
-    env = dict(os.environ)
-    if args.config is not None:
-        env["GPUALLOC_CONF"] = args.config
     results = {}
     for opt in args.opts.split(","):
         res = {}
         for which in ("native", "bridge"):
             cmd = [sys.executable, __file__, "--child", which, "--opt", opt, "--harness",
                    args.harness, "--so", args.so]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            r = subprocess.run(cmd, capture_output=True, text=True)
             lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
             if r.returncode != 0 or not lines:
                 sys.exit("%s run (%s) failed:\n%s%s" % (which, opt, r.stdout[-3000:], r.stderr[-3000:]))
