@@ -45,8 +45,8 @@ Usage
     python3 scripts/capture/capture_traces.py list                      workload names
 
 The driver writes OUTDIR/<name>.trace.gz, OUTDIR/*.snapshot.pickle and
-OUTDIR/results.json, and prints a summary table. On the device machine (via
-the device tool's `run`), with at most 8 files coming back from $OUT:
+OUTDIR/results.json, and prints a summary table. On a GPU machine, with $OUT a
+folder to collect the log and the bundle:
 
     export PYTHONUNBUFFERED=1; python3 scripts/capture/capture_traces.py all /tmp/cap \
         2>&1 | tee $OUT/log.txt; tar -C /tmp/cap -cf $OUT/bundle.tar .
