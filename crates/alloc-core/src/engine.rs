@@ -12,6 +12,7 @@ use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 
+mod checkpoint;
 mod expandable;
 mod idle_pages;
 use crate::policy::{Policy, Pressure, Request};
@@ -19,6 +20,7 @@ use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use expandable::Growable;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller

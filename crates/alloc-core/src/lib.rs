@@ -26,7 +26,10 @@ mod validate;
 
 pub use backend::{MemoryBackend, StreamBackend};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
-pub use engine::{Allocation, Engine, EngineOptions, MAX_REQUEST};
+pub use engine::{
+    Allocation, BlockCheckpoint, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
+    SegmentCheckpoint, MAX_REQUEST,
+};
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use policy::{OomRelease, Policy, Pressure, Request};

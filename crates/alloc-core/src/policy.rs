@@ -94,6 +94,13 @@ pub trait Policy {
     /// validation: no two adjacent free blocks).
     fn coalesces(&self) -> bool;
 
+    /// Whether a private pool's layout can be rebuilt by carving its blocks
+    /// from the front of merged free space in address order (checkpoint and
+    /// restore for CUDA graph trees). Default: true.
+    fn rebuilds_layouts(&self) -> bool {
+        true
+    }
+
     /// Blocks at or above this size count as oversize in the statistics.
     fn oversize_threshold(&self) -> u64 {
         u64::MAX
@@ -146,6 +153,9 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     }
     fn coalesces(&self) -> bool {
         (**self).coalesces()
+    }
+    fn rebuilds_layouts(&self) -> bool {
+        (**self).rebuilds_layouts()
     }
     fn oversize_threshold(&self) -> u64 {
         (**self).oversize_threshold()

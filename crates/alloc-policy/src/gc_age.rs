@@ -179,6 +179,9 @@ impl<P: Policy> Policy for GcAge<P> {
     fn coalesces(&self) -> bool {
         self.inner.coalesces()
     }
+    fn rebuilds_layouts(&self) -> bool {
+        self.inner.rebuilds_layouts()
+    }
     fn oversize_threshold(&self) -> u64 {
         self.inner.oversize_threshold()
     }

@@ -642,6 +642,12 @@ impl Policy for SizeClass {
         false
     }
 
+    /// Free blocks carry their size class in their tag, which carving a
+    /// checkpointed layout from the front cannot recreate.
+    fn rebuilds_layouts(&self) -> bool {
+        false
+    }
+
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.lanes
             .iter()
