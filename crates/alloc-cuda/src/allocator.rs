@@ -4,7 +4,8 @@ use alloc_core::MemoryBackend;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
-    Allocation, AllocatorConfig, Engine, EngineOptions, PoolId, Snapshot, Stats, StreamId,
+    Allocation, AllocatorConfig, Engine, EngineOptions, PoolCheckpoint, PoolId, RestoreOutcome,
+    Snapshot, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -252,6 +253,27 @@ impl CudaAllocator {
     /// Holders of `pool`.
     pub fn pool_use_count(&self, pool: PoolId) -> Result<u32, CudaError> {
         Ok(self.engine()?.pool_use_count(pool))
+    }
+
+    /// Saves the layout of the private pool `pool` (CUDA graph trees); see
+    /// [`alloc_core::Engine::checkpoint_pool`].
+    pub fn checkpoint_pool(&self, pool: PoolId) -> Result<PoolCheckpoint, CudaError> {
+        Ok(self.engine()?.checkpoint_pool(pool)?)
+    }
+
+    /// Puts a private pool back into a checkpointed layout; see
+    /// [`alloc_core::Engine::restore_pool`].
+    pub fn restore_pool(&self, checkpoint: &PoolCheckpoint) -> Result<RestoreOutcome, CudaError> {
+        Ok(self.engine()?.restore_pool(checkpoint)?)
+    }
+
+    /// Whether the blocks allocated in `pool` are exactly `expected`.
+    pub fn pool_live_allocations_are(
+        &self,
+        pool: PoolId,
+        expected: &std::collections::HashSet<u64>,
+    ) -> Result<bool, CudaError> {
+        Ok(self.engine()?.pool_live_allocations_are(pool, expected))
     }
 
     /// Frees a block. If other streams used it (`record_stream`), it becomes

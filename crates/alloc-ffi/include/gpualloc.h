@@ -111,6 +111,28 @@ int gpualloc_retain_pool(int device, uint64_t pool_first, uint64_t pool_second);
  * go back to the driver; its other blocks become ordinary cache once freed. */
 int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
 
+/* Saves the layout of a private pool (CUDA graph trees: getCheckpointState). Every block
+ * of the pool must be done with other streams' events. Free the handle with
+ * gpualloc_pool_checkpoint_free. NULL on error. */
+void* gpualloc_checkpoint_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* Frees a checkpoint from gpualloc_checkpoint_pool. NULL is a no-op. */
+void gpualloc_pool_checkpoint_free(void* checkpoint);
+
+/* Puts the checkpoint's pool back into its layout (setCheckpointPoolState): frees every
+ * block allocated in the pool now and allocates the checkpoint's live blocks again at
+ * their addresses; the caller owns those. Writes both address lists as arrays freed
+ * with gpualloc_u64_array_free. Fails before changing anything when a block of the pool
+ * is used by another stream, or the policy cannot rebuild layouts (size-class). */
+int gpualloc_restore_pool(int device, void* checkpoint, uint64_t** freed, size_t* n_freed, uint64_t** allocated, size_t* n_allocated);
+
+/* Frees an array written by gpualloc_restore_pool. NULL is a no-op. */
+void gpualloc_u64_array_free(uint64_t* values, size_t len);
+
+/* Whether the blocks allocated in the pool are exactly the n addresses of expected
+ * (checkPoolLiveAllocations): 1 yes, 0 no, negative on error. */
+int gpualloc_pool_live_allocations_are(int device, uint64_t pool_first, uint64_t pool_second, const uint64_t* expected, size_t n);
+
 /* Holders of the pool (0 when unknown or released); negative on error. */
 int gpualloc_pool_use_count(int device, uint64_t pool_first, uint64_t pool_second);
 

@@ -218,6 +218,60 @@ pub const API: &[ApiFn] = &[
               go back to the driver; its other blocks become ordinary cache once freed.",
     },
     ApiFn {
+        ret: "void*",
+        name: "gpualloc_checkpoint_pool",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "Saves the layout of a private pool (CUDA graph trees: getCheckpointState). Every block\n\
+              of the pool must be done with other streams' events. Free the handle with\n\
+              gpualloc_pool_checkpoint_free. NULL on error.",
+    },
+    ApiFn {
+        ret: "void",
+        name: "gpualloc_pool_checkpoint_free",
+        params: &[("void*", "checkpoint")],
+        doc: "Frees a checkpoint from gpualloc_checkpoint_pool. NULL is a no-op.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_restore_pool",
+        params: &[
+            ("int", "device"),
+            ("void*", "checkpoint"),
+            ("uint64_t**", "freed"),
+            ("size_t*", "n_freed"),
+            ("uint64_t**", "allocated"),
+            ("size_t*", "n_allocated"),
+        ],
+        doc: "Puts the checkpoint's pool back into its layout (setCheckpointPoolState): frees every\n\
+              block allocated in the pool now and allocates the checkpoint's live blocks again at\n\
+              their addresses; the caller owns those. Writes both address lists as arrays freed\n\
+              with gpualloc_u64_array_free. Fails before changing anything when a block of the pool\n\
+              is used by another stream, or the policy cannot rebuild layouts (size-class).",
+    },
+    ApiFn {
+        ret: "void",
+        name: "gpualloc_u64_array_free",
+        params: &[("uint64_t*", "values"), ("size_t", "len")],
+        doc: "Frees an array written by gpualloc_restore_pool. NULL is a no-op.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_pool_live_allocations_are",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+            ("const uint64_t*", "expected"),
+            ("size_t", "n"),
+        ],
+        doc: "Whether the blocks allocated in the pool are exactly the n addresses of expected\n\
+              (checkPoolLiveAllocations): 1 yes, 0 no, negative on error.",
+    },
+    ApiFn {
         ret: "int",
         name: "gpualloc_pool_use_count",
         params: &[

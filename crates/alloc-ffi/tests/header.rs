@@ -2,7 +2,7 @@
 //!
 //! - `include/gpualloc.h` must equal the text generated from `api::API`
 //!   (regenerate: `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
-//! - every `#[no_mangle] extern "C" fn` in `src/lib.rs` must appear in the
+//! - every `#[no_mangle] extern "C" fn` in `src/` must appear in the
 //!   table with the same parameter and return types (mapped to C), and the
 //!   table must list nothing else;
 //! - with a C compiler present, a C and a C++ program include the header,
@@ -16,7 +16,21 @@ use alloc_ffi::api::{header_text, API};
 use alloc_ffi::CudaStream;
 
 const HEADER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpualloc.h");
-const LIB_RS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs");
+const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+
+/// Every Rust source file of the crate, concatenated.
+fn crate_source() -> String {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(SRC)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect()
+}
 
 #[test]
 fn header_file_matches_the_api_table() {
@@ -46,6 +60,11 @@ fn c_type(rust: &str) -> String {
         "c_int" => "int",
         "f64" => "double",
         "u64" => "uint64_t",
+        "usize" => "size_t",
+        "*mut u64" => "uint64_t*",
+        "*const u64" => "const uint64_t*",
+        "*mut *mut u64" => "uint64_t**",
+        "*mut usize" => "size_t*",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
         "*const c_char" => "const char*",
@@ -84,8 +103,7 @@ fn exported_functions(src: &str) -> Vec<(String, Vec<String>, String)> {
 
 #[test]
 fn exported_functions_match_the_api_table() {
-    let src = std::fs::read_to_string(LIB_RS).unwrap();
-    let found = exported_functions(&src);
+    let found = exported_functions(&crate_source());
     assert_eq!(found.len(), API.len(), "exported: {found:?}");
     for (name, params, ret) in &found {
         let f = API

@@ -32,10 +32,24 @@ pub use pytorch_bfc::{BfcSettings, PytorchBfc};
 #[cfg(feature = "size-class")]
 pub use size_class::{SizeClass, SizeClassSettings};
 
-use alloc_core::{
-    AllocatorConfig, BlockId, ConfigError, Heap, OomRelease, Policy, Pressure, Request, SegmentId,
-    StreamId,
-};
+#[cfg(not(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")))]
+compile_error!(
+    "alloc-policy needs a base policy: enable cargo feature `pytorch-bfc`, `buddy` or \
+     `size-class` (`gc-age` alone is not enough: it wraps one of those three)"
+);
+
+#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
+mod any;
+#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
+pub use any::AnyPolicy;
+
+/// Every base policy of this crate, compiled in or not; each is also the
+/// name of the cargo feature that compiles it in.
+pub const ALL_BASE_POLICIES: [&str; 3] = ["pytorch-bfc", "buddy", "size-class"];
+
+/// The adaptor that adds garbage collection by age to a base policy
+/// (`<base>+gc-age`); also the name of its cargo feature.
+pub const GC_AGE: &str = "gc-age";
 
 /// Base policy names compiled into this build, the default first.
 pub const BASE_POLICIES: &[&str] = &[
@@ -55,145 +69,4 @@ pub fn policy_names() -> Vec<String> {
         names.extend(BASE_POLICIES.iter().map(|s| format!("{s}+gc-age")));
     }
     names
-}
-
-/// One of the compiled-in policies, chosen at run time.
-#[derive(Debug)]
-pub enum AnyPolicy {
-    /// PyTorch's best fit with coalescing.
-    #[cfg(feature = "pytorch-bfc")]
-    PytorchBfc(PytorchBfc),
-    /// Binary buddy.
-    #[cfg(feature = "buddy")]
-    Buddy(Buddy),
-    /// Size-class free lists.
-    #[cfg(feature = "size-class")]
-    SizeClass(SizeClass),
-    /// Garbage collection by age over another policy.
-    #[cfg(feature = "gc-age")]
-    GcAge(Box<GcAge<AnyPolicy>>),
-}
-
-impl AnyPolicy {
-    /// Builds the policy named by `cfg.policy` (`<base>` or `<base>+gc-age`),
-    /// or the default policy when unnamed.
-    pub fn from_config(cfg: &AllocatorConfig) -> Result<Self, ConfigError> {
-        let name = cfg
-            .policy
-            .as_deref()
-            .unwrap_or_else(|| BASE_POLICIES.first().copied().unwrap_or(""));
-        let unknown = || ConfigError::InvalidValue {
-            key: "policy".into(),
-            value: name.into(),
-            reason: format!("compiled-in policies are: {}", policy_names().join(", ")),
-        };
-        let (base, adaptor) = match name.split_once('+') {
-            Some((base, adaptor)) => (base, Some(adaptor)),
-            None => (name, None),
-        };
-        let base = match base {
-            #[cfg(feature = "pytorch-bfc")]
-            "pytorch-bfc" => AnyPolicy::PytorchBfc(PytorchBfc::new(BfcSettings::from(cfg))),
-            #[cfg(feature = "buddy")]
-            "buddy" => AnyPolicy::Buddy(Buddy::new(BuddySettings::from(cfg))),
-            #[cfg(feature = "size-class")]
-            "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
-            _ => return Err(unknown()),
-        };
-        if cfg.expandable_segments && !base.supports_growth() {
-            return Err(ConfigError::InvalidValue {
-                key: "expandable_segments".into(),
-                value: "true".into(),
-                reason: format!(
-                    "policy `{}` does not support growable segments",
-                    base.name()
-                ),
-            });
-        }
-        #[cfg(feature = "size-class")]
-        let slabs = matches!(base, AnyPolicy::SizeClass(_));
-        #[cfg(not(feature = "size-class"))]
-        let slabs = false;
-        if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
-            return Err(ConfigError::InvalidValue {
-                key: "idle_slab_limit_mb".into(),
-                value: (limit / alloc_core::MIB).to_string(),
-                reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
-            });
-        }
-        match adaptor {
-            None => Ok(base),
-            #[cfg(feature = "gc-age")]
-            Some("gc-age") => Ok(AnyPolicy::GcAge(Box::new(GcAge::new(
-                base,
-                GcAgeSettings::from(cfg),
-            )))),
-            Some(_) => Err(unknown()),
-        }
-    }
-}
-
-/// Forwards a call to whichever policy is inside.
-macro_rules! dispatch {
-    ($self:expr, $p:ident => $call:expr) => {
-        match $self {
-            #[cfg(feature = "pytorch-bfc")]
-            AnyPolicy::PytorchBfc($p) => $call,
-            #[cfg(feature = "buddy")]
-            AnyPolicy::Buddy($p) => $call,
-            #[cfg(feature = "size-class")]
-            AnyPolicy::SizeClass($p) => $call,
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge($p) => $call,
-        }
-    };
-}
-
-impl Policy for AnyPolicy {
-    fn name(&self) -> &str {
-        dispatch!(self, p => p.name())
-    }
-    #[inline]
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
-        dispatch!(self, p => p.plan(requested, stream))
-    }
-    fn segment_size(&self, req: &Request) -> u64 {
-        dispatch!(self, p => p.segment_size(req))
-    }
-    #[inline]
-    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
-        dispatch!(self, p => p.take_free(heap, req))
-    }
-    #[inline]
-    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        dispatch!(self, p => p.carve(heap, block, req))
-    }
-    #[inline]
-    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
-        dispatch!(self, p => p.insert_free(heap, block))
-    }
-    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        dispatch!(self, p => p.remove_free(heap, block))
-    }
-    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
-        dispatch!(self, p => p.release_for_oom(heap, req))
-    }
-    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
-        dispatch!(self, p => p.collect_garbage(heap, pressure))
-    }
-    fn coalesces(&self) -> bool {
-        dispatch!(self, p => p.coalesces())
-    }
-    fn oversize_threshold(&self) -> u64 {
-        dispatch!(self, p => p.oversize_threshold())
-    }
-    fn supports_growth(&self) -> bool {
-        dispatch!(self, p => p.supports_growth())
-    }
-    fn indexed_blocks(&self) -> Vec<BlockId> {
-        dispatch!(self, p => p.indexed_blocks())
-    }
-    fn check(&self, heap: &Heap) -> Result<(), String> {
-        dispatch!(self, p => p.check(heap))
-    }
 }

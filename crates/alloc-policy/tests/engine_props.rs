@@ -65,14 +65,17 @@ fn configs() -> Vec<String> {
         .iter()
         .map(|p| format!("policy:{p}"))
         .collect();
-    all.push("policy:pytorch-bfc,expandable_segments:true".into());
-    all.push("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true".into());
-    all.push(
-        "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2".into(),
-    );
-    all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
+    if cfg!(feature = "pytorch-bfc") {
+        all.push("policy:pytorch-bfc,expandable_segments:true".into());
+        all.push("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true".into());
+        all.push(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2"
+                .into(),
+        );
+        all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
+    }
     // Size-class's bounded mode (class-pure idle slabs, released past 0 MiB).
-    if all.iter().any(|p| p == "policy:size-class") {
+    if cfg!(feature = "size-class") {
         all.push("policy:size-class,idle_slab_limit_mb:0".into());
     }
     all

@@ -1,0 +1,232 @@
+//! [`AnyPolicy`]: one of the compiled-in policies, chosen at run time from
+//! the `policy:` key of the configuration string.
+
+use alloc_core::{
+    AllocatorConfig, BlockId, ConfigError, Heap, OomRelease, Policy, Pressure, Request, SegmentId,
+    StreamId,
+};
+
+use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
+#[cfg(feature = "pytorch-bfc")]
+use crate::{BfcSettings, PytorchBfc};
+#[cfg(feature = "buddy")]
+use crate::{Buddy, BuddySettings};
+#[cfg(feature = "gc-age")]
+use crate::{GcAge, GcAgeSettings};
+#[cfg(feature = "size-class")]
+use crate::{SizeClass, SizeClassSettings};
+
+/// One of the compiled-in policies, chosen at run time.
+#[derive(Debug)]
+pub enum AnyPolicy {
+    /// PyTorch's best fit with coalescing.
+    #[cfg(feature = "pytorch-bfc")]
+    PytorchBfc(PytorchBfc),
+    /// Binary buddy.
+    #[cfg(feature = "buddy")]
+    Buddy(Buddy),
+    /// Size-class free lists.
+    #[cfg(feature = "size-class")]
+    SizeClass(SizeClass),
+    /// Garbage collection by age over another policy.
+    #[cfg(feature = "gc-age")]
+    GcAge(Box<GcAge<AnyPolicy>>),
+}
+
+impl AnyPolicy {
+    /// Builds the policy named by `cfg.policy` (`<base>` or `<base>+gc-age`),
+    /// or the default policy when unnamed.
+    ///
+    /// A name this crate knows whose cargo feature is off is refused with
+    /// the feature to enable; any other name with the compiled-in ones.
+    ///
+    /// ```
+    /// use alloc_core::AllocatorConfig;
+    /// use alloc_policy::AnyPolicy;
+    /// use alloc_core::Policy;
+    ///
+    /// let cfg = AllocatorConfig::parse("policy:pytorch-bfc")?;
+    /// # #[cfg(feature = "pytorch-bfc")]
+    /// assert_eq!(AnyPolicy::from_config(&cfg)?.name(), "pytorch-bfc");
+    /// let cfg = AllocatorConfig::parse("policy:first-fit")?;
+    /// let err = AnyPolicy::from_config(&cfg).unwrap_err();
+    /// assert!(err.to_string().contains("compiled-in policies are"));
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn from_config(cfg: &AllocatorConfig) -> Result<Self, ConfigError> {
+        let name = cfg.policy.as_deref().unwrap_or(BASE_POLICIES[0]);
+        // `part` of `name` is refused: either its feature is off or no
+        // policy of this crate has that name (at that place).
+        let refuse = |part: &str, known: &[&str]| {
+            let reason = if known.contains(&part) {
+                format!("policy `{part}` is not compiled in; enable cargo feature `{part}`")
+            } else {
+                format!("compiled-in policies are: {}", policy_names().join(", "))
+            };
+            ConfigError::InvalidValue {
+                key: "policy".into(),
+                value: name.into(),
+                reason,
+            }
+        };
+        let (base, adaptor) = match name.split_once('+') {
+            Some((base, adaptor)) => (base, Some(adaptor)),
+            None => (name, None),
+        };
+        let base = match base {
+            #[cfg(feature = "pytorch-bfc")]
+            "pytorch-bfc" => AnyPolicy::PytorchBfc(PytorchBfc::new(BfcSettings::from(cfg))),
+            #[cfg(feature = "buddy")]
+            "buddy" => AnyPolicy::Buddy(Buddy::new(BuddySettings::from(cfg))),
+            #[cfg(feature = "size-class")]
+            "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
+            other => return Err(refuse(other, &ALL_BASE_POLICIES)),
+        };
+        if cfg.expandable_segments && !base.supports_growth() {
+            return Err(ConfigError::InvalidValue {
+                key: "expandable_segments".into(),
+                value: "true".into(),
+                reason: format!(
+                    "policy `{}` does not support growable segments",
+                    base.name()
+                ),
+            });
+        }
+        #[cfg(feature = "size-class")]
+        let slabs = matches!(base, AnyPolicy::SizeClass(_));
+        #[cfg(not(feature = "size-class"))]
+        let slabs = false;
+        if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
+            return Err(ConfigError::InvalidValue {
+                key: "idle_slab_limit_mb".into(),
+                value: (limit / alloc_core::MIB).to_string(),
+                reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
+            });
+        }
+        match adaptor {
+            None => Ok(base),
+            #[cfg(feature = "gc-age")]
+            Some("gc-age") => Ok(AnyPolicy::GcAge(Box::new(GcAge::new(
+                base,
+                GcAgeSettings::from(cfg),
+            )))),
+            Some(other) => Err(refuse(other, &[GC_AGE])),
+        }
+    }
+}
+
+/// Forwards a call to whichever policy is inside.
+macro_rules! dispatch {
+    ($self:expr, $p:ident => $call:expr) => {
+        match $self {
+            #[cfg(feature = "pytorch-bfc")]
+            AnyPolicy::PytorchBfc($p) => $call,
+            #[cfg(feature = "buddy")]
+            AnyPolicy::Buddy($p) => $call,
+            #[cfg(feature = "size-class")]
+            AnyPolicy::SizeClass($p) => $call,
+            #[cfg(feature = "gc-age")]
+            AnyPolicy::GcAge($p) => $call,
+        }
+    };
+}
+
+impl Policy for AnyPolicy {
+    fn name(&self) -> &str {
+        dispatch!(self, p => p.name())
+    }
+    #[inline]
+    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+        dispatch!(self, p => p.plan(requested, stream))
+    }
+    fn segment_size(&self, req: &Request) -> u64 {
+        dispatch!(self, p => p.segment_size(req))
+    }
+    #[inline]
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        dispatch!(self, p => p.take_free(heap, req))
+    }
+    #[inline]
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        dispatch!(self, p => p.carve(heap, block, req))
+    }
+    #[inline]
+    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
+        dispatch!(self, p => p.insert_free(heap, block))
+    }
+    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
+        dispatch!(self, p => p.remove_free(heap, block))
+    }
+    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
+        dispatch!(self, p => p.release_for_oom(heap, req))
+    }
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        dispatch!(self, p => p.collect_garbage(heap, pressure))
+    }
+    fn coalesces(&self) -> bool {
+        dispatch!(self, p => p.coalesces())
+    }
+    fn rebuilds_layouts(&self) -> bool {
+        dispatch!(self, p => p.rebuilds_layouts())
+    }
+    fn oversize_threshold(&self) -> u64 {
+        dispatch!(self, p => p.oversize_threshold())
+    }
+    fn supports_growth(&self) -> bool {
+        dispatch!(self, p => p.supports_growth())
+    }
+    fn indexed_blocks(&self) -> Vec<BlockId> {
+        dispatch!(self, p => p.indexed_blocks())
+    }
+    fn check(&self, heap: &Heap) -> Result<(), String> {
+        dispatch!(self, p => p.check(heap))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error building the policy of `config` gives, as text.
+    fn error_of(config: &str) -> String {
+        let cfg = AllocatorConfig::parse(config).unwrap();
+        AnyPolicy::from_config(&cfg).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn every_compiled_in_name_builds() {
+        for name in policy_names() {
+            let cfg = AllocatorConfig::parse(&format!("policy:{name}")).unwrap();
+            assert_eq!(AnyPolicy::from_config(&cfg).unwrap().name(), name);
+        }
+    }
+
+    #[test]
+    fn a_policy_whose_feature_is_off_names_the_feature() {
+        let off = ALL_BASE_POLICIES
+            .iter()
+            .filter(|base| !BASE_POLICIES.contains(base));
+        for base in off {
+            let err = error_of(&format!("policy:{base}"));
+            let expected =
+                format!("policy `{base}` is not compiled in; enable cargo feature `{base}`");
+            assert!(err.contains(&expected), "{err}");
+        }
+        if !cfg!(feature = "gc-age") {
+            let err = error_of(&format!("policy:{}+gc-age", BASE_POLICIES[0]));
+            assert!(err.contains("enable cargo feature `gc-age`"), "{err}");
+        }
+    }
+
+    #[test]
+    fn unknown_names_list_the_compiled_in_policies() {
+        let default = BASE_POLICIES[0];
+        for name in ["first-fit", "gc-age", &format!("{default}+buddy")] {
+            let err = error_of(&format!("policy:{name}"));
+            assert!(
+                err.contains("compiled-in policies are") && err.contains(default),
+                "{err}"
+            );
+        }
+    }
+}
