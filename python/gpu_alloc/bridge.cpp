@@ -21,6 +21,7 @@
 #include <mutex>
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <c10/core/CachingDeviceAllocator.h>
@@ -65,6 +66,11 @@ struct Api {
   int (*retain_pool)(int, uint64_t, uint64_t);
   int (*release_pool)(int, uint64_t, uint64_t);
   int (*pool_use_count)(int, uint64_t, uint64_t);
+  void* (*checkpoint_pool)(int, uint64_t, uint64_t);
+  void (*pool_checkpoint_free)(void*);
+  int (*restore_pool)(int, void*, uint64_t**, size_t*, uint64_t**, size_t*);
+  void (*u64_array_free)(uint64_t*, size_t);
+  int (*pool_live_allocations_are)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   const char* (*last_error)();
   int (*last_error_code)();
 };
@@ -98,6 +104,26 @@ struct Route {
 };
 
 void bridge_delete(void* ptr);
+
+// A private pool's layout saved by the library (getCheckpointState); the
+// library's handle is freed with the last reference.
+struct PoolCheckpoint : c10::cuda::CUDACachingAllocator::AllocatorState {
+  explicit PoolCheckpoint(void* handle) : handle(handle) {}
+  PoolCheckpoint(const PoolCheckpoint&) = delete;
+  PoolCheckpoint& operator=(const PoolCheckpoint&) = delete;
+  ~PoolCheckpoint() override { api.pool_checkpoint_free(handle); }
+  void* handle;
+};
+
+// An address array owned by the library, freed on scope exit.
+struct LibraryArray {
+  uint64_t* values = nullptr;
+  size_t len = 0;
+  LibraryArray() = default;
+  LibraryArray(const LibraryArray&) = delete;
+  LibraryArray& operator=(const LibraryArray&) = delete;
+  ~LibraryArray() { api.u64_array_free(values, len); }
+};
 
 class Bridge : public CUDAAllocator {
  public:
@@ -372,15 +398,47 @@ class Bridge : public CUDAAllocator {
     unsupported("CUDA IPC (shareIpcHandle)");
   }
 
+  // ---------------------------------------------------------------- CUDA graph trees
   std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> getCheckpointState(
-      c10::DeviceIndex /*device*/, MempoolId_t /*id*/) override {
-    unsupported("getCheckpointState (CUDA graph trees of torch.compile)");
+      c10::DeviceIndex device, MempoolId_t id) override {
+    void* handle = api.checkpoint_pool(device, id.first, id.second);
+    TORCH_CHECK(handle != nullptr, "gpualloc checkpoint_pool failed: ", last_error());
+    return std::make_shared<PoolCheckpoint>(handle);
   }
 
   c10::cuda::CUDACachingAllocator::CheckpointDelta setCheckpointPoolState(
-      c10::DeviceIndex /*device*/,
-      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> /*pps*/) override {
-    unsupported("setCheckpointPoolState (CUDA graph trees of torch.compile)");
+      c10::DeviceIndex device,
+      std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state) override {
+    auto checkpoint = std::dynamic_pointer_cast<PoolCheckpoint>(state);
+    TORCH_CHECK(checkpoint, "gpu_alloc: setCheckpointPoolState needs a checkpoint made by gpualloc");
+    LibraryArray freed, allocated;
+    check(api.restore_pool(device, checkpoint->handle, &freed.values, &freed.len,
+                           &allocated.values, &allocated.len),
+          "restore_pool");
+    c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
+    for (size_t i = 0; i < freed.len; ++i) {
+      delta.ptrs_freed.push_back(reinterpret_cast<void*>(freed.values[i]));
+    }
+    // The recreated blocks belong to the storages PyTorch attaches them to.
+    for (size_t i = 0; i < allocated.len; ++i) {
+      void* ptr = reinterpret_cast<void*>(allocated.values[i]);
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &bridge_delete,
+                                         c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
+  }
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, MempoolId_t mempool_id,
+                                const std::unordered_set<void*>& expected) override {
+    std::vector<uint64_t> addresses;
+    addresses.reserve(expected.size());
+    for (void* p : expected) {
+      addresses.push_back(reinterpret_cast<uint64_t>(p));
+    }
+    int answer = api.pool_live_allocations_are(device, mempool_id.first, mempool_id.second,
+                                               addresses.data(), addresses.size());
+    check(answer, "pool_live_allocations_are");
+    return answer == 1;
   }
 
  private:
@@ -583,6 +641,11 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_retain_pool", api.retain_pool);
   resolve(lib, "gpualloc_release_pool", api.release_pool);
   resolve(lib, "gpualloc_pool_use_count", api.pool_use_count);
+  resolve(lib, "gpualloc_checkpoint_pool", api.checkpoint_pool);
+  resolve(lib, "gpualloc_pool_checkpoint_free", api.pool_checkpoint_free);
+  resolve(lib, "gpualloc_restore_pool", api.restore_pool);
+  resolve(lib, "gpualloc_u64_array_free", api.u64_array_free);
+  resolve(lib, "gpualloc_pool_live_allocations_are", api.pool_live_allocations_are);
   resolve(lib, "gpualloc_last_error", api.last_error);
   resolve(lib, "gpualloc_last_error_code", api.last_error_code);
   auto bridge = std::make_shared<Bridge>();

@@ -243,6 +243,112 @@ def scenario_mempool():
     return "inside: gpualloc reserved %d bytes; outside: PyTorch's allocator" % ours["reserved_bytes.all.current"]
 
 
+def _count_calls(module, names):
+    """Wraps module.<name> for each name with a call counter; returns the counts."""
+    counts = dict.fromkeys(names, 0)
+
+    def wrap(name, fn):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return counted
+
+    for name in names:
+        setattr(module, name, wrap(name, getattr(module, name)))
+    return counts
+
+
+def _private_pool_segments(torch):
+    return [s for s in torch.cuda.memory._snapshot()["segments"]
+            if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0)]
+
+
+def scenario_compile_reduce_overhead():
+    """torch.compile(mode="reduce-overhead"): CUDA graph trees over gpualloc's private
+    pools, for inference (three chained functions, the last one recorded after the
+    others replay, so the tree restores a checkpoint) and for training (forward and
+    backward graphs); outputs equal eager; the pools' memory goes back afterwards."""
+    gpu_alloc, torch = enabled()
+    import copy
+
+    calls = _count_calls(torch._C, ["_cuda_getCheckpointState", "_cuda_setCheckpointPoolState",
+                                    "_cuda_checkPoolLiveAllocations"])
+    torch.manual_seed(0)
+    width = 512
+    layers = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.GELU()).cuda()
+              for _ in range(3)]
+    x = torch.randn(64, width, device="cuda")
+    before = torch.cuda.memory_allocated()
+
+    # Inference: f, g, h chained; h joins from the fourth step, after f and g were
+    # recorded, so it is recorded while its parents replay.
+    compiled = [torch.compile(m, mode="reduce-overhead") for m in layers]
+    worst = 0.0
+    with torch.no_grad():
+        want2 = layers[1](layers[0](x))
+        want3 = layers[2](want2)
+        for step in range(7):
+            torch.compiler.cudagraph_mark_step_begin()
+            out = compiled[1](compiled[0](x))
+            want = want2
+            if step >= 3:
+                out = compiled[2](out)
+                want = want3
+            worst = max(worst, (out - want).abs().max().item())
+            out = None
+    check(worst < 1e-3, "inference differs from eager by %g" % worst)
+
+    # Training: forward and backward graphs, against an eager replica.
+    model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                torch.nn.Linear(4 * width, width)).cuda()
+    replica = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    opt_ref = torch.optim.SGD(replica.parameters(), lr=1e-2)
+    y = torch.randn(64, width, device="cuda")
+
+    def step(m, o):
+        loss = ((m(x) - y) ** 2).mean()
+        loss.backward()
+        o.step()
+        o.zero_grad(set_to_none=False)
+        return loss.detach()
+
+    train = torch.compile(step, mode="reduce-overhead")
+    losses = []
+    for _ in range(8):
+        torch.compiler.cudagraph_mark_step_begin()
+        got = train(model, opt).item()
+        ref = step(replica, opt_ref).item()
+        losses.append((got, ref))
+    for got, ref in losses:
+        check(abs(got - ref) <= 1e-3 * max(1.0, abs(ref)), "training loss %g vs eager %g" % (got, ref))
+    check(losses[-1][0] < losses[0][0], "the compiled training does not learn: %s" % losses)
+    check(calls["_cuda_getCheckpointState"] > 0, "no checkpoint taken: %s" % calls)
+    check(calls["_cuda_setCheckpointPoolState"] > 0, "no checkpoint restored: %s" % calls)
+    check(calls["_cuda_checkPoolLiveAllocations"] > 0, "live allocations never checked: %s" % calls)
+    pooled = sum(s["total_size"] for s in _private_pool_segments(torch))
+    check(pooled > 0, "the graphs used no private pool")
+
+    # Memory goes back once the compiled functions are gone.
+    del compiled, train, out
+    for p in list(model.parameters()) + list(replica.parameters()):
+        p.grad = None
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    left = _private_pool_segments(torch)
+    check(not left, "%d private-pool segments left after reset: %s" % (len(left), left[:2]))
+    model_bytes = sum(p.numel() * 4 for p in list(model.parameters()) + list(replica.parameters()))
+    extra = torch.cuda.memory_allocated() - before - model_bytes
+    check(extra <= 64 * MIB, "%d bytes still allocated after reset" % extra)
+    return ("inference max |diff| %.2g, training losses %.4f -> %.4f (eager %.4f -> %.4f); "
+            "private pools peaked at %d MiB and were released; calls %s" % (
+                worst, losses[0][0], losses[-1][0], losses[0][1], losses[-1][1],
+                pooled // MIB, calls))
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc
