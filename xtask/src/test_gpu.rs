@@ -212,7 +212,7 @@ fn build(root: &Path, features: &str) -> Result<Binaries, String> {
         vec!["--features", features]
     };
     // The CUDA layer's tests (built with the suite's features), and the C
-    // ABI's GPU test (alloc-ffi has no policy features of its own).
+    // ABI's GPU test (with alloc-ffi's default features: every policy).
     let suites: [(&str, &str, Vec<&str>); 2] = [
         ("alloc-cuda", "", feature_args.clone()),
         ("alloc-ffi", "ffi-", vec!["--test", "gpu"]),

@@ -2,19 +2,26 @@
 //! small function with the reason it is sound. Nothing else in this crate
 //! calls the driver except through cudarc's safe API.
 
-use std::sync::OnceLock;
-
 use cudarc::driver::{result, sys, CudaContext};
 
 use crate::error::{driver_error, CudaError};
 
 /// Whether `libcuda` can be loaded; checked once per process.
+#[cfg(feature = "dynamic-loading")]
 pub(crate) fn driver_present() -> bool {
+    use std::sync::OnceLock;
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries `dlopen` on the driver's library names and closes
     // what it opened; loading the NVIDIA driver library is what any CUDA
     // program does, and cudarc would do the same at its first call.
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Whether `libcuda` can be loaded: linked at build time, it was loaded
+/// with the program.
+#[cfg(not(feature = "dynamic-loading"))]
+pub(crate) fn driver_present() -> bool {
+    true
 }
 
 /// Fails with [`CudaError::DriverNotFound`] instead of letting cudarc panic

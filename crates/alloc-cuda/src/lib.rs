@@ -33,6 +33,16 @@
 
 #![warn(missing_docs)]
 
+#[cfg(not(any(
+    feature = "dynamic-loading",
+    feature = "dynamic-linking",
+    feature = "static-linking"
+)))]
+compile_error!(
+    "alloc-cuda needs to know how libcuda is reached: enable its cargo feature \
+     `dynamic-loading` (the default), `dynamic-linking` or `static-linking`"
+);
+
 mod allocator;
 mod buffer;
 mod driver;
