@@ -16,6 +16,7 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 
 /// A configuration string that could not be accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The key is not an option of this allocator.
     #[error("unknown allocator option `{key}` (known: {known})")]
@@ -49,6 +50,7 @@ pub enum ConfigError {
 
 /// Parsed allocator settings.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AllocatorConfig {
     /// Blocks at or above this size are never split (`max_split_size_mb`);
     /// `u64::MAX` when unset.

@@ -6,13 +6,40 @@ use crate::stats::human_bytes;
 
 /// What went wrong in a memory or stream backend.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The device has no room for the requested segment.
     #[error("device out of memory")]
     OutOfMemory,
-    /// Any other driver failure, with the driver's description.
+    /// A driver call failed with a status code (a `CUresult` for CUDA).
+    #[error("{message}")]
+    Driver {
+        /// The call and its status, as text.
+        message: String,
+        /// The driver's numeric status code.
+        code: i32,
+    },
+    /// Any other failure, with its description.
     #[error("{0}")]
     Other(String),
+}
+
+impl BackendError {
+    /// The driver's status code, when a driver call failed.
+    ///
+    /// ```
+    /// use alloc_core::BackendError;
+    ///
+    /// let e = BackendError::Driver { message: "cuMemAlloc_v2 failed".into(), code: 2 };
+    /// assert_eq!(e.code(), Some(2));
+    /// assert_eq!(BackendError::OutOfMemory.code(), None);
+    /// ```
+    pub fn code(&self) -> Option<i32> {
+        match self {
+            BackendError::Driver { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
 }
 
 /// The figures reported with an out-of-memory error, like PyTorch's message.
@@ -57,6 +84,7 @@ impl std::fmt::Display for OomReport {
 
 /// Errors of the allocator's public operations.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum AllocError {
     /// No memory could be found even after freeing the cache.
     #[error("out of memory: {0}")]

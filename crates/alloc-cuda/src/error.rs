@@ -2,10 +2,16 @@
 
 use alloc_core::{AllocError, BackendError, ConfigError};
 use cudarc::driver::sys::CUresult;
+use cudarc::driver::DriverError;
 use thiserror::Error;
+
+/// What [`CudaError::Driver`] names as the call when the error came from a
+/// cudarc call through `?` (cudarc's error does not say which call failed).
+pub const CUDARC_CALL: &str = "a cudarc driver call";
 
 /// Everything that can go wrong in this crate; never a panic.
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum CudaError {
     /// `libcuda` could not be loaded (no NVIDIA driver on this machine).
     #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver here")]
@@ -13,7 +19,8 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("{call} failed: {code:?} ({})", *code as u32)]
     Driver {
-        /// The driver function.
+        /// The driver function ([`CUDARC_CALL`] for errors converted from
+        /// cudarc's [`DriverError`]).
         call: &'static str,
         /// What it returned.
         code: CUresult,
@@ -78,6 +85,35 @@ impl CudaError {
             _ => None,
         }
     }
+
+    /// The `CUresult` of the failed driver call, as a number, when a driver
+    /// call failed: directly, or inside the engine (a segment allocation, an
+    /// event). A driver's out of memory seen by the engine is an
+    /// out-of-memory error instead, with its report.
+    ///
+    /// ```
+    /// use alloc_cuda::cudarc::driver::{sys::CUresult, DriverError};
+    /// use alloc_cuda::CudaError;
+    ///
+    /// let e = CudaError::from(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+    /// assert_eq!(e.driver_code(), Some(1));
+    /// assert_eq!(CudaError::DriverNotFound.driver_code(), None);
+    /// ```
+    pub fn driver_code(&self) -> Option<i32> {
+        match self {
+            CudaError::Driver { code, .. } => Some(*code as i32),
+            CudaError::Alloc(AllocError::Backend(e)) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+/// A failed cudarc call, so that `?` works on cudarc's results in functions
+/// returning [`CudaError`]; the call is named [`CUDARC_CALL`].
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        driver_error(CUDARC_CALL, e.0)
+    }
 }
 
 /// A failed driver call as a [`CudaError`]. Formats the code with its `Debug`
@@ -87,15 +123,23 @@ pub(crate) fn driver_error(call: &'static str, code: CUresult) -> CudaError {
 }
 
 /// A CUDA-layer failure as the engine's [`BackendError`]: a driver's out of
-/// memory stays recognisable so that the engine frees its cache and retries.
+/// memory stays recognisable so that the engine frees its cache and retries,
+/// and other driver failures keep their `CUresult` code.
 impl From<CudaError> for BackendError {
     fn from(e: CudaError) -> Self {
-        match e {
-            CudaError::Driver {
-                code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
-                ..
-            } => BackendError::OutOfMemory,
-            other => BackendError::Other(other.to_string()),
+        if let CudaError::Driver {
+            code: CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ..
+        } = e
+        {
+            return BackendError::OutOfMemory;
+        }
+        match e.driver_code() {
+            Some(code) => BackendError::Driver {
+                message: e.to_string(),
+                code,
+            },
+            None => BackendError::Other(e.to_string()),
         }
     }
 }
@@ -115,12 +159,27 @@ mod tests {
     fn other_driver_errors_name_call_and_code() {
         let e: BackendError =
             driver_error("cuEventRecord", CUresult::CUDA_ERROR_INVALID_HANDLE).into();
-        let BackendError::Other(msg) = e else {
-            panic!("expected Other, got {e:?}");
-        };
+        assert_eq!(e.code(), Some(400));
+        let msg = e.to_string();
         assert!(msg.contains("cuEventRecord"), "{msg}");
         assert!(msg.contains("CUDA_ERROR_INVALID_HANDLE"), "{msg}");
         assert!(msg.contains("(400)"), "{msg}");
+        // Through the engine, the code is still there.
+        let e = CudaError::Alloc(AllocError::Backend(e));
+        assert_eq!(e.driver_code(), Some(400));
+    }
+
+    #[test]
+    fn cudarc_errors_convert_with_question_mark() {
+        fn failing() -> Result<(), CudaError> {
+            Err(DriverError(CUresult::CUDA_ERROR_NOT_INITIALIZED))?;
+            Ok(())
+        }
+        let e = failing().unwrap_err();
+        assert_eq!(e.driver_code(), Some(3));
+        assert!(e.to_string().starts_with(CUDARC_CALL), "{e}");
+        let other: BackendError = CudaError::Unsupported("x").into();
+        assert_eq!(other.code(), None);
     }
 
     #[test]

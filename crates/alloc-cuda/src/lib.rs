@@ -53,7 +53,7 @@ pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
 pub use buffer::{DeviceBuffer, Plain};
-pub use error::CudaError;
+pub use error::{CudaError, CUDARC_CALL};
 pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
 pub use memory::CudaMemory;
 

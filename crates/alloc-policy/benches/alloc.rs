@@ -53,10 +53,8 @@ trait Contender {
 type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 
 fn engine(policy: &str) -> SimEngine {
-    let cfg = AllocatorConfig {
-        policy: Some(policy.to_string()),
-        ..AllocatorConfig::default()
-    };
+    let mut cfg = AllocatorConfig::default();
+    cfg.policy = Some(policy.to_string());
     let p = AnyPolicy::from_config(&cfg).expect("policy builds");
     Engine::new(
         p,

@@ -61,6 +61,7 @@ const STREAM_PRUNE_AT: usize = 8;
 /// Settings of the buddy policy. The allocator configuration has no buddy
 /// keys, so [`From<&AllocatorConfig>`] gives the defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BuddySettings {
     /// Smallest block (minimum order), a power of two.
     pub min_block: u64,

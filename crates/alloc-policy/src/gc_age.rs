@@ -28,6 +28,7 @@ pub const DEFAULT_THRESHOLD: f64 = 0.8;
 
 /// Settings of the age-based collector.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct GcAgeSettings {
     /// Collect once reserved memory exceeds this fraction of the limit
     /// (`garbage_collection_threshold`, default [`DEFAULT_THRESHOLD`]).

@@ -26,6 +26,7 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 
 /// Settings of the PyTorch policy, from the allocator configuration.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct BfcSettings {
     /// `max_split_size_mb` in bytes (`u64::MAX` = unlimited).
     pub max_split_size: u64,

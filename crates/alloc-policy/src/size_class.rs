@@ -129,6 +129,7 @@ fn round_up(size: u64, unit: u64) -> u64 {
 /// Settings of the size-class policy. The configuration string has no keys
 /// for them: [`SizeClassSettings::from`] gives the defaults.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct SizeClassSettings {
     /// Bytes of wholly idle segments kept cached; above it the oldest idle
     /// segments go back to the device whenever a new segment is needed.

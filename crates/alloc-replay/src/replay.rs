@@ -18,6 +18,7 @@ pub const DEFAULT_CAPACITY: u64 = 80 * GIB;
 
 /// Why a replay stopped.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ReplayError {
     /// The configuration (policy name, keys) was rejected.
     #[error(transparent)]
@@ -84,6 +85,7 @@ pub struct ReplayRun {
 
 /// How to replay.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ReplayOptions {
     /// Simulated device capacity.
     pub capacity: u64,

@@ -110,6 +110,7 @@ impl Trace {
 
 /// Errors from reading or parsing a trace.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     /// The file could not be read.
     #[error("cannot read trace {}: {source}", path.display())]

@@ -39,10 +39,9 @@ fn trace_of(name: &str) -> alloc_replay::Trace {
 
 /// One untimed pass.
 fn opts() -> ReplayOptions {
-    ReplayOptions {
-        timed_runs: 0,
-        ..ReplayOptions::default()
-    }
+    let mut opts = ReplayOptions::default();
+    opts.timed_runs = 0;
+    opts
 }
 
 /// A measured figure in bytes (`<key>_bytes`, exact) or GiB (`<key>_gib`,
