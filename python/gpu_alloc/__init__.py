@@ -1,6 +1,8 @@
 """gpu_alloc: the gpualloc caching allocator (liballoc_ffi.so) as PyTorch's CUDA allocator.
 
-Pure Python (ctypes), no build step::
+Install it with ``pip install .`` from a clone (builds the library with Rust) or from the
+wheel (library inside, no Rust needed); ``python -m gpu_alloc doctor`` then says what this
+machine can do with it. Pure Python (ctypes) around the C library::
 
     import gpu_alloc
     gpu_alloc.enable("policy:pytorch-bfc,max_split_size_mb:128")  # before any CUDA tensor
@@ -23,18 +25,26 @@ without it a block used on a second stream can be reused too early).
 ``pool()`` routes only the allocations inside a ``with`` block to gpualloc while PyTorch's
 own allocator serves the rest (works after CUDA is in use).
 
-The library is found at ``so_path``, else ``$GPUALLOC_SO``, else ``liballoc_ffi.so`` next
-to this package, else the repository's ``target/release`` or ``target/debug``.
+The library is ``so_path`` when given (nothing else is tried); otherwise the first that
+exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
+wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
+when this package is the one in a clone of the repository, cargo's ``target/release`` and
+``target/debug`` (``$CARGO_TARGET_DIR`` if set). A set ``$GPUALLOC_SO`` replaces the
+clone's build folders, so that a wrong path is reported rather than passed over.
+
+Messages go to stderr through ``warnings`` (the fallback of enable()) and the ``logging``
+logger ``"gpu_alloc"``.
 """
 
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import pickle
 import shutil
-import sys
 import tempfile
+import warnings
 
 __all__ = [
     "GpuAllocError",
@@ -44,6 +54,7 @@ __all__ = [
     "build_bridge",
     "pool",
     "library_path",
+    "library_candidates",
     "load_library",
     "check_config",
     "memory_stats",
@@ -77,6 +88,11 @@ ERR_TOO_LATE = -4
 ERR_INTERNAL = -5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+# Where the wheel puts the library: maturin names this folder after the module
+# gpu_alloc.alloc_ffi (pyproject.toml), a cffi view of the library that this
+# package does not use.
+PACKAGED_DIR = "alloc_ffi"
+_log = logging.getLogger("gpu_alloc")
 _lib = None
 _lib_path = None
 _enabled_with = None  # (path, config) once enable() succeeded
@@ -84,7 +100,7 @@ _allocator = None  # keeps the CUDAPluggableAllocator alive
 _bridge = None  # the built bridge module once installed
 _pool_allocator = None  # the CUDAPluggableAllocator behind pool()
 
-# What a plain pluggable allocator leaves out (printed when the bridge is unavailable).
+# What a plain pluggable allocator leaves out (said when the bridge is unavailable).
 _WITHOUT_BRIDGE = (
     "torch.cuda.memory_stats/memory_allocated/memory_reserved/memory_summary and "
     "memory._snapshot raise; Tensor.record_stream, torch.cuda.empty_cache and "
@@ -102,33 +118,61 @@ class GpuAllocError(RuntimeError):
         self.code = code
 
 
+def _clone_dir():
+    """The folder two levels above this package: the repository when the package is its
+    python/gpu_alloc."""
+    return os.path.dirname(os.path.dirname(_HERE))
+
+
+def repository_root():
+    """The clone of the repository that this package sits in (as python/gpu_alloc), or
+    None for an installed package."""
+    root = _clone_dir()
+    return root if os.path.isfile(os.path.join(root, "Cargo.toml")) else None
+
+
 def cargo_target_dir():
     """Cargo's output folder for this repository: $CARGO_TARGET_DIR, else target/."""
-    repo = os.path.dirname(os.path.dirname(_HERE))
-    return os.environ.get("CARGO_TARGET_DIR") or os.path.join(repo, "target")
+    return os.environ.get("CARGO_TARGET_DIR") or os.path.join(_clone_dir(), "target")
+
+
+def library_candidates(so_path=None):
+    """The places library_path() looks, in order, as (origin, path) pairs: see the
+    module's docstring."""
+    if so_path:
+        return [("so_path", so_path)]
+    candidates = [
+        ("packaged", os.path.join(_HERE, PACKAGED_DIR, LIB_NAME)),
+        ("packaged", os.path.join(_HERE, LIB_NAME)),
+    ]
+    if os.environ.get(ENV_SO):
+        candidates.append(("$" + ENV_SO, os.environ[ENV_SO]))
+    elif repository_root() is not None:
+        target = cargo_target_dir()
+        candidates += [
+            ("cargo release build", os.path.join(target, "release", LIB_NAME)),
+            ("cargo debug build", os.path.join(target, "debug", LIB_NAME)),
+        ]
+    return candidates
+
+
+def _find_library(so_path=None):
+    """(origin, absolute path) of the library that would be loaded; raises if none exists."""
+    candidates = library_candidates(so_path)
+    for origin, path in candidates:
+        if os.path.isfile(path):
+            return origin, os.path.abspath(path)
+    raise GpuAllocError(
+        "%s not found (looked at: %s); install the package with its library (`pip install .` "
+        "from a clone of the repository, or its wheel), or build it in a clone with "
+        "`cargo build --release -p alloc-ffi`, or pass so_path= / set %s"
+        % (LIB_NAME, ", ".join(path for _, path in candidates), ENV_SO)
+    )
 
 
 def library_path(so_path=None):
     """The path of liballoc_ffi.so that would be loaded (raises if none is found)."""
-    if so_path:
-        candidates = [so_path]
-    elif os.environ.get(ENV_SO):
-        candidates = [os.environ[ENV_SO]]
-    else:
-        target = cargo_target_dir()
-        candidates = [
-            os.path.join(_HERE, LIB_NAME),
-            os.path.join(target, "release", LIB_NAME),
-            os.path.join(target, "debug", LIB_NAME),
-        ]
-    for c in candidates:
-        if os.path.isfile(c):
-            return os.path.abspath(c)
-    raise GpuAllocError(
-        "liballoc_ffi.so not found (looked at: %s); build it with "
-        "`cargo build --release -p alloc-ffi`, or pass so_path= / set %s"
-        % (", ".join(candidates), ENV_SO)
-    )
+    return _find_library(so_path)[1]
 
 
 def _declare(lib):
@@ -168,7 +212,13 @@ def load_library(so_path=None):
                 % (_lib_path, so_path)
             )
         return _lib
-    path = library_path(so_path)
+    origin, path = _find_library(so_path)
+    env_so = os.environ.get(ENV_SO)
+    if origin == "packaged" and env_so and os.path.abspath(env_so) != path:
+        _log.warning(
+            "$%s=%s is not used: the library packaged with gpu_alloc (%s) comes first; "
+            "pass so_path= to load another", ENV_SO, env_so, path,
+        )
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
@@ -229,10 +279,16 @@ _TOO_LATE = (
 )
 
 
+def cxx_compiler():
+    """The C++ compiler that building the bridge would use ($CXX, else c++, else g++), as a
+    path, or None when there is none on PATH."""
+    return shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
+
+
 def build_bridge(verbose=False):
     """Builds (or loads from torch's extension cache) the C++ bridge and returns its module.
     Raises GpuAllocError naming what is missing when it cannot be built."""
-    if shutil.which(os.environ.get("CXX", "c++")) is None and shutil.which("g++") is None:
+    if cxx_compiler() is None:
         raise GpuAllocError("no C++ compiler (c++ / g++ / $CXX) on PATH")
     try:
         from torch.utils import cpp_extension
@@ -309,10 +365,11 @@ def enable(config=None, so_path=None, bridge=None):
         except GpuAllocError as e:
             if bridge:
                 raise
-            print(
-                "gpu_alloc: %s; falling back to a plain CUDAPluggableAllocator, where %s"
-                % (e, _WITHOUT_BRIDGE),
-                file=sys.stderr,
+            warnings.warn(
+                "gpu_alloc: %s; falling back to a plain CUDAPluggableAllocator, where %s "
+                "(`python -m gpu_alloc doctor` says what is missing)" % (e, _WITHOUT_BRIDGE),
+                RuntimeWarning,
+                stacklevel=2,
             )
     try:
         if module is not None:

@@ -4,59 +4,23 @@ Run with either of
     python3 -m pytest python/tests/test_cpu.py
     python3 python/tests/test_cpu.py
 
-They need liballoc_ffi.so: $GPUALLOC_SO if set; else, with cargo on PATH, a fresh
-`cargo build -p alloc-ffi` (target/debug); else wherever gpu_alloc finds one (next to the
-package, target/release, target/debug). Without any, the tests that need it are skipped
-with a message.
+They test this clone's gpu_alloc with a fresh `cargo build -p alloc-ffi` (or $GPUALLOC_SO),
+or, with GPUALLOC_TEST_INSTALLED=1, the installed package and its packaged library (see
+support.py). Without a library, the tests that need it are skipped with a message.
 torch is replaced by a mock where enable() is exercised.
 """
 
 import ctypes
-import contextlib
-import io
 import os
 import pickle
-import shutil
-import subprocess
 import sys
 import tempfile
 import types
 import unittest
+import warnings
 from unittest import mock
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PYROOT = os.path.dirname(HERE)
-REPO = os.path.dirname(PYROOT)
-sys.path.insert(0, PYROOT)
-
-import gpu_alloc  # noqa: E402
-
-
-def _find_or_build_library():
-    """$GPUALLOC_SO if set; else a fresh debug build when cargo is here (so that the
-    tests never run a stale library); else whatever gpu_alloc finds."""
-    if os.environ.get("GPUALLOC_SO"):
-        try:
-            return gpu_alloc.library_path(), None
-        except gpu_alloc.GpuAllocError as e:
-            return None, str(e)
-    if shutil.which("cargo") is not None:
-        r = subprocess.run(
-            ["cargo", "build", "-p", "alloc-ffi"], cwd=REPO, capture_output=True, text=True
-        )
-        if r.returncode != 0:
-            return None, "cargo build -p alloc-ffi failed:\n" + r.stderr[-2000:]
-        return gpu_alloc.library_path(
-            os.path.join(gpu_alloc.cargo_target_dir(), "debug", "liballoc_ffi.so")
-        ), None
-    try:
-        return gpu_alloc.library_path(), None
-    except gpu_alloc.GpuAllocError as e:
-        return None, "%s (and no cargo on PATH to build it)" % e
-
-
-SO, WHY_NO_SO = _find_or_build_library()
-needs_so = unittest.skipIf(SO is None, "liballoc_ffi.so unavailable: %s" % WHY_NO_SO)
+from support import HERE, INSTALLED, PYROOT, SO, gpu_alloc, needs_so, run_python
 
 
 def fake_torch(available=True, initialized=False, swap_error=None, bridge=False):
@@ -92,11 +56,6 @@ def fake_torch(available=True, initialized=False, swap_error=None, bridge=False)
     return torch, calls
 
 
-def run_python(code, env_extra):
-    env = dict(os.environ, GPUALLOC_SO=SO or "", PYTHONPATH=PYROOT, **env_extra)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-
-
 class WithoutLibrary(unittest.TestCase):
     def test_missing_library_is_a_clear_error(self):
         with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
@@ -109,12 +68,117 @@ class WithoutLibrary(unittest.TestCase):
         self.assertEqual(gpu_alloc.FREE_FN, "gpualloc_free")
 
 
+class LibraryLookup(unittest.TestCase):
+    """library_path()'s order, on files in a scratch folder laid out as a clone: so_path,
+    else the packaged library, else $GPUALLOC_SO, else the clone's cargo builds."""
+
+    def setUp(self):
+        scratch = tempfile.TemporaryDirectory()
+        self.addCleanup(scratch.cleanup)
+        self.root = scratch.name
+        self.package = os.path.join(self.root, "python", "gpu_alloc")
+        os.makedirs(self.package)
+        self.touch("Cargo.toml")
+        for patcher in [mock.patch.object(gpu_alloc, "_HERE", self.package),
+                        mock.patch.dict(os.environ)]:
+            patcher.start()
+            self.addCleanup(patcher.stop)
+        os.environ.pop("GPUALLOC_SO", None)
+        os.environ.pop("CARGO_TARGET_DIR", None)
+        self.packaged = os.path.join(self.package, "alloc_ffi", "liballoc_ffi.so")
+        self.release = os.path.join(self.root, "target", "release", "liballoc_ffi.so")
+        self.debug = os.path.join(self.root, "target", "debug", "liballoc_ffi.so")
+        self.env_so = os.path.join(self.root, "elsewhere", "liballoc_ffi.so")
+
+    def touch(self, *parts):
+        path = os.path.join(self.root, *parts)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").close()
+        return path
+
+    def test_packaged_first_then_env_then_release_then_debug(self):
+        for path in [self.packaged, self.release, self.debug, self.env_so]:
+            self.touch(path)
+        os.environ["GPUALLOC_SO"] = self.env_so
+        for expected in [self.packaged, self.env_so]:
+            self.assertEqual(gpu_alloc.library_path(), expected)
+            os.unlink(expected)
+        del os.environ["GPUALLOC_SO"]
+        for expected in [self.release, self.debug]:
+            self.assertEqual(gpu_alloc.library_path(), expected)
+            os.unlink(expected)
+        with self.assertRaises(gpu_alloc.GpuAllocError):
+            gpu_alloc.library_path()
+
+    def test_a_copy_next_to_the_package_counts_as_packaged(self):
+        beside = self.touch(self.package, "liballoc_ffi.so")
+        self.touch(self.env_so)
+        os.environ["GPUALLOC_SO"] = self.env_so
+        self.assertEqual(gpu_alloc.library_path(), beside)
+        self.assertEqual(gpu_alloc.library_candidates()[0],
+                         ("packaged", self.packaged), "the wheel's place is looked at first")
+
+    def test_so_path_wins_and_is_the_only_place_looked_at(self):
+        given = self.touch("mine", "liballoc_ffi.so")
+        self.touch(self.packaged)
+        self.assertEqual(gpu_alloc.library_path(given), given)
+        with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+            gpu_alloc.library_path(os.path.join(self.root, "missing.so"))
+        self.assertNotIn(self.packaged, str(cm.exception))
+
+    def test_a_set_env_replaces_the_cargo_builds(self):
+        self.touch(self.release)
+        os.environ["GPUALLOC_SO"] = self.env_so  # not there
+        with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+            gpu_alloc.library_path()
+        self.assertIn(self.env_so, str(cm.exception))
+        self.assertNotIn(self.release, str(cm.exception))
+
+    def test_cargo_target_dir_is_honoured(self):
+        elsewhere = self.touch("build", "release", "liballoc_ffi.so")
+        self.touch(self.release)
+        os.environ["CARGO_TARGET_DIR"] = os.path.join(self.root, "build")
+        self.assertEqual(gpu_alloc.library_path(), elsewhere)
+
+    def test_an_installed_package_looks_only_at_itself_and_the_env(self):
+        os.unlink(os.path.join(self.root, "Cargo.toml"))  # not a clone any more
+        self.touch(self.release)
+        origins = [origin for origin, _ in gpu_alloc.library_candidates()]
+        self.assertEqual(origins, ["packaged", "packaged"])
+        with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+            gpu_alloc.library_path()
+        self.assertIn("pip install .", str(cm.exception))
+        self.assertIn("GPUALLOC_SO", str(cm.exception))
+
+
+@unittest.skipUnless(INSTALLED, "tests the installed package (GPUALLOC_TEST_INSTALLED=1)")
+class InstalledPackage(unittest.TestCase):
+    def test_the_package_is_not_the_clone_and_carries_its_files(self):
+        here = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
+        self.assertFalse(here.startswith(PYROOT), here)
+        self.assertIsNone(gpu_alloc.repository_root())
+        self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
+        self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
+
+    def test_the_packaged_library_comes_before_the_env(self):
+        with tempfile.NamedTemporaryFile(suffix=".so") as other, \
+                mock.patch.dict(os.environ, {"GPUALLOC_SO": other.name}):
+            self.assertEqual(gpu_alloc.library_path(), SO)
+
+
 @needs_so
 class Library(unittest.TestCase):
     def setUp(self):
         gpu_alloc._enabled_with = None
         gpu_alloc._bridge = None
         gpu_alloc.load_library(SO)
+        # Under the mock torch, enable() falls back to the plain allocator with a warning:
+        # the test of that fallback checks it (assertWarns sees it still), the others
+        # need not print it.
+        quiet = warnings.catch_warnings()
+        quiet.__enter__()
+        self.addCleanup(quiet.__exit__, None, None, None)
+        warnings.filterwarnings("ignore", "gpu_alloc: cannot build the C\\+\\+ bridge", RuntimeWarning)
 
     def test_version(self):
         self.assertRegex(gpu_alloc.version(), r"^\d+\.\d+\.\d+")
@@ -210,15 +274,18 @@ class Library(unittest.TestCase):
 
     def test_enable_falls_back_to_plain_pluggable_and_says_what_is_lost(self):
         torch, calls = fake_torch()  # no torch.utils: the bridge cannot be built
-        err = io.StringIO()
         with mock.patch.dict(sys.modules, {"torch": torch}), mock.patch.dict(os.environ), \
-                contextlib.redirect_stderr(err):
+                self.assertWarns(RuntimeWarning) as warned:
             os.environ.pop("GPUALLOC_CONF", None)
             gpu_alloc.enable(so_path=SO)
         self.assertFalse(gpu_alloc.uses_bridge())
         self.assertEqual(calls[0][0], "CUDAPluggableAllocator")
-        self.assertIn("cannot build the C++ bridge", err.getvalue())
-        self.assertIn("record_stream", err.getvalue())
+        message = str(warned.warning)
+        self.assertIn("cannot build the C++ bridge", message)
+        self.assertIn("record_stream", message)
+        self.assertIn("python -m gpu_alloc doctor", message)
+        self.assertEqual(os.path.basename(warned.filename), os.path.basename(__file__),
+                         "the warning points at enable()'s caller")
 
     def test_enable_with_bridge_required_raises_when_it_cannot_be_built(self):
         torch, calls = fake_torch()
