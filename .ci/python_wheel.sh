@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# CI for the Python package gpu_alloc, both ways of installing it:
+# 1. the manylinux wheel (maturin with zig, as shipped to GPU machines without Rust) into
+#    .whl/, checked for its files, its tag and that it does not link libcuda; installed into
+#    a fresh virtual environment, where the CPU tests and `python -m gpu_alloc doctor` run
+#    against the installed package from outside the clone;
+# 2. `pip install .` from the clone (maturin as the PEP 517 backend) into another one.
+# Needs python3 with venv, cargo, binutils' readelf and PyPI; no GPU, no torch.
+set -euxo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+
+# The wheel. maturin finds zig (the ziglang package) and the cffi that its bindings
+# generator runs through the build environment on PATH.
+python3 -m venv "$SCRATCH/build"
+"$SCRATCH/build/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.5,<2" ziglang cffi
+mkdir -p .whl
+rm -f .whl/gpu_alloc-*.whl
+PATH="$SCRATCH/build/bin:$PATH" maturin build --release --zig --compatibility manylinux2014 --out .whl
+WHEEL=$(echo "$REPO"/.whl/gpu_alloc-*-py3-none-manylinux*_x86_64.whl)
+test -f "$WHEEL"
+"$SCRATCH/build/bin/python" - "$WHEEL" "$SCRATCH/lib.so" <<'EOF'
+"""The wheel holds the package and the library, and the library does not link libcuda."""
+import subprocess, sys, zipfile
+wheel, extracted = sys.argv[1:]
+names = set(zipfile.ZipFile(wheel).namelist())
+for name in ["gpu_alloc/__init__.py", "gpu_alloc/__main__.py", "gpu_alloc/doctor.py",
+             "gpu_alloc/bridge.cpp", "gpu_alloc/alloc_ffi/liballoc_ffi.so"]:
+    assert name in names, "%s is not in the wheel: %s" % (name, sorted(names))
+with open(extracted, "wb") as f:
+    f.write(zipfile.ZipFile(wheel).read("gpu_alloc/alloc_ffi/liballoc_ffi.so"))
+needed = subprocess.run(["readelf", "-d", extracted], check=True, capture_output=True, text=True).stdout
+assert "libcuda" not in needed, needed
+symbols = subprocess.run(["readelf", "--dyn-syms", extracted], check=True, capture_output=True, text=True).stdout
+for symbol in ["gpualloc_malloc", "gpualloc_free", "gpualloc_version"]:
+    assert " %s\n" % symbol in symbols, symbol
+print("wheel ok: %d files, library links no libcuda" % len(names))
+EOF
+
+# The wheel installed, tested from outside the clone.
+python3 -m venv "$SCRATCH/wheel"
+"$SCRATCH/wheel/bin/pip" install --quiet --disable-pip-version-check "$WHEEL"
+cd "$SCRATCH"
+GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_cpu.py"
+GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_doctor.py"
+"$SCRATCH/wheel/bin/python" -m gpu_alloc version
+"$SCRATCH/wheel/bin/gpu-alloc" --help
+# Exit status 1 on a machine without a GPU (0 where everything works); a crash fails CI.
+status=0
+"$SCRATCH/wheel/bin/python" -m gpu_alloc doctor >doctor.txt 2>&1 || status=$?
+cat doctor.txt
+test "$status" -le 1
+if grep -q Traceback doctor.txt; then exit 1; fi
+grep -q "^summary: " doctor.txt
+
+# pip install . from the clone.
+python3 -m venv "$SCRATCH/source"
+"$SCRATCH/source/bin/pip" install --quiet --disable-pip-version-check "$REPO"
+"$SCRATCH/source/bin/python" -c '
+import gpu_alloc, sys
+path = gpu_alloc.library_path()
+assert path.startswith(sys.prefix), path
+print(path, gpu_alloc.version())
+'
