@@ -35,6 +35,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bridge_history.h"
+#include "bridge_testing.h"
+
 namespace gpu_alloc_bridge {
 
 using c10::CachingDeviceAllocator::DeviceStats;
@@ -60,7 +63,6 @@ struct Api {
   char* (*memory_stats_json)(int);
   char* (*snapshot_text)(int);
   void (*string_free)(char*);
-  int (*record_history)(int, ssize_t);
   int (*begin_allocate_to_pool)(int, uint64_t, uint64_t);
   int (*end_allocate_to_pool)(int, uint64_t, uint64_t);
   int (*retain_pool)(int, uint64_t, uint64_t);
@@ -76,6 +78,10 @@ struct Api {
 };
 
 Api api;
+
+// Stacks, trace and trackers of torch.cuda.memory._record_memory_history.
+// Never destroyed: its entries may hold Python stacks at interpreter exit.
+History& history = *new History();
 
 template <typename F>
 void resolve(void* lib, const char* name, F& fn) {
@@ -277,15 +283,6 @@ class Bridge : public CUDAAllocator {
           seg.requested_size += block.requested_size;
         }
         seg.blocks.push_back(std::move(block));
-      } else if (f[0] == "trace" && f.size() >= 7 && include_traces) {
-        int64_t device = to_i64(f[1]);
-        if (device >= 0 && device < devices) {
-          TraceEntry entry(c10::CachingDeviceAllocator::parseTraceEntryAction(f[2]),
-                           static_cast<c10::DeviceIndex>(device), to_u64(f[3]), to_u64(f[4]),
-                           reinterpret_cast<void*>(to_u64(f[5])), MempoolId_t{0, 0}, 0);
-          entry.time_.t_ = to_i64(f[6]);
-          info.device_traces[device].push_back(std::move(entry));
-        }
       }
     }
     if (mempool_id.first != 0 || mempool_id.second != 0) {
@@ -297,24 +294,31 @@ class Bridge : public CUDAAllocator {
       }
       info.segments = std::move(kept);
     }
+    history.fill_snapshot(info, include_traces, mempool_id);
     info.config_metadata.last_allocator_settings = "gpualloc";
     return info;
   }
 
-  bool isHistoryEnabled() override { return history_; }
+  bool isHistoryEnabled() override { return history.enabled(); }
 
   void recordHistory(bool enabled,
-                     c10::cuda::CUDACachingAllocator::CreateContextFn /*context_recorder*/,
+                     c10::cuda::CUDACachingAllocator::CreateContextFn context_recorder,
                      size_t alloc_trace_max_entries,
-                     c10::cuda::CUDACachingAllocator::RecordContext /*when*/,
-                     bool /*clearHistory*/,
-                     const std::vector<std::string>& /*skip_actions*/) override {
-    // Stack contexts are not recorded: the library keeps actions, addresses,
-    // sizes, streams and times.
-    check(api.record_history(enabled ? 1 : 0, static_cast<ssize_t>(alloc_trace_max_entries)),
-          "record_history");
-    history_ = enabled;
+                     c10::cuda::CUDACachingAllocator::RecordContext when,
+                     bool clearHistory,
+                     const std::vector<std::string>& skip_actions) override {
+    history.configure(enabled, context_recorder, alloc_trace_max_entries, when, clearHistory,
+                      skip_actions);
+    if (enabled) {
+      adopt_live_blocks();
+    }
   }
+
+  void setUserMetadata(const std::string& metadata) override {
+    History::set_user_metadata(metadata);
+  }
+
+  std::string getUserMetadata() override { return History::user_metadata(); }
 
   void attachOutOfMemoryObserver(
       c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer) override {
@@ -323,8 +327,9 @@ class Bridge : public CUDAAllocator {
   }
 
   void attachAllocatorTraceTracker(
-      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker /*tracker*/) override {
-    TORCH_WARN_ONCE("gpu_alloc: allocator trace trackers are not called by gpualloc");
+      c10::cuda::CUDACachingAllocator::AllocatorTraceTracker tracker) override {
+    history.attach_tracker(std::move(tracker));
+    adopt_live_blocks();
   }
 
   // ---------------------------------------------------------------- pools (CUDA graphs)
@@ -417,7 +422,11 @@ class Bridge : public CUDAAllocator {
           "restore_pool");
     c10::cuda::CUDACachingAllocator::CheckpointDelta delta;
     for (size_t i = 0; i < freed.len; ++i) {
-      delta.ptrs_freed.push_back(reinterpret_cast<void*>(freed.values[i]));
+      void* ptr = reinterpret_cast<void*>(freed.values[i]);
+      if (history.watching()) {
+        history.on_free(ptr, device);
+      }
+      delta.ptrs_freed.push_back(ptr);
     }
     // The recreated blocks belong to the storages PyTorch attaches them to.
     for (size_t i = 0; i < allocated.len; ++i) {
@@ -487,6 +496,23 @@ class Bridge : public CUDAAllocator {
     return lines;
   }
 
+  // Live blocks allocated before history or a tracker started: their sizes
+  // and streams, so that their frees are recorded as PyTorch records them.
+  void adopt_live_blocks() {
+    c10::DeviceIndex device = 0;
+    void* stream = nullptr;
+    MempoolId_t pool{0, 0};
+    for (const auto& f : snapshot_lines(-1)) {
+      if (f[0] == "segment" && f.size() >= 9) {
+        device = static_cast<c10::DeviceIndex>(to_i64(f[1]));
+        stream = reinterpret_cast<void*>(to_u64(f[4]));
+        pool = {to_u64(f[7]), to_u64(f[8])};
+      } else if (f[0] == "block" && f.size() >= 5 && f[4] == "active_allocated") {
+        history.adopt(device, reinterpret_cast<void*>(to_u64(f[1])), to_u64(f[3]), stream, pool);
+      }
+    }
+  }
+
   // The private pool this allocation goes to, or {0, 0}.
   MempoolId_t route(c10::DeviceIndex device, cudaStream_t stream) {
     if (routing_.load(std::memory_order_acquire) == 0) {
@@ -506,12 +532,18 @@ class Bridge : public CUDAAllocator {
     void* ptr = api.malloc_in_pool(static_cast<ssize_t>(size), device, stream, pool.first,
                                    pool.second);
     if (ptr != nullptr) {
+      if (history.watching()) {
+        history.on_alloc(device, ptr, size, stream, pool);
+      }
       return ptr;
     }
     std::string message = last_error();
     if (api.last_error_code() == kErrOutOfMemory) {
       size_t free_bytes = 0, total = 0;
       (void)cudaMemGetInfo(&free_bytes, &total);
+      if (history.watching()) {
+        history.on_oom(device, size, stream, free_bytes, pool);
+      }
       std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> observers;
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -603,7 +635,6 @@ class Bridge : public CUDAAllocator {
   std::atomic<int> routing_{0};
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
   std::atomic<bool> initialized_{false};
-  std::atomic<bool> history_{false};
 };
 
 void bridge_delete(void* ptr) {
@@ -614,6 +645,9 @@ void bridge_delete(void* ptr) {
   // failed free is reported by the library on stderr (a deleter must not throw).
   int device = -1;
   (void)cudaGetDevice(&device);
+  if (history.watching()) {
+    history.on_free(ptr, static_cast<c10::DeviceIndex>(device));  // before another thread can reuse ptr
+  }
   api.free(ptr, 0, device, nullptr);
 }
 
@@ -635,7 +669,6 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_memory_stats_json", api.memory_stats_json);
   resolve(lib, "gpualloc_snapshot_text", api.snapshot_text);
   resolve(lib, "gpualloc_string_free", api.string_free);
-  resolve(lib, "gpualloc_record_history", api.record_history);
   resolve(lib, "gpualloc_begin_allocate_to_pool", api.begin_allocate_to_pool);
   resolve(lib, "gpualloc_end_allocate_to_pool", api.end_allocate_to_pool);
   resolve(lib, "gpualloc_retain_pool", api.retain_pool);
@@ -664,4 +697,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &gpu_alloc_bridge::install, "Open liballoc_ffi.so and install the bridge",
         pybind11::arg("library_path"));
   m.def("is_installed", &gpu_alloc_bridge::is_installed, "Whether the bridge is installed");
+  gpu_alloc_bridge::test_hooks::bind(m);
 }

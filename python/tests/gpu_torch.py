@@ -354,6 +354,20 @@ def scenario_compile_reduce_overhead():
                 pooled // MIB, calls))
 
 
+def _gpu_scenario(name):
+    """run() of python/tests/gpu_scenarios/<name>.py, in this scenario's own process."""
+    sys.path.insert(0, os.path.join(HERE, "gpu_scenarios"))
+    return __import__(name).run()
+
+
+def scenario_snapshot_stacks():
+    return _gpu_scenario("snapshot_stacks")
+
+
+def scenario_trace_tracker():
+    return _gpu_scenario("trace_tracker")
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc

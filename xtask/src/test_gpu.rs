@@ -290,11 +290,26 @@ fn ffi_library(root: &Path) -> Result<PathBuf, String> {
 
 /// Files of the repository that the PyTorch tests need, as (source, place
 /// in the bundle).
-const PYTHON_FILES: &[&str] = &[
-    "python/gpu_alloc/__init__.py",
-    "python/gpu_alloc/bridge.cpp",
-    "python/tests/gpu_torch.py",
-];
+/// Folders of the Python helper (its sources and the bridge's) and of its
+/// GPU tests, copied whole into the bundle.
+const PYTHON_DIRS: &[&str] = &["python/gpu_alloc", "python/tests"];
+
+/// The files under `dir` (recursively), skipping bytecode caches.
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n != "__pycache__") {
+                out.extend(files_under(&path)?);
+            }
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
 
 fn write_bundle(root: &Path, dir: &Path, b: &Binaries, features: &str) -> Result<(), String> {
     let io = |what: &str, p: &Path, e: std::io::Error| format!("{what} {}: {e}", p.display());
@@ -328,13 +343,15 @@ fn write_bundle(root: &Path, dir: &Path, b: &Binaries, features: &str) -> Result
         .arg("--strip-debug")
         .arg(&lib)
         .status();
-    for file in PYTHON_FILES {
-        let dest = dir.join(file);
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+    for folder in PYTHON_DIRS {
+        for src in files_under(&root.join(folder))? {
+            let rel = src.strip_prefix(root).map_err(|e| e.to_string())?;
+            let dest = dir.join(rel);
+            if let Some(parent) = dest.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+            }
+            std::fs::copy(&src, &dest).map_err(|e| io("copying", &src, e))?;
         }
-        let src = root.join(file);
-        std::fs::copy(&src, &dest).map_err(|e| io("copying", &src, e))?;
     }
     let rev = Command::new("git")
         .arg("-C")
