@@ -24,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, KIB, MIB};
+use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams, KIB, MIB};
 use alloc_policy::{policy_names, AnyPolicy};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
@@ -55,13 +55,7 @@ type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 fn engine(policy: &str) -> SimEngine {
     let mut cfg = AllocatorConfig::default();
     cfg.policy = Some(policy.to_string());
-    let p = AnyPolicy::from_config(&cfg).expect("policy builds");
-    Engine::new(
-        p,
-        SimMemory::new(DEVICE),
-        SimStreams::new(),
-        EngineOptions::from(&cfg),
-    )
+    AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new()).expect("policy builds")
 }
 
 impl Contender for SimEngine {

@@ -2,8 +2,8 @@
 //! the `policy:` key of the configuration string.
 
 use alloc_core::{
-    AllocatorConfig, BlockId, ConfigError, Heap, OomRelease, Policy, Pressure, Request, SegmentId,
-    StreamId,
+    AllocatorConfig, BlockId, ConfigError, Engine, EngineOptions, Heap, MemoryBackend, OomRelease,
+    Policy, Pressure, Request, SegmentId, StreamBackend, StreamId,
 };
 
 use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
@@ -41,13 +41,13 @@ impl AnyPolicy {
     /// the feature to enable; any other name with the compiled-in ones.
     ///
     /// ```
-    /// use alloc_core::AllocatorConfig;
-    /// use alloc_policy::AnyPolicy;
-    /// use alloc_core::Policy;
+    /// use alloc_core::{AllocatorConfig, Policy};
+    /// use alloc_policy::{policy_names, AnyPolicy};
     ///
-    /// let cfg = AllocatorConfig::parse("policy:pytorch-bfc")?;
-    /// # #[cfg(feature = "pytorch-bfc")]
-    /// assert_eq!(AnyPolicy::from_config(&cfg)?.name(), "pytorch-bfc");
+    /// for name in policy_names() {
+    ///     let cfg = AllocatorConfig::parse(&format!("policy:{name}"))?;
+    ///     assert_eq!(AnyPolicy::from_config(&cfg)?.name(), name);
+    /// }
     /// let cfg = AllocatorConfig::parse("policy:first-fit")?;
     /// let err = AnyPolicy::from_config(&cfg).unwrap_err();
     /// assert!(err.to_string().contains("compiled-in policies are"));
@@ -112,6 +112,35 @@ impl AnyPolicy {
             )))),
             Some(other) => Err(refuse(other, &[GC_AGE])),
         }
+    }
+
+    /// An engine over `memory` and `streams` with the policy and engine
+    /// options of `cfg`, as tests, examples and trace replay build one on the
+    /// simulated device.
+    ///
+    /// ```
+    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB};
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = AllocatorConfig::default(); // the first compiled-in policy
+    /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+    /// let a = engine.malloc(1000, 0)?;
+    /// assert!(a.size >= 1000);
+    /// engine.free(a.addr)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn engine<M: MemoryBackend, S: StreamBackend>(
+        cfg: &AllocatorConfig,
+        memory: M,
+        streams: S,
+    ) -> Result<Engine<AnyPolicy, M, S>, ConfigError> {
+        let policy = AnyPolicy::from_config(cfg)?;
+        Ok(Engine::new(
+            policy,
+            memory,
+            streams,
+            EngineOptions::from(cfg),
+        ))
     }
 }
 

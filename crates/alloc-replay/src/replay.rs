@@ -3,9 +3,7 @@
 
 use std::time::Instant;
 
-use alloc_core::{
-    AllocError, AllocatorConfig, Engine, EngineOptions, Policy, SimMemory, SimStreams, GIB,
-};
+use alloc_core::{AllocError, AllocatorConfig, Engine, Policy, SimMemory, SimStreams, GIB};
 use alloc_policy::AnyPolicy;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -119,14 +117,7 @@ fn engine_on(
     memory: SimMemory,
     streams: SimStreams,
 ) -> Result<SimEngine, alloc_core::ConfigError> {
-    let cfg = AllocatorConfig::parse(config)?;
-    let policy = AnyPolicy::from_config(&cfg)?;
-    Ok(Engine::new(
-        policy,
-        memory,
-        streams,
-        EngineOptions::from(&cfg),
-    ))
+    AnyPolicy::engine(&AllocatorConfig::parse(config)?, memory, streams)
 }
 
 /// The simulated device for replaying `trace`: it hands out the recording's
