@@ -49,6 +49,24 @@ pub enum ConfigError {
 }
 
 /// Parsed allocator settings.
+///
+/// ```
+/// use alloc_core::{AllocatorConfig, MIB};
+///
+/// let cfg = AllocatorConfig::parse("policy:buddy,max_split_size_mb:128,expandable_segments:True")?;
+/// assert_eq!(cfg.policy.as_deref(), Some("buddy"));
+/// assert_eq!(cfg.max_split_size, 128 * MIB);
+/// assert!(cfg.expandable_segments);
+///
+/// // A bad value is an error naming its key.
+/// let err = AllocatorConfig::parse("max_split_size_mb:lots").unwrap_err();
+/// assert!(err.to_string().contains("max_split_size_mb"));
+///
+/// // Or field by field, from the defaults.
+/// let mut cfg = AllocatorConfig::default();
+/// cfg.stream_wait_reuse = true;
+/// # Ok::<(), alloc_core::ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct AllocatorConfig {

@@ -84,6 +84,30 @@ struct StreamQueue<E> {
 }
 
 /// The caching allocator.
+///
+/// A block is reused only on the stream it was allocated for, unless the
+/// other streams that used it (`record_stream`) are done, as the events
+/// recorded on them at its free prove:
+///
+/// ```
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB, MIB};
+/// use alloc_policy::AnyPolicy;
+///
+/// let cfg = AllocatorConfig::default();
+/// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+/// let (compute, copy) = (1, 2); // stream ids
+/// let a = engine.malloc(4 * MIB, compute)?;
+/// engine.record_stream(a.addr, copy)?; // the copy stream reads the block too
+/// engine.free(a.addr)?; // records an event on the copy stream
+/// assert_eq!(engine.awaiting_events(), 1);
+/// let b = engine.malloc(4 * MIB, compute)?; // the copy may still run: fresh memory
+/// assert_ne!(b.addr, a.addr);
+///
+/// engine.streams_mut().complete_stream(copy); // the simulated GPU finishes it
+/// let c = engine.malloc(4 * MIB, compute)?; // now the block is reused
+/// assert_eq!(c.addr, a.addr);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     policy: P,
     memory: M,

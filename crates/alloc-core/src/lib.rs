@@ -1,12 +1,13 @@
-//! # alloc-core
+#![doc = include_str!("../README.md")]
 //!
-//! The device-agnostic engine of a caching GPU memory allocator in the manner
-//! of PyTorch's `CUDACachingAllocator`: segments obtained from a
-//! [`MemoryBackend`] are tiled by blocks kept in an arena ([`Heap`]); a
-//! [`Policy`] decides rounding, best fit, splitting and merging; the
-//! [`Engine`] adds streams and events (`record_stream`), the out-of-memory
-//! path, statistics in PyTorch's model and snapshots. A simulated device
-//! ([`SimMemory`], [`SimStreams`]) backs tests and trace replay.
+//! ## Items
+//!
+//! Segments obtained from a [`MemoryBackend`] are tiled by blocks kept in an
+//! arena ([`Heap`]); a [`Policy`] decides rounding, best fit, splitting and
+//! merging; the [`Engine`] adds streams and events (`record_stream`), the
+//! out-of-memory path, [`Stats`] in PyTorch's model and [`Snapshot`]s, with
+//! settings from an [`AllocatorConfig`]. The simulated device ([`SimMemory`],
+//! [`SimStreams`]) backs tests and trace replay.
 
 #![warn(missing_docs)]
 

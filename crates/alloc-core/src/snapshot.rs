@@ -69,6 +69,24 @@ pub struct SegmentSnapshot {
 }
 
 /// The whole allocator state.
+///
+/// ```
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, SnapshotState, GIB, MIB};
+/// use alloc_policy::AnyPolicy;
+///
+/// let cfg = AllocatorConfig::default();
+/// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+/// let a = engine.malloc(3 * MIB, 0)?;
+///
+/// let snap = engine.snapshot();
+/// let segment = &snap.segments[0];
+/// assert_eq!(segment.total_size, 20 * MIB);
+/// assert_eq!(segment.blocks[0].address, a.addr);
+/// assert_eq!(segment.blocks[0].state, SnapshotState::ActiveAllocated);
+/// assert_eq!(segment.blocks[1].state, SnapshotState::Inactive); // the rest, free
+/// assert!(snap.to_json().contains("\"total_size\""));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Snapshot {
     /// Segments in address order.

@@ -118,6 +118,24 @@ impl StatArray {
 }
 
 /// Every statistic the allocator keeps, named as in `torch.cuda.memory_stats()`.
+///
+/// ```
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB, MIB};
+/// use alloc_policy::AnyPolicy;
+///
+/// let cfg = AllocatorConfig::default();
+/// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+/// let a = engine.malloc(3 * MIB, 0)?;
+/// engine.free(a.addr)?;
+///
+/// let stats = engine.stats();
+/// assert_eq!(stats.allocated_bytes.all.current, 0);
+/// assert_eq!(stats.allocated_bytes.large_pool.peak, 3 * MIB as i64);
+/// assert_eq!(stats.allocation.all.allocated, 1);
+/// // The flat keys of `torch.cuda.memory_stats()`.
+/// assert_eq!(stats.to_flat_map()["reserved_bytes.all.current"], 20 * MIB as i64);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stats {
     /// Number of blocks handed out to callers.

@@ -47,6 +47,19 @@ impl Drop for Inner {
 /// device's primary context ([`CudaAllocator::context`]), or raw `CUstream`
 /// values ([`StreamId`], `0` = legacy default stream) in the `unsafe`
 /// `*_stream_id` variants meant for foreign callers.
+///
+/// ```no_run
+/// use alloc_cuda::CudaAllocator;
+///
+/// let alloc = CudaAllocator::with_config_str(0, "policy:pytorch-bfc,max_split_size_mb:128")?;
+/// let stream = alloc.context().new_stream()?;
+/// let ptr = alloc.malloc(64 << 20, &stream)?; // a `CUdeviceptr` for work on `stream`
+/// assert_eq!(alloc.allocated_bytes()?, 64 << 20);
+/// alloc.free(ptr)?; // cached for the next request on `stream`
+/// alloc.empty_cache()?;
+/// assert_eq!(alloc.reserved_bytes()?, 0);
+/// # Ok::<(), alloc_cuda::CudaError>(())
+/// ```
 #[derive(Clone)]
 pub struct CudaAllocator {
     inner: Arc<Inner>,

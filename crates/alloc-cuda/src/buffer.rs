@@ -39,6 +39,23 @@ plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64)
 /// Using the buffer on a stream other than its own is ordered by the caller
 /// (as in PyTorch) and must be declared with [`DeviceBuffer::record_stream`]
 /// before the buffer is dropped.
+///
+/// ```no_run
+/// use alloc_cuda::CudaAllocator;
+///
+/// let alloc = CudaAllocator::global(0)?;
+/// let producer = alloc.context().new_stream()?;
+/// let consumer = alloc.context().new_stream()?;
+/// let mut buf = alloc.alloc_from_host(&[1.0f32, 2.0, 3.0], &producer)?;
+/// consumer.join(&producer)?; // the consumer runs after the copy
+/// buf.record_stream(&consumer)?; // and the allocator knows it uses the block
+/// let mut out = [0f32; 3];
+/// consumer.memcpy_dtoh(&buf, &mut out)?;
+/// drop(buf); // reusable once the consumer's copy is done
+/// consumer.synchronize()?;
+/// assert_eq!(out, [1.0, 2.0, 3.0]);
+/// # Ok::<(), alloc_cuda::CudaError>(())
+/// ```
 pub struct DeviceBuffer<T> {
     ptr: sys::CUdeviceptr,
     len: usize,

@@ -1,8 +1,8 @@
-//! # alloc-cuda
+#![doc = include_str!("../README.md")]
 //!
-//! The caching allocator of `alloc-core` on real CUDA devices, through
-//! [`cudarc`]'s driver API (loaded at run time: building needs no CUDA
-//! toolkit, and nothing here loads `libcuda` until an allocator is created).
+//! ## Items
+//!
+//! Nothing here loads `libcuda` until an allocator is created.
 //!
 //! - [`CudaMemory`]: segments from `cuMemAlloc` / `cuMemFree` in the primary
 //!   context of a device; capacity and free bytes from `cuMemGetInfo`.

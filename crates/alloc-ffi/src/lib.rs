@@ -1,14 +1,30 @@
-//! # alloc-ffi
+#![doc = include_str!("../README.md")]
 //!
-//! The caching allocator as a C library (`liballoc_ffi.so`) that PyTorch loads
-//! with `torch.cuda.memory.CUDAPluggableAllocator(path, "gpualloc_malloc",
-//! "gpualloc_free")`, plus entry points for what PyTorch's pluggable-allocator
-//! interface does not forward: statistics (`gpualloc_memory_stats_json`, with
-//! `torch.cuda.memory_stats()`'s key names), `empty_cache`, memory fraction,
-//! `record_stream`, peak resets, and snapshots pickled in the format of
-//! `torch.cuda.memory._snapshot()` for `torch.cuda._memory_viz`.
-//! The declarations are in `include/gpualloc.h`, generated from [`api::API`];
-//! `python/gpu_alloc` wraps them with ctypes.
+//! ## From Rust
+//!
+//! The entry points are plain functions of this crate too; checking a
+//! configuration needs no GPU:
+//!
+//! ```
+//! use std::ffi::CStr;
+//!
+//! use alloc_ffi::api::{GPUALLOC_ERR_INVALID, GPUALLOC_OK};
+//! use alloc_ffi::{gpualloc_check_config, gpualloc_last_error};
+//!
+//! let good = c"max_split_size_mb:128,garbage_collection_threshold:0.8";
+//! // SAFETY: NUL-terminated strings that outlive the calls.
+//! assert_eq!(unsafe { gpualloc_check_config(good.as_ptr()) }, GPUALLOC_OK);
+//! let bad = c"max_split_size_mb:lots";
+//! assert_eq!(unsafe { gpualloc_check_config(bad.as_ptr()) }, GPUALLOC_ERR_INVALID);
+//! // SAFETY: the message stays valid until the next call on this thread.
+//! let message = unsafe { CStr::from_ptr(gpualloc_last_error()) }.to_string_lossy();
+//! assert!(message.contains("max_split_size_mb"), "{message}");
+//! ```
+//!
+//! ## Behaviour
+//!
+//! The declarations are in `include/gpualloc.h`, generated from
+//! [`api::API`].
 //!
 //! - One process-wide allocator per device ([`alloc_cuda::CudaAllocator::global`]),
 //!   created at the first call that needs it. Its configuration comes from

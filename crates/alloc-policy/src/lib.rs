@@ -1,15 +1,11 @@
-//! # alloc-policy
+#![doc = include_str!("../README.md")]
 //!
-//! Allocation policies for the `alloc-core` engine, each behind a cargo
-//! feature (all on by default):
+//! ## Items
 //!
-//! - `pytorch-bfc` ([`PytorchBfc`]): PyTorch 2.x's best fit with coalescing.
-//! - `buddy` ([`Buddy`]): a binary buddy system.
-//! - `size-class` ([`SizeClass`]): per-class free lists carved from slabs.
-//! - `gc-age` ([`GcAge`]): garbage collection by age, over any policy.
-//!
-//! [`AnyPolicy`] chooses among the compiled-in policies at run time from the
-//! `policy:` key of the configuration string.
+//! [`AnyPolicy`] holds one of [`PytorchBfc`], [`Buddy`], [`SizeClass`],
+//! each optionally inside [`GcAge`]; [`AnyPolicy::from_config`] builds it
+//! from a configuration and [`AnyPolicy::engine`] an engine around it.
+//! [`policy_names`] lists the names this build accepts.
 
 #![warn(missing_docs)]
 

@@ -1,4 +1,6 @@
-//! Trace replay.
+#![doc = include_str!("../README.md")]
+//!
+//! ## Modules
 //!
 //! * [`trace`]: the allocation-trace model ([`Trace`], [`TraceEvent`]) and readers for the
 //!   text format and PyTorch memory snapshot pickles.
