@@ -15,11 +15,23 @@ for c in "${crates[@]}"; do
     done
 done
 
-cargo package --workspace --exclude xtask
-
-target=$(cargo metadata --no-deps --format-version 1 |
-    grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)
+# cargo verifies each .crate against the others through a temporary local
+# registry. It treats what comes from a registry as immutable, so a crate of
+# the same version packaged by an earlier run would be used stale, both as
+# unpacked sources ($CARGO_HOME/registry/src/-<hash>/, the directories of
+# local registries start with `-`) and as build artifacts: remove the former
+# and build in a target directory of its own, emptied first (its
+# dependencies build in about 20 s on two cores).
 version=$(grep -m1 '^version = ' Cargo.toml | cut -d'"' -f2)
+for c in "${crates[@]}"; do
+    rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/"$c-$version"
+done
+target=$(cargo metadata --no-deps --format-version 1 |
+    grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4)/package-check
+rm -rf "$target"
+
+CARGO_TARGET_DIR=$target cargo package --workspace --exclude xtask
+
 for c in "${crates[@]}"; do
     listing=$(tar -tzf "$target/package/$c-$version.crate")
     for f in LICENSE-MIT LICENSE-APACHE README.md; do
