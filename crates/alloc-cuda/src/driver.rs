@@ -2,6 +2,10 @@
 //! small function with the reason it is sound. Nothing else in this crate
 //! calls the driver except through cudarc's safe API.
 
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::OnceLock;
+
 use cudarc::driver::{result, sys, CudaContext};
 
 use crate::error::{driver_error, CudaError};
@@ -163,14 +167,35 @@ pub(crate) fn event_destroy(event: RawEvent) -> Result<(), CudaError> {
 // ----- Virtual memory management (expandable segments) -----
 
 /// A physical allocation from `cuMemCreate`, to be mapped into a reserved
-/// range and released with [`mem_release`].
+/// range and released with [`mem_release`]; with the POSIX file descriptor
+/// that [`export_fd`] made for it, if any, closed on release.
 #[derive(Debug)]
-pub(crate) struct PhysicalHandle(sys::CUmemGenericAllocationHandle);
+pub(crate) struct PhysicalHandle {
+    raw: sys::CUmemGenericAllocationHandle,
+    fd: OnceLock<OwnedFd>,
+}
 
-fn device_allocation_prop(device: i32) -> sys::CUmemAllocationProp {
+/// Whether physical allocations on `ctx`'s device can be exported as POSIX
+/// file descriptors (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`).
+pub(crate) fn posix_fd_supported(ctx: &CudaContext) -> bool {
+    ctx.attribute(
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+    )
+    .is_ok_and(|v| v != 0)
+}
+
+/// The properties of device memory on `device`; `shareable` requests POSIX
+/// file descriptor handles (as PyTorch's expandable segments do), so that
+/// pages can be shared with other processes.
+fn device_allocation_prop(device: i32, shareable: bool) -> sys::CUmemAllocationProp {
+    let handle_types = if shareable {
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    } else {
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE
+    };
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        requestedHandleTypes: handle_types,
         location: sys::CUmemLocation {
             type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -186,8 +211,8 @@ fn device_allocation_prop(device: i32) -> sys::CUmemAllocationProp {
 }
 
 /// `cuMemGetAllocationGranularity` (minimum) of device memory on `device`.
-pub(crate) fn vmm_granularity(device: i32) -> Result<u64, CudaError> {
-    let prop = device_allocation_prop(device);
+pub(crate) fn vmm_granularity(device: i32, shareable: bool) -> Result<u64, CudaError> {
+    let prop = device_allocation_prop(device, shareable);
     let mut granularity = 0usize;
     // SAFETY: both pointers are to live locals of the types the call expects;
     // it only writes the granularity.
@@ -221,15 +246,60 @@ pub(crate) fn address_free(addr: u64, size: u64) -> Result<(), CudaError> {
     })
 }
 
-/// `cuMemCreate`: `size` bytes of physical memory on `device`.
-pub(crate) fn mem_create(size: u64, device: i32) -> Result<PhysicalHandle, CudaError> {
-    let prop = device_allocation_prop(device);
+/// `cuMemCreate`: `size` bytes of physical memory on `device`, exportable
+/// as a POSIX file descriptor when `shareable`.
+pub(crate) fn mem_create(
+    size: u64,
+    device: i32,
+    shareable: bool,
+) -> Result<PhysicalHandle, CudaError> {
+    let prop = device_allocation_prop(device, shareable);
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: pointers to live locals; the handle is owned by the returned
     // value and released exactly once by `mem_release`.
     let code = unsafe { sys::cuMemCreate(&mut handle, size as usize, &prop, 0) };
     check("cuMemCreate", code)?;
-    Ok(PhysicalHandle(handle))
+    Ok(PhysicalHandle {
+        raw: handle,
+        fd: OnceLock::new(),
+    })
+}
+
+/// `cuMemExportToShareableHandle` as a POSIX file descriptor, made once per
+/// physical allocation and kept open (owned by `handle`) until
+/// [`mem_release`], so that other processes can duplicate it
+/// (`pidfd_getfd`) for as long as the memory exists. The allocation must
+/// have been created shareable.
+pub(crate) fn export_fd(handle: &PhysicalHandle) -> Result<RawFd, CudaError> {
+    if let Some(fd) = handle.fd.get() {
+        return Ok(fd.as_raw_fd());
+    }
+    let mut fd: c_int = -1;
+    // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the driver writes
+    // one `int` through the pointer, which points to a live local `c_int`;
+    // the handle is live (owned by `handle`, not yet released).
+    let code = unsafe {
+        sys::cuMemExportToShareableHandle(
+            (&mut fd as *mut c_int).cast(),
+            handle.raw,
+            sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    };
+    check("cuMemExportToShareableHandle", code)?;
+    if fd < 0 {
+        return Err(driver_error(
+            "cuMemExportToShareableHandle",
+            sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
+        ));
+    }
+    // SAFETY: the driver just opened `fd` for this process and hands its
+    // ownership to the caller; nothing else holds or closes it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Callers hold the allocator's lock, so no other export races this one;
+    // were it to, the second descriptor would be closed here.
+    let _ = handle.fd.set(owned);
+    Ok(handle.fd.get().map_or(fd, |f| f.as_raw_fd()))
 }
 
 /// `cuMemMap` of a whole physical allocation at `addr` (not yet accessible:
@@ -239,7 +309,7 @@ pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(
     // not mapped (the backend tracks every mapped page); `size` is the
     // handle's size.
     check("cuMemMap", unsafe {
-        sys::cuMemMap(addr, size as usize, 0, handle.0, 0)
+        sys::cuMemMap(addr, size as usize, 0, handle.raw, 0)
     })
 }
 
@@ -270,10 +340,14 @@ pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
     })
 }
 
-/// `cuMemRelease` of a physical allocation (after it is unmapped).
+/// `cuMemRelease` of a physical allocation (after it is unmapped), closing
+/// its exported file descriptor first: the memory goes back to the device
+/// once no other process holds it either.
 pub(crate) fn mem_release(handle: PhysicalHandle) -> Result<(), CudaError> {
+    let PhysicalHandle { raw, fd } = handle;
+    drop(fd);
     // SAFETY: consumes the handle, so it is released once.
-    check("cuMemRelease", unsafe { sys::cuMemRelease(handle.0) })
+    check("cuMemRelease", unsafe { sys::cuMemRelease(raw) })
 }
 
 /// `cuCtxSynchronize`: waits for all work in the current context. Unmapping

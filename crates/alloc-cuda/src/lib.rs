@@ -27,6 +27,12 @@
 //! Expandable segments (`expandable_segments:True`) grow one segment per
 //! stream and pool on the driver's virtual-memory API: see [`vmm`].
 //!
+//! A live block can be shared with another process (CUDA IPC):
+//! [`CudaAllocator::shared_range`] gives the memory shared for it (its
+//! `cuMemAlloc` segment, or the pages of an expandable segment under it) and
+//! [`CudaAllocator::export_pages`] exports those pages as POSIX file
+//! descriptors.
+//!
 //! All `unsafe` code sits at the CUDA boundary: the driver calls of the
 //! private `driver` module and the cudarc trait implementations of
 //! [`DeviceBuffer`].
@@ -48,6 +54,7 @@ mod buffer;
 mod driver;
 mod error;
 mod events;
+mod ipc;
 mod memory;
 pub mod vmm;
 
@@ -55,7 +62,9 @@ pub use allocator::{CudaAllocator, MAX_DEVICES};
 pub use buffer::{DeviceBuffer, Plain};
 pub use error::{CudaError, CUDARC_CALL};
 pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
+pub use ipc::SharedRange;
 pub use memory::CudaMemory;
+pub use vmm::SharedPages;
 
 pub use alloc_core::{Allocation, AllocatorConfig, Snapshot, Stats, StreamId};
 pub use cudarc;

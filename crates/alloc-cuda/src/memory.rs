@@ -7,7 +7,7 @@ use cudarc::driver::CudaContext;
 
 use crate::driver;
 use crate::error::CudaError;
-use crate::vmm::VmmMappings;
+use crate::vmm::{SharedPages, VmmMappings};
 
 /// Segments of one device's primary context. Capacity is read once
 /// (`cuMemGetInfo`'s total); free bytes are read on demand (OOM reports).
@@ -24,13 +24,23 @@ impl CudaMemory {
         driver::bind(&ctx)?;
         let (_, total) = driver::mem_get_info()?;
         let device = ctx.ordinal() as i32;
+        // Pages are made exportable (for CUDA IPC) where the device can
+        // export POSIX file descriptors, as PyTorch's expandable segments are.
+        let mut shareable = driver::posix_fd_supported(&ctx);
         // A device without virtual-memory support reports an error here:
         // growable segments are then unavailable (granularity 0).
-        let granularity = driver::vmm_granularity(device).unwrap_or(0);
+        let granularity = match driver::vmm_granularity(device, shareable) {
+            Ok(g) => g,
+            Err(_) if shareable => {
+                shareable = false;
+                driver::vmm_granularity(device, false).unwrap_or(0)
+            }
+            Err(_) => 0,
+        };
         Ok(CudaMemory {
             ctx,
             capacity: total,
-            vmm: VmmMappings::new(device, granularity),
+            vmm: VmmMappings::new(device, granularity, shareable),
         })
     }
 
@@ -43,6 +53,12 @@ impl CudaMemory {
     /// The growable ranges (expandable segments).
     pub fn vmm(&self) -> &VmmMappings {
         &self.vmm
+    }
+
+    /// [`VmmMappings::export_pages`] with this device's context current.
+    pub fn export_pages(&self, addr: u64, size: u64) -> Result<SharedPages, CudaError> {
+        driver::bind(&self.ctx)?;
+        self.vmm.export_pages(addr, size)
     }
 
     /// The context segments are allocated in.

@@ -17,17 +17,44 @@
 //! allocation goes to the next mapping (the driver allows one allocation to be
 //! mapped at two addresses) while the old address stays mapped for the queued
 //! work, until the engine knows that work is done and drops it.
+//!
+//! Pages are created exportable as POSIX file descriptors where the device
+//! supports it (as PyTorch's expandable segments are), so that a block can be
+//! shared with another process: [`VmmMappings::export_pages`] exports the
+//! pages under it, each once, and keeps the descriptor open until the
+//! page's physical memory is released. The driver maps a physical
+//! allocation only whole, so what is shared is always whole pages.
 
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+
+use cudarc::driver::sys::CUresult;
 
 use crate::driver::{self, PhysicalHandle};
 use crate::error::CudaError;
+
+/// Pages of an expandable segment exported for another process
+/// ([`VmmMappings::export_pages`]): PyTorch's `'e'` IPC handle carries the
+/// page size and the descriptors, and its offset is counted from `first`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPages {
+    /// Address of the first page.
+    pub first: u64,
+    /// Bytes of every page.
+    pub page: u64,
+    /// One POSIX file descriptor of this process per page, in address
+    /// order; owned by the allocator (open until the page's memory is
+    /// released), never to be closed by the caller.
+    pub fds: Vec<RawFd>,
+}
 
 /// Reserved ranges and the physical pages mapped into them.
 #[derive(Debug, Default)]
 pub struct VmmMappings {
     granularity: u64,
     device: i32,
+    /// Pages are created exportable as POSIX file descriptors.
+    shareable: bool,
     /// Reserved ranges: start -> (size, page size).
     ranges: BTreeMap<u64, (u64, u64)>,
     /// Mapped pages by address, with their size.
@@ -45,12 +72,67 @@ pub struct VmmMappings {
 impl VmmMappings {
     /// Mappings for `device` at the driver's minimum granularity; a
     /// granularity of 0 means the device has no virtual-memory support.
-    pub(crate) fn new(device: i32, granularity: u64) -> Self {
+    /// `shareable`: create pages exportable as POSIX file descriptors.
+    pub(crate) fn new(device: i32, granularity: u64, shareable: bool) -> Self {
         VmmMappings {
             granularity,
             device,
+            shareable,
             ..VmmMappings::default()
         }
+    }
+
+    /// Whether pages can be shared with other processes
+    /// ([`VmmMappings::export_pages`]).
+    pub fn shareable(&self) -> bool {
+        self.shareable
+    }
+
+    /// The whole pages that cover `[addr, addr + size)`, which must lie in
+    /// one reserved range: `(first page address, page size, page count)`.
+    pub fn covering_pages(&self, addr: u64, size: u64) -> Result<(u64, u64, u64), CudaError> {
+        let outside = CudaError::Unsupported(
+            "the memory is not inside one reserved range of an expandable segment",
+        );
+        let end = addr.checked_add(size.max(1)).ok_or(outside.clone())?;
+        let (&start, &(len, page)) = self
+            .ranges
+            .range(..=addr)
+            .next_back()
+            .ok_or(outside.clone())?;
+        if end > start + len {
+            return Err(outside);
+        }
+        let first = start + (addr - start) / page * page;
+        let last = start + (end - start).div_ceil(page) * page;
+        Ok((first, page, (last - first) / page))
+    }
+
+    /// The pages covering `[addr, addr + size)` ([`VmmMappings::covering_pages`])
+    /// as POSIX file descriptors of this process, one per page in address
+    /// order. Each page's physical allocation is exported once; its
+    /// descriptor stays open, owned here, until that memory is released
+    /// (callers must not close it). Every page must be mapped.
+    pub fn export_pages(&self, addr: u64, size: u64) -> Result<SharedPages, CudaError> {
+        if !self.shareable {
+            return Err(CudaError::Unsupported(
+                "memory of this device is not exportable as POSIX file descriptors (the \
+                 device lacks CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, \
+                 or cuMemCreate refused such memory): share tensors allocated with \
+                 expandable_segments:False",
+            ));
+        }
+        let (first, page, count) = self.covering_pages(addr, size)?;
+        let mut fds = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let Some((handle, _)) = self.pages.get(&(first + i * page)) else {
+                return Err(CudaError::Unsupported(
+                    "a page under the memory to share is not mapped",
+                ));
+            };
+            fds.push(driver::export_fd(handle)?);
+        }
+        Ok(SharedPages { first, page, fds })
     }
 
     /// The driver's minimum page size (0 when unsupported).
@@ -115,7 +197,7 @@ impl VmmMappings {
         for (i, &at) in pages.iter().enumerate() {
             let handle = match self.spare.get_mut(&page).and_then(Vec::pop) {
                 Some(h) => Ok(h),
-                None => driver::mem_create(page, self.device),
+                None => self.create(page),
             };
             let mapped = handle.and_then(|handle| match driver::mem_map(at, page, &handle) {
                 Ok(()) => Ok(handle),
@@ -140,6 +222,21 @@ impl VmmMappings {
             return Err(e);
         }
         Ok(())
+    }
+
+    /// A new physical page. Should the driver refuse exportable memory
+    /// (anything but out of memory), pages are made without it from then
+    /// on: allocation must not fail for the sake of sharing.
+    fn create(&mut self, page: u64) -> Result<PhysicalHandle, CudaError> {
+        match driver::mem_create(page, self.device, self.shareable) {
+            Err(CudaError::Driver { code, .. })
+                if self.shareable && code != CUresult::CUDA_ERROR_OUT_OF_MEMORY =>
+            {
+                self.shareable = false;
+                driver::mem_create(page, self.device, false)
+            }
+            created => created,
+        }
     }
 
     /// Unmaps and releases the pages over `[addr, addr + size)`, after
@@ -246,5 +343,55 @@ impl VmmMappings {
         driver::address_free(addr, size)?;
         self.ranges.remove(&addr);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Mappings with one reserved range of 64 MiB at 1 GiB in `page`-byte
+    /// pages (no driver call: the range is entered directly).
+    fn with_range(page: u64, shareable: bool) -> VmmMappings {
+        let mut m = VmmMappings::new(0, 2 * MIB, shareable);
+        m.ranges.insert(1 << 30, (64 * MIB, page));
+        m
+    }
+
+    #[test]
+    fn covering_pages_are_the_whole_pages_under_a_span() {
+        let m = with_range(2 * MIB, true);
+        let base = 1u64 << 30;
+        assert_eq!(m.covering_pages(base, 512), Ok((base, 2 * MIB, 1)));
+        assert_eq!(m.covering_pages(base, 2 * MIB), Ok((base, 2 * MIB, 1)));
+        assert_eq!(m.covering_pages(base, 2 * MIB + 1), Ok((base, 2 * MIB, 2)));
+        // A block starting inside a page, ending inside another.
+        let at = base + 3 * MIB + 512;
+        assert_eq!(
+            m.covering_pages(at, 11 * MIB),
+            Ok((base + 2 * MIB, 2 * MIB, 7))
+        );
+        let m = with_range(8 * MIB, true);
+        assert_eq!(m.covering_pages(at, 11 * MIB), Ok((base, 8 * MIB, 2)));
+        // Outside the range, or past its end.
+        assert!(m.covering_pages(base - 1, 16).is_err());
+        assert!(m.covering_pages(base + 64 * MIB - 16, 32).is_err());
+        assert!(m.covering_pages(u64::MAX - 4, 16).is_err());
+    }
+
+    #[test]
+    fn export_needs_exportable_and_mapped_pages() {
+        let base = 1u64 << 30;
+        let e = with_range(2 * MIB, false)
+            .export_pages(base, 4096)
+            .unwrap_err();
+        assert!(e.to_string().contains("expandable_segments:False"), "{e}");
+        // Nothing mapped: an error before any driver call.
+        let e = with_range(2 * MIB, true)
+            .export_pages(base, 4096)
+            .unwrap_err();
+        assert!(e.to_string().contains("not mapped"), "{e}");
     }
 }

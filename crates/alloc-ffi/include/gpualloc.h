@@ -21,7 +21,7 @@
 #define GPUALLOC_H
 
 #include <stdint.h> /* uint64_t */
-#include <sys/types.h> /* ssize_t */
+#include <sys/types.h> /* ssize_t, size_t */
 
 #ifndef __DRIVER_TYPES_H__
 /* The same typedef as CUDA's driver_types.h (included by cuda_runtime.h). */
@@ -150,6 +150,28 @@ int gpualloc_write_snapshot(const char* path, int device);
  * snapshots' device_traces, keeping the last `max_entries` per device (<= 0: 100000).
  * Starting clears earlier entries. */
 int gpualloc_record_history(int enabled, ssize_t max_entries);
+
+/* CUDA IPC: the memory shared with another process for the live block containing
+ * `ptr` (PyTorch's getBaseAllocation). *expandable = 0: the block's cuMemAlloc
+ * segment, [*base, *base + *size), shared whole through cudaIpcGetMemHandle(*base)
+ * at offset ptr - *base (PyTorch's 'c' handle). *expandable = 1: the whole pages of
+ * an expandable segment that cover the block, [*base, *base + *size), shared through
+ * gpualloc_export_pages at offset ptr - *base ('e' handle). `device` is searched
+ * first, then every other device in use (-1: all). A pointer that is not in a live
+ * block of gpualloc, or a NULL out-pointer, is GPUALLOC_ERR_INVALID. */
+int gpualloc_block_segment(void* ptr, int device, uint64_t* base, uint64_t* size, int* expandable);
+
+/* CUDA IPC of a block of an expandable segment: the pages that cover the live block
+ * containing `ptr`, every one *page_size bytes, from *first_page_addr on, as *n_fds
+ * POSIX file descriptors of this process written to fds[0..*n_fds] in address order
+ * (cuMemExportToShareableHandle; a receiver duplicates them with pidfd_getfd, as
+ * PyTorch's 'e' handle requires). Each page is exported once; its descriptor stays
+ * open, owned by the library, until the page's memory is released: never close it.
+ * fds = NULL with max_fds = 0 only reports the three values. Fewer than *n_fds slots,
+ * a block of a cuMemAlloc segment (use gpualloc_block_segment), an unknown pointer or
+ * a device whose memory cannot be exported: a negative code, *n_fds still set when
+ * known. `device` as in gpualloc_block_segment. */
+int gpualloc_export_pages(void* ptr, int device, uint64_t* first_page_addr, uint64_t* page_size, int* fds, size_t max_fds, size_t* n_fds);
 
 /* The message of the last failed call on this thread, or NULL. The int functions
  * clear it when they succeed (so does gpualloc_malloc of 0 bytes); a successful

@@ -306,6 +306,48 @@ pub const API: &[ApiFn] = &[
               Starting clears earlier entries.",
     },
     ApiFn {
+        ret: "int",
+        name: "gpualloc_block_segment",
+        params: &[
+            ("void*", "ptr"),
+            ("int", "device"),
+            ("uint64_t*", "base"),
+            ("uint64_t*", "size"),
+            ("int*", "expandable"),
+        ],
+        doc: "CUDA IPC: the memory shared with another process for the live block containing\n\
+              `ptr` (PyTorch's getBaseAllocation). *expandable = 0: the block's cuMemAlloc\n\
+              segment, [*base, *base + *size), shared whole through cudaIpcGetMemHandle(*base)\n\
+              at offset ptr - *base (PyTorch's 'c' handle). *expandable = 1: the whole pages of\n\
+              an expandable segment that cover the block, [*base, *base + *size), shared through\n\
+              gpualloc_export_pages at offset ptr - *base ('e' handle). `device` is searched\n\
+              first, then every other device in use (-1: all). A pointer that is not in a live\n\
+              block of gpualloc, or a NULL out-pointer, is GPUALLOC_ERR_INVALID.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_export_pages",
+        params: &[
+            ("void*", "ptr"),
+            ("int", "device"),
+            ("uint64_t*", "first_page_addr"),
+            ("uint64_t*", "page_size"),
+            ("int*", "fds"),
+            ("size_t", "max_fds"),
+            ("size_t*", "n_fds"),
+        ],
+        doc: "CUDA IPC of a block of an expandable segment: the pages that cover the live block\n\
+              containing `ptr`, every one *page_size bytes, from *first_page_addr on, as *n_fds\n\
+              POSIX file descriptors of this process written to fds[0..*n_fds] in address order\n\
+              (cuMemExportToShareableHandle; a receiver duplicates them with pidfd_getfd, as\n\
+              PyTorch's 'e' handle requires). Each page is exported once; its descriptor stays\n\
+              open, owned by the library, until the page's memory is released: never close it.\n\
+              fds = NULL with max_fds = 0 only reports the three values. Fewer than *n_fds slots,\n\
+              a block of a cuMemAlloc segment (use gpualloc_block_segment), an unknown pointer or\n\
+              a device whose memory cannot be exported: a negative code, *n_fds still set when\n\
+              known. `device` as in gpualloc_block_segment.",
+    },
+    ApiFn {
         ret: "const char*",
         name: "gpualloc_last_error",
         params: &[],
@@ -354,7 +396,7 @@ const PREAMBLE: &[&str] = &[
     "#define GPUALLOC_H",
     "",
     "#include <stdint.h> /* uint64_t */",
-    "#include <sys/types.h> /* ssize_t */",
+    "#include <sys/types.h> /* ssize_t, size_t */",
     "",
     "#ifndef __DRIVER_TYPES_H__",
     "/* The same typedef as CUDA's driver_types.h (included by cuda_runtime.h). */",

@@ -51,6 +51,7 @@
 
 pub mod api;
 mod checkpoint;
+mod ipc;
 pub mod snapshot;
 mod state;
 

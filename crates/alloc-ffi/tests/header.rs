@@ -65,6 +65,7 @@ fn c_type(rust: &str) -> String {
         "*const u64" => "const uint64_t*",
         "*mut *mut u64" => "uint64_t**",
         "*mut usize" => "size_t*",
+        "*mut c_int" => "int*",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
         "*const c_char" => "const char*",
