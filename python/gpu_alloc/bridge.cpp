@@ -36,6 +36,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bridge_history.h"
+#include "bridge_ipc.h"
 #include "bridge_testing.h"
 
 namespace gpu_alloc_bridge {
@@ -75,6 +76,8 @@ struct Api {
   int (*pool_live_allocations_are)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   const char* (*last_error)();
   int (*last_error_code)();
+  int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
+  int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
 };
 
 Api api;
@@ -210,8 +213,8 @@ class Bridge : public CUDAAllocator {
     return {};
   }
 
-  void* getBaseAllocation(void* /*ptr*/, size_t* /*size*/) override {
-    unsupported("getBaseAllocation (CUDA IPC of tensors)");
+  void* getBaseAllocation(void* ptr, size_t* size) override {
+    return ipc::base_allocation({api.block_segment, api.export_pages, api.last_error}, ptr, size);
   }
 
   // ---------------------------------------------------------------- streams
@@ -395,12 +398,12 @@ class Bridge : public CUDAAllocator {
   }
 
   // ---------------------------------------------------------------- not supported
-  std::shared_ptr<void> getIpcDevPtr(std::string /*handle*/) override {
-    unsupported("CUDA IPC (getIpcDevPtr)");
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    return ipc::open_handle(handle);
   }
 
-  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* /*ptr*/) override {
-    unsupported("CUDA IPC (shareIpcHandle)");
+  c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
+    return ipc::share_handle({api.block_segment, api.export_pages, api.last_error}, ptr);
   }
 
   // ---------------------------------------------------------------- CUDA graph trees
@@ -681,6 +684,8 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_pool_live_allocations_are", api.pool_live_allocations_are);
   resolve(lib, "gpualloc_last_error", api.last_error);
   resolve(lib, "gpualloc_last_error_code", api.last_error_code);
+  resolve(lib, "gpualloc_block_segment", api.block_segment);
+  resolve(lib, "gpualloc_export_pages", api.export_pages);
   auto bridge = std::make_shared<Bridge>();
   // Raises "Can't swap an already initialized allocator" when CUDA memory
   // is already in use.

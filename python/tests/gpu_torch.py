@@ -368,6 +368,16 @@ def scenario_trace_tracker():
     return _gpu_scenario("trace_tracker")
 
 
+def scenario_ipc_share():
+    """python/tests/gpu_scenarios/ipc_share.py: every sender/receiver case, each in
+    processes of its own (torch.multiprocessing spawns the receivers)."""
+    script = os.path.join(HERE, "gpu_scenarios", "ipc_share.py")
+    r = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=1800)
+    sys.stdout.write(r.stdout)
+    check(r.returncode == 0, "IPC cases failed:\n" + r.stdout[-3000:] + r.stderr[-2000:])
+    return [l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1][len("RESULT "):]
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc

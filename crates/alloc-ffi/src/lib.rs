@@ -61,11 +61,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use alloc_core::{AllocError, PoolId};
 use alloc_cuda::{CudaAllocator, CudaError};
 
-use state::{CtxGuard, FfiResult};
 pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,
 };
+use state::{CtxGuard, FfiResult};
 pub use state::{FfiError, ENV_CONF};
 
 /// `cudaStream_t`: an opaque stream handle (`0` is the legacy default stream).

@@ -33,7 +33,10 @@ fn null_arguments_are_invalid_and_frees_of_null_are_no_ops() {
     };
     assert_eq!(code, GPUALLOC_ERR_INVALID);
     assert!(last_error().contains("NULL"), "{}", last_error());
-    assert!(freed.is_null() && made.is_null(), "nothing written on error");
+    assert!(
+        freed.is_null() && made.is_null(),
+        "nothing written on error"
+    );
     // SAFETY: NULL handles are documented no-ops.
     unsafe {
         gpualloc_pool_checkpoint_free(std::ptr::null_mut());
@@ -50,5 +53,9 @@ fn pool_zero_is_refused_and_expected_must_not_be_null() {
     // SAFETY: a NULL `expected` with n > 0 must be refused, not read.
     let code = unsafe { gpualloc_pool_live_allocations_are(0, 1, 2, std::ptr::null(), 3) };
     assert_eq!(code, GPUALLOC_ERR_INVALID);
-    assert!(last_error().contains("expected is NULL"), "{}", last_error());
+    assert!(
+        last_error().contains("expected is NULL"),
+        "{}",
+        last_error()
+    );
 }

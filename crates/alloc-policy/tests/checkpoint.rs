@@ -151,7 +151,7 @@ fn random_histories_restore_exactly() {
                 if step == 40 {
                     cp = Some(e.checkpoint_pool(POOL).unwrap());
                 }
-                if live.is_empty() || rng.next() % 3 != 0 {
+                if live.is_empty() || !rng.next().is_multiple_of(3) {
                     let size = match rng.next() % 4 {
                         0 => 1 + rng.next() % (64 << 10),
                         1 => 1 + rng.next() % (2 * MIB),
