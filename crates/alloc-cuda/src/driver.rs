@@ -13,7 +13,6 @@ use crate::error::{driver_error, CudaError};
 /// Whether `libcuda` can be loaded; checked once per process.
 #[cfg(feature = "dynamic-loading")]
 pub(crate) fn driver_present() -> bool {
-    use std::sync::OnceLock;
     static PRESENT: OnceLock<bool> = OnceLock::new();
     // SAFETY: only tries `dlopen` on the driver's library names and closes
     // what it opened; loading the NVIDIA driver library is what any CUDA
@@ -184,6 +183,26 @@ pub(crate) fn posix_fd_supported(ctx: &CudaContext) -> bool {
     .is_ok_and(|v| v != 0)
 }
 
+/// The `CUmemLocation` of `device`. Its C layout is the same in every CUDA
+/// version (the location type, then the device id), but cudarc's bindings
+/// name the id differently (a field up to CUDA 13.1, a union member from
+/// 13.2), so it is built through a copy of that layout rather than by name.
+fn device_location(device: i32) -> sys::CUmemLocation {
+    #[repr(C)]
+    struct Location {
+        type_: sys::CUmemLocationType,
+        id: std::ffi::c_int,
+    }
+    let location = Location {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    };
+    // SAFETY: `Location` is `CUmemLocation`'s C layout in every CUDA version
+    // (transmute checks that the sizes agree), with a valid location type
+    // and an int for the id.
+    unsafe { std::mem::transmute::<Location, sys::CUmemLocation>(location) }
+}
+
 /// The properties of device memory on `device`; `shareable` requests POSIX
 /// file descriptor handles (as PyTorch's expandable segments do), so that
 /// pages can be shared with other processes.
@@ -196,10 +215,7 @@ fn device_allocation_prop(device: i32, shareable: bool) -> sys::CUmemAllocationP
     sys::CUmemAllocationProp {
         type_: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: handle_types,
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: device,
-        },
+        location: device_location(device),
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: sys::CUmemAllocationProp_st__bindgen_ty_1 {
             compressionType: 0,
@@ -318,10 +334,7 @@ pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(
 /// PyTorch's expandable segments do).
 pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), CudaError> {
     let access = sys::CUmemAccessDesc {
-        location: sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: device,
-        },
+        location: device_location(device),
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     // SAFETY: the whole range is mapped (the caller mapped every page of
