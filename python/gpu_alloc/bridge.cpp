@@ -76,6 +76,7 @@ struct Api {
   int (*pool_live_allocations_are)(int, uint64_t, uint64_t, const uint64_t*, size_t);
   const char* (*last_error)();
   int (*last_error_code)();
+  int (*set_segment_callback)(void (*)(int, int, uint64_t, uint64_t));
   int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
   int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
 };
@@ -654,6 +655,20 @@ void bridge_delete(void* ptr) {
   api.free(ptr, 0, device, nullptr);
 }
 
+// Segment events from the library (GPUALLOC_SEGMENT_ALLOC, _FREE, _MAP,
+// _UNMAP), recorded and passed to the trace trackers as PyTorch does. Called
+// with the library's lock held: records only, never calls back into it.
+void on_segment_event(int device, int action, uint64_t addr, uint64_t size) {
+  using Action = c10::CachingDeviceAllocator::TraceEntry::Action;
+  static constexpr Action actions[] = {Action::SEGMENT_ALLOC, Action::SEGMENT_FREE,
+                                       Action::SEGMENT_MAP, Action::SEGMENT_UNMAP};
+  if (action < 0 || action > 3 || !history.watching()) {
+    return;
+  }
+  history.on_segment(actions[action], static_cast<c10::DeviceIndex>(device), addr, size,
+                     nullptr, MempoolId_t{0, 0});
+}
+
 std::shared_ptr<Bridge> installed;
 
 // Opens the library and makes the bridge PyTorch's CUDA allocator. Must run
@@ -684,8 +699,10 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_pool_live_allocations_are", api.pool_live_allocations_are);
   resolve(lib, "gpualloc_last_error", api.last_error);
   resolve(lib, "gpualloc_last_error_code", api.last_error_code);
+  resolve(lib, "gpualloc_set_segment_callback", api.set_segment_callback);
   resolve(lib, "gpualloc_block_segment", api.block_segment);
   resolve(lib, "gpualloc_export_pages", api.export_pages);
+  check(api.set_segment_callback(&on_segment_event), "set_segment_callback");
   auto bridge = std::make_shared<Bridge>();
   // Raises "Can't swap an already initialized allocator" when CUDA memory
   // is already in use.

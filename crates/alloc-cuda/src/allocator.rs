@@ -14,6 +14,7 @@ use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats};
 use crate::memory::CudaMemory;
+use crate::observer::{ObserverSlot, SegmentObserver};
 use crate::{stream_id, CudaEngine};
 
 /// Highest number of devices [`CudaAllocator::global`] serves.
@@ -28,6 +29,7 @@ struct Inner {
     ctx: Arc<CudaContext>,
     config: AllocatorConfig,
     engine: Mutex<CudaEngine>,
+    observer: ObserverSlot,
 }
 
 impl Drop for Inner {
@@ -91,7 +93,8 @@ impl CudaAllocator {
         }
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
-        let memory = CudaMemory::new(ctx.clone())?;
+        let observer = ObserverSlot::default();
+        let memory = CudaMemory::new(ctx.clone(), observer.clone())?;
         if config.expandable_segments && memory.growth_granularity() == 0 {
             return Err(CudaError::Unsupported(
                 "expandable_segments:true needs virtual memory management, which this device lacks",
@@ -105,6 +108,7 @@ impl CudaAllocator {
                 ctx,
                 config: config.clone(),
                 engine: Mutex::new(engine),
+                observer,
             }),
         })
     }
@@ -261,6 +265,13 @@ impl CudaAllocator {
     /// idle segments go back to the driver.
     pub fn release_pool(&self, pool: PoolId) -> Result<(), CudaError> {
         Ok(self.engine()?.release_pool(pool)?)
+    }
+
+    /// Reports every later segment allocation, free, mapping and unmapping
+    /// of this allocator to `observer` (`None` stops it). The observer runs
+    /// with the allocator's lock held and must not call back into it.
+    pub fn set_segment_observer(&self, observer: Option<SegmentObserver>) {
+        self.inner.observer.set(observer);
     }
 
     /// Holders of `pool`.

@@ -56,6 +56,7 @@ mod error;
 mod events;
 mod ipc;
 mod memory;
+mod observer;
 pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
@@ -64,6 +65,7 @@ pub use error::{CudaError, CUDARC_CALL};
 pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
 pub use ipc::SharedRange;
 pub use memory::CudaMemory;
+pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
 pub use vmm::SharedPages;
 
 pub use alloc_core::{Allocation, AllocatorConfig, Snapshot, Stats, StreamId};

@@ -7,6 +7,7 @@ use cudarc::driver::CudaContext;
 
 use crate::driver;
 use crate::error::CudaError;
+use crate::observer::{ObserverSlot, SegmentAction, SegmentEvent};
 use crate::vmm::{SharedPages, VmmMappings};
 
 /// Segments of one device's primary context. Capacity is read once
@@ -17,10 +18,11 @@ pub struct CudaMemory {
     ctx: Arc<CudaContext>,
     capacity: u64,
     vmm: VmmMappings,
+    observer: ObserverSlot,
 }
 
 impl CudaMemory {
-    pub(crate) fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
+    pub(crate) fn new(ctx: Arc<CudaContext>, observer: ObserverSlot) -> Result<Self, CudaError> {
         driver::bind(&ctx)?;
         let (_, total) = driver::mem_get_info()?;
         let device = ctx.ordinal() as i32;
@@ -41,7 +43,19 @@ impl CudaMemory {
             ctx,
             capacity: total,
             vmm: VmmMappings::new(device, granularity, shareable),
+            observer,
         })
+    }
+
+    /// Reports a segment event after a successful driver call.
+    fn report<T>(&self, action: SegmentAction, addr: u64, size: u64, done: T) -> T {
+        self.observer.notify(SegmentEvent {
+            device: self.ctx.ordinal(),
+            action,
+            addr,
+            size,
+        });
+        done
     }
 
     /// `(free, total)` bytes of the device, from `cuMemGetInfo`.
@@ -70,12 +84,14 @@ impl CudaMemory {
 impl MemoryBackend for CudaMemory {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(driver::mem_alloc(size)?)
+        let addr = driver::mem_alloc(size)?;
+        Ok(self.report(SegmentAction::Alloc, addr, size, addr))
     }
 
-    fn free(&mut self, addr: u64, _size: u64) -> Result<(), BackendError> {
+    fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(driver::mem_free(addr)?)
+        driver::mem_free(addr)?;
+        Ok(self.report(SegmentAction::Free, addr, size, ()))
     }
 
     fn capacity(&self) -> u64 {
@@ -98,17 +114,20 @@ impl MemoryBackend for CudaMemory {
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.map(addr, size)?)
+        self.vmm.map(addr, size)?;
+        Ok(self.report(SegmentAction::Map, addr, size, ()))
     }
 
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.unmap(addr, size)?)
+        self.vmm.unmap(addr, size)?;
+        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
     }
 
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.unmap_idle(addr, size)?)
+        self.vmm.unmap_idle(addr, size)?;
+        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
     }
 
     fn can_detach(&self) -> bool {
@@ -121,7 +140,8 @@ impl MemoryBackend for CudaMemory {
 
     fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.unmap_detached(addr, size)?)
+        self.vmm.unmap_detached(addr, size)?;
+        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
     }
 
     fn release_spare(&mut self) -> Result<(), BackendError> {

@@ -866,3 +866,43 @@ fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
     drop((y, z, w));
     assert_drained(&alloc);
 }
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn segment_events_reach_the_observer() {
+    use alloc_cuda::{SegmentAction, SegmentEvent};
+    use std::sync::Mutex;
+
+    for config in ["", "expandable_segments:True"] {
+        let alloc = allocator(config);
+        let seen: Arc<Mutex<Vec<SegmentEvent>>> = Arc::default();
+        let sink = seen.clone();
+        alloc.set_segment_observer(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+        let stream = new_stream(&alloc);
+        let ptr = alloc.malloc(48 * MIB, &stream).unwrap();
+        alloc.free(ptr).unwrap();
+        alloc.empty_cache().unwrap();
+        alloc.set_segment_observer(None);
+        let again = alloc.malloc(MIB, &stream).unwrap(); // not observed any more
+        alloc.free(again).unwrap();
+        let events = seen.lock().unwrap().clone();
+        let (made, gone) = if config.is_empty() {
+            (SegmentAction::Alloc, SegmentAction::Free)
+        } else {
+            (SegmentAction::Map, SegmentAction::Unmap)
+        };
+        let bytes = |action| -> u64 {
+            events
+                .iter()
+                .filter(|e| e.action == action)
+                .map(|e| e.size)
+                .sum()
+        };
+        assert!(
+            bytes(made) >= 48 * MIB && bytes(made) == bytes(gone),
+            "`{config}`: {events:?}"
+        );
+        assert!(events.iter().all(|e| e.device == 0 && e.addr != 0));
+        assert_drained(&alloc);
+    }
+}

@@ -28,6 +28,10 @@
 typedef struct CUstream_st* cudaStream_t;
 #endif
 
+/* The callback of gpualloc_set_segment_callback (action: GPUALLOC_SEGMENT_*). */
+typedef void (*gpualloc_segment_callback)(int device, int action, uint64_t addr,
+                                          uint64_t size);
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -38,6 +42,10 @@ extern "C" {
 #define GPUALLOC_ERR_CUDA (-3) /* CUDA driver failure, no driver, or no such device */
 #define GPUALLOC_ERR_TOO_LATE (-4) /* gpualloc_configure after the allocator was first used */
 #define GPUALLOC_ERR_INTERNAL (-5) /* internal error (caught panic, poisoned lock): a bug */
+#define GPUALLOC_SEGMENT_ALLOC (0) /* a segment was allocated (cuMemAlloc) */
+#define GPUALLOC_SEGMENT_FREE (1) /* a segment was freed (cuMemFree) */
+#define GPUALLOC_SEGMENT_MAP (2) /* pages were mapped into an expandable segment */
+#define GPUALLOC_SEGMENT_UNMAP (3) /* pages of an expandable segment were unmapped */
 
 /* Allocates `size` bytes on `device` for use on `stream` (the allocation function
  * of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the
@@ -172,6 +180,13 @@ int gpualloc_block_segment(void* ptr, int device, uint64_t* base, uint64_t* size
  * a device whose memory cannot be exported: a negative code, *n_fds still set when
  * known. `device` as in gpualloc_block_segment. */
 int gpualloc_export_pages(void* ptr, int device, uint64_t* first_page_addr, uint64_t* page_size, int* fds, size_t max_fds, size_t* n_fds);
+
+/* Registers the callback told of every later segment event of every device: action
+ * GPUALLOC_SEGMENT_ALLOC / _FREE (cuMemAlloc / cuMemFree) or _MAP / _UNMAP (pages of
+ * an expandable segment), with the range's address and size. NULL: none. It runs
+ * with the device's allocator lock held: it must not call into this library, and
+ * must not throw or unwind. */
+int gpualloc_set_segment_callback(gpualloc_segment_callback callback);
 
 /* The message of the last failed call on this thread, or NULL. The int functions
  * clear it when they succeed (so does gpualloc_malloc of 0 bytes); a successful

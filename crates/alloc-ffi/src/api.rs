@@ -348,6 +348,16 @@ pub const API: &[ApiFn] = &[
               known. `device` as in gpualloc_block_segment.",
     },
     ApiFn {
+        ret: "int",
+        name: "gpualloc_set_segment_callback",
+        params: &[("gpualloc_segment_callback", "callback")],
+        doc: "Registers the callback told of every later segment event of every device: action\n\
+              GPUALLOC_SEGMENT_ALLOC / _FREE (cuMemAlloc / cuMemFree) or _MAP / _UNMAP (pages of\n\
+              an expandable segment), with the range's address and size. NULL: none. It runs\n\
+              with the device's allocator lock held: it must not call into this library, and\n\
+              must not throw or unwind.",
+    },
+    ApiFn {
         ret: "const char*",
         name: "gpualloc_last_error",
         params: &[],
@@ -369,6 +379,31 @@ pub const API: &[ApiFn] = &[
         params: &[],
         doc: "The library version (static string).",
     },
+];
+
+/// The segment event actions of `gpualloc_set_segment_callback`, as
+/// `(name, value, meaning)`.
+pub const SEGMENT_ACTIONS: &[(&str, i32, &str)] = &[
+    (
+        "GPUALLOC_SEGMENT_ALLOC",
+        crate::GPUALLOC_SEGMENT_ALLOC,
+        "a segment was allocated (cuMemAlloc)",
+    ),
+    (
+        "GPUALLOC_SEGMENT_FREE",
+        crate::GPUALLOC_SEGMENT_FREE,
+        "a segment was freed (cuMemFree)",
+    ),
+    (
+        "GPUALLOC_SEGMENT_MAP",
+        crate::GPUALLOC_SEGMENT_MAP,
+        "pages were mapped into an expandable segment",
+    ),
+    (
+        "GPUALLOC_SEGMENT_UNMAP",
+        crate::GPUALLOC_SEGMENT_UNMAP,
+        "pages of an expandable segment were unmapped",
+    ),
 ];
 
 /// The header's first lines (comment, guards, types).
@@ -403,6 +438,10 @@ const PREAMBLE: &[&str] = &[
     "typedef struct CUstream_st* cudaStream_t;",
     "#endif",
     "",
+    "/* The callback of gpualloc_set_segment_callback (action: GPUALLOC_SEGMENT_*). */",
+    "typedef void (*gpualloc_segment_callback)(int device, int action, uint64_t addr,",
+    "                                          uint64_t size);",
+    "",
     "#ifdef __cplusplus",
     "extern \"C\" {",
     "#endif",
@@ -416,7 +455,7 @@ pub fn header_text() -> String {
         h.push_str(line);
         h.push('\n');
     }
-    for (name, value, meaning) in CODES {
+    for (name, value, meaning) in CODES.iter().chain(SEGMENT_ACTIONS) {
         h.push_str(&format!("#define {name} ({value}) /* {meaning} */\n"));
     }
     h.push('\n');

@@ -52,6 +52,7 @@
 pub mod api;
 mod checkpoint;
 mod ipc;
+mod segments;
 pub mod snapshot;
 mod state;
 
@@ -64,6 +65,10 @@ use alloc_cuda::{CudaAllocator, CudaError};
 pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,
+};
+pub use segments::{
+    gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,
+    GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,
 };
 use state::{CtxGuard, FfiResult};
 pub use state::{FfiError, ENV_CONF};

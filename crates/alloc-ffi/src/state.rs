@@ -250,6 +250,7 @@ fn create(d: usize) -> FfiResult<&'static CudaAllocator> {
     // it current on this thread: restore the caller's context afterwards.
     let _ctx = CtxGuard::save_if_driver_loaded();
     let a = CudaAllocator::global(d)?;
+    crate::segments::observe(&a);
     Ok(ALLOCATORS[d].get_or_init(|| a))
 }
 

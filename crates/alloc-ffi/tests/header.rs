@@ -61,6 +61,7 @@ fn c_type(rust: &str) -> String {
         "f64" => "double",
         "u64" => "uint64_t",
         "usize" => "size_t",
+        "SegmentCallback" => "gpualloc_segment_callback",
         "*mut u64" => "uint64_t*",
         "*const u64" => "const uint64_t*",
         "*mut *mut u64" => "uint64_t**",

@@ -7,7 +7,8 @@ PyTorch has no Python call for trackers; the bridge module's test hooks
 (bridge_testing.h) attach one counting entries by action. Checks: with history off the
 tracker sees each allocation and free (alloc, free_requested and free_completed once per
 tensor); actions that skip_actions keeps out of the trace still reach it; an out-of-memory
-reaches it; a snapshot reports one "snapshot" action per device.
+reaches it; a snapshot reports one "snapshot" action per device; segment allocations and
+frees (cuMemAlloc / cuMemFree) reach it, and are recorded in the trace while history is on.
 Prints "RESULT <summary>" and exits 0, or raises (non-zero exit).
 """
 import os
@@ -73,9 +74,23 @@ def run():
     else:
         raise AssertionError("a 64 TiB allocation succeeded")
     check(bridge.tracker_counts()["oom"] == 1, "oom counted: %s" % bridge.tracker_counts())
+    # Segments: a 64 MiB tensor needs a segment of its own; empty_cache frees it.
+    torch.cuda.memory._record_memory_history(stacks="python")
+    torch.cuda.empty_cache()
+    bridge.reset_tracker_counts()
+    big = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    del big
+    torch.cuda.empty_cache()
+    counts = dict(bridge.tracker_counts())
+    check(counts["segment_alloc"] >= 1 and counts["segment_free"] >= 1,
+          "segment events reach the tracker: %s" % counts)
+    actions = [e["action"] for e in torch.cuda.memory._snapshot()["device_traces"][0]]
+    check("segment_alloc" in actions and "segment_free" in actions,
+          "segment events in the trace: %s" % sorted(set(actions)))
     torch.cuda.memory._record_memory_history(enabled=None)
     return "tracker counted %d alloc / free_requested / free_completed with history off and " \
-           "with them skipped, 1 oom, %d snapshot" % (N, devices)
+           "with them skipped, 1 oom, %d snapshot, %d segment_alloc / %d segment_free" % (
+               N, devices, counts["segment_alloc"], counts["segment_free"])
 
 
 if __name__ == "__main__":
