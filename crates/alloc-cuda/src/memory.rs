@@ -48,14 +48,13 @@ impl CudaMemory {
     }
 
     /// Reports a segment event after a successful driver call.
-    fn report<T>(&self, action: SegmentAction, addr: u64, size: u64, done: T) -> T {
+    fn report(&self, action: SegmentAction, addr: u64, size: u64) {
         self.observer.notify(SegmentEvent {
             device: self.ctx.ordinal(),
             action,
             addr,
             size,
         });
-        done
     }
 
     /// `(free, total)` bytes of the device, from `cuMemGetInfo`.
@@ -85,13 +84,15 @@ impl MemoryBackend for CudaMemory {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
         let addr = driver::mem_alloc(size)?;
-        Ok(self.report(SegmentAction::Alloc, addr, size, addr))
+        self.report(SegmentAction::Alloc, addr, size);
+        Ok(addr)
     }
 
     fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         driver::mem_free(addr)?;
-        Ok(self.report(SegmentAction::Free, addr, size, ()))
+        self.report(SegmentAction::Free, addr, size);
+        Ok(())
     }
 
     fn capacity(&self) -> u64 {
@@ -115,19 +116,22 @@ impl MemoryBackend for CudaMemory {
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.map(addr, size)?;
-        Ok(self.report(SegmentAction::Map, addr, size, ()))
+        self.report(SegmentAction::Map, addr, size);
+        Ok(())
     }
 
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap(addr, size)?;
-        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
+        self.report(SegmentAction::Unmap, addr, size);
+        Ok(())
     }
 
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_idle(addr, size)?;
-        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
+        self.report(SegmentAction::Unmap, addr, size);
+        Ok(())
     }
 
     fn can_detach(&self) -> bool {
@@ -141,7 +145,8 @@ impl MemoryBackend for CudaMemory {
     fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_detached(addr, size)?;
-        Ok(self.report(SegmentAction::Unmap, addr, size, ()))
+        self.report(SegmentAction::Unmap, addr, size);
+        Ok(())
     }
 
     fn release_spare(&mut self) -> Result<(), BackendError> {
