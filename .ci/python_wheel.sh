@@ -21,13 +21,18 @@ rm -f .whl/gpu_alloc-*.whl
 PATH="$SCRATCH/build/bin:$PATH" maturin build --release --zig --compatibility manylinux2014 --out .whl
 WHEEL=$(echo "$REPO"/.whl/gpu_alloc-*-py3-none-manylinux*_x86_64.whl)
 test -f "$WHEEL"
-"$SCRATCH/build/bin/python" - "$WHEEL" "$SCRATCH/lib.so" <<'EOF'
-"""The wheel holds the package and the library, and the library does not link libcuda."""
-import subprocess, sys, zipfile
-wheel, extracted = sys.argv[1:]
+"$SCRATCH/build/bin/python" - "$WHEEL" "$SCRATCH/lib.so" "$REPO/python" <<'EOF'
+"""The wheel holds every file of the package (the bridge's sources included) and the
+library, and the library does not link libcuda."""
+import os, subprocess, sys, zipfile
+wheel, extracted, python_dir = sys.argv[1:]
 names = set(zipfile.ZipFile(wheel).namelist())
-for name in ["gpu_alloc/__init__.py", "gpu_alloc/__main__.py", "gpu_alloc/doctor.py",
-             "gpu_alloc/bridge.cpp", "gpu_alloc/alloc_ffi/liballoc_ffi.so"]:
+sources = sorted(
+    os.path.relpath(os.path.join(d, f), python_dir)
+    for d, _, files in os.walk(os.path.join(python_dir, "gpu_alloc"))
+    if "__pycache__" not in d and "alloc_ffi" not in d
+    for f in files if not f.endswith(".pyc"))
+for name in sources + ["gpu_alloc/alloc_ffi/liballoc_ffi.so"]:
     assert name in names, "%s is not in the wheel: %s" % (name, sorted(names))
 with open(extracted, "wb") as f:
     f.write(zipfile.ZipFile(wheel).read("gpu_alloc/alloc_ffi/liballoc_ffi.so"))
