@@ -17,10 +17,12 @@
 #include <atomic>
 #include <limits>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -135,10 +137,121 @@ struct LibraryArray {
   ~LibraryArray() { api.u64_array_free(values, len); }
 };
 
+// Blocks handed out while caching is off (torch.cuda.caching_allocator_enable(
+// False)): straight from cudaMalloc and back to cudaFree, as PyTorch does.
+class UncachedBlocks {
+ public:
+  void* allocate(size_t size) {
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaMalloc(&ptr, size));
+    std::lock_guard<std::mutex> lock(mutex_);
+    ptrs_.insert(ptr);
+    count_.store(ptrs_.size(), std::memory_order_release);
+    return ptr;
+  }
+
+  // Frees `ptr` if it is one of these blocks; false if it is not.
+  bool free(void* ptr) noexcept {
+    if (count_.load(std::memory_order_acquire) == 0) {
+      return false;  // the common case: one load
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (ptrs_.erase(ptr) == 0) {
+        return false;
+      }
+      count_.store(ptrs_.size(), std::memory_order_release);
+    }
+    (void)cudaFree(ptr);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<void*> ptrs_;
+  std::atomic<size_t> count_{0};
+};
+
+UncachedBlocks uncached;
+
+// Memory events for torch.profiler(profile_memory=True), reported as
+// PyTorch's allocator reports them; the sizes of blocks allocated while the
+// profiler records memory are kept to report their frees.
+class ProfiledBlocks {
+ public:
+  void on_alloc(void* ptr, size_t size, c10::DeviceIndex device) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[ptr] = {size, device};
+      count_.store(sizes_.size(), std::memory_order_release);
+    }
+    report(ptr, static_cast<int64_t>(size), device);
+  }
+
+  void on_free(void* ptr) noexcept {
+    if (count_.load(std::memory_order_acquire) == 0) {
+      return;
+    }
+    std::pair<size_t, c10::DeviceIndex> block;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = sizes_.find(ptr);
+      if (it == sizes_.end()) {
+        return;
+      }
+      block = it->second;
+      sizes_.erase(it);
+      count_.store(sizes_.size(), std::memory_order_release);
+    }
+    try {
+      report(ptr, -static_cast<int64_t>(block.first), block.second);
+    } catch (...) {
+      // A deleter must not throw: the profiler misses this event.
+    }
+  }
+
+ private:
+  static void report(void* ptr, int64_t delta, c10::DeviceIndex device) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+    c10::reportMemoryUsageToProfiler(ptr, delta, stats.allocated_bytes[0].current,
+                                     stats.reserved_bytes[0].current,
+                                     c10::Device(c10::DeviceType::CUDA, device));
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<void*, std::pair<size_t, c10::DeviceIndex>> sizes_;
+  std::atomic<size_t> count_{0};
+};
+
+ProfiledBlocks profiled;
+
+// PyTorch's size format in messages ("20.00 MiB"), so that tools and tests
+// matching its out-of-memory text match ours.
+std::string format_size(uint64_t size) {
+  char text[64];
+  if (size <= 1024) {
+    std::snprintf(text, sizeof text, "%llu bytes", static_cast<unsigned long long>(size));
+  } else if (size <= 1048576) {
+    std::snprintf(text, sizeof text, "%.2f KiB", size / 1024.0);
+  } else if (size <= 1073741824ULL) {
+    std::snprintf(text, sizeof text, "%.2f MiB", size / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f GiB", size / 1073741824.0);
+  }
+  return text;
+}
+
+// Requests above this (1 PiB) exceed any device: the library refuses them as
+// invalid, PyTorch reports them as out of memory, and so does the bridge.
+constexpr uint64_t kLargestRequest = uint64_t{1} << 50;
+constexpr uint64_t kOneExabyte = 1152921504606846976ULL;
+
 class Bridge : public CUDAAllocator {
  public:
   // ---------------------------------------------------------------- memory
   c10::DataPtr allocate(size_t size) override {
+    TORCH_CHECK_WITH(OutOfMemoryError, size < kOneExabyte,
+                     "CUDA out of memory. Tried to allocate more than 1EB memory.");
     c10::DeviceIndex device = c10::cuda::current_device();
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
     void* ptr = size == 0 ? nullptr : alloc_on(size, device, stream);
@@ -168,14 +281,17 @@ class Bridge : public CUDAAllocator {
   // ---------------------------------------------------------------- set-up
   void init(int device_count) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    fractions_.assign(device_count, 1.0);
-    initialized_ = true;
+    fractions_.resize(std::max<size_t>(fractions_.size(), device_count), 1.0);
   }
 
-  bool initialized() override { return initialized_; }
+  // The library creates each device's allocator on first use: it is ready
+  // as soon as it is installed (torch.accelerator.memory_stats asks this).
+  bool initialized() override { return true; }
 
-  void enable(bool /*value*/) override {}
-  bool isEnabled() const override { return true; }
+  // torch.cuda.caching_allocator_enable(): while off, allocations bypass the
+  // cache (cudaMalloc / cudaFree per block), as with PyTorch's allocator.
+  void enable(bool value) override { caching_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return caching_.load(std::memory_order_relaxed); }
   std::string name() override { return "gpualloc"; }
 
   double getMemoryFraction(c10::DeviceIndex device) override {
@@ -186,9 +302,10 @@ class Bridge : public CUDAAllocator {
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     check(api.set_memory_fraction(fraction, device), "set_memory_fraction");
     std::lock_guard<std::mutex> lock(mutex_);
-    if (device < static_cast<int>(fractions_.size())) {
-      fractions_[device] = fraction;
+    if (device >= static_cast<int>(fractions_.size())) {
+      fractions_.resize(device + 1, 1.0);
     }
+    fractions_[device] = fraction;
   }
 
   void emptyCache(MempoolId_t /*mempool_id*/) override {
@@ -363,6 +480,30 @@ class Bridge : public CUDAAllocator {
 
   void releasePool(c10::DeviceIndex device, MempoolId_t mempool_id) override {
     check(api.release_pool(device, mempool_id.first, mempool_id.second), "release_pool");
+    if (api.pool_use_count(device, mempool_id.first, mempool_id.second) == 0) {
+      setUseOnOOM(device, mempool_id, false);
+    }
+  }
+
+  // MemPool(use_on_oom=True): when the default pools run out, a request may
+  // be served from this pool's cached blocks (the most recent such pool
+  // first), as PyTorch does.
+  void setUseOnOOM(c10::DeviceIndex device, MempoolId_t mempool_id, bool use_on_oom) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto key = std::make_pair(device, mempool_id);
+    oom_pools_.erase(std::remove(oom_pools_.begin(), oom_pools_.end(), key), oom_pools_.end());
+    if (use_on_oom) {
+      oom_pools_.push_back(key);
+    }
+  }
+
+  // torch.compile regions, stored with each trace entry.
+  void pushCompileContext(std::string& md) override { history.push_compile_context(md); }
+  void popCompileContext() override { history.pop_compile_context(); }
+
+  // record_function regions, kept for the snapshot's external_annotations.
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    history.record_annotation(c10::cuda::current_device(), md);
   }
 
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
@@ -523,26 +664,62 @@ class Bridge : public CUDAAllocator {
       return {0, 0};
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& r : routes_) {
-      if (r.device == device && r.filter(stream)) {
-        return r.pool;
+    // The innermost routing first: nested use_mem_pool blocks.
+    for (auto r = routes_.rbegin(); r != routes_.rend(); ++r) {
+      if (r->device == device && r->filter(stream)) {
+        return r->pool;
       }
     }
     return {0, 0};
   }
 
-  void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-    MempoolId_t pool = route(device, stream);
-    void* ptr = api.malloc_in_pool(static_cast<ssize_t>(size), device, stream, pool.first,
-                                   pool.second);
-    if (ptr != nullptr) {
-      if (history.watching()) {
-        history.on_alloc(device, ptr, size, stream, pool);
+  // Pools of `device` marked use_on_oom, the most recent first.
+  std::vector<MempoolId_t> oom_pools(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<MempoolId_t> pools;
+    for (auto p = oom_pools_.rbegin(); p != oom_pools_.rend(); ++p) {
+      if (p->first == device) {
+        pools.push_back(p->second);
       }
-      return ptr;
     }
-    std::string message = last_error();
-    if (api.last_error_code() == kErrOutOfMemory) {
+    return pools;
+  }
+
+  // Served: history and profiler records of a new block.
+  void* handed_out(void* ptr, size_t size, c10::DeviceIndex device, cudaStream_t stream,
+                   MempoolId_t pool) {
+    if (history.watching()) {
+      history.on_alloc(device, ptr, size, stream, pool);
+    }
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      profiled.on_alloc(ptr, size, device);
+    }
+    return ptr;
+  }
+
+  void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    if (C10_UNLIKELY(!caching_.load(std::memory_order_relaxed))) {
+      return uncached.allocate(size);
+    }
+    MempoolId_t pool = route(device, stream);
+    bool too_large = size > kLargestRequest;
+    void* ptr = too_large ? nullptr
+                          : api.malloc_in_pool(static_cast<ssize_t>(size), device, stream,
+                                               pool.first, pool.second);
+    if (ptr != nullptr) {
+      return handed_out(ptr, size, device, stream, pool);
+    }
+    std::string message = too_large ? std::string("larger than any device") : last_error();
+    if (too_large || api.last_error_code() == kErrOutOfMemory) {
+      if (!too_large && pool == MempoolId_t{0, 0}) {
+        for (MempoolId_t spare : oom_pools(device)) {
+          ptr = api.malloc_in_pool(static_cast<ssize_t>(size), device, stream, spare.first,
+                                   spare.second);
+          if (ptr != nullptr) {
+            return handed_out(ptr, size, device, stream, spare);
+          }
+        }
+      }
       size_t free_bytes = 0, total = 0;
       (void)cudaMemGetInfo(&free_bytes, &total);
       if (history.watching()) {
@@ -557,7 +734,10 @@ class Bridge : public CUDAAllocator {
         observer(device, static_cast<int64_t>(size), static_cast<int64_t>(total),
                  static_cast<int64_t>(free_bytes));
       }
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (gpualloc). ", message);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
+                       format_size(size), ". GPU ", static_cast<int>(device),
+                       " has a total capacity of ", format_size(total), " of which ",
+                       format_size(free_bytes), " is free. gpualloc: ", message);
     }
     TORCH_CHECK(false, "gpualloc could not allocate ", size, " bytes on device ",
                 static_cast<int>(device), ": ", message);
@@ -638,13 +818,15 @@ class Bridge : public CUDAAllocator {
   std::vector<Route> routes_;
   std::atomic<int> routing_{0};
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
-  std::atomic<bool> initialized_{false};
+  std::atomic<bool> caching_{true};
+  std::vector<std::pair<c10::DeviceIndex, MempoolId_t>> oom_pools_;
 };
 
 void bridge_delete(void* ptr) {
-  if (ptr == nullptr) {
+  if (ptr == nullptr || uncached.free(ptr)) {
     return;
   }
+  profiled.on_free(ptr);
   // The device is a hint: the library finds the owning device itself. A
   // failed free is reported by the library on stderr (a deleter must not throw).
   int device = -1;

@@ -109,6 +109,9 @@ class History {
         ring.clear();
       }
     }
+    if (!enabled || clear) {
+      annotations_.clear();
+    }
     if (!enabled) {
       // Blocks are then known only for the trackers' sake: no stacks, and
       // none at all without trackers (a free then looks nothing up).
@@ -254,6 +257,11 @@ class History {
           out[i].time_.t_ = to_ns(out[i].time_.approx_t_) / 1000;
         }
       }
+      for (const auto& annotation : annotations_) {
+        info.external_annotations.push_back(annotation);
+        auto& time = info.external_annotations.back().time_;
+        time.t_ = to_ns(time.approx_t_) / 1000;
+      }
     }
     for (size_t d = 0; d < devices; ++d) {
       record(TraceEntry::SNAPSHOT, static_cast<c10::DeviceIndex>(d), 0, active[d], nullptr, pool,
@@ -266,6 +274,38 @@ class History {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     trackers_.push_back(std::move(tracker));
     update_watching();
+  }
+
+  // pushCompileContext() / popCompileContext(): the innermost torch.compile
+  // region is stored with each entry ("N/A" outside any), as PyTorch does.
+  void push_compile_context(const std::string& context) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    compile_contexts_.push_back(context);
+  }
+  void pop_compile_context() {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (!compile_contexts_.empty()) {
+      compile_contexts_.pop_back();
+    }
+  }
+
+  // recordAnnotation(): a record_function region's metadata, kept (while
+  // history is on, at most max_entries) for the snapshot's
+  // external_annotations.
+  void record_annotation(c10::DeviceIndex device,
+                         const std::vector<std::pair<std::string, std::string>>& metadata) {
+    if (!enabled()) {
+      return;
+    }
+    c10::CachingDeviceAllocator::AnnotationEntry entry(device, c10::getApproximateTime());
+    for (const auto& [name, value] : metadata) {
+      entry.recordUserMetadata(name, value);
+    }
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    annotations_.push_back(std::move(entry));
+    while (annotations_.size() > capacity_) {
+      annotations_.pop_front();
+    }
   }
 
   // setUserMetadata() / getUserMetadata(): per thread, stored with each entry.
@@ -336,7 +376,9 @@ class History {
       context = nullptr;
     }
     TraceEntry entry(action, device, address, size, stream, pool, c10::getApproximateTime(),
-                     std::move(context), "N/A", user_metadata());
+                     std::move(context),
+                     compile_contexts_.empty() ? std::string("N/A") : compile_contexts_.back(),
+                     user_metadata());
     for (const auto& tracker : trackers_) {
       guarded("an allocator trace tracker", [&] { tracker(entry); });
     }
@@ -382,6 +424,8 @@ class History {
   std::vector<Ring> rings_;                   // by device
   std::unordered_map<void*, Block> blocks_;   // live blocks while watching
   std::deque<c10::CachingDeviceAllocator::AllocatorTraceTracker> trackers_;  // stable on push
+  std::vector<std::string> compile_contexts_;  // innermost last
+  std::deque<c10::CachingDeviceAllocator::AnnotationEntry> annotations_;
   c10::ApproximateClockToUnixTimeConverter clock_;
 };
 

@@ -218,7 +218,7 @@ class Library(unittest.TestCase):
         gpu_alloc.reset_accumulated_memory_stats(5)
         with self.assertRaises(ValueError) as cm:
             gpu_alloc.set_memory_fraction(1.5, device=0)
-        self.assertIn("(0, 1]", str(cm.exception))
+        self.assertIn("[0, 1]", str(cm.exception))
         with self.assertRaises(ValueError):
             gpu_alloc.empty_cache(device=-7)
 

@@ -362,11 +362,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         result
     }
 
-    /// Limits reserved memory to `fraction` of the device capacity.
+    /// Limits reserved memory to `fraction` of the device capacity (0: no
+    /// new segment at all, as PyTorch allows).
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
-        if !(fraction > 0.0 && fraction <= 1.0) {
+        if !(0.0..=1.0).contains(&fraction) {
             return Err(AllocError::InvalidArgument(format!(
-                "memory fraction {fraction} must be in (0, 1]"
+                "memory fraction {fraction} must be in [0, 1]"
             )));
         }
         self.limit = Some((self.memory.capacity() as f64 * fraction) as u64);

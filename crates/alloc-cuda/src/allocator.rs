@@ -329,7 +329,7 @@ impl CudaAllocator {
         Ok(self.engine()?.empty_cache()?)
     }
 
-    /// Limits reserved memory to `fraction` (0, 1] of the device's capacity.
+    /// Limits reserved memory to `fraction` [0, 1] of the device's capacity.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), CudaError> {
         Ok(self.engine()?.set_memory_fraction(fraction)?)
     }

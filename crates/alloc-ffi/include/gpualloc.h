@@ -73,7 +73,7 @@ int gpualloc_check_config(const char* config);
  * to the driver. device -1: every device in use. */
 int gpualloc_empty_cache(int device);
 
-/* Limits the memory reserved on `device` to `fraction` (0, 1] of its capacity. */
+/* Limits the memory reserved on `device` to `fraction` [0, 1] of its capacity (0: nothing more). */
 int gpualloc_set_memory_fraction(double fraction, int device);
 
 /* Marks the block at `ptr` (the address gpualloc_malloc returned) as used by

@@ -116,7 +116,7 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_set_memory_fraction",
         params: &[("double", "fraction"), ("int", "device")],
-        doc: "Limits the memory reserved on `device` to `fraction` (0, 1] of its capacity.",
+        doc: "Limits the memory reserved on `device` to `fraction` [0, 1] of its capacity (0: nothing more).",
     },
     ApiFn {
         ret: "int",

@@ -420,9 +420,9 @@ pub extern "C" fn gpualloc_empty_cache(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn gpualloc_set_memory_fraction(fraction: f64, device: c_int) -> c_int {
     call_int(|| {
-        if !(fraction > 0.0 && fraction <= 1.0) {
+        if !(0.0..=1.0).contains(&fraction) {
             return Err(FfiError::invalid(format!(
-                "memory fraction {fraction} must be in (0, 1]"
+                "memory fraction {fraction} must be in [0, 1]"
             )));
         }
         Ok(state::allocator(device)?.set_memory_fraction(fraction)?)

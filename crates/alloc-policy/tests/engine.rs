@@ -101,8 +101,11 @@ fn bad_input_is_a_typed_error() {
         e.record_stream(b.addr, 3),
         Err(AllocError::DoubleFree { .. })
     ));
-    assert!(e.set_memory_fraction(0.0).is_err());
+    assert!(e.set_memory_fraction(-0.1).is_err());
     assert!(e.set_memory_fraction(1.5).is_err());
+    e.set_memory_fraction(0.0).unwrap(); // as PyTorch: nothing more may be reserved
+    assert_eq!(e.memory_limit(), Some(0));
+    assert!(matches!(e.malloc(GIB, 0), Err(AllocError::OutOfMemory(_))));
     assert!(e.set_memory_fraction(f64::NAN).is_err());
     e.assert_valid();
 }
