@@ -102,6 +102,12 @@ std::string last_error() {
   return e ? std::string(e) : std::string("unknown error");
 }
 
+// Messages are built from strings only (numbers through std::to_string): a
+// number streamed by c10::str instantiates iostream code with this
+// extension's compiler, which crashed inside torch's process on the GPU
+// machine (its libstdc++ is older than the compiler torch's extension loader
+// finds there).
+
 // Raises the library's last error as a C++ exception (a RuntimeError in Python).
 void check(int code, const char* what) {
   TORCH_CHECK(code >= 0, "gpualloc ", what, " failed: ", last_error());
@@ -735,12 +741,12 @@ class Bridge : public CUDAAllocator {
                  static_cast<int64_t>(free_bytes));
       }
       TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ",
-                       format_size(size), ". GPU ", static_cast<int>(device),
+                       format_size(size), ". GPU ", std::to_string(device),
                        " has a total capacity of ", format_size(total), " of which ",
                        format_size(free_bytes), " is free. gpualloc: ", message);
     }
-    TORCH_CHECK(false, "gpualloc could not allocate ", size, " bytes on device ",
-                static_cast<int>(device), ": ", message);
+    TORCH_CHECK(false, "gpualloc could not allocate ", std::to_string(size), " bytes on device ",
+                std::to_string(device), ": ", message);
   }
 
   // Stores one flat statistic ("allocated_bytes.all.peak", "num_ooms", ...).

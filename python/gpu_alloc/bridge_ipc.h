@@ -327,7 +327,7 @@ inline std::string pidfd_error(const char* call, int err, pid_t pid) {
 // Opens an 'e' payload (after the version and type bytes) on `device`.
 inline void open_expandable(Opened& o, const char* p, size_t rest) {
   TORCH_CHECK(rest >= sizeof(ShareHeader),
-              "gpu_alloc: getIpcDevPtr: truncated expandable-segment handle (", rest,
+              "gpu_alloc: getIpcDevPtr: truncated expandable-segment handle (", std::to_string(rest),
               " bytes after the type)");
   ShareHeader header;
   std::memcpy(&header, p, sizeof(header));
@@ -335,17 +335,19 @@ inline void open_expandable(Opened& o, const char* p, size_t rest) {
   rest -= sizeof(header);
   const size_t n = header.num_handles;
   TORCH_CHECK(n > 0 && header.segment_size > 0 && n <= rest,
-              "gpu_alloc: getIpcDevPtr: malformed expandable-segment handle (", n,
-              " pages of ", header.segment_size, " bytes, ", rest, " bytes of payload)");
+              "gpu_alloc: getIpcDevPtr: malformed expandable-segment handle (", std::to_string(n),
+              " pages of ", std::to_string(header.segment_size), " bytes, ", std::to_string(rest),
+              " bytes of payload)");
   bool fabric = false;
   if (rest == n * sizeof(int)) {
     fabric = false;
   } else if (rest == n * kFabricHandleSize) {
     fabric = true;
   } else {
-    TORCH_CHECK(false, "gpu_alloc: getIpcDevPtr: malformed expandable-segment handle: ", rest,
-                " bytes for ", n, " pages (expected ", n * sizeof(int),
-                " for file descriptors or ", n * kFabricHandleSize, " for fabric handles)");
+    TORCH_CHECK(false, "gpu_alloc: getIpcDevPtr: malformed expandable-segment handle: ",
+                std::to_string(rest), " bytes for ", std::to_string(n), " pages (expected ",
+                std::to_string(n * sizeof(int)), " for file descriptors or ",
+                std::to_string(n * kFabricHandleSize), " for fabric handles)");
   }
   const Driver& d = driver();
   o.page = header.segment_size;
@@ -362,7 +364,8 @@ inline void open_expandable(Opened& o, const char* p, size_t rest) {
         int err = errno;
         close(static_cast<int>(pidfd));
         TORCH_CHECK(false, "gpu_alloc: getIpcDevPtr: ",
-                    pidfd_error("pidfd_getfd", err, header.pid), " (descriptor ", fd, ")");
+                    pidfd_error("pidfd_getfd", err, header.pid), " (descriptor ", std::to_string(fd),
+                    ")");
       }
       CUmemGenericAllocationHandle h = 0;
       CUresult r = d.mem_import(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(mine)),
@@ -410,11 +413,12 @@ inline Opened open_handle_uncached(const std::string& handle) {
   size_t at = 0;
   if (handle.size() != kIpcHandleSize) {
     TORCH_CHECK(handle.size() >= 2, "gpu_alloc: getIpcDevPtr: a CUDA IPC handle of ",
-                handle.size(), " bytes is malformed");
+                std::to_string(handle.size()), " bytes is malformed");
     const int version = static_cast<unsigned char>(handle[0]);
     TORCH_CHECK(version <= kHandleVersion,
-                "gpu_alloc: getIpcDevPtr: received a shareable handle of version ", version,
-                " from a newer torch; this one knows version ", static_cast<int>(kHandleVersion),
+                "gpu_alloc: getIpcDevPtr: received a shareable handle of version ",
+                std::to_string(version), " from a newer torch; this one knows version ",
+                std::to_string(static_cast<int>(kHandleVersion)),
                 " and earlier");
     type = handle[1];
     at = 2;
@@ -422,7 +426,8 @@ inline Opened open_handle_uncached(const std::string& handle) {
   OpenGuard guard{&o};
   if (type == kCudaMalloc) {
     TORCH_CHECK(handle.size() - at == kIpcHandleSize, "gpu_alloc: getIpcDevPtr: a 'c' handle of ",
-                handle.size() - at, " bytes (expected ", kIpcHandleSize, ")");
+                std::to_string(handle.size() - at), " bytes (expected ",
+                std::to_string(kIpcHandleSize), ")");
     cudaIpcMemHandle_t h;
     std::memcpy(&h, handle.data() + at, kIpcHandleSize);
     cudaError_t err = cudaIpcOpenMemHandle(&o.ipc_ptr, h, cudaIpcMemLazyEnablePeerAccess);
@@ -430,7 +435,7 @@ inline Opened open_handle_uncached(const std::string& handle) {
       (void)cudaGetLastError();
       o.ipc_ptr = nullptr;
       TORCH_CHECK(false, "gpu_alloc: getIpcDevPtr: cudaIpcOpenMemHandle failed on device ",
-                  o.device, ": ", cudaGetErrorString(err),
+                  std::to_string(o.device), ": ", cudaGetErrorString(err),
                   " (the sender must still hold the memory; a process cannot open its own "
                   "handle)");
     }
@@ -438,7 +443,7 @@ inline Opened open_handle_uncached(const std::string& handle) {
     open_expandable(o, handle.data() + at, handle.size() - at);
   } else {
     TORCH_CHECK(false, "gpu_alloc: getIpcDevPtr: unknown shareable handle type ",
-                static_cast<int>(static_cast<unsigned char>(type)),
+                std::to_string(static_cast<int>(static_cast<unsigned char>(type))),
                 " (expected 'c' or 'e')");
   }
   guard.o = nullptr;
