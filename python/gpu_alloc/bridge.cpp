@@ -52,6 +52,7 @@ using c10::cuda::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::CUDAAllocator;
 using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 
+constexpr int kErrInvalid = -1;      // GPUALLOC_ERR_INVALID
 constexpr int kErrOutOfMemory = -2;  // GPUALLOC_ERR_OUT_OF_MEMORY
 
 // The gpualloc_* functions the bridge uses, resolved from the library.
@@ -314,8 +315,16 @@ class Bridge : public CUDAAllocator {
     fractions_[device] = fraction;
   }
 
+  // While an allocation routing is open (a capture, or use_mem_pool on any
+  // thread) the library frees nothing; PyTorch calls this from destructors
+  // too, so that case is a warning, not an exception.
   void emptyCache(MempoolId_t /*mempool_id*/) override {
-    check(api.empty_cache(-1), "empty_cache");
+    int code = api.empty_cache(-1);
+    if (code == kErrInvalid) {
+      TORCH_WARN_ONCE("gpu_alloc: empty_cache freed nothing: ", last_error());
+      return;
+    }
+    check(code, "empty_cache");
   }
 
   void cacheInfo(c10::DeviceIndex device, size_t* largestBlock) override {
