@@ -904,6 +904,9 @@ void install(const std::string& library_path) {
   // Raises "Can't swap an already initialized allocator" when CUDA memory
   // is already in use.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(bridge);
+  // torch.accelerator's memory functions ask c10's allocator registry, which
+  // changeCurrentAllocator leaves on PyTorch's own allocator.
+  c10::SetAllocator(c10::DeviceType::CUDA, bridge.get(), std::numeric_limits<uint8_t>::max());
   installed = bridge;
 }
 
