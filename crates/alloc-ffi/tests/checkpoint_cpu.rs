@@ -1,20 +1,14 @@
 //! The private-pool checkpoint entry points reject bad arguments with a
 //! clear error and never touch the device for them (no GPU needed).
 
-use std::ffi::CStr;
-
 use alloc_ffi::api::GPUALLOC_ERR_INVALID;
 use alloc_ffi::{
-    gpualloc_last_error, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
-    gpualloc_restore_pool, gpualloc_u64_array_free,
+    gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are, gpualloc_restore_pool,
+    gpualloc_u64_array_free,
 };
 
-fn last_error() -> String {
-    let p = gpualloc_last_error();
-    assert!(!p.is_null(), "an error message is set");
-    // SAFETY: a NUL-terminated thread-local string of the library.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
+mod common;
+use common::last_error;
 
 #[test]
 fn null_arguments_are_invalid_and_frees_of_null_are_no_ops() {

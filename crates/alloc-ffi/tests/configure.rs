@@ -7,17 +7,13 @@ use std::ptr::null_mut;
 use alloc_ffi::api::*;
 use alloc_ffi::*;
 
+mod common;
+use common::last_error;
+
 fn configure(s: &str) -> i32 {
     let c = CString::new(s).unwrap();
     // SAFETY: a valid C string.
     unsafe { gpualloc_configure(c.as_ptr()) }
-}
-
-fn last_error() -> String {
-    let p = gpualloc_last_error();
-    assert!(!p.is_null(), "expected an error message");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 #[test]

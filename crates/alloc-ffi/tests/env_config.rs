@@ -3,21 +3,16 @@
 //! with the variable set, so that the variable is there from the start of
 //! the process, and inspects the child's stderr.
 
-use std::ffi::CStr;
 use std::process::Command;
 use std::ptr::null_mut;
 
 use alloc_ffi::api::*;
 use alloc_ffi::*;
 
-const NAME: &str = "bad_gpualloc_conf_fails_every_allocation_and_is_reported_once";
+mod common;
+use common::last_error;
 
-fn last_error() -> String {
-    let p = gpualloc_last_error();
-    assert!(!p.is_null(), "expected an error message");
-    // SAFETY: a NUL-terminated string valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
+const NAME: &str = "bad_gpualloc_conf_fails_every_allocation_and_is_reported_once";
 
 fn child() {
     for _ in 0..3 {

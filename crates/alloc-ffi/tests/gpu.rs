@@ -10,6 +10,9 @@ use std::ptr::null_mut;
 use alloc_ffi::api::*;
 use alloc_ffi::*;
 
+mod common;
+use common::last_error;
+
 fn stats() -> BTreeMap<String, i64> {
     let p = gpualloc_memory_stats_json(0);
     assert!(!p.is_null());
@@ -17,13 +20,6 @@ fn stats() -> BTreeMap<String, i64> {
     let json = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
     unsafe { gpualloc_string_free(p) };
     serde_json::from_str(&json).unwrap()
-}
-
-fn last_error() -> String {
-    let p = gpualloc_last_error();
-    assert!(!p.is_null(), "expected an error");
-    // SAFETY: valid until the next call.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 fn current_ctx() -> usize {
