@@ -72,6 +72,7 @@ struct Api {
   int (*retain_pool)(int, uint64_t, uint64_t);
   int (*release_pool)(int, uint64_t, uint64_t);
   int (*pool_use_count)(int, uint64_t, uint64_t);
+  int (*set_pool_no_split)(int, uint64_t, uint64_t);
   void* (*checkpoint_pool)(int, uint64_t, uint64_t);
   void (*pool_checkpoint_free)(void*);
   int (*restore_pool)(int, void*, uint64_t**, size_t*, uint64_t**, size_t*);
@@ -512,6 +513,11 @@ class Bridge : public CUDAAllocator {
     }
   }
 
+  // MemPool(no_split=True): the pool hands out whole blocks.
+  void setNoSplit(c10::DeviceIndex device, MempoolId_t mempool_id) override {
+    check(api.set_pool_no_split(device, mempool_id.first, mempool_id.second), "set_pool_no_split");
+  }
+
   // torch.compile regions, stored with each trace entry.
   void pushCompileContext(std::string& md) override { history.push_compile_context(md); }
   void popCompileContext() override { history.pop_compile_context(); }
@@ -889,6 +895,7 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_retain_pool", api.retain_pool);
   resolve(lib, "gpualloc_release_pool", api.release_pool);
   resolve(lib, "gpualloc_pool_use_count", api.pool_use_count);
+  resolve(lib, "gpualloc_set_pool_no_split", api.set_pool_no_split);
   resolve(lib, "gpualloc_checkpoint_pool", api.checkpoint_pool);
   resolve(lib, "gpualloc_pool_checkpoint_free", api.pool_checkpoint_free);
   resolve(lib, "gpualloc_restore_pool", api.restore_pool);

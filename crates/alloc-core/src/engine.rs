@@ -226,7 +226,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             Some(b) => b,
             None => self.grow(&req)?,
         };
-        let piece = self.policy.carve(&mut self.heap, block, &req);
+        // A no-split pool hands the free block out whole (one block per
+        // segment, as PyTorch's `MemPool(no_split=True)`).
+        let whole = pool.is_some_and(|p| self.pools.no_split(p));
+        let piece = if whole {
+            block
+        } else {
+            self.policy.carve(&mut self.heap, block, &req)
+        };
         if self.options.unmap_free_pages && !self.map_pages_under(piece)? {
             self.policy.insert_free(&mut self.heap, piece);
             return Err(self.out_of_memory(&req));
@@ -465,6 +472,31 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let result = self.release_segments(&idle);
         self.heap.settle();
         result
+    }
+
+    /// Makes the private pool `pool` hand out whole blocks, never split
+    /// (PyTorch's `MemPool(no_split=True)`): each block is a whole cached
+    /// block or a new segment. Refused for growable segments (a block there
+    /// is a piece of one range per stream) and for policies that tag blocks
+    /// when carving them (size classes).
+    pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        if self.expandable || !self.policy.rebuilds_layouts() {
+            return Err(AllocError::InvalidArgument(format!(
+                "a no-split pool needs cudaMalloc segments and a splitting policy, not {}{}",
+                self.policy.name(),
+                if self.expandable {
+                    " with expandable segments"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if !self.pools.set_no_split(pool) {
+            return Err(AllocError::InvalidArgument(format!(
+                "unknown private pool {pool:?}"
+            )));
+        }
+        Ok(())
     }
 
     /// Holders of the private pool `pool` (0 once released).

@@ -24,6 +24,8 @@ struct PoolState {
     use_count: u32,
     /// Open `begin_allocate_to_pool` calls.
     routing: u32,
+    /// Blocks are handed out whole, never split (`MemPool(no_split=True)`).
+    no_split: bool,
 }
 
 /// Bookkeeping of every private pool of one engine.
@@ -91,6 +93,20 @@ impl PrivatePools {
     /// Holders of `pool` (0 if unknown).
     pub(crate) fn use_count(&self, pool: PoolId) -> u32 {
         self.pools.get(&pool).map_or(0, |s| s.use_count)
+    }
+
+    /// Makes `pool` hand out whole blocks; false if the pool is unknown.
+    pub(crate) fn set_no_split(&mut self, pool: PoolId) -> bool {
+        self.pools
+            .get_mut(&pool)
+            .map(|s| s.no_split = true)
+            .is_some()
+    }
+
+    /// Whether `pool` hands out whole blocks.
+    #[inline]
+    pub(crate) fn no_split(&self, pool: PoolId) -> bool {
+        self.pools.get(&pool).is_some_and(|s| s.no_split)
     }
 
     /// The stream key for allocations of `pool` on `stream`.

@@ -274,6 +274,12 @@ impl CudaAllocator {
         self.inner.observer.set(observer);
     }
 
+    /// Makes `pool` hand out whole blocks, never split; see
+    /// [`alloc_core::Engine::set_pool_no_split`].
+    pub fn set_pool_no_split(&self, pool: PoolId) -> Result<(), CudaError> {
+        Ok(self.engine()?.set_pool_no_split(pool)?)
+    }
+
     /// Holders of `pool`.
     pub fn pool_use_count(&self, pool: PoolId) -> Result<u32, CudaError> {
         Ok(self.engine()?.pool_use_count(pool))

@@ -119,6 +119,11 @@ int gpualloc_retain_pool(int device, uint64_t pool_first, uint64_t pool_second);
  * go back to the driver; its other blocks become ordinary cache once freed. */
 int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
 
+/* Makes a private pool hand out whole blocks, never split (MemPool(no_split=True)):
+ * each allocation takes a whole cached block or a new segment. Refused with
+ * expandable segments and with policy:size-class. */
+int gpualloc_set_pool_no_split(int device, uint64_t first, uint64_t second);
+
 /* Saves the layout of a private pool (CUDA graph trees: getCheckpointState). Every block
  * of the pool must be done with other streams' events. Free the handle with
  * gpualloc_pool_checkpoint_free. NULL on error. */

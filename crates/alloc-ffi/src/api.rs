@@ -218,6 +218,18 @@ pub const API: &[ApiFn] = &[
               go back to the driver; its other blocks become ordinary cache once freed.",
     },
     ApiFn {
+        ret: "int",
+        name: "gpualloc_set_pool_no_split",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "first"),
+            ("uint64_t", "second"),
+        ],
+        doc: "Makes a private pool hand out whole blocks, never split (MemPool(no_split=True)):\n\
+              each allocation takes a whole cached block or a new segment. Refused with\n\
+              expandable segments and with policy:size-class.",
+    },
+    ApiFn {
         ret: "void*",
         name: "gpualloc_checkpoint_pool",
         params: &[

@@ -351,6 +351,12 @@ pub extern "C" fn gpualloc_release_pool(device: c_int, first: u64, second: u64) 
     on_pool(device, first, second, CudaAllocator::release_pool)
 }
 
+/// Makes a private pool hand out whole blocks, never split.
+#[no_mangle]
+pub extern "C" fn gpualloc_set_pool_no_split(device: c_int, first: u64, second: u64) -> c_int {
+    on_pool(device, first, second, CudaAllocator::set_pool_no_split)
+}
+
 /// Holders of a private pool; negative on error.
 #[no_mangle]
 pub extern "C" fn gpualloc_pool_use_count(
