@@ -469,9 +469,25 @@ impl Heap {
             self.account(id, 1);
             id
         };
+        let size = self.segments[seg_id.index()].size;
+        self.resized(size, size + extra);
         self.segments[seg_id.index()].size += extra;
         self.stats.reserved_bytes.increase(pool, extra);
         grown
+    }
+
+    /// A segment's size changes from `old` to `new` bytes: the oversize
+    /// segment count follows it across the threshold.
+    fn resized(&mut self, old: u64, new: u64) {
+        let (was, is) = (
+            old >= self.oversize_threshold,
+            new >= self.oversize_threshold,
+        );
+        if is && !was {
+            self.stats.oversize_segments.increase(1);
+        } else if was && !is {
+            self.stats.oversize_segments.decrease(1);
+        }
     }
 
     /// Cuts `by` bytes off the end of a segment whose last block is free and
@@ -497,6 +513,8 @@ impl Heap {
             self.blocks[last.index()].size -= by;
             self.account(last, 1);
         }
+        let size = self.segments[seg_id.index()].size;
+        self.resized(size, size - by);
         let seg = &mut self.segments[seg_id.index()];
         debug_assert!(unmapped <= by.min(seg.unmapped));
         seg.size -= by;

@@ -637,3 +637,24 @@ fn busy_pages_of_another_stream_stay_and_the_host_does_not_wait() {
     e.assert_valid();
     common::drain(&mut e, [c, d].map(|x| x.addr));
 }
+
+/// Growable segments change size: the oversize segment count follows them
+/// across `max_split_size` and comes back to zero (it drifted to -1 after
+/// `empty_cache` when grow and shrink left it alone).
+#[test]
+fn oversize_segments_follow_growth_and_shrink() {
+    let mut e = engine("expandable_segments:True,max_split_size_mb:40", 8 * GIB);
+    let mut live = Vec::new();
+    for _ in 0..6 {
+        // 6 MiB at a time: the one growable segment crosses 40 MiB.
+        live.push(e.malloc(6 * MIB, 0).unwrap().addr);
+        e.assert_valid();
+    }
+    assert_eq!(e.stats().oversize_segments.current, 1);
+    for a in live {
+        e.free(a).unwrap();
+    }
+    e.empty_cache().unwrap();
+    assert_eq!(e.stats().oversize_segments.current, 0);
+    e.assert_valid();
+}
