@@ -99,15 +99,23 @@ pub(crate) fn last_error_ptr() -> *const c_char {
         .unwrap_or(std::ptr::null())
 }
 
-/// Writes `gpualloc: <message>` to stderr for the first `LIMIT` reports of
-/// a `counter`; says once that further ones are suppressed.
+/// Writes `gpualloc: <message>` to stderr, ignoring a stderr that cannot be
+/// written (a closed pipe, a full disk): `eprintln!` would panic there, and
+/// a report must never abort the host process or undo what it reports.
+pub(crate) fn to_stderr(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "gpualloc: {message}");
+}
+
+/// [`to_stderr`] for the first `LIMIT` reports of a `counter`; says once
+/// that further ones are suppressed.
 pub(crate) fn report(counter: &AtomicU32, message: &str) {
     const LIMIT: u32 = 8;
     let n = counter.fetch_add(1, Ordering::Relaxed);
     if n < LIMIT {
-        eprintln!("gpualloc: {message}");
+        to_stderr(message);
     } else if n == LIMIT {
-        eprintln!("gpualloc: further messages of this kind are suppressed");
+        to_stderr("further messages of this kind are suppressed");
     }
 }
 
@@ -189,8 +197,8 @@ fn seal(s: &mut ConfigState) {
     let Ok(text) = std::env::var(ENV_CONF) else {
         if std::env::var_os(ENV_CONF).is_some() {
             let msg = format!("{ENV_CONF} is not valid UTF-8; every allocation will fail");
-            eprintln!("gpualloc: {msg}");
-            s.env_error = Some(msg);
+            s.env_error = Some(msg.clone());
+            to_stderr(&msg);
         }
         return;
     };
@@ -200,8 +208,10 @@ fn seal(s: &mut ConfigState) {
     }
     if let Err(e) = CudaAllocator::configure_global(&text) {
         let msg = format!("invalid {ENV_CONF}=\"{text}\": {e}");
-        eprintln!("gpualloc: {msg}; every allocation will fail until the process restarts");
-        s.env_error = Some(msg);
+        s.env_error = Some(msg.clone());
+        to_stderr(&format!(
+            "{msg}; every allocation will fail until the process restarts"
+        ));
     }
 }
 
