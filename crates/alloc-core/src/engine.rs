@@ -314,6 +314,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(&id) = self.live.get(&addr) else {
             return Err(self.bad_pointer(addr));
         };
+        if !self.deferred_frees.is_empty() && self.deferred_frees.contains(&addr) {
+            // Freed during a capture, its events still to be recorded.
+            return Err(AllocError::DoubleFree { addr });
+        }
         if self.pools.real_stream(self.heap.block(id).stream) == stream {
             return Ok(());
         }

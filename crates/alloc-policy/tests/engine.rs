@@ -658,3 +658,23 @@ fn oversize_segments_follow_growth_and_shrink() {
     assert_eq!(e.stats().oversize_segments.current, 0);
     e.assert_valid();
 }
+
+/// A block freed during a capture (its events deferred to the capture's end)
+/// is no longer the caller's: record_stream on it is an error, as after any
+/// free.
+#[test]
+fn record_stream_after_a_free_deferred_by_a_capture_is_refused() {
+    let mut e = engine("", 8 * GIB);
+    let pool = (1, 0);
+    e.begin_allocate_to_pool(pool);
+    let a = e.malloc_in(MIB, 1, Some(pool)).unwrap().addr;
+    e.record_stream(a, 2).unwrap();
+    e.free(a).unwrap(); // deferred: another stream used it
+    assert_eq!(
+        e.record_stream(a, 3),
+        Err(AllocError::DoubleFree { addr: a })
+    );
+    assert_eq!(e.free(a), Err(AllocError::DoubleFree { addr: a }));
+    e.end_allocate_to_pool(pool).unwrap();
+    e.assert_valid();
+}
