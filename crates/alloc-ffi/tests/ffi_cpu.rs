@@ -26,8 +26,14 @@ fn err_contains(what: &[&str]) {
 
 #[test]
 fn free_of_null_is_a_no_op() {
+    // A successful int call clears the thread's last error; freeing NULL,
+    // even with a bad device index, must leave it clear.
+    // SAFETY: a valid C string.
+    assert_eq!(unsafe { gpualloc_check_config(c"".as_ptr()) }, GPUALLOC_OK);
+    assert_eq!(last_error(), None);
     gpualloc_free(null_mut(), 0, 0, null_mut());
     gpualloc_free(null_mut(), 100, -5, null_mut());
+    assert_eq!(last_error(), None, "freeing NULL reported an error");
 }
 
 #[test]

@@ -15,6 +15,8 @@ use std::process::Command;
 use alloc_ffi::api::{header_text, API};
 use alloc_ffi::CudaStream;
 
+mod common;
+
 const HEADER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpualloc.h");
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 
@@ -209,7 +211,7 @@ fn have(compiler: &str) -> bool {
 #[test]
 fn header_compiles_and_links_from_c_and_cpp() {
     let Some(libdir) = built_library() else {
-        eprintln!("SKIP: liballoc_ffi.so not built next to the test executable");
+        common::missing_tool("liballoc_ffi.so not built next to the test executable");
         return;
     };
     let mut ran = false;
@@ -222,6 +224,6 @@ fn header_compiles_and_links_from_c_and_cpp() {
         ran = true;
     }
     if !ran {
-        eprintln!("SKIP: no C or C++ compiler (cc, c++) on PATH");
+        common::missing_tool("no C or C++ compiler (cc, c++) on PATH");
     }
 }

@@ -8,6 +8,8 @@ use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, 
 use alloc_ffi::snapshot::{segments_of, settings_of, to_pickle, PySnapshot, TraceEntry};
 use alloc_policy::AnyPolicy;
 
+mod common;
+
 /// PyTorch's default policy on an 80 GiB simulated device.
 fn sim_engine() -> Engine<AnyPolicy, SimMemory, SimStreams> {
     let policy = AnyPolicy::from_config(&AllocatorConfig::default()).unwrap();
@@ -116,7 +118,7 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
     };
     let bytes = to_pickle(&py).unwrap();
     let Some(python) = python3() else {
-        eprintln!("SKIP: no python3 to load the pickle");
+        common::missing_tool("no python3 to load the pickle");
         return;
     };
     let dir = std::env::temp_dir().join(format!("gpualloc_pickle_{}", std::process::id()));
