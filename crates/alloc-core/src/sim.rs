@@ -73,6 +73,23 @@ impl SimMemory {
         self.used
     }
 
+    /// Whether `[addr, addr + size)` is memory the device can use now: inside
+    /// one allocated segment, or made of mapped pages of a reserved range
+    /// (not pages whose memory was detached to another address).
+    pub fn is_accessible(&self, addr: u64, size: u64) -> bool {
+        let in_segment = self
+            .live
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &len)| addr + size <= start + len);
+        if in_segment {
+            return true;
+        }
+        let first = addr - addr % SIM_ALIGN;
+        let end = (addr + size).div_ceil(SIM_ALIGN) * SIM_ALIGN;
+        size > 0 && chunks_of(first, end - first).all(|c| self.chunks.contains(&c))
+    }
+
     /// The planned address for a segment of `size`, if the plan has one and
     /// it is free.
     fn planned(&mut self, size: u64) -> Option<u64> {
@@ -269,6 +286,14 @@ impl SimMemory {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SimEvent(u64);
 
+impl SimEvent {
+    /// Its id: events recorded later have larger ids
+    /// (see [`SimStreams::last_event`]).
+    pub fn id(self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug, Clone)]
 struct SimEventState {
     stream: StreamId,
@@ -286,8 +311,9 @@ struct SimEventState {
 pub struct SimStreams {
     next: u64,
     events: HashMap<u64, SimEventState>,
-    /// Every `(stream, event)` wait the engine asked for, in order.
-    pub waits: Vec<(StreamId, SimEvent)>,
+    /// Every wait the engine asked for, in order: `(waiting stream, event,
+    /// the stream the event was recorded on)`.
+    pub waits: Vec<(StreamId, SimEvent, StreamId)>,
     /// Number of host synchronizations.
     pub synchronizations: u64,
     /// Events recorded and not yet released.
@@ -328,11 +354,25 @@ impl SimStreams {
         }
     }
 
-    /// Completes one event.
+    /// Completes one event, and with it every earlier event of its stream
+    /// (a stream runs its work in order).
     pub fn complete(&mut self, event: SimEvent) {
-        if let Some(e) = self.events.get_mut(&event.0) {
+        let Some(stream) = self.events.get(&event.0).map(|e| e.stream) else {
+            return;
+        };
+        for (_, e) in self
+            .events
+            .iter_mut()
+            .filter(|(&id, e)| id <= event.0 && e.stream == stream)
+        {
             e.complete = true;
         }
+    }
+
+    /// The id of the latest event recorded (0 before the first): events
+    /// with larger ids were recorded after this call.
+    pub fn last_event(&self) -> u64 {
+        self.next
     }
 
     /// Completes every event recorded on `stream` (the stream ran dry).
@@ -392,7 +432,11 @@ impl StreamBackend for SimStreams {
     }
 
     fn make_stream_wait(&mut self, stream: StreamId, event: &SimEvent) -> Result<(), BackendError> {
-        self.waits.push((stream, *event));
+        let recorded_on =
+            self.events.get(&event.0).map(|e| e.stream).ok_or_else(|| {
+                BackendError::Other(format!("wait on released event {}", event.0))
+            })?;
+        self.waits.push((stream, *event, recorded_on));
         Ok(())
     }
 

@@ -2,11 +2,16 @@
 //! allocations (log-uniform 1 B .. 256 MiB, several streams), frees,
 //! record_stream with event completion, empty_cache and allocation under a
 //! small capacity, and CUDA-graph style captures into private pools, with
-//! every invariant checked after every step.
+//! every invariant checked after every step and a shadow of what was handed
+//! out (`common/shadow.rs`) checking that no block is reused while another
+//! stream may still use it, that live blocks never overlap, and that their
+//! memory stays mapped.
 
 mod common;
 
 use std::collections::HashMap;
+
+use common::shadow::Shadow;
 
 use alloc_core::{AllocError, PoolId, MIB};
 use alloc_policy::policy_names;
@@ -43,6 +48,11 @@ enum Op {
     ReleasePool {
         pool: u64,
     },
+    /// Limit reserved memory to `tenths` / 10 of the device (garbage
+    /// collection and the out-of-memory path then run on a roomy device).
+    SetFraction {
+        tenths: u8,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,6 +65,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..3).prop_map(|pool| Op::BeginCapture { pool }),
         1 => Just(Op::EndCapture),
         1 => (1u64..3).prop_map(|pool| Op::ReleasePool { pool }),
+        1 => (1u8..=10).prop_map(|tenths| Op::SetFraction { tenths }),
     ]
 }
 
@@ -73,6 +84,17 @@ fn configs() -> Vec<String> {
                 .into(),
         );
         all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());
+        // The setting recommended for FSDP, and growth with a split limit.
+        all.push(
+            "policy:pytorch-bfc,stream_wait_reuse:true,expandable_segments:true,\
+             unmap_free_pages:true"
+                .into(),
+        );
+        all.push("policy:pytorch-bfc,expandable_segments:true,max_split_size_mb:64".into());
+    }
+    // Garbage collection by age under the memory fraction.
+    if cfg!(all(feature = "pytorch-bfc", feature = "gc-age")) {
+        all.push("policy:pytorch-bfc+gc-age,garbage_collection_threshold:0.6".into());
     }
     // Size-class's bounded mode (class-pure idle slabs, released past 0 MiB).
     if cfg!(feature = "size-class") {
@@ -86,6 +108,8 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut live: Vec<u64> = Vec::new();
     let mut capture: Option<PoolId> = None;
     let mut holders: HashMap<PoolId, u32> = HashMap::new();
+    let mut shadow = Shadow::default();
+    let mut limited = false;
     for op in ops {
         let events_before = e.streams().pending();
         match *op {
@@ -95,6 +119,9 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 match e.malloc_in(size, stream, pool) {
                     Ok(a) => {
                         prop_assert!(a.size >= size, "block smaller than request");
+                        shadow
+                            .allocated(&mut e, a)
+                            .map_err(|msg| TestCaseError::fail(format!("{policy}: {msg}")))?;
                         prop_assert_eq!(
                             owning_pool(&e, a.addr),
                             pool,
@@ -104,13 +131,14 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                     }
                     Err(AllocError::OutOfMemory(report)) => {
                         prop_assert_eq!(report.requested, size);
-                        prop_assert!(capacity < 8 << 30, "OOM on a roomy device");
+                        prop_assert!(limited || capacity < 8 << 30, "OOM on a roomy device");
                     }
                     Err(other) => return Err(TestCaseError::fail(format!("malloc: {other}"))),
                 }
             }
             Op::Free { pick } if !live.is_empty() => {
                 let addr = live.swap_remove(pick % live.len());
+                shadow.freeing(&mut e, addr, capture.is_some());
                 e.free(addr)
                     .map_err(|err| TestCaseError::fail(err.to_string()))?;
                 let again = e.free(addr);
@@ -121,10 +149,17 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 prop_assert!(refused, "second free accepted: {:?}", again);
             }
             Op::RecordStream { pick, stream } if !live.is_empty() => {
-                e.record_stream(live[pick % live.len()], stream)
+                let addr = live[pick % live.len()];
+                e.record_stream(addr, stream)
                     .map_err(|err| TestCaseError::fail(err.to_string()))?;
+                shadow.recorded(addr, stream);
             }
             Op::CompleteStream { stream } => e.streams_mut().complete_stream(stream),
+            Op::SetFraction { tenths } => {
+                e.set_memory_fraction(f64::from(tenths) / 10.0)
+                    .map_err(|err| TestCaseError::fail(err.to_string()))?;
+                limited = tenths < 10;
+            }
             Op::EmptyCache if capture.is_some() => {
                 prop_assert!(e.empty_cache().is_err(), "empty_cache during a capture");
             }
@@ -143,6 +178,7 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::EndCapture => {
                 if let Some(pool) = capture.take() {
+                    shadow.capture_ending(&mut e);
                     e.end_allocate_to_pool(pool)
                         .map_err(|err| TestCaseError::fail(err.to_string()))?;
                 } else {
@@ -172,6 +208,9 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 "an event was recorded during a capture"
             );
         }
+        shadow
+            .check_mapped(&e)
+            .map_err(|msg| TestCaseError::fail(format!("{policy}: after {op:?}: {msg}")))?;
         if let Err(msg) = e.validate() {
             return Err(TestCaseError::fail(format!(
                 "{policy}: after {op:?}: {msg}"
@@ -234,8 +273,18 @@ fn pool_bytes(e: &common::SimEngine, holders: &HashMap<PoolId, u32>) -> u64 {
         .sum()
 }
 
+/// Sequences per configuration: `PROPTEST_CASES` (48 by default, for CI; a
+/// longer run: `PROPTEST_CASES=10000 cargo test --release -p alloc-policy
+/// --test engine_props`).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(48)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn every_policy_keeps_invariants(ops in proptest::collection::vec(op(), 1..120)) {

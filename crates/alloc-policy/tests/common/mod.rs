@@ -1,6 +1,8 @@
 //! Shared helpers for the policy integration tests.
 #![allow(dead_code)]
 
+pub mod shadow;
+
 use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams};
 use alloc_policy::AnyPolicy;
 
