@@ -4,6 +4,8 @@
 //!   simulated device; prints a table, writes JSON and an SVG plot.
 //! - `test-gpu`: builds and runs (or bundles) alloc-cuda's GPU suite.
 
+#![forbid(unsafe_code)]
+
 mod replay;
 mod test_gpu;
 

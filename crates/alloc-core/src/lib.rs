@@ -10,6 +10,7 @@
 //! [`SimStreams`]) backs tests and trace replay.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod backend;
 pub mod config;

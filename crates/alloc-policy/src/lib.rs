@@ -8,6 +8,7 @@
 //! [`policy_names`] lists the names this build accepts.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 #[cfg(feature = "buddy")]
 pub mod buddy;

@@ -8,6 +8,7 @@
 //! * [`plot`]: dependency-free SVG line charts of memory over time.
 
 #![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod plot;
 pub mod replay;
