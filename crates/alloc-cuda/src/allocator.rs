@@ -174,9 +174,24 @@ impl CudaAllocator {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Runs `f` on the engine under the allocator's lock. Keep `f` short:
-    /// every other thread using this device's allocator waits for it.
-    pub fn with_engine<R>(&self, f: impl FnOnce(&mut CudaEngine) -> R) -> Result<R, CudaError> {
+    /// Runs `f` on the engine, read-only, under the allocator's lock (its
+    /// heap, statistics, snapshot, backends). Keep `f` short: every other
+    /// thread using this device's allocator waits for it.
+    pub fn inspect<R>(&self, f: impl FnOnce(&CudaEngine) -> R) -> Result<R, CudaError> {
+        Ok(f(&*self.engine()?))
+    }
+
+    /// Runs `f` on the engine, mutably, under the allocator's lock.
+    ///
+    /// # Safety
+    /// Stream ids `f` gives the engine (`malloc`, `malloc_in`,
+    /// `record_stream`, `streams_mut`) reach the driver as raw `CUstream`
+    /// values: each must be `0` or a live stream of this device's primary
+    /// context, as for [`CudaAllocator::malloc_on_stream_id`].
+    pub unsafe fn with_engine<R>(
+        &self,
+        f: impl FnOnce(&mut CudaEngine) -> R,
+    ) -> Result<R, CudaError> {
         Ok(f(&mut *self.engine()?))
     }
 

@@ -89,7 +89,7 @@ impl CudaAllocator {
     /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
     /// in memory of this allocator.
     pub fn shared_range(&self, ptr: u64) -> Result<Option<SharedRange>, CudaError> {
-        self.with_engine(|e| {
+        self.inspect(|e| {
             let Some((addr, size, expandable)) = live_block(e, ptr)? else {
                 return Ok(None);
             };
@@ -115,7 +115,7 @@ impl CudaAllocator {
     /// `ptr` is not in memory of this allocator; an error for a block of a
     /// `cuMemAlloc` segment (shared with `cuIpcGetMemHandle` instead).
     pub fn export_pages(&self, ptr: u64) -> Result<Option<SharedPages>, CudaError> {
-        self.with_engine(|e| {
+        self.inspect(|e| {
             let Some((addr, size, expandable)) = live_block(e, ptr)? else {
                 return Ok(None);
             };

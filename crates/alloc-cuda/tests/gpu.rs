@@ -633,13 +633,11 @@ fn bad_input_is_a_typed_error() {
 fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     let alloc = allocator("expandable_segments:True");
     assert!(
-        alloc.with_engine(|e| e.expandable()).unwrap(),
+        alloc.inspect(|e| e.expandable()).unwrap(),
         "growable segments active"
     );
     let stream = new_stream(&alloc);
-    let granule = alloc
-        .with_engine(|e| e.memory().vmm().granularity())
-        .unwrap();
+    let granule = alloc.inspect(|e| e.memory().vmm().granularity()).unwrap();
     println!("VMM granularity {}", human_bytes(granule));
     let (free0, _) = alloc.mem_get_info().unwrap();
 

@@ -138,15 +138,17 @@ fn main() {
     }
     CudaAllocator::configure_global(&conf).unwrap();
     let a = CudaAllocator::global(0).unwrap();
-    let row = a
-        .with_engine(|eng| {
+    // SAFETY: the engine only gets stream 0, the legacy default stream.
+    let row = unsafe {
+        a.with_engine(|eng| {
             let eng = std::cell::RefCell::new(eng);
             measure(
                 &mut |s| eng.borrow_mut().malloc(s, 0).unwrap().addr,
                 &mut |p| eng.borrow_mut().free(p).unwrap(),
             )
         })
-        .unwrap();
+    }
+    .unwrap();
     print("CUDA engine, one lock around all", &row);
     print(
         "CudaAllocator (lock per call)",
