@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <limits>
+#include <map>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -73,6 +74,8 @@ struct Api {
   int (*release_pool)(int, uint64_t, uint64_t);
   int (*pool_use_count)(int, uint64_t, uint64_t);
   int (*set_pool_no_split)(int, uint64_t, uint64_t);
+  int (*set_pool_allocator)(int, uint64_t, uint64_t, void* (*)(size_t, int, void*),
+                            void (*)(void*, size_t, int, void*), void*);
   void* (*checkpoint_pool)(int, uint64_t, uint64_t);
   void (*pool_checkpoint_free)(void*);
   int (*restore_pool)(int, void*, uint64_t**, size_t*, uint64_t**, size_t*);
@@ -253,6 +256,26 @@ std::string format_size(uint64_t size) {
 // invalid, PyTorch reports them as out of memory, and so does the bridge.
 constexpr uint64_t kLargestRequest = uint64_t{1} << 50;
 constexpr uint64_t kOneExabyte = 1152921504606846976ULL;
+
+// Segments of a MemPool(allocator) pool, from and back to that allocator
+// (called by the library with its lock held: no exception may escape).
+void* pool_segment_alloc(size_t size, int device, void* allocator) {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    return static_cast<CUDAAllocator*>(allocator)->raw_alloc(size);
+  } catch (...) {
+    return nullptr;  // out of memory for the pool
+  }
+}
+
+void pool_segment_free(void* ptr, size_t /*size*/, int device, void* allocator) {
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    static_cast<CUDAAllocator*>(allocator)->raw_delete(ptr);
+  } catch (...) {
+    std::fprintf(stderr, "gpu_alloc: a MemPool allocator failed to free a segment\n");
+  }
+}
 
 class Bridge : public CUDAAllocator {
  public:
@@ -527,12 +550,24 @@ class Bridge : public CUDAAllocator {
     history.record_annotation(c10::cuda::current_device(), md);
   }
 
+  // A MemPool with an allocator of its own takes its segments from it: the
+  // library caches and splits them, and gives them back through it. The
+  // allocator is kept alive for as long as the process may free into it.
   void createOrIncrefPool(c10::DeviceIndex device, MempoolId_t mempool_id,
                           std::shared_ptr<CUDAAllocator> allocator) override {
-    TORCH_CHECK(allocator == nullptr,
-                "gpu_alloc: a MemPool with an allocator of its own while gpualloc is PyTorch's "
-                "allocator is not supported; use gpu_alloc.pool() with PyTorch's allocator instead");
     check(api.retain_pool(device, mempool_id.first, mempool_id.second), "retain_pool");
+    if (allocator == nullptr) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& kept = pool_allocators_[std::make_pair(device, mempool_id)];
+    if (kept) {
+      return;  // one more holder of a pool that has its source
+    }
+    check(api.set_pool_allocator(device, mempool_id.first, mempool_id.second, &pool_segment_alloc,
+                                 &pool_segment_free, allocator.get()),
+          "set_pool_allocator");
+    kept = std::move(allocator);
   }
 
   int getPoolUseCount(c10::DeviceIndex device, MempoolId_t mempool_id) override {
@@ -840,6 +875,8 @@ class Bridge : public CUDAAllocator {
   std::atomic<int> routing_{0};
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
   std::atomic<bool> caching_{true};
+  std::map<std::pair<c10::DeviceIndex, MempoolId_t>, std::shared_ptr<CUDAAllocator>>
+      pool_allocators_;
   std::vector<std::pair<c10::DeviceIndex, MempoolId_t>> oom_pools_;
 };
 
@@ -896,6 +933,7 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_release_pool", api.release_pool);
   resolve(lib, "gpualloc_pool_use_count", api.pool_use_count);
   resolve(lib, "gpualloc_set_pool_no_split", api.set_pool_no_split);
+  resolve(lib, "gpualloc_set_pool_allocator", api.set_pool_allocator);
   resolve(lib, "gpualloc_checkpoint_pool", api.checkpoint_pool);
   resolve(lib, "gpualloc_pool_checkpoint_free", api.pool_checkpoint_free);
   resolve(lib, "gpualloc_restore_pool", api.restore_pool);

@@ -4,6 +4,18 @@
 use crate::error::BackendError;
 use crate::types::StreamId;
 
+/// Where the segments of one private pool come from instead of the device
+/// backend: another allocator that the pool's owner chose (PyTorch's
+/// `MemPool(allocator)`, e.g. NCCL's `ncclMemAlloc`). The engine caches and
+/// splits its segments like any other and gives them back only through it.
+pub trait SegmentSource: Send {
+    /// A segment of `size` bytes; [`BackendError::OutOfMemory`] when the
+    /// source has no room.
+    fn allocate(&mut self, size: u64) -> Result<u64, BackendError>;
+    /// Returns a segment obtained from [`SegmentSource::allocate`].
+    fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
+}
+
 /// Hands out and takes back segments of device memory.
 pub trait MemoryBackend {
     /// Reserves `size` bytes; returns the address of the first byte.

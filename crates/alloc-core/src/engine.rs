@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use crate::backend::{MemoryBackend, StreamBackend};
+use crate::backend::{MemoryBackend, SegmentSource, StreamBackend};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
@@ -131,6 +131,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Addresses freed during a capture while other streams used them:
     /// their events are recorded once no capture is underway.
     deferred_frees: Vec<u64>,
+    /// Private pools whose segments come from a source of their own; kept
+    /// after the pool is released, until its last segment went back.
+    sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
@@ -155,6 +158,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             expandable,
             pools: PrivatePools::default(),
             deferred_frees: Vec::new(),
+            sources: FxHashMap::default(),
         }
     }
 
@@ -503,6 +507,33 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
+    /// Makes the private pool `pool` take its segments from `source` (and
+    /// give them back to it) instead of the device backend, as PyTorch's
+    /// `MemPool(allocator)` does; such segments never grow. The pool must
+    /// be held and have no segment yet.
+    pub fn set_pool_source(
+        &mut self,
+        pool: PoolId,
+        source: Box<dyn SegmentSource>,
+    ) -> Result<(), AllocError> {
+        if self.pools.use_count(pool) == 0 {
+            return Err(AllocError::InvalidArgument(format!(
+                "unknown private pool {pool:?}"
+            )));
+        }
+        let has_segments = self
+            .heap
+            .segments()
+            .any(|(_, s)| self.pools.pool_of(s.stream) == Some(pool));
+        if has_segments || self.sources.contains_key(&pool) {
+            return Err(AllocError::InvalidArgument(format!(
+                "private pool {pool:?} already has segments or a source of its own"
+            )));
+        }
+        self.sources.insert(pool, source);
+        Ok(())
+    }
+
     /// Holders of the private pool `pool` (0 once released).
     pub fn pool_use_count(&self, pool: PoolId) -> u32 {
         self.pools.use_count(pool)
@@ -760,14 +791,20 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.stats.num_alloc_retries += 1;
         }
-        if self.expandable {
+        let pool = self.pools.pool_of(req.stream);
+        let sourced = pool.filter(|p| self.sources.contains_key(p));
+        if self.expandable && sourced.is_none() {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);
         if self.would_pass_limit(size) {
             return Ok(None);
         }
-        match self.memory.allocate(size) {
+        let made = match sourced {
+            Some(p) => self.sources.get_mut(&p).expect("source").allocate(size),
+            None => self.memory.allocate(size),
+        };
+        match made {
             Ok(addr) => {
                 self.heap.stats.num_device_alloc += 1;
                 let (_, block) = self.heap.add_segment(addr, size, req.pool, req.stream);
@@ -814,7 +851,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.pools.releasable(seg.stream) {
                 continue; // a held private pool: a graph replays into it
             }
-            if seg.expandable {
+            let source = self
+                .pools
+                .pool_of(seg.stream)
+                .filter(|p| self.sources.contains_key(p));
+            if let Some(p) = source {
+                let (addr, size) = (seg.addr, seg.size);
+                self.sources.get_mut(&p).expect("source").free(addr, size)?;
+            } else if seg.expandable {
                 let key = (seg.stream, seg.pool);
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
                 self.settle_detached(&key, addr, end)?;
@@ -830,6 +874,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             self.heap.remove_segment(seg_id);
             self.heap.stats.num_device_free += 1;
+        }
+        if !self.sources.is_empty() {
+            // A released pool's source goes once its last segment went back.
+            let (heap, pools) = (&self.heap, &self.pools);
+            self.sources.retain(|&p, _| {
+                pools.use_count(p) > 0
+                    || heap
+                        .segments()
+                        .any(|(_, s)| pools.pool_of(s.stream) == Some(p))
+            });
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ pub mod stats;
 pub mod types;
 mod validate;
 
-pub use backend::{MemoryBackend, StreamBackend};
+pub use backend::{MemoryBackend, SegmentSource, StreamBackend};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
 pub use engine::{
     Allocation, BlockCheckpoint, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,

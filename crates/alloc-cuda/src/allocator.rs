@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
     Allocation, AllocatorConfig, Engine, EngineOptions, PoolCheckpoint, PoolId, RestoreOutcome,
-    Snapshot, Stats, StreamId,
+    SegmentSource, Snapshot, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -287,6 +287,21 @@ impl CudaAllocator {
     /// with the allocator's lock held and must not call back into it.
     pub fn set_segment_observer(&self, observer: Option<SegmentObserver>) {
         self.inner.observer.set(observer);
+    }
+
+    /// Makes the private `pool` take its segments from `source` and give
+    /// them back to it; see [`alloc_core::Engine::set_pool_source`].
+    ///
+    /// # Safety
+    /// Every segment `source` hands out is device memory of this device's
+    /// primary context, of the size asked for, used by nothing else until
+    /// it is given back.
+    pub unsafe fn set_pool_source(
+        &self,
+        pool: PoolId,
+        source: Box<dyn SegmentSource>,
+    ) -> Result<(), CudaError> {
+        Ok(self.engine()?.set_pool_source(pool, source)?)
     }
 
     /// Makes `pool` hand out whole blocks, never split; see

@@ -28,6 +28,10 @@
 typedef struct CUstream_st* cudaStream_t;
 #endif
 
+/* The segment source of gpualloc_set_pool_allocator. */
+typedef void* (*gpualloc_pool_alloc_fn)(size_t size, int device, void* ctx);
+typedef void (*gpualloc_pool_free_fn)(void* ptr, size_t size, int device, void* ctx);
+
 /* The callback of gpualloc_set_segment_callback (action: GPUALLOC_SEGMENT_*). */
 typedef void (*gpualloc_segment_callback)(int device, int action, uint64_t addr,
                                           uint64_t size);
@@ -118,6 +122,13 @@ int gpualloc_retain_pool(int device, uint64_t pool_first, uint64_t pool_second);
 /* One holder fewer (a graph was deleted). With none left the pool's idle segments
  * go back to the driver; its other blocks become ordinary cache once freed. */
 int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
+
+/* Makes a held private pool with no segment yet take its segments from `alloc` and
+ * give them back through `free` (MemPool(allocator)): they are cached and split as
+ * the library's own, and never grow. Both are called with the device's allocator
+ * lock held (they must not call into this library, nor throw) and with `ctx`; alloc
+ * returns NULL when out of memory. */
+int gpualloc_set_pool_allocator(int device, uint64_t first, uint64_t second, gpualloc_pool_alloc_fn alloc, gpualloc_pool_free_fn free, void* ctx);
 
 /* Makes a private pool hand out whole blocks, never split (MemPool(no_split=True)):
  * each allocation takes a whole cached block or a new segment. Refused with

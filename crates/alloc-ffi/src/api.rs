@@ -219,6 +219,23 @@ pub const API: &[ApiFn] = &[
     },
     ApiFn {
         ret: "int",
+        name: "gpualloc_set_pool_allocator",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "first"),
+            ("uint64_t", "second"),
+            ("gpualloc_pool_alloc_fn", "alloc"),
+            ("gpualloc_pool_free_fn", "free"),
+            ("void*", "ctx"),
+        ],
+        doc: "Makes a held private pool with no segment yet take its segments from `alloc` and\n\
+              give them back through `free` (MemPool(allocator)): they are cached and split as\n\
+              the library's own, and never grow. Both are called with the device's allocator\n\
+              lock held (they must not call into this library, nor throw) and with `ctx`; alloc\n\
+              returns NULL when out of memory.",
+    },
+    ApiFn {
+        ret: "int",
         name: "gpualloc_set_pool_no_split",
         params: &[
             ("int", "device"),
@@ -449,6 +466,10 @@ const PREAMBLE: &[&str] = &[
     "/* The same typedef as CUDA's driver_types.h (included by cuda_runtime.h). */",
     "typedef struct CUstream_st* cudaStream_t;",
     "#endif",
+    "",
+    "/* The segment source of gpualloc_set_pool_allocator. */",
+    "typedef void* (*gpualloc_pool_alloc_fn)(size_t size, int device, void* ctx);",
+    "typedef void (*gpualloc_pool_free_fn)(void* ptr, size_t size, int device, void* ctx);",
     "",
     "/* The callback of gpualloc_set_segment_callback (action: GPUALLOC_SEGMENT_*). */",
     "typedef void (*gpualloc_segment_callback)(int device, int action, uint64_t addr,",

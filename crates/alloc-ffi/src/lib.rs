@@ -52,6 +52,7 @@
 pub mod api;
 mod checkpoint;
 mod ipc;
+mod pool_allocator;
 mod segments;
 pub mod snapshot;
 mod state;
@@ -66,6 +67,7 @@ pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,
 };
+pub use pool_allocator::{gpualloc_set_pool_allocator, PoolAllocFn, PoolFreeFn};
 pub use segments::{
     gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,
     GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,

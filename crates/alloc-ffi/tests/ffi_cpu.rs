@@ -5,7 +5,7 @@
 //! `gpualloc_configure` seals on first use, so the configuration tests live in
 //! their own test binaries (`configure.rs`, `env_config.rs`).
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_int, c_void, CStr, CString};
 use std::ptr::null_mut;
 
 use alloc_ffi::api::*;
@@ -246,4 +246,19 @@ fn history_switch_and_version() {
         .to_str()
         .unwrap();
     assert_eq!(v, env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn a_pool_allocator_needs_a_pool_and_both_functions() {
+    extern "C" fn alloc(_: usize, _: c_int, _: *mut c_void) -> *mut c_void {
+        null_mut()
+    }
+    // SAFETY: refused before any function is stored or called.
+    let code = unsafe { gpualloc_set_pool_allocator(0, 0, 7, Some(alloc), None, null_mut()) };
+    assert_eq!(code, GPUALLOC_ERR_INVALID);
+    err_contains(&["NULL allocate or free function"]);
+    // SAFETY: as above.
+    let code = unsafe { gpualloc_set_pool_allocator(0, 0, 0, Some(alloc), None, null_mut()) };
+    assert_eq!(code, GPUALLOC_ERR_INVALID);
+    err_contains(&["(0, 0)"]);
 }

@@ -64,6 +64,8 @@ fn c_type(rust: &str) -> String {
         "u64" => "uint64_t",
         "usize" => "size_t",
         "SegmentCallback" => "gpualloc_segment_callback",
+        "PoolAllocFn" => "gpualloc_pool_alloc_fn",
+        "PoolFreeFn" => "gpualloc_pool_free_fn",
         "*mut u64" => "uint64_t*",
         "*const u64" => "const uint64_t*",
         "*mut *mut u64" => "uint64_t**",
