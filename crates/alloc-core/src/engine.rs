@@ -57,6 +57,18 @@ impl From<&AllocatorConfig> for EngineOptions {
     }
 }
 
+/// Refuses a stream id that no caller's stream can have: private pools
+/// key their blocks with the top bit set.
+fn check_stream(stream: StreamId) -> Result<(), AllocError> {
+    if crate::private_pool::is_caller_stream(stream) {
+        Ok(())
+    } else {
+        Err(AllocError::InvalidArgument(format!(
+            "stream id {stream:#x} has the top bit set, which no stream handle has"
+        )))
+    }
+}
+
 /// A block handed out by [`Engine::malloc`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
@@ -211,6 +223,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 reason: "larger than any device (1 PiB)",
             });
         }
+        check_stream(stream)?;
         self.poll_events()?;
         let mut req = self.policy.plan(size, stream);
         if let Some(pool) = pool {
@@ -315,6 +328,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Marks an allocated block as used by `stream` too, so that a later free
     /// defers its reuse until `stream`'s work queued before the free is done.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
+        check_stream(stream)?;
         let Some(&id) = self.live.get(&addr) else {
             return Err(self.bad_pointer(addr));
         };

@@ -18,6 +18,13 @@ pub type PoolId = (u64, u64);
 /// Set in every private-pool stream key.
 const KEY_BIT: u64 = 1 << 63;
 
+/// Whether `stream` can be a caller's stream: real stream handles (host
+/// addresses, or 0) never have the top bit, which private-pool keys use.
+#[inline]
+pub(crate) fn is_caller_stream(stream: StreamId) -> bool {
+    stream & KEY_BIT == 0
+}
+
 #[derive(Debug, Default)]
 struct PoolState {
     /// Holders of the pool (graphs, `MemPool` objects); released at zero.

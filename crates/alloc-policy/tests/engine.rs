@@ -678,3 +678,27 @@ fn record_stream_after_a_free_deferred_by_a_capture_is_refused() {
     e.end_allocate_to_pool(pool).unwrap();
     e.assert_valid();
 }
+
+/// A stream id with the top bit set (private pools key their blocks so) is
+/// refused, not served from a pool or answered with a panic.
+#[test]
+fn stream_ids_with_the_top_bit_are_refused() {
+    let mut e = engine("", 8 * GIB);
+    let pool = (1, 0);
+    e.begin_allocate_to_pool(pool);
+    let a = e.malloc_in(MIB, 0, Some(pool)).unwrap().addr;
+    e.end_allocate_to_pool(pool).unwrap();
+    let bogus = 1u64 << 63;
+    assert!(matches!(
+        e.malloc(MIB, bogus),
+        Err(AllocError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        e.record_stream(a, bogus),
+        Err(AllocError::InvalidArgument(_))
+    ));
+    assert!(e.allocation(a).is_some());
+    let _ = e.snapshot();
+    e.free(a).unwrap();
+    e.assert_valid();
+}
