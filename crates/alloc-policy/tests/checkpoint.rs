@@ -14,17 +14,11 @@ const POOL: (u64, u64) = (1, 7);
 const STREAM: u64 = 0x10;
 
 fn malloc_in_pool(e: &mut SimEngine, size: u64) -> u64 {
-    e.begin_allocate_to_pool(POOL);
-    let a = e.malloc_in(size, STREAM, Some(POOL)).unwrap().addr;
-    e.end_allocate_to_pool(POOL).unwrap();
-    a
+    common::malloc_in_pool(e, POOL, STREAM, size)
 }
 
-/// Drops every holder of the pool (each routing opened one, as in PyTorch).
 fn release_all(e: &mut SimEngine) {
-    while e.pool_use_count(POOL) > 0 {
-        e.release_pool(POOL).unwrap();
-    }
+    common::release_all(e, POOL);
 }
 
 fn live_set(cp: &PoolCheckpoint) -> FxHashSet<u64> {

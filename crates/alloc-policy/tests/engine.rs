@@ -684,10 +684,7 @@ fn record_stream_after_a_free_deferred_by_a_capture_is_refused() {
 #[test]
 fn stream_ids_with_the_top_bit_are_refused() {
     let mut e = engine("", 8 * GIB);
-    let pool = (1, 0);
-    e.begin_allocate_to_pool(pool);
-    let a = e.malloc_in(MIB, 0, Some(pool)).unwrap().addr;
-    e.end_allocate_to_pool(pool).unwrap();
+    let a = common::malloc_in_pool(&mut e, (1, 0), 0, MIB);
     let bogus = 1u64 << 63;
     assert!(matches!(
         e.malloc(MIB, bogus),

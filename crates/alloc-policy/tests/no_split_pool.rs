@@ -11,10 +11,7 @@ const SPLIT: (u64, u64) = (0, 1);
 const WHOLE: (u64, u64) = (0, 2);
 
 fn malloc_in(e: &mut SimEngine, pool: (u64, u64), size: u64) -> u64 {
-    e.begin_allocate_to_pool(pool);
-    let a = e.malloc_in(size, 0, Some(pool)).unwrap().addr;
-    e.end_allocate_to_pool(pool).unwrap();
-    a
+    common::malloc_in_pool(e, pool, 0, size)
 }
 
 /// (segments, blocks) of the pool in a snapshot.
@@ -52,12 +49,8 @@ fn a_no_split_pool_hands_out_whole_segments() {
     for a in live {
         e.free(a).unwrap();
     }
-    for pool in [SPLIT, WHOLE] {
-        // Each routing held the pool once more, as PyTorch's do.
-        while e.pool_use_count(pool) > 0 {
-            e.release_pool(pool).unwrap();
-        }
-    }
+    common::release_all(&mut e, SPLIT);
+    common::release_all(&mut e, WHOLE);
     e.empty_cache().unwrap();
     assert_eq!(e.memory().used(), 0);
     e.assert_valid();

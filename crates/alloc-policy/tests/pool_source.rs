@@ -83,9 +83,7 @@ fn a_sourced_pool_takes_and_gives_back_through_its_source() {
             source.0.lock().unwrap().freed.is_empty(),
             "a held pool keeps its memory"
         );
-        while e.pool_use_count(POOL) > 0 {
-            e.release_pool(POOL).unwrap();
-        }
+        common::release_all(&mut e, POOL);
         e.empty_cache().unwrap();
         let c = source.0.lock().unwrap();
         assert_eq!(c.freed, c.allocated, "`{config}`: given back to the source");

@@ -3,7 +3,7 @@
 
 pub mod shadow;
 
-use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams};
+use alloc_core::{AllocatorConfig, Engine, PoolId, SimMemory, SimStreams, StreamId};
 use alloc_policy::AnyPolicy;
 
 /// The engine type used by the tests.
@@ -24,4 +24,21 @@ pub fn drain(e: &mut SimEngine, addrs: impl IntoIterator<Item = u64>) {
     e.empty_cache().unwrap();
     assert_eq!(e.memory().used(), 0, "memory left on the device");
     e.assert_valid();
+}
+
+/// Allocates `size` bytes for `stream` from the private `pool`, with an
+/// allocation routing opened and closed around it (which holds the pool
+/// once more, as PyTorch's captures and `use_mem_pool` blocks do).
+pub fn malloc_in_pool(e: &mut SimEngine, pool: PoolId, stream: StreamId, size: u64) -> u64 {
+    e.begin_allocate_to_pool(pool);
+    let a = e.malloc_in(size, stream, Some(pool)).unwrap().addr;
+    e.end_allocate_to_pool(pool).unwrap();
+    a
+}
+
+/// Drops every holder of `pool`.
+pub fn release_all(e: &mut SimEngine, pool: PoolId) {
+    while e.pool_use_count(pool) > 0 {
+        e.release_pool(pool).unwrap();
+    }
 }
