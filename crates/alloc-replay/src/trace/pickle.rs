@@ -7,26 +7,44 @@
 //! (`frames`, `time_us`, `compile_context`, `user_metadata`, ...) are ignored.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::{Trace, TraceError, TraceEvent};
 
-/// Parses a PyTorch memory snapshot pickle, taking the trace of device 0.
+/// Parses a PyTorch memory snapshot pickle, taking the trace of the first
+/// device that has events (a snapshot recorded on device 1 has an empty
+/// trace for device 0).
 ///
 /// See [`parse_pickle_device`] for how trace entries are mapped to [`TraceEvent`]s.
 pub fn parse_pickle(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
-    parse_pickle_device(name, bytes, 0)
+    let root = decode(bytes)?;
+    let devices = device_traces(&root)?;
+    let device = devices
+        .iter()
+        .position(|t| as_seq(t).is_ok_and(|e| !e.is_empty()))
+        .ok_or_else(|| TraceError::Snapshot(NO_EVENTS.into()))?;
+    build(name, &root, device)
 }
+
+/// What an empty history lacks, and how to record one.
+const NO_EVENTS: &str = "the snapshot has no allocation events: call \
+     torch.cuda.memory._record_memory_history() before the allocations to record, then \
+     torch.cuda.memory._dump_snapshot()";
 
 /// Parses a PyTorch memory snapshot pickle, taking the trace of device `device`.
 ///
 /// Mapping of `device_traces[device]` entries:
 /// * `alloc` becomes [`TraceEvent::Alloc`] with a fresh id for the address, of
 ///   `requested_size` bytes when that field is present and nonzero, else `size` bytes;
-/// * `free_requested` becomes [`TraceEvent::Free`] of the id live at that address, or of a
-///   fresh id when the address is unknown (allocated before recording began);
+/// * `free_requested` becomes [`TraceEvent::Free`] of the id live at that address; when
+///   the address is unknown (allocated before the first recorded event: the history
+///   wrapped, or started late), an [`TraceEvent::Alloc`] of the entry's `size` for a fresh
+///   id is placed before all recorded events;
+/// * blocks allocated in the snapshot's `segments` of `device` that no event of the trace
+///   allocated or freed are allocated first too, so the replay starts from the state
+///   the snapshot describes; a header line says how many such blocks there were;
 /// * `segment_alloc` appends its `size` to [`Trace::segment_allocs`];
 /// * every other action (`free_completed`, `segment_free`, `segment_map`, `segment_unmap`,
 ///   `snapshot`, `oom`, ...) is ignored.
@@ -36,24 +54,45 @@ pub fn parse_pickle(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
 /// `frames` or `user_metadata`, for example) are read as `None`.
 ///
 /// Errors: [`TraceError::Pickle`] when the bytes do not decode, [`TraceError::Snapshot`]
-/// when the structure is not that of a snapshot, `device` has no trace, a used field is
-/// missing or not an integer, or an `alloc` names an address that is still live.
+/// when the structure is not that of a snapshot, `device` has no trace or an empty one, a
+/// used field is missing or not an integer, or an `alloc` names an address that is still
+/// live.
 pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Trace, TraceError> {
+    build(name, &decode(bytes)?, device)
+}
+
+/// The snapshot's top-level dict.
+fn decode(bytes: &[u8]) -> Result<BTreeMap<HashableValue, Value>, TraceError> {
     let options = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
     let root = serde_pickle::value_from_slice(bytes, options)
         .map_err(|e| TraceError::Pickle(e.to_string()))?;
-    let snap = |m: String| TraceError::Snapshot(m);
-    let Value::Dict(root) = root else {
-        return Err(snap(format!(
+    match root {
+        Value::Dict(root) => Ok(root),
+        other => Err(TraceError::Snapshot(format!(
             "top level is {}, expected a dict",
-            kind(&root)
-        )));
-    };
-    let traces = field(&root, "device_traces")
+            kind(&other)
+        ))),
+    }
+}
+
+/// The per-device trace lists.
+fn device_traces(root: &BTreeMap<HashableValue, Value>) -> Result<&[Value], TraceError> {
+    let snap = |m: String| TraceError::Snapshot(m);
+    let traces = field(root, "device_traces")
         .ok_or_else(|| snap("no 'device_traces' key (was memory history recorded?)".into()))?;
-    let devices = as_seq(traces).map_err(|m| snap(format!("'device_traces': {m}")))?;
+    as_seq(traces).map_err(|m| snap(format!("'device_traces': {m}")))
+}
+
+/// The trace of `device`, with the blocks allocated before its first event.
+fn build(
+    name: &str,
+    root: &BTreeMap<HashableValue, Value>,
+    device: usize,
+) -> Result<Trace, TraceError> {
+    let snap = |m: String| TraceError::Snapshot(m);
+    let devices = device_traces(root)?;
     let entries = devices.get(device).ok_or_else(|| {
         snap(format!(
             "no trace for device {device}: the snapshot has {} device(s)",
@@ -61,6 +100,9 @@ pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Tr
         ))
     })?;
     let entries = as_seq(entries).map_err(|m| snap(format!("device_traces[{device}]: {m}")))?;
+    if entries.is_empty() {
+        return Err(snap(format!("device {device}: {NO_EVENTS}")));
+    }
 
     let mut builder = Builder::default();
     builder.trace.name = name.to_string();
@@ -68,7 +110,7 @@ pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Tr
         .trace
         .header
         .push(format!("pytorch memory snapshot, device {device}"));
-    if let Some(settings) = field(&root, "allocator_settings") {
+    if let Some(settings) = field(root, "allocator_settings") {
         builder
             .trace
             .header
@@ -79,6 +121,29 @@ pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Tr
             .entry(entry)
             .map_err(|m| snap(format!("device_traces[{device}][{i}]: {m}")))?;
     }
+    let orphans = builder.prelude.len();
+    if let Some(segments) = field(root, "segments") {
+        let segments = as_seq(segments).map_err(|m| snap(format!("'segments': {m}")))?;
+        for (i, seg) in segments.iter().enumerate() {
+            builder
+                .live_at_snapshot(seg, device)
+                .map_err(|m| snap(format!("segments[{i}]: {m}")))?;
+        }
+    }
+    let unseen = builder.prelude.len() - orphans;
+    if orphans + unseen > 0 {
+        // A history that wrapped (max_entries) or started after these
+        // blocks were allocated: they are allocated first in the replay.
+        builder.trace.header.push(format!(
+            "wrapped history: {} blocks allocated before the first recorded event ({orphans} \
+             freed in the trace, {unseen} live in the snapshot's segments); the replay \
+             allocates them first",
+            orphans + unseen
+        ));
+    }
+    let mut events = std::mem::take(&mut builder.prelude);
+    events.append(&mut builder.trace.events);
+    builder.trace.events = events;
     Ok(builder.trace)
 }
 
@@ -91,6 +156,11 @@ struct Builder {
     /// Raw stream handle -> small stream id.
     streams: HashMap<i128, u64>,
     next_id: u64,
+    /// Allocations of blocks allocated before the first recorded event,
+    /// placed before the recorded events.
+    prelude: Vec<TraceEvent>,
+    /// Addresses allocated or freed in the trace.
+    seen: HashSet<u64>,
 }
 
 impl Builder {
@@ -116,6 +186,7 @@ impl Builder {
                 };
                 let stream = self.stream(map)?;
                 let id = self.fresh_id();
+                self.seen.insert(addr);
                 match self.live.entry(addr) {
                     Entry::Occupied(_) => {
                         return Err(format!("alloc at address {addr:#x}, which is still live"))
@@ -131,8 +202,15 @@ impl Builder {
                 let stream = self.stream(map)?;
                 let id = match self.live.remove(&addr) {
                     Some(id) => id,
-                    None => self.fresh_id(),
+                    None => {
+                        // Allocated before the first recorded event.
+                        let id = self.fresh_id();
+                        let size = uint(map, "size")?.max(1);
+                        self.prelude.push(TraceEvent::Alloc { id, size, stream });
+                        id
+                    }
                 };
+                self.seen.insert(addr);
                 self.trace.events.push(TraceEvent::Free { id, stream });
             }
             "segment_alloc" => {
@@ -141,6 +219,55 @@ impl Builder {
                 self.trace.segment_addrs.push(Some(uint(map, "addr")?));
             }
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Blocks of `seg` (a snapshot segment of `device`) allocated at the
+    /// snapshot whose allocation the trace never saw: allocated first.
+    fn live_at_snapshot(&mut self, seg: &Value, device: usize) -> Result<(), String> {
+        let Value::Dict(seg) = seg else {
+            return Err(format!("is {}, expected a dict", kind(seg)));
+        };
+        if field(seg, "device")
+            .map(|d| to_u64(d, "device"))
+            .transpose()?
+            != Some(device as u64)
+        {
+            return Ok(());
+        }
+        let stream = self.stream(seg)?;
+        let Some(blocks) = field(seg, "blocks") else {
+            return Ok(());
+        };
+        let mut addr = uint(seg, "address")?;
+        for block in as_seq(blocks).map_err(|m| format!("'blocks': {m}"))? {
+            let Value::Dict(b) = block else {
+                return Err(format!("block is {}, expected a dict", kind(block)));
+            };
+            let size = uint(b, "size")?;
+            let here = match field(b, "address") {
+                Some(v) => to_u64(v, "address")?,
+                None => addr,
+            };
+            let allocated = matches!(
+                field(b, "state"),
+                Some(Value::String(s)) if s == "active_allocated"
+            );
+            if allocated && !self.seen.contains(&here) {
+                let requested = match field(b, "requested_size") {
+                    Some(v) if !matches!(v, Value::None) => to_u64(v, "requested_size")?,
+                    _ => 0,
+                };
+                let id = self.fresh_id();
+                let size = if requested > 0 {
+                    requested
+                } else {
+                    size.max(1)
+                };
+                self.prelude.push(TraceEvent::Alloc { id, size, stream });
+            }
+            addr = here + size;
         }
         Ok(())
     }

@@ -299,15 +299,101 @@ mod pickles {
     }
 
     #[test]
-    fn missing_device() {
+    fn missing_device_and_empty_history() {
         let bytes = snapshot(&[]);
-        assert!(parse_pickle("p", &bytes).unwrap().events.is_empty());
+        // An empty history is an error that says how to record one.
+        let m = snapshot_err(&bytes);
+        assert!(m.contains("no allocation events"), "{m}");
+        assert!(m.contains("_record_memory_history"), "{m}");
+        let m = match parse_pickle_device("p", &bytes, 0) {
+            Err(TraceError::Snapshot(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            m.contains("device 0: the snapshot has no allocation events"),
+            "{m}"
+        );
         let m = match parse_pickle_device("p", &bytes, 3) {
             Err(TraceError::Snapshot(m)) => m,
             other => panic!("{other:?}"),
         };
         assert!(m.contains("no trace for device 3"), "{m}");
         assert!(m.contains("1 device(s)"), "{m}");
+    }
+
+    #[test]
+    fn the_device_with_events_is_the_default() {
+        // Recorded on device 1: device 0's trace is empty.
+        let bytes = pickle(&dict(&[(
+            s("device_traces"),
+            list(&[list(&[]), list(&[entry("alloc", 4096, 10)])]),
+        )]));
+        let t = parse_pickle("p", &bytes).unwrap();
+        assert_eq!(t.events, vec![alloc(0, 10, 0)]);
+        assert!(
+            t.header.iter().any(|h| h.contains("device 1")),
+            "{:?}",
+            t.header
+        );
+    }
+
+    /// A segment of device 0 at `addr` with the given `(size, state)` blocks.
+    fn segment(addr: i32, blocks: &[(i32, &str)]) -> Vec<u8> {
+        let blocks: Vec<Vec<u8>> = blocks
+            .iter()
+            .map(|&(size, state)| dict(&[(s("size"), int(size)), (s("state"), s(state))]))
+            .collect();
+        dict(&[
+            (s("device"), int(0)),
+            (s("address"), int(addr)),
+            (s("stream"), int(0)),
+            (s("blocks"), list(&blocks)),
+        ])
+    }
+
+    #[test]
+    fn a_wrapped_history_starts_from_the_blocks_it_missed() {
+        // Recorded: a free of a block allocated before the first event, and
+        // one allocation; the snapshot's segment also holds a block that
+        // was allocated before the first event and is still live.
+        let bytes = pickle(&dict(&[
+            (
+                s("device_traces"),
+                list(&[list(&[
+                    entry("free_requested", 8192, 30),
+                    entry("alloc", 16384, 40),
+                ])]),
+            ),
+            (
+                s("segments"),
+                list(&[segment(
+                    4096,
+                    &[
+                        (4096, "active_allocated"),
+                        (8192, "inactive"),
+                        (4096, "active_allocated"),
+                    ],
+                )]),
+            ),
+        ]));
+        let t = parse_pickle("p", &bytes).unwrap();
+        // The missed blocks come first: the freed one (id 0), the live one
+        // at 4096 (id 2); 16384 was allocated in the trace (id 1).
+        assert_eq!(
+            t.events,
+            vec![
+                alloc(0, 30, 0),
+                alloc(2, 4096, 0),
+                free(0, 0),
+                alloc(1, 40, 0)
+            ]
+        );
+        let note = t
+            .header
+            .iter()
+            .find(|h| h.contains("wrapped history"))
+            .unwrap();
+        assert!(note.contains("2 blocks") && note.contains("1 freed") && note.contains("1 live"));
     }
 
     #[test]
