@@ -28,6 +28,9 @@ commands:
       into DIR (git-ignored, e.g. gpu-bundle/) with a run.sh for a GPU machine
       without Rust (adds compute-sanitizer memcheck).";
 
+/// Exit status of a bad command line, as clap and most tools use.
+const USAGE_ERROR: u8 = 2;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // `cargo xtask <command> --help` too: the README points there.
@@ -36,19 +39,24 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let result = match args.first().map(String::as_str) {
-        Some("replay") => replay::main(&args[1..]),
-        Some("test-gpu") => test_gpu::main(&args[1..]),
-        Some("-h" | "--help" | "help") | None => {
+        Some("replay") => replay::parse(&args[1..]).map(replay::run),
+        Some("test-gpu") => test_gpu::parse(&args[1..]).map(test_gpu::run),
+        Some("help") => {
             println!("{USAGE}");
-            Ok(())
+            return ExitCode::SUCCESS;
         }
-        Some(other) => Err(format!("unknown command `{other}`\n\n{USAGE}")),
+        Some(other) => Err(format!("unknown command `{other}`")),
+        None => Err("no command given".to_string()),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(msg) => {
-            eprintln!("error: {msg}\n(`cargo xtask --help` lists the commands and options)");
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(msg)) => {
+            eprintln!("error: {msg}");
             ExitCode::FAILURE
+        }
+        Err(usage) => {
+            eprintln!("error: {usage}\n\n{USAGE}");
+            ExitCode::from(USAGE_ERROR)
         }
     }
 }

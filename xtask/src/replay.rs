@@ -10,7 +10,8 @@ use alloc_replay::plot::{downsample, render_panels, Chart, Series};
 const PLOT_POINTS: usize = 400;
 use alloc_replay::{load_trace, replay, ReplayOptions, ReplayReport};
 
-struct Args {
+/// `cargo xtask replay`'s options.
+pub struct Args {
     policies: Vec<String>,
     json: Option<PathBuf>,
     plot: PathBuf,
@@ -18,7 +19,9 @@ struct Args {
     opts: ReplayOptions,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
+/// The command line (`--opt value` or `--opt=value`); a usage error.
+pub fn parse(args: &[String]) -> Result<Args, String> {
+    use lexopt::prelude::*;
     let mut out = Args {
         policies: Vec::new(),
         json: None,
@@ -26,39 +29,25 @@ fn parse(args: &[String]) -> Result<Args, String> {
         traces: Vec::new(),
         opts: ReplayOptions::default(),
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
-        match arg.as_str() {
-            "--policy" => out.policies.push(value("--policy")?),
-            "--json" => out.json = Some(value("--json")?.into()),
-            "--plot" => out.plot = value("--plot")?.into(),
-            "--capacity-gib" => {
-                let v = value("--capacity-gib")?;
-                let gib: u64 = v
-                    .parse()
-                    .map_err(|_| format!("--capacity-gib: `{v}` is not a number"))?;
+    let text = |e: lexopt::Error| e.to_string();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(text)? {
+        match arg {
+            Long("policy") => out
+                .policies
+                .push(p.value().map_err(text)?.string().map_err(text)?),
+            Long("json") => out.json = Some(p.value().map_err(text)?.into()),
+            Long("plot") => out.plot = p.value().map_err(text)?.into(),
+            Long("capacity-gib") => {
+                let gib: u64 = p.value().map_err(text)?.parse().map_err(text)?;
                 out.opts.capacity = gib * GIB;
             }
-            "--runs" => {
-                let v = value("--runs")?;
-                out.opts.timed_runs = v
-                    .parse()
-                    .map_err(|_| format!("--runs: `{v}` is not a number"))?;
+            Long("runs") => out.opts.timed_runs = p.value().map_err(text)?.parse().map_err(text)?,
+            Long("gpu-lag") => {
+                out.opts.gpu_lag = Some(p.value().map_err(text)?.parse().map_err(text)?);
             }
-            "--gpu-lag" => {
-                let v = value("--gpu-lag")?;
-                out.opts.gpu_lag = Some(
-                    v.parse()
-                        .map_err(|_| format!("--gpu-lag: `{v}` is not a number of events"))?,
-                );
-            }
-            flag if flag.starts_with("--") => return Err(format!("unknown option {flag}")),
-            path => out.traces.push(path.into()),
+            Value(path) => out.traces.push(path.into()),
+            other => return Err(other.unexpected().to_string()),
         }
     }
     if out.policies.is_empty() {
@@ -97,8 +86,8 @@ fn config_for(policy: &str) -> String {
     }
 }
 
-pub fn main(args: &[String]) -> Result<(), String> {
-    let args = parse(args)?;
+/// Replays every trace through every policy and writes the reports.
+pub fn run(args: Args) -> Result<(), String> {
     let mut reports: Vec<ReplayReport> = Vec::new();
     let mut charts = Vec::new();
     for path in &args.traces {

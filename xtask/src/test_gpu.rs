@@ -22,43 +22,42 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 
-const USAGE: &str = "usage: cargo xtask test-gpu [--bundle DIR] [--features LIST] [--full]";
-
 /// Features of alloc-cuda the suite is built with unless `--features` says
 /// otherwise: every policy, so the suite covers them all.
 const DEFAULT_FEATURES: &str = "all-policies";
 
-struct Args {
+/// `cargo xtask test-gpu`'s options.
+pub struct Args {
     bundle: Option<PathBuf>,
     features: String,
     full: bool,
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
+/// The command line (`--opt value` or `--opt=value`); a usage error.
+pub fn parse(args: &[String]) -> Result<Args, String> {
+    use lexopt::prelude::*;
     let mut out = Args {
         bundle: None,
         features: DEFAULT_FEATURES.to_string(),
         full: false,
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value\n{USAGE}"))
-        };
-        match arg.as_str() {
-            "--bundle" => out.bundle = Some(value("--bundle")?.into()),
-            "--features" => out.features = value("--features")?,
-            "--full" => out.full = true,
-            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+    let usage = |e: lexopt::Error| e.to_string();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(usage)? {
+        match arg {
+            Long("bundle") => out.bundle = Some(p.value().map_err(usage)?.into()),
+            Long("features") => {
+                out.features = p.value().map_err(usage)?.string().map_err(usage)?;
+            }
+            Long("full") => out.full = true,
+            other => return Err(usage(other.unexpected())),
         }
     }
     Ok(out)
 }
 
-pub fn main(args: &[String]) -> Result<(), String> {
-    let args = parse(args)?;
+/// Builds and runs (or bundles) the GPU suite.
+pub fn run(args: Args) -> Result<(), String> {
     let root = crate::workspace_root();
     let dir = match &args.bundle {
         Some(d) => {
