@@ -15,13 +15,16 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   replay [--policy P]... [--json FILE] [--plot FILE] [--capacity-gib N] [--runs N]
-         [--gpu-lag EVENTS] [TRACE]...
+         [--gpu-lag EVENTS] [--device N] [TRACE]...
       Replays traces (text .trace[.gz] or PyTorch snapshot pickles; default: the
       bundled traces/) through each policy P (a name such as `buddy`, or a full
       config string such as `policy:pytorch-bfc,max_split_size_mb:64`; default:
       every compiled-in policy) on the simulated device. --gpu-lag N: the simulated
       GPU runs N events behind the host, so unmap_free_pages meets busy pages and
       waits (the `waits` column); without it, events complete only when waited for.
+      --device N: the device of a snapshot pickle (default: the first with events).
+      --runs N: timed repetitions per trace and policy (the fastest counts);
+      --capacity-gib N: the simulated device's memory (printed before the table).
   test-gpu [--bundle DIR] [--features LIST] [--full]
       Builds alloc-cuda's GPU suite (tests run with --ignored --test-threads=1,
       the examples, the benchmark) and runs it here, or with --bundle packs it

@@ -8,7 +8,7 @@ use alloc_replay::plot::{downsample, render_panels, Chart, Series};
 /// Points per plotted series: enough to show every peak's shape, small
 /// enough to keep a plot of all traces x all policies around a megabyte.
 const PLOT_POINTS: usize = 400;
-use alloc_replay::{load_trace, replay, ReplayOptions, ReplayReport};
+use alloc_replay::{load_trace_of, replay, ReplayOptions, ReplayReport};
 
 /// `cargo xtask replay`'s options.
 pub struct Args {
@@ -16,6 +16,8 @@ pub struct Args {
     json: Option<PathBuf>,
     plot: PathBuf,
     traces: Vec<PathBuf>,
+    /// A snapshot's device (default: the first with events).
+    device: Option<usize>,
     opts: ReplayOptions,
 }
 
@@ -27,6 +29,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
         json: None,
         plot: crate::workspace_root().join("target/replay/replay.svg"),
         traces: Vec::new(),
+        device: None,
         opts: ReplayOptions::default(),
     };
     let text = |e: lexopt::Error| e.to_string();
@@ -43,6 +46,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
                 out.opts.capacity = gib * GIB;
             }
             Long("runs") => out.opts.timed_runs = p.value().map_err(text)?.parse().map_err(text)?,
+            Long("device") => out.device = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("gpu-lag") => {
                 out.opts.gpu_lag = Some(p.value().map_err(text)?.parse().map_err(text)?);
             }
@@ -91,7 +95,8 @@ pub fn run(args: Args) -> Result<(), String> {
     let mut reports: Vec<ReplayReport> = Vec::new();
     let mut charts = Vec::new();
     for path in &args.traces {
-        let trace = load_trace(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let trace =
+            load_trace_of(path, args.device).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut chart = Chart {
             title: format!("{} ({} events)", trace.name, trace.events.len()),
             x_label: "event".into(),
@@ -117,6 +122,10 @@ pub fn run(args: Args) -> Result<(), String> {
         }
         charts.push(chart);
     }
+    println!(
+        "simulated device: {} (--capacity-gib N to change)",
+        human_bytes(args.opts.capacity)
+    );
     print_table(&reports);
     if let Some(json) = &args.json {
         write(

@@ -18,6 +18,6 @@ pub use replay::{
     device_for, replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun,
 };
 pub use trace::{
-    load_trace, parse_bytes, parse_pickle, parse_pickle_device, parse_text, trace_name, Trace,
-    TraceError, TraceEvent,
+    load_trace, load_trace_of, parse_bytes, parse_pickle, parse_pickle_device, parse_text,
+    trace_name, Trace, TraceError, TraceEvent,
 };

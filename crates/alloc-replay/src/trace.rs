@@ -148,32 +148,47 @@ const PICKLE_PROTO: u8 = 0x80;
 /// Reads a trace file, detecting its format from the content.
 ///
 /// Gzip'd content (magic `1f 8b`) is decompressed first; content that then starts with the
-/// pickle PROTO opcode (`0x80`) is read as a PyTorch snapshot (device 0), anything else as
-/// the text format. The trace name is derived from the path with [`trace_name`].
+/// pickle PROTO opcode (`0x80`) is read as a PyTorch snapshot (the first device with
+/// events), anything else as the text format. The trace name is derived from the path
+/// with [`trace_name`].
 pub fn load_trace(path: &Path) -> Result<Trace, TraceError> {
+    load_trace_of(path, None)
+}
+
+/// [`load_trace`], taking a snapshot's trace of `device` when given (text
+/// traces have one device and ignore it).
+pub fn load_trace_of(path: &Path, device: Option<usize>) -> Result<Trace, TraceError> {
     let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_bytes(&trace_name(path), &bytes)
+    parse_bytes_of(&trace_name(path), &bytes, device)
 }
 
 /// Parses trace content held in memory, detecting the format as [`load_trace`] does.
 pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
+    parse_bytes_of(name, bytes, None)
+}
+
+/// [`parse_bytes`] with a snapshot's device, as [`load_trace_of`].
+fn parse_bytes_of(name: &str, bytes: &[u8], device: Option<usize>) -> Result<Trace, TraceError> {
     if bytes.starts_with(&GZIP_MAGIC) {
         let mut plain = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
             .read_to_end(&mut plain)
             .map_err(TraceError::Gzip)?;
-        return parse_plain(name, &plain);
+        return parse_plain(name, &plain, device);
     }
-    parse_plain(name, bytes)
+    parse_plain(name, bytes, device)
 }
 
 /// Dispatches uncompressed content to the pickle or the text reader.
-fn parse_plain(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
+fn parse_plain(name: &str, bytes: &[u8], device: Option<usize>) -> Result<Trace, TraceError> {
     if bytes.first() == Some(&PICKLE_PROTO) {
-        return parse_pickle(name, bytes);
+        return match device {
+            Some(d) => parse_pickle_device(name, bytes, d),
+            None => parse_pickle(name, bytes),
+        };
     }
     match std::str::from_utf8(bytes) {
         Ok(text) => parse_text(name, text),

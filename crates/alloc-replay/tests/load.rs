@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use alloc_replay::{load_trace, parse_pickle_device, Trace, TraceEvent};
+use alloc_replay::{load_trace, load_trace_of, parse_pickle_device, Trace, TraceEvent};
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -58,6 +58,10 @@ fn synthetic_pickle_device_1() {
     assert_eq!(t.events, vec![alloc(0, 60, 0), free(0, 0)]);
     assert!(t.segment_allocs.is_empty());
     assert!(parse_pickle_device("d2", &bytes, 2).is_err());
+    // The same through the file loader, which text traces ignore it in.
+    let path = data("synthetic.snapshot.pickle");
+    assert_eq!(load_trace_of(&path, Some(1)).unwrap().events, t.events);
+    assert!(load_trace_of(&path, Some(2)).is_err());
 }
 
 #[test]
