@@ -371,7 +371,7 @@ class Bridge : public CUDAAllocator {
   }
 
   void* getBaseAllocation(void* ptr, size_t* size) override {
-    return ipc::base_allocation({api.block_segment, api.export_pages, api.last_error}, ptr, size);
+    return ipc::base_allocation(ipc_library(), ptr, size);
   }
 
   // ---------------------------------------------------------------- streams
@@ -595,13 +595,13 @@ class Bridge : public CUDAAllocator {
     return cudaMemcpyPeerAsync(dst, dstDevice, src, srcDevice, count, stream);
   }
 
-  // ---------------------------------------------------------------- not supported
+  // ---------------------------------------------------------------- CUDA IPC
   std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
     return ipc::open_handle(handle);
   }
 
   c10::cuda::CUDACachingAllocator::ShareableHandle shareIpcHandle(void* ptr) override {
-    return ipc::share_handle({api.block_segment, api.export_pages, api.last_error}, ptr);
+    return ipc::share_handle(ipc_library(), ptr);
   }
 
   // ---------------------------------------------------------------- CUDA graph trees
@@ -652,9 +652,8 @@ class Bridge : public CUDAAllocator {
   }
 
  private:
-  [[noreturn]] static void unsupported(const char* what) {
-    TORCH_CHECK(false, "gpu_alloc: ", what, " is not supported by gpualloc");
-  }
+  // The library functions the CUDA IPC sender uses.
+  static ipc::Library ipc_library() { return {api.block_segment, api.export_pages, api.last_error}; }
 
   static std::string take_string(char* s, const char* what) {
     TORCH_CHECK(s != nullptr, "gpualloc ", what, " failed: ", last_error());

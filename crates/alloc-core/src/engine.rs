@@ -535,11 +535,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 "unknown private pool {pool:?}"
             )));
         }
-        let has_segments = self
-            .heap
-            .segments()
-            .any(|(_, s)| self.pools.pool_of(s.stream) == Some(pool));
-        if has_segments || self.sources.contains_key(&pool) {
+        if !self.pool_segments(pool).is_empty() || self.sources.contains_key(&pool) {
             return Err(AllocError::InvalidArgument(format!(
                 "private pool {pool:?} already has segments or a source of its own"
             )));
@@ -805,8 +801,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.stats.num_alloc_retries += 1;
         }
-        let pool = self.pools.pool_of(req.stream);
-        let sourced = pool.filter(|p| self.sources.contains_key(p));
+        let sourced = self.sourced_pool(req.stream);
         if self.expandable && sourced.is_none() {
             return self.grow_segment(req);
         }
@@ -865,11 +860,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.pools.releasable(seg.stream) {
                 continue; // a held private pool: a graph replays into it
             }
-            let source = self
-                .pools
-                .pool_of(seg.stream)
-                .filter(|p| self.sources.contains_key(p));
-            if let Some(p) = source {
+            if let Some(p) = self.sourced_pool(seg.stream) {
                 let (addr, size) = (seg.addr, seg.size);
                 self.sources.get_mut(&p).expect("source").free(addr, size)?;
             } else if seg.expandable {
@@ -891,14 +882,24 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         if !self.sources.is_empty() {
             // A released pool's source goes once its last segment went back.
-            let (heap, pools) = (&self.heap, &self.pools);
-            self.sources.retain(|&p, _| {
-                pools.use_count(p) > 0
-                    || heap
-                        .segments()
-                        .any(|(_, s)| pools.pool_of(s.stream) == Some(p))
-            });
+            let spent: Vec<PoolId> = self
+                .sources
+                .keys()
+                .copied()
+                .filter(|&p| self.pools.use_count(p) == 0 && self.pool_segments(p).is_empty())
+                .collect();
+            for p in spent {
+                self.sources.remove(&p);
+            }
         }
         Ok(())
+    }
+
+    /// The private pool behind the stream key `key`, when its segments come
+    /// from a source of its own.
+    fn sourced_pool(&self, key: StreamId) -> Option<PoolId> {
+        self.pools
+            .pool_of(key)
+            .filter(|p| self.sources.contains_key(p))
     }
 }

@@ -287,8 +287,7 @@ impl SimMemory {
 pub struct SimEvent(u64);
 
 impl SimEvent {
-    /// Its id: events recorded later have larger ids
-    /// (see [`SimStreams::last_event`]).
+    /// Its id: events recorded later have larger ids.
     pub fn id(self) -> u64 {
         self.0
     }
@@ -367,12 +366,6 @@ impl SimStreams {
         {
             e.complete = true;
         }
-    }
-
-    /// The id of the latest event recorded (0 before the first): events
-    /// with larger ids were recorded after this call.
-    pub fn last_event(&self) -> u64 {
-        self.next
     }
 
     /// Completes every event recorded on `stream` (the stream ran dry).

@@ -70,14 +70,13 @@ pub unsafe extern "C" fn gpualloc_restore_pool(
     n_allocated: *mut usize,
 ) -> c_int {
     call_int(|| {
-        if checkpoint.is_null()
-            || freed.is_null()
-            || n_freed.is_null()
-            || allocated.is_null()
-            || n_allocated.is_null()
-        {
-            return Err(FfiError::invalid("gpualloc_restore_pool: a NULL argument"));
-        }
+        crate::required(&[
+            (checkpoint.is_null(), "checkpoint"),
+            (freed.is_null(), "freed"),
+            (n_freed.is_null(), "n_freed"),
+            (allocated.is_null(), "allocated"),
+            (n_allocated.is_null(), "n_allocated"),
+        ])?;
         // SAFETY: a live checkpoint handle (the caller's contract).
         let cp = unsafe { &*checkpoint.cast::<PoolCheckpoint>() };
         let _ctx = CtxGuard::save_if_driver_loaded();

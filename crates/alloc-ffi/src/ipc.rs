@@ -64,14 +64,6 @@ unsafe fn put<T>(out: *mut T, value: T) {
     }
 }
 
-/// Fails naming the first NULL among required out-pointers.
-fn required(outs: &[(bool, &str)]) -> FfiResult<()> {
-    match outs.iter().find(|(null, _)| *null) {
-        Some((_, name)) => Err(FfiError::invalid(format!("{name} is NULL"))),
-        None => Ok(()),
-    }
-}
-
 /// The memory shared with another process for the live block containing
 /// `ptr`; see `include/gpualloc.h`.
 ///
@@ -86,7 +78,7 @@ pub unsafe extern "C" fn gpualloc_block_segment(
     expandable: *mut c_int,
 ) -> c_int {
     crate::call_int(|| {
-        required(&[
+        crate::required(&[
             (base.is_null(), "base"),
             (size.is_null(), "size"),
             (expandable.is_null(), "expandable"),
@@ -119,7 +111,7 @@ pub unsafe extern "C" fn gpualloc_export_pages(
     n_fds: *mut usize,
 ) -> c_int {
     crate::call_int(|| {
-        required(&[
+        crate::required(&[
             (first_page_addr.is_null(), "first_page_addr"),
             (page_size.is_null(), "page_size"),
             (n_fds.is_null(), "n_fds"),

@@ -310,6 +310,15 @@ pub extern "C" fn gpualloc_malloc_in_pool(
     call_ptr(|| malloc_in(size, device, stream, pool_id(pool_first, pool_second)))
 }
 
+/// Fails naming the first NULL among required pointer arguments, given as
+/// `(is_null, name)`.
+fn required(args: &[(bool, &str)]) -> FfiResult<()> {
+    match args.iter().find(|(null, _)| *null) {
+        Some((_, name)) => Err(FfiError::invalid(format!("{name} is NULL"))),
+        None => Ok(()),
+    }
+}
+
 /// The pool `(first, second)`, which must not be `(0, 0)`.
 fn named_pool(first: u64, second: u64) -> FfiResult<PoolId> {
     pool_id(first, second).ok_or_else(|| FfiError::invalid("pool id (0, 0) names no pool"))

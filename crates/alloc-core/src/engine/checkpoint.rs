@@ -79,7 +79,7 @@ pub struct RestoreOutcome {
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// The pool's segments, in address order.
-    fn pool_segments(&self, pool: PoolId) -> Vec<SegmentId> {
+    pub(super) fn pool_segments(&self, pool: PoolId) -> Vec<SegmentId> {
         self.heap
             .segments()
             .filter(|(_, s)| self.pools.pool_of(s.stream) == Some(pool))
@@ -224,14 +224,31 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         cp: &SegmentCheckpoint,
         allocated: &mut Vec<Allocation>,
     ) -> Result<(), AllocError> {
+        // Blocks free in the checkpoint are held allocated while the segment
+        // is carved, so that they do not merge into the free space the next
+        // block is carved from; they go back once done, or on failure.
         let mut to_free = Vec::new();
+        let result = self.carve_segment(cp, allocated, &mut to_free);
+        for id in to_free {
+            self.release_to_cache(id);
+        }
+        result
+    }
+
+    /// The carving of [`Engine::restore_segment`]: live blocks go to
+    /// `allocated`, blocks free in the checkpoint to `to_free`.
+    fn carve_segment(
+        &mut self,
+        cp: &SegmentCheckpoint,
+        allocated: &mut Vec<Allocation>,
+        to_free: &mut Vec<BlockId>,
+    ) -> Result<(), AllocError> {
         for b in &cp.blocks {
             let found = self.heap.block_at(b.addr).filter(|&id| {
                 let blk = self.heap.block(id);
                 blk.state == BlockState::Free && blk.size >= b.size
             });
             let Some(free) = found else {
-                to_free.iter().for_each(|&id| self.release_to_cache(id));
                 return Err(self.unrestorable(b.addr));
             };
             self.policy.remove_free(&self.heap, free);
@@ -245,7 +262,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let blk = *self.heap.block(piece);
             if blk.addr != b.addr || blk.size != b.size {
                 self.policy.insert_free(&mut self.heap, piece);
-                to_free.iter().for_each(|&id| self.release_to_cache(id));
                 return Err(self.unrestorable(b.addr));
             }
             if !b.allocated {
@@ -256,7 +272,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             if self.options.unmap_free_pages && !self.map_pages_under(piece)? {
                 self.policy.insert_free(&mut self.heap, piece);
-                to_free.iter().for_each(|&id| self.release_to_cache(id));
                 return Err(AllocError::InvalidArgument(format!(
                     "restore: no device memory to map the pages under block {:#x}",
                     b.addr
@@ -271,9 +286,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 requested: b.requested,
                 stream: self.pools.real_stream(cp.stream_key),
             });
-        }
-        for id in to_free {
-            self.release_to_cache(id);
         }
         Ok(())
     }
