@@ -4,6 +4,12 @@
 //! All mutation goes through a few primitives (`split`, `merge_next`,
 //! `set_state`, segment creation and removal) which keep the live
 //! statistics exact, so policies never touch the statistics themselves.
+//!
+//! Outside this crate a `&mut Heap` is the policies' edit handle: it reads
+//! blocks and segments and edits them only with [`Heap::split`],
+//! [`Heap::merge_next`] and [`Heap::set_tag`] (and [`coalesce`], built on
+//! them). Creating, growing, shrinking and removing segments, changing a
+//! block's state and the statistics belong to the engine.
 
 use std::collections::BTreeMap;
 
@@ -102,11 +108,11 @@ pub struct Heap {
     segments: Slab<Segment>,
     by_addr: BTreeMap<u64, SegmentId>,
     /// Live statistics; the engine adds its event counters to them.
-    pub stats: Stats,
+    pub(crate) stats: Stats,
     /// Blocks at or above this size count as oversize (PyTorch's `max_split_size`).
-    pub oversize_threshold: u64,
+    pub(crate) oversize_threshold: u64,
     /// Per-pool logical clock: one tick per cache lookup, used for ages.
-    pub clock: [u64; 2],
+    clock: [u64; 2],
     /// Statistics change (per pool) of the operation in progress.
     tally: [Tally; 2],
     /// Which pools' tallies are non-empty.
@@ -177,7 +183,7 @@ fn contribute(
 
 impl Heap {
     /// An empty heap; `oversize_threshold` as in [`Heap::oversize_threshold`].
-    pub fn new(oversize_threshold: u64) -> Self {
+    pub(crate) fn new(oversize_threshold: u64) -> Self {
         Heap {
             oversize_threshold,
             ..Heap::default()
@@ -194,6 +200,13 @@ impl Heap {
     #[inline]
     pub fn segment(&self, id: SegmentId) -> &Segment {
         &self.segments[id.index()]
+    }
+
+    /// The logical clock of `pool`: one tick per cache lookup in it. Ages
+    /// ([`Block::freed_at`], [`Segment::idle_since`]) are read against it.
+    #[inline]
+    pub fn clock(&self, pool: PoolKind) -> u64 {
+        self.clock[pool.index()]
     }
 
     /// Sets the policy-private tag of a block.
@@ -297,7 +310,7 @@ impl Heap {
     }
 
     /// Adds a segment made of one free block; returns the segment and the block.
-    pub fn add_segment(
+    pub(crate) fn add_segment(
         &mut self,
         addr: u64,
         size: u64,
@@ -344,7 +357,7 @@ impl Heap {
     /// Removes an idle segment and all its blocks; returns its address and size.
     ///
     /// The caller must have taken its blocks out of the policy's index first.
-    pub fn remove_segment(&mut self, seg_id: SegmentId) -> (u64, u64) {
+    pub(crate) fn remove_segment(&mut self, seg_id: SegmentId) -> (u64, u64) {
         debug_assert!(self.segment(seg_id).is_idle());
         let ids: smallvec::SmallVec<[BlockId; 4]> = self.segment_blocks(seg_id).collect();
         for id in ids {
@@ -433,14 +446,14 @@ impl Heap {
     }
 
     /// Marks a segment as growable (expandable segments).
-    pub fn set_expandable(&mut self, seg: SegmentId) {
+    pub(crate) fn set_expandable(&mut self, seg: SegmentId) {
         self.segments[seg.index()].expandable = true;
     }
 
     /// Extends a segment by `extra` bytes at its end: a free last block grows
     /// (the caller must have taken it out of the policy's index), otherwise a
     /// new free block is appended. Returns the free block ending the segment.
-    pub fn grow_segment(&mut self, seg_id: SegmentId, extra: u64) -> BlockId {
+    pub(crate) fn grow_segment(&mut self, seg_id: SegmentId, extra: u64) -> BlockId {
         let seg = &self.segments[seg_id.index()];
         let last = seg.last;
         let (pool, end) = (seg.pool, seg.addr + seg.size);
@@ -494,7 +507,7 @@ impl Heap {
     /// at least `by` bytes long; a last block cut entirely is retired. The
     /// caller must have taken that block out of the policy's index (and
     /// re-indexes what is left of it). The segment keeps at least one block.
-    pub fn shrink_segment(&mut self, seg_id: SegmentId, by: u64, unmapped: u64) {
+    pub(crate) fn shrink_segment(&mut self, seg_id: SegmentId, by: u64, unmapped: u64) {
         let last = self.segments[seg_id.index()].last;
         let b = self.block(last);
         debug_assert!(b.state == BlockState::Free && b.size >= by);
@@ -525,7 +538,7 @@ impl Heap {
 
     /// `bytes` of pages inside a growable segment were unmapped: they no
     /// longer count as reserved (the free blocks over them stay).
-    pub fn pages_unmapped(&mut self, seg_id: SegmentId, bytes: u64) {
+    pub(crate) fn pages_unmapped(&mut self, seg_id: SegmentId, bytes: u64) {
         let seg = &mut self.segments[seg_id.index()];
         seg.unmapped += bytes;
         debug_assert!(seg.unmapped <= seg.size);
@@ -534,7 +547,7 @@ impl Heap {
     }
 
     /// `bytes` of unmapped pages inside a growable segment were mapped again.
-    pub fn pages_mapped(&mut self, seg_id: SegmentId, bytes: u64) {
+    pub(crate) fn pages_mapped(&mut self, seg_id: SegmentId, bytes: u64) {
         let seg = &mut self.segments[seg_id.index()];
         debug_assert!(bytes <= seg.unmapped);
         seg.unmapped -= bytes;
@@ -545,7 +558,7 @@ impl Heap {
     /// Moves a block to a new state, recording `requested` bytes when it
     /// becomes allocated.
     #[inline]
-    pub fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
+    pub(crate) fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
         let b = &mut self.blocks[id.index()];
         let seg = &mut self.segments[b.segment.index()];
         let p = b.pool.index();
@@ -641,7 +654,7 @@ impl Heap {
     /// to the statistics. The engine calls it once at the end of every
     /// operation, so peaks and totals describe states between operations.
     #[inline]
-    pub fn settle(&mut self) {
+    pub(crate) fn settle(&mut self) {
         if self.dirty[PoolKind::Small.index()] {
             self.settle_pool::<true>();
         }
@@ -677,7 +690,7 @@ impl Heap {
 
     /// Advances the clock of one pool (one cache lookup).
     #[inline]
-    pub fn tick(&mut self, pool: PoolKind) {
+    pub(crate) fn tick(&mut self, pool: PoolKind) {
         self.clock[pool.index()] += 1;
     }
 }

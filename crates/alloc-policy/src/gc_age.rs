@@ -107,7 +107,7 @@ impl<P: Policy> GcAge<P> {
             .segments()
             .filter(|(_, s)| s.is_idle())
             .map(|(id, s)| {
-                let age = heap.clock[s.pool.index()].saturating_sub(s.idle_since);
+                let age = heap.clock(s.pool).saturating_sub(s.idle_since);
                 (age, s.size, s.addr, id)
             })
             .filter(|&(age, ..)| age >= self.settings.min_age_ticks)

@@ -300,7 +300,7 @@ impl Policy for PytorchBfc {
             return Vec::new();
         }
         let target = pressure.reserved - gc_threshold;
-        let now = heap.clock[PoolKind::Large.index()];
+        let now = heap.clock(PoolKind::Large);
         let mut candidates: Vec<(BlockId, u64, u64)> = self.free[PoolKind::Large.index()]
             .iter()
             .filter(|(_, e)| heap.segment(heap.block(e.id).segment).blocks == 1)

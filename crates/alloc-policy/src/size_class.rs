@@ -481,7 +481,7 @@ impl SizeClass {
             .segments()
             .filter(|(_, s)| s.is_idle() && filter(s))
             .map(|(id, s)| {
-                let age = heap.clock[s.pool.index()].saturating_sub(s.idle_since);
+                let age = heap.clock(s.pool).saturating_sub(s.idle_since);
                 (age, s.size, s.addr, id)
             })
             .collect();
