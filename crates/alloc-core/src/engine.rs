@@ -15,13 +15,16 @@ use crate::heap::{BlockState, Heap};
 mod checkpoint;
 mod expandable;
 mod idle_pages;
+mod sleep;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
+use crate::tags::Tags;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use expandable::Growable;
+pub use sleep::CopyBlocks;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
 /// bug, refused before any arithmetic could overflow.
@@ -146,6 +149,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Private pools whose segments come from a source of their own; kept
     /// after the pool is released, until its last segment went back.
     sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
+    /// Sleep tags: pools whose memory can be paused and resumed.
+    tags: Tags,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
@@ -171,6 +176,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             pools: PrivatePools::default(),
             deferred_frees: Vec::new(),
             sources: FxHashMap::default(),
+            tags: Tags::default(),
         }
     }
 
@@ -224,6 +230,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             });
         }
         check_stream(stream)?;
+        if let Some(pool) = pool {
+            self.refuse_paused(pool)?;
+        }
         self.poll_events()?;
         let mut req = self.policy.plan(size, stream);
         if let Some(pool) = pool {
@@ -433,6 +442,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 b.stream = seg.stream;
             }
         }
+        self.annotate_tags(&mut snap);
         snap
     }
 
@@ -502,7 +512,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// is a piece of one range per stream) and for policies that tag blocks
     /// when carving them (size classes).
     pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
-        if self.expandable || !self.policy.rebuilds_layouts() {
+        if self.expandable || self.pools.is_tagged(pool) || !self.policy.rebuilds_layouts() {
             return Err(AllocError::InvalidArgument(format!(
                 "a no-split pool needs cudaMalloc segments and a splitting policy, not {}{}",
                 self.policy.name(),
@@ -535,9 +545,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 "unknown private pool {pool:?}"
             )));
         }
-        if !self.pool_segments(pool).is_empty() || self.sources.contains_key(&pool) {
+        if !self.pool_segments(pool).is_empty()
+            || self.sources.contains_key(&pool)
+            || self.pools.is_tagged(pool)
+        {
             return Err(AllocError::InvalidArgument(format!(
-                "private pool {pool:?} already has segments or a source of its own"
+                "private pool {pool:?} already has segments, a source of its own, or a sleep tag"
             )));
         }
         self.sources.insert(pool, source);
@@ -802,7 +815,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.stats.num_alloc_retries += 1;
         }
         let sourced = self.sourced_pool(req.stream);
-        if self.expandable && sourced.is_none() {
+        // A sleep tag's pool always grows (its pages are unmapped at pause).
+        if (self.expandable || self.pools.is_tagged_key(req.stream)) && sourced.is_none() {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);

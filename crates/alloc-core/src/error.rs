@@ -112,6 +112,16 @@ pub enum AllocError {
     /// An argument other than a size was out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A sleep tag's state forbids the operation: allocating from a paused
+    /// tag, pausing it twice, resuming one that is not paused, an unknown
+    /// tag.
+    #[error("sleep tag \"{tag}\" {reason}")]
+    Tag {
+        /// The tag's name.
+        tag: String,
+        /// What is wrong, as the end of a sentence.
+        reason: &'static str,
+    },
     /// The memory or stream backend failed.
     #[error("backend failure: {0}")]
     Backend(#[from] BackendError),

@@ -23,13 +23,14 @@ pub mod private_pool;
 pub mod sim;
 pub mod snapshot;
 pub mod stats;
+pub mod tags;
 pub mod types;
 mod validate;
 
 pub use backend::{MemoryBackend, SegmentSource, StreamBackend};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
 pub use engine::{
-    Allocation, BlockCheckpoint, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
+    Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
     SegmentCheckpoint, MAX_REQUEST,
 };
 pub use error::{AllocError, BackendError, OomReport};
@@ -39,4 +40,5 @@ pub use private_pool::PoolId;
 pub use sim::{SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
+pub use tags::{Backup, PauseReport, ResumeReport, TagInfo};
 pub use types::{BlockId, PoolKind, SegmentId, StreamId, GIB, KIB, MIB};

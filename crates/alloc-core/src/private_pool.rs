@@ -33,6 +33,14 @@ struct PoolState {
     routing: u32,
     /// Blocks are handed out whole, never split (`MemPool(no_split=True)`).
     no_split: bool,
+    /// Holds taken for a sleep tag (its own, and those its pool had when
+    /// the tag was bound to it); 0 for an untagged pool. While nobody else
+    /// holds the pool (no graph captured into it), its memory follows the
+    /// rules of ordinary cache.
+    tag_holds: u32,
+    /// The pool's tag is paused: its physical memory is given back, so
+    /// nothing of it may be mapped, released or handed out.
+    paused: bool,
 }
 
 /// Bookkeeping of every private pool of one engine.
@@ -144,13 +152,55 @@ impl PrivatePools {
     }
 
     /// Whether a segment keyed by `key` may go back to the device: always
-    /// for ordinary streams, for a pool's only once nobody holds the pool.
+    /// for ordinary streams; for a pool's once nobody holds the pool, or
+    /// for a tagged pool (not paused, no routing open) once nobody but its
+    /// tag does.
     #[inline]
     pub(crate) fn releasable(&self, key: StreamId) -> bool {
-        key & KEY_BIT == 0
-            || !self
-                .pool_of(key)
-                .is_some_and(|p| self.pools.contains_key(&p))
+        if key & KEY_BIT == 0 {
+            return true;
+        }
+        match self.pool_of(key).and_then(|p| self.pools.get(&p)) {
+            None => true,
+            Some(s) => s.tag_holds > 0 && !s.paused && s.routing == 0 && s.use_count <= s.tag_holds,
+        }
+    }
+
+    /// Makes `pool` a sleep tag's pool: holds it once more for the tag and
+    /// counts every hold it has now as the tag's. Creates the pool if new.
+    pub(crate) fn tag(&mut self, pool: PoolId) {
+        let state = self.pools.entry(pool).or_default();
+        state.use_count += 1;
+        state.tag_holds = state.use_count;
+    }
+
+    /// Whether `pool` is a sleep tag's pool.
+    #[inline]
+    pub(crate) fn is_tagged(&self, pool: PoolId) -> bool {
+        self.pools.get(&pool).is_some_and(|s| s.tag_holds > 0)
+    }
+
+    /// Whether the stream key `key` is a sleep tag's pool.
+    pub(crate) fn is_tagged_key(&self, key: StreamId) -> bool {
+        self.pool_of(key).is_some_and(|p| self.is_tagged(p))
+    }
+
+    /// Marks `pool` paused or resumed.
+    pub(crate) fn set_paused(&mut self, pool: PoolId, paused: bool) {
+        if let Some(s) = self.pools.get_mut(&pool) {
+            s.paused = paused;
+        }
+    }
+
+    /// Whether `pool` is paused.
+    #[inline]
+    pub(crate) fn is_paused(&self, pool: PoolId) -> bool {
+        self.pools.get(&pool).is_some_and(|s| s.paused)
+    }
+
+    /// Whether the stream key `key` is a paused pool's.
+    pub(crate) fn is_paused_key(&self, key: StreamId) -> bool {
+        self.pool_of(key).is_some_and(|p| self.is_paused(p))
     }
 }
 
@@ -192,5 +242,31 @@ mod tests {
         assert!(p.releasable(key));
         assert!(!p.release((3, 1)), "forgotten");
         assert!(p.releasable(5));
+    }
+
+    #[test]
+    fn a_tagged_pool_is_ordinary_cache_unless_held_by_others_or_paused() {
+        let mut p = PrivatePools::default();
+        let pool = (0, 9);
+        let key = p.key(pool, 0);
+        p.retain(pool); // a MemPool object holds it
+        p.tag(pool); // bound to a tag: the tag's hold and the MemPool's
+        assert!(p.is_tagged(pool) && p.is_tagged_key(key));
+        assert_eq!(p.use_count(pool), 2);
+        assert!(p.releasable(key), "only the tag holds it");
+        p.begin(pool); // a region (use_mem_pool) or a capture
+        assert!(!p.releasable(key), "a routing is open");
+        assert!(p.end(pool));
+        assert!(!p.releasable(key), "the capture's graph holds it");
+        assert!(p.release(pool)); // the graph is reset
+        assert!(p.releasable(key));
+        p.set_paused(pool, true);
+        assert!(p.is_paused(pool) && p.is_paused_key(key));
+        assert!(!p.releasable(key), "paused memory is never released");
+        p.set_paused(pool, false);
+        assert!(p.releasable(key));
+        assert!(p.release(pool) && p.release(pool));
+        assert_eq!(p.use_count(pool), 0);
+        assert!(!p.is_tagged(pool), "forgotten with its last holder");
     }
 }

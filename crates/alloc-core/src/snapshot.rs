@@ -66,6 +66,13 @@ pub struct SegmentSnapshot {
     /// The private pool (CUDA graph, `MemPool`) owning the segment, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub private_pool: Option<PoolId>,
+    /// The sleep tag of that pool, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Whether its tag is paused: no page of the segment is mapped, its
+    /// blocks keep their addresses and states.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// The whole allocator state.
@@ -128,6 +135,8 @@ impl Snapshot {
                     ),
                     blocks,
                     private_pool: None,
+                    tag: None,
+                    paused: false,
                 }
             })
             .collect();

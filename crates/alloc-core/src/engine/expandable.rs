@@ -65,6 +65,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     ));
                 }
             }
+            if self.pools.is_paused_key(seg.stream) {
+                // A paused tag gave every page back, live blocks' included.
+                if seg.unmapped != seg.size {
+                    return Err(format!(
+                        "paused segment {:#x} still has {} bytes mapped",
+                        seg.addr,
+                        seg.size - seg.unmapped
+                    ));
+                }
+                continue;
+            }
             for id in self.heap.segment_blocks(g.segment) {
                 let b = self.heap.block(id);
                 let lo = b.addr / granularity * granularity;
@@ -477,7 +488,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Waits on the host for the stream of the growable segment `key`: every
     /// page freed so far becomes idle, and its marks go back.
-    fn wait_for_growable(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+    pub(super) fn wait_for_growable(
+        &mut self,
+        key: &(StreamId, PoolKind),
+    ) -> Result<(), AllocError> {
         let started = Instant::now();
         self.wait_for_stream(self.heap.segment(self.growable[key].segment).stream)?;
         self.count_move(started, |m| m.stream_waits += 1);
@@ -485,6 +499,70 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         for mark in g.idle.waited() {
             self.streams.release(mark);
         }
+        Ok(())
+    }
+
+    /// Unmaps every mapped page of the growable segment `key`, live blocks'
+    /// too, giving the physical memory back (a sleep tag's pause); pushes
+    /// each run unmapped onto `out` as it goes, so that a failure midway
+    /// leaves a record of what to map again. The caller waited for the work
+    /// that used the segment.
+    pub(super) fn unmap_whole_segment(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        out: &mut Vec<(u64, u64)>,
+    ) -> Result<(), AllocError> {
+        self.settle_detached(key, 0, u64::MAX)?;
+        let (seg_id, page) = (self.growable[key].segment, self.growable[key].page);
+        let seg = self.heap.segment(seg_id);
+        let runs = self.growable[key]
+            .unmapped
+            .gaps_in(seg.addr, seg.addr + seg.size, page);
+        for (start, bytes) in runs {
+            self.memory.unmap_idle(start, bytes)?;
+            self.heap.stats.num_device_free += 1;
+            let g = self.growable.get_mut(key).expect("growable");
+            g.unmapped.insert_run(start, bytes, page);
+            self.heap.pages_unmapped(seg_id, bytes);
+            out.push((start, bytes));
+        }
+        Ok(())
+    }
+
+    /// Maps the run `[start, start + bytes)` of the growable segment `key`
+    /// again (a sleep tag's resume): fresh, unused memory at the same
+    /// addresses. `Ok(false)` when the device (or the memory fraction) has
+    /// no room.
+    pub(super) fn map_run_again(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        start: u64,
+        bytes: u64,
+    ) -> Result<bool, AllocError> {
+        if self.would_pass_limit(bytes) || !self.map_pages(start, bytes)? {
+            return Ok(false);
+        }
+        let seg_id = self.growable[key].segment;
+        let g = self.growable.get_mut(key).expect("growable");
+        g.unmapped.remove_in(start, start + bytes);
+        g.idle.mapped(start, start + bytes, false);
+        self.heap.pages_mapped(seg_id, bytes);
+        Ok(true)
+    }
+
+    /// Undoes [`Engine::map_run_again`] for a resume that failed midway:
+    /// nothing ran on the pages since, so no wait.
+    pub(super) fn unmap_run_again(
+        &mut self,
+        key: &(StreamId, PoolKind),
+        start: u64,
+        bytes: u64,
+    ) -> Result<(), AllocError> {
+        self.memory.unmap_idle(start, bytes)?;
+        let (seg_id, page) = (self.growable[key].segment, self.growable[key].page);
+        let g = self.growable.get_mut(key).expect("growable");
+        g.unmapped.insert_run(start, bytes, page);
+        self.heap.pages_unmapped(seg_id, bytes);
         Ok(())
     }
 
