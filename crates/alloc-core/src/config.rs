@@ -108,6 +108,16 @@ pub struct AllocatorConfig {
     /// Policy name (`policy`), e.g. `pytorch-bfc`, `buddy`, `size-class`,
     /// optionally with `+gc-age`.
     pub policy: Option<String>,
+    /// During a CUDA graph capture, reuse a freed block that other streams
+    /// used once the capture shows those streams joined the allocating one
+    /// (PyTorch's `graph_capture_record_stream_reuse`); off: such frees
+    /// wait for the end of the capture.
+    pub graph_capture_record_stream_reuse: bool,
+    /// Limit on reserved memory as a fraction of the device's capacity,
+    /// applied when the allocator is created (PyTorch's
+    /// `per_process_memory_fraction`, like `set_memory_fraction`); `None`:
+    /// no limit.
+    pub per_process_memory_fraction: Option<f64>,
 }
 
 impl Default for AllocatorConfig {
@@ -123,6 +133,8 @@ impl Default for AllocatorConfig {
             unmap_page: DEFAULT_UNMAP_PAGE,
             idle_slab_limit: None,
             policy: None,
+            graph_capture_record_stream_reuse: false,
+            per_process_memory_fraction: None,
         }
     }
 }
@@ -138,14 +150,33 @@ pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
 stream_wait_reuse, unmap_free_pages, unmap_page_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
-pinned_num_register_threads, pinned_use_background_threads";
+pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
+per_process_memory_fraction";
 
 impl AllocatorConfig {
     /// Parses a configuration string. An empty string gives the defaults.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        AllocatorConfig::default().with_settings(text)
+    }
+
+    /// This configuration with the options that `text` names set as it says
+    /// and every other option kept: how settings change at run time
+    /// (`torch.cuda.memory._set_allocator_settings`). The result is checked
+    /// as a whole, as [`AllocatorConfig::parse`] checks.
+    ///
+    /// ```
+    /// use alloc_core::{AllocatorConfig, MIB};
+    ///
+    /// let base = AllocatorConfig::parse("expandable_segments:true")?;
+    /// let changed = base.with_settings("max_split_size_mb:40")?;
+    /// assert!(changed.expandable_segments);
+    /// assert_eq!(changed.max_split_size, 40 * MIB);
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn with_settings(&self, text: &str) -> Result<Self, ConfigError> {
         let tokens = lex(text);
         let mut p = Parser { tokens, pos: 0 };
-        let mut cfg = AllocatorConfig::default();
+        let mut cfg = self.clone();
         let mut page_set = false;
         while let Some(key) = p.next_token() {
             if key == "," {
@@ -203,6 +234,18 @@ impl AllocatorConfig {
                 }
                 "pinned_num_register_threads" => {
                     p.value(&key)?;
+                }
+                "graph_capture_record_stream_reuse" => {
+                    cfg.graph_capture_record_stream_reuse = p.boolean(&key)?
+                }
+                "per_process_memory_fraction" => {
+                    let v = p.value(&key)?;
+                    let f = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| (0.0..=1.0).contains(f))
+                        .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
+                    cfg.per_process_memory_fraction = Some(f);
                 }
                 _ => {
                     return Err(ConfigError::UnknownKey {
@@ -447,6 +490,36 @@ mod tests {
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert!(c.expandable_segments && c.stream_wait_reuse);
         assert_eq!(c.policy.as_deref(), Some("buddy"));
+    }
+
+    #[test]
+    fn settings_change_only_the_options_they_name() {
+        let base = AllocatorConfig::parse(
+            "expandable_segments:true,unmap_free_pages:true,roundup_power2_divisions:4",
+        )
+        .unwrap();
+        let c = base
+            .with_settings("max_split_size_mb:40,graph_capture_record_stream_reuse:True")
+            .unwrap();
+        assert_eq!(c.max_split_size, 40 * MIB);
+        assert!(c.graph_capture_record_stream_reuse);
+        assert!(c.expandable_segments && c.unmap_free_pages);
+        assert_eq!(c.roundup_power2_divisions, base.roundup_power2_divisions);
+        // Checked as a whole: the base's unmap_free_pages needs expandable segments.
+        let e = base.with_settings("expandable_segments:false").unwrap_err();
+        assert!(e.to_string().contains("unmap_free_pages"), "{e}");
+        assert_eq!(base.with_settings("").unwrap(), base);
+    }
+
+    #[test]
+    fn per_process_memory_fraction_is_a_fraction() {
+        let c = AllocatorConfig::parse("per_process_memory_fraction:0.5").unwrap();
+        assert_eq!(c.per_process_memory_fraction, Some(0.5));
+        assert_eq!(AllocatorConfig::default().per_process_memory_fraction, None);
+        for bad in ["-0.1", "1.5", "half", "NaN"] {
+            let e = AllocatorConfig::parse(&format!("per_process_memory_fraction:{bad}"));
+            assert!(e.is_err(), "{bad} accepted");
+        }
     }
 
     #[test]
