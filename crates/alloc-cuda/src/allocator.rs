@@ -24,12 +24,14 @@ static GLOBALS: [OnceLock<CudaAllocator>; MAX_DEVICES] = [const { OnceLock::new(
 /// Serialises the creation of global allocators and their configuration.
 static GLOBAL_CONFIG: Mutex<Option<AllocatorConfig>> = Mutex::new(None);
 
-struct Inner {
+pub(crate) struct Inner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     config: AllocatorConfig,
     engine: Mutex<CudaEngine>,
     observer: ObserverSlot,
+    /// Host backups of paused sleep tags, and the stream that copies them.
+    pub(crate) sleep: crate::sleep::SleepState,
 }
 
 impl Drop for Inner {
@@ -64,7 +66,7 @@ impl Drop for Inner {
 /// ```
 #[derive(Clone)]
 pub struct CudaAllocator {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl std::fmt::Debug for CudaAllocator {
@@ -109,6 +111,7 @@ impl CudaAllocator {
                 config: config.clone(),
                 engine: Mutex::new(engine),
                 observer,
+                sleep: crate::sleep::SleepState::default(),
             }),
         })
     }
@@ -195,7 +198,7 @@ impl CudaAllocator {
         Ok(f(&mut *self.engine()?))
     }
 
-    fn engine(&self) -> Result<MutexGuard<'_, CudaEngine>, CudaError> {
+    pub(crate) fn engine(&self) -> Result<MutexGuard<'_, CudaEngine>, CudaError> {
         self.inner.engine.lock().map_err(|_| CudaError::Poisoned)
     }
 

@@ -8,6 +8,8 @@ use cudarc::driver::{
     SyncOnDrop, ValidAsZeroBits,
 };
 
+use alloc_core::PoolId;
+
 use crate::allocator::CudaAllocator;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
@@ -81,17 +83,23 @@ impl<T> std::fmt::Debug for DeviceBuffer<T> {
 }
 
 impl CudaAllocator {
-    fn alloc_block<T>(
+    /// A buffer of `len` elements on `stream` from the private `pool` if
+    /// one is given (a sleep tag's), contents unspecified.
+    pub(crate) fn alloc_block<T>(
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
+        pool: Option<PoolId>,
     ) -> Result<DeviceBuffer<T>, CudaError> {
         let elem_size = std::mem::size_of::<T>();
         let bytes = len
             .checked_mul(elem_size)
             .and_then(|b| u64::try_from(b).ok())
             .ok_or(CudaError::SizeOverflow { len, elem_size })?;
-        let ptr = self.malloc(bytes, stream)?;
+        let id = self.check_stream(stream)?;
+        // SAFETY: `stream` is a live cudarc stream of this device's context,
+        // kept alive by the buffer until its free.
+        let ptr = unsafe { self.malloc_in_pool_on_stream_id(bytes, id, pool) }?;
         Ok(DeviceBuffer {
             ptr,
             len,
@@ -102,6 +110,30 @@ impl CudaAllocator {
         })
     }
 
+    /// [`CudaAllocator::alloc_zeros`] from `pool`.
+    pub(crate) fn alloc_zeros_in<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        stream: &Arc<CudaStream>,
+        pool: Option<PoolId>,
+    ) -> Result<DeviceBuffer<T>, CudaError> {
+        let buf = self.alloc_block::<T>(len, stream, pool)?;
+        buf.memset_own_stream(0)?;
+        Ok(buf)
+    }
+
+    /// [`CudaAllocator::alloc_from_host`] from `pool`.
+    pub(crate) fn alloc_from_host_in<T: DeviceRepr>(
+        &self,
+        data: &[T],
+        stream: &Arc<CudaStream>,
+        pool: Option<PoolId>,
+    ) -> Result<DeviceBuffer<T>, CudaError> {
+        let mut buf = self.alloc_block::<T>(data.len(), stream, pool)?;
+        buf.copy_from_host(data)?;
+        Ok(buf)
+    }
+
     /// A buffer of `len` elements for use on `stream`, contents unspecified
     /// (whatever the block held before).
     pub fn alloc<T: Plain>(
@@ -109,7 +141,7 @@ impl CudaAllocator {
         len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBuffer<T>, CudaError> {
-        self.alloc_block(len, stream)
+        self.alloc_block(len, stream, None)
     }
 
     /// A buffer of `len` zeroed elements (a `cuMemsetD8Async` on `stream`).
@@ -118,9 +150,7 @@ impl CudaAllocator {
         len: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBuffer<T>, CudaError> {
-        let buf = self.alloc_block::<T>(len, stream)?;
-        buf.memset_own_stream(0)?;
-        Ok(buf)
+        self.alloc_zeros_in(len, stream, None)
     }
 
     /// A buffer holding a copy of `data` (copied on `stream`).
@@ -129,9 +159,7 @@ impl CudaAllocator {
         data: &[T],
         stream: &Arc<CudaStream>,
     ) -> Result<DeviceBuffer<T>, CudaError> {
-        let mut buf = self.alloc_block::<T>(data.len(), stream)?;
-        buf.copy_from_host(data)?;
-        Ok(buf)
+        self.alloc_from_host_in(data, stream, None)
     }
 }
 

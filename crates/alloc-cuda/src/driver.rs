@@ -163,6 +163,78 @@ pub(crate) fn event_destroy(event: RawEvent) -> Result<(), CudaError> {
     unsafe { result::event::destroy(event.0) }.map_err(|e| driver_error("cuEventDestroy_v2", e.0))
 }
 
+// ----- Pinned host memory and copies (sleep tags' host backups) -----
+
+/// A block of page-locked host memory from [`host_alloc`], released with
+/// [`host_free`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HostPtr(*mut u8);
+
+// SAFETY: pinned host memory is plain process memory, usable from any
+// thread; the pool hands each block to one owner at a time.
+unsafe impl Send for HostPtr {}
+
+impl HostPtr {
+    /// The block's address.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// `cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`: `size` bytes of page-locked
+/// host memory, usable with every context of the process.
+pub(crate) fn host_alloc(size: usize) -> Result<HostPtr, CudaError> {
+    // SAFETY: writes one pointer into a local; the memory is uninitialised
+    // and only ever reached through raw pointers (copies, `&[u8]` views
+    // after a copy filled it or a caller wrote it).
+    let ptr = unsafe { result::malloc_host(size.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
+        .map_err(|e| driver_error("cuMemHostAlloc", e.0))?;
+    Ok(HostPtr(ptr.cast()))
+}
+
+/// `cuMemFreeHost` of a block from [`host_alloc`].
+pub(crate) fn host_free(ptr: HostPtr) -> Result<(), CudaError> {
+    // SAFETY: consumes the handle, so the block is freed once; the pool
+    // frees only blocks no copy or caller uses any more.
+    unsafe { result::free_host(ptr.0.cast()) }.map_err(|e| driver_error("cuMemFreeHost", e.0))
+}
+
+/// `cuMemcpyDtoHAsync`: `bytes` bytes from device address `src` to the
+/// pinned host memory at `dst`, queued on `stream`.
+///
+/// # Safety
+/// `dst..dst + bytes` is pinned host memory and `src..src + bytes` mapped
+/// device memory of the current context, both left alone until the copy has
+/// run; `stream` is a live stream of that context.
+pub(crate) unsafe fn copy_to_host_async(
+    dst: *mut u8,
+    src: u64,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract above.
+    check("cuMemcpyDtoHAsync_v2", unsafe {
+        sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream)
+    })
+}
+
+/// `cuMemcpyHtoDAsync`: `bytes` bytes from pinned host memory at `src` to
+/// device address `dst`, queued on `stream`.
+///
+/// # Safety
+/// As for [`copy_to_host_async`], the other way round.
+pub(crate) unsafe fn copy_to_device_async(
+    dst: u64,
+    src: *const u8,
+    bytes: usize,
+    stream: sys::CUstream,
+) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract above.
+    check("cuMemcpyHtoDAsync_v2", unsafe {
+        sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream)
+    })
+}
+
 // ----- Virtual memory management (expandable segments) -----
 
 /// A physical allocation from `cuMemCreate`, to be mapped into a reserved

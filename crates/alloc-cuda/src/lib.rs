@@ -27,6 +27,12 @@
 //! Expandable segments (`expandable_segments:True`) grow one segment per
 //! stream and pool on the driver's virtual-memory API: see [`vmm`].
 //!
+//! Sleep and wake: allocations through a [`Tag`] ([`CudaAllocator::tag`])
+//! go to a pool of their own on growable segments; [`CudaAllocator::pause`]
+//! gives its physical memory back (optionally saving live blocks to pinned
+//! host memory from the [`PinnedPool`], our caching pinned-host allocator)
+//! and [`CudaAllocator::resume`] takes fresh memory at the same addresses.
+//!
 //! A live block can be shared with another process (CUDA IPC):
 //! [`CudaAllocator::shared_range`] gives the memory shared for it (its
 //! `cuMemAlloc` segment, or the pages of an expandable segment under it) and
@@ -39,7 +45,9 @@
 //! records and stream waits on raw streams (`events.rs`); and the raw-stream
 //! entry points of [`CudaAllocator`] (`malloc_on_stream_id`,
 //! `malloc_in_pool_on_stream_id`, `record_stream_id`), `unsafe fn`s whose
-//! callers vouch that the stream is a live stream of the device.
+//! callers vouch that the stream is a live stream of the device; the
+//! pinned host blocks' byte views (`pinned.rs`) and the backup copies of
+//! sleep tags (`sleep.rs`).
 
 #![warn(missing_docs)]
 
@@ -61,6 +69,8 @@ mod events;
 mod ipc;
 mod memory;
 mod observer;
+mod pinned;
+mod sleep;
 pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
@@ -70,9 +80,14 @@ pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
 pub use ipc::SharedRange;
 pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
+pub use pinned::{pinned_block_size, HostCache, PinnedBuffer, PinnedPool, PinnedStats};
+pub use sleep::Tag;
 pub use vmm::SharedPages;
 
-pub use alloc_core::{Allocation, AllocatorConfig, Snapshot, Stats, StreamId};
+pub use alloc_core::{
+    Allocation, AllocatorConfig, Backup, PauseReport, ResumeReport, Snapshot, Stats, StreamId,
+    TagInfo,
+};
 pub use cudarc;
 
 /// The engine type behind a [`CudaAllocator`].

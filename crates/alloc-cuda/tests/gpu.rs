@@ -7,112 +7,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
 use alloc_core::{human_bytes, AllocError, GIB, KIB, MIB};
-use alloc_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use alloc_cuda::cudarc::nvrtc::Ptx;
+use alloc_cuda::cudarc::driver::CudaStream;
 use alloc_cuda::{CudaAllocator, CudaError, DeviceBuffer};
-
-/// Spins for `spin_ns` nanoseconds of `%globaltimer`, then copies `n` words
-/// from `src` to `dst` (grid-stride). The loads are volatile so that they
-/// cannot be hoisted above the spin.
-const SPIN_COPY_PTX: &str = r#"
-.version 8.0
-.target sm_75
-.address_size 64
-
-.visible .entry spin_copy(
-    .param .u64 src,
-    .param .u64 dst,
-    .param .u32 n,
-    .param .u64 spin_ns
-)
-{
-    .reg .pred %p<3>;
-    .reg .b32 %r<10>;
-    .reg .b64 %rd<12>;
-
-    ld.param.u64 %rd1, [src];
-    ld.param.u64 %rd2, [dst];
-    ld.param.u32 %r1, [n];
-    ld.param.u64 %rd3, [spin_ns];
-    cvta.to.global.u64 %rd1, %rd1;
-    cvta.to.global.u64 %rd2, %rd2;
-    mov.u64 %rd4, %globaltimer;
-SPIN:
-    mov.u64 %rd5, %globaltimer;
-    sub.s64 %rd6, %rd5, %rd4;
-    setp.lt.u64 %p1, %rd6, %rd3;
-    @%p1 bra SPIN;
-
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    mov.u32 %r6, %nctaid.x;
-    mul.lo.s32 %r7, %r6, %r3;
-COPY:
-    setp.ge.u32 %p2, %r5, %r1;
-    @%p2 bra DONE;
-    mul.wide.u32 %rd7, %r5, 4;
-    add.s64 %rd8, %rd1, %rd7;
-    add.s64 %rd9, %rd2, %rd7;
-    ld.volatile.global.u32 %r8, [%rd8];
-    st.global.u32 [%rd9], %r8;
-    add.s32 %r5, %r5, %r7;
-    bra.uni COPY;
-DONE:
-    ret;
-}
-"#;
+use common::{
+    allocator, launch_spin_copy, new_stream, spin_copy_kernel, under_sanitizer, word_pattern,
+};
 
 /// How long the cross-stream kernel spins before it reads its input.
 const SPIN: Duration = Duration::from_millis(100);
-
-/// `words` words of a recognisable pattern (`salt` tells tests apart).
-fn word_pattern(words: usize, salt: u32) -> Vec<u32> {
-    (0..words as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ salt)
-        .collect()
-}
-
-/// Queues `spin_copy` on `stream`: [`SPIN`] of spinning, then `src` copied
-/// into `dst`. The caller keeps `src` readable until the kernel is done (by
-/// the allocator's stream rules) and `dst` alive until it has synchronized.
-fn launch_spin_copy(
-    stream: &CudaStream,
-    spin: &CudaFunction,
-    src: &DeviceBuffer<u32>,
-    dst: &mut DeviceBuffer<u32>,
-) {
-    assert_eq!(src.len(), dst.len(), "spin_copy copies equal lengths");
-    let (n, spin_ns) = (src.len() as u32, SPIN.as_nanos() as u64);
-    let cfg = LaunchConfig {
-        grid_dim: (264, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut launch = stream.launch_builder(spin);
-    launch.arg(src).arg(dst).arg(&n).arg(&spin_ns);
-    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
-    // `src` and `dst` hold `n` u32 each, and their lifetimes are the
-    // caller's contract above.
-    unsafe { launch.launch(cfg) }.unwrap();
-}
-
-fn under_sanitizer() -> bool {
-    std::env::var_os("ALLOC_CUDA_SANITIZER").is_some()
-}
-
-fn allocator(config: &str) -> CudaAllocator {
-    match CudaAllocator::with_config_str(0, config) {
-        Ok(a) => a,
-        Err(e) => panic!("creating an allocator with `{config}`: {e}"),
-    }
-}
-
-fn new_stream(alloc: &CudaAllocator) -> Arc<CudaStream> {
-    alloc.context().new_stream().expect("cuStreamCreate")
-}
 
 /// Everything freed, cache emptied, nothing reserved, invariants hold.
 fn assert_drained(alloc: &CudaAllocator) {
@@ -234,11 +139,9 @@ struct CrossStream {
 fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
     const WORDS: usize = 5 << 20; // 20 MiB: exactly one large segment
     let alloc = allocator(config);
-    let ctx = alloc.context().clone();
     let a = new_stream(&alloc);
     let b = new_stream(&alloc);
-    let module = ctx.load_module(Ptx::from_src(SPIN_COPY_PTX)).unwrap();
-    let spin = module.load_function("spin_copy").unwrap();
+    let spin = spin_copy_kernel(&alloc);
 
     let original = word_pattern(WORDS, 0x1234_5678);
     let mut x = alloc.alloc_from_host(&original, &a).unwrap();
@@ -248,7 +151,7 @@ fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
     let x_addr = x.device_address();
 
     // X stays readable through record_stream, Y until after b.synchronize().
-    launch_spin_copy(&b, &spin, &x, &mut y);
+    launch_spin_copy(&b, &spin, &x, &mut y, SPIN);
 
     let t0 = Instant::now();
     drop(x); // freed on A's side while B's kernel still reads it
@@ -805,11 +708,7 @@ fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
     const WORDS: usize = 6 << 20; // 24 MiB: three pages of 8 MiB
     let alloc = allocator("expandable_segments:True,unmap_free_pages:true,unmap_page_mb:8");
     let stream = new_stream(&alloc);
-    let module = alloc
-        .context()
-        .load_module(Ptx::from_src(SPIN_COPY_PTX))
-        .unwrap();
-    let spin = module.load_function("spin_copy").unwrap();
+    let spin = spin_copy_kernel(&alloc);
     let original = word_pattern(WORDS, 0x0BAD_F00D);
     let x = alloc.alloc_from_host(&original, &stream).unwrap();
     let mut y = alloc.alloc_zeros::<u32>(WORDS, &stream).unwrap();
@@ -818,7 +717,7 @@ fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
 
     // X is freed on the kernel's own stream (the allocator's rule for
     // reuse); Y lives until after the sync.
-    launch_spin_copy(&stream, &spin, &x, &mut y);
+    launch_spin_copy(&stream, &spin, &x, &mut y, SPIN);
 
     let t0 = Instant::now();
     drop(x); // freed while the kernel still reads it

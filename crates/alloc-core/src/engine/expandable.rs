@@ -92,7 +92,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// growable segment (reserving its address range first if needed) so that
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let page = self.page_size(req.pool);
+        let page = self.page_size(req);
         let step = if page > self.memory.growth_granularity() {
             // Pages larger than the granularity (`unmap_free_pages`): grow
             // by whole pages, not by PyTorch's step rounded up to them.
@@ -168,12 +168,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(Some(tail))
     }
 
-    /// Bytes of each physical page of a new growable segment of `pool`: the
-    /// backend's granularity, or with `unmap_free_pages` the configured
-    /// large-pool page (rounded up to whole granules).
-    fn page_size(&self, pool: PoolKind) -> u64 {
+    /// Bytes of each physical page of a new growable segment for `req`: the
+    /// backend's granularity, or the configured large-pool page (rounded up
+    /// to whole granules) with `unmap_free_pages` or in a sleep tag's pool,
+    /// where fewer, larger pages make pauses and resumes cheaper.
+    fn page_size(&self, req: &Request) -> u64 {
         let granularity = self.memory.growth_granularity();
-        if self.options.unmap_free_pages && pool == PoolKind::Large {
+        let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.stream);
+        if large_pages && req.pool == PoolKind::Large {
             self.options.unmap_page.div_ceil(granularity).max(1) * granularity
         } else {
             granularity

@@ -1,0 +1,122 @@
+//! Helpers shared by the GPU test binaries: a spinning copy kernel (PTX,
+//! loaded with cuModuleLoadData), patterns, allocators and streams.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use alloc_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use alloc_cuda::cudarc::nvrtc::Ptx;
+use alloc_cuda::{CudaAllocator, DeviceBuffer};
+
+/// Spins for `spin_ns` nanoseconds of `%globaltimer`, then copies `n` words
+/// from `src` to `dst` (grid-stride). The loads are volatile so that they
+/// cannot be hoisted above the spin.
+pub const SPIN_COPY_PTX: &str = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry spin_copy(
+    .param .u64 src,
+    .param .u64 dst,
+    .param .u32 n,
+    .param .u64 spin_ns
+)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<12>;
+
+    ld.param.u64 %rd1, [src];
+    ld.param.u64 %rd2, [dst];
+    ld.param.u32 %r1, [n];
+    ld.param.u64 %rd3, [spin_ns];
+    cvta.to.global.u64 %rd1, %rd1;
+    cvta.to.global.u64 %rd2, %rd2;
+    mov.u64 %rd4, %globaltimer;
+SPIN:
+    mov.u64 %rd5, %globaltimer;
+    sub.s64 %rd6, %rd5, %rd4;
+    setp.lt.u64 %p1, %rd6, %rd3;
+    @%p1 bra SPIN;
+
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    mov.u32 %r6, %nctaid.x;
+    mul.lo.s32 %r7, %r6, %r3;
+COPY:
+    setp.ge.u32 %p2, %r5, %r1;
+    @%p2 bra DONE;
+    mul.wide.u32 %rd7, %r5, 4;
+    add.s64 %rd8, %rd1, %rd7;
+    add.s64 %rd9, %rd2, %rd7;
+    ld.volatile.global.u32 %r8, [%rd8];
+    st.global.u32 [%rd9], %r8;
+    add.s32 %r5, %r5, %r7;
+    bra.uni COPY;
+DONE:
+    ret;
+}
+"#;
+
+/// `words` words of a recognisable pattern (`salt` tells tests apart).
+pub fn word_pattern(words: usize, salt: u32) -> Vec<u32> {
+    (0..words as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ salt)
+        .collect()
+}
+
+/// Queues `spin_copy` on `stream`: `spin` of spinning, then `src` copied
+/// into `dst`. The caller keeps `src` readable until the kernel is done (by
+/// the allocator's stream rules) and `dst` alive until it has synchronized.
+pub fn launch_spin_copy(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    src: &DeviceBuffer<u32>,
+    dst: &mut DeviceBuffer<u32>,
+    spin: Duration,
+) {
+    assert_eq!(src.len(), dst.len(), "spin_copy copies equal lengths");
+    let (n, spin_ns) = (src.len() as u32, spin.as_nanos() as u64);
+    let cfg = LaunchConfig {
+        grid_dim: (264, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut launch = stream.launch_builder(kernel);
+    launch.arg(src).arg(dst).arg(&n).arg(&spin_ns);
+    // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
+    // `src` and `dst` hold `n` u32 each, and their lifetimes are the
+    // caller's contract above.
+    unsafe { launch.launch(cfg) }.unwrap();
+}
+
+/// Whether compute-sanitizer runs the test (it may serialise launches).
+pub fn under_sanitizer() -> bool {
+    std::env::var_os("ALLOC_CUDA_SANITIZER").is_some()
+}
+
+/// An allocator of device 0 with `config`.
+pub fn allocator(config: &str) -> CudaAllocator {
+    match CudaAllocator::with_config_str(0, config) {
+        Ok(a) => a,
+        Err(e) => panic!("creating an allocator with `{config}`: {e}"),
+    }
+}
+
+/// A new stream of the allocator's context.
+pub fn new_stream(alloc: &CudaAllocator) -> Arc<CudaStream> {
+    alloc.context().new_stream().expect("cuStreamCreate")
+}
+
+/// The `spin_copy` kernel loaded into the allocator's context.
+pub fn spin_copy_kernel(alloc: &CudaAllocator) -> CudaFunction {
+    let module = alloc
+        .context()
+        .load_module(Ptx::from_src(SPIN_COPY_PTX))
+        .expect("loading the spin_copy PTX");
+    module.load_function("spin_copy").expect("spin_copy")
+}
