@@ -15,6 +15,7 @@ use crate::heap::{BlockState, Heap};
 mod checkpoint;
 mod expandable;
 mod idle_pages;
+mod settings;
 mod sleep;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};

@@ -354,6 +354,36 @@ impl Heap {
         (seg_id, block_id)
     }
 
+    /// Changes the size from which blocks and segments count as oversize
+    /// (`max_split_size_mb` changed at run time): the current oversize
+    /// counts are recounted under the new threshold, so that later frees
+    /// and releases undo exactly what they count.
+    pub(crate) fn set_oversize_threshold(&mut self, threshold: u64) {
+        let old = std::mem::replace(&mut self.oversize_threshold, threshold);
+        if old == threshold {
+            return;
+        }
+        let counts = |size: u64, t: u64| i64::from(size >= t);
+        let mut segments = 0;
+        for (_, seg) in self.segments() {
+            segments += counts(seg.size, threshold) - counts(seg.size, old);
+        }
+        self.stats.oversize_segments.apply(segments);
+        for i in 1..self.blocks.len() {
+            let b = &self.blocks[i];
+            if b.size == 0 || b.state != BlockState::Allocated {
+                continue;
+            }
+            let delta = counts(b.size, threshold) - counts(b.size, old);
+            if delta != 0 {
+                let p = b.pool.index();
+                self.tally[p][T_OVERSIZE] += delta;
+                self.dirty[p] = true;
+            }
+        }
+        self.settle();
+    }
+
     /// Removes an idle segment and all its blocks; returns its address and size.
     ///
     /// The caller must have taken its blocks out of the policy's index first.

@@ -3,6 +3,7 @@
 //! to the device under pressure. The engine owns everything else (streams,
 //! events, statistics, the out-of-memory path).
 
+use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
 use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
 
@@ -55,6 +56,16 @@ pub struct OomRelease {
 pub trait Policy {
     /// Short name shown in reports.
     fn name(&self) -> &str;
+
+    /// Takes the settings of `cfg` changed at run time
+    /// (`torch.cuda.memory._set_allocator_settings`): later decisions follow
+    /// them, blocks already handed out or cached stay as they are (as in
+    /// PyTorch). A policy that cannot change what changed refuses with the
+    /// option to keep. The default keeps the policy as it is, for policies
+    /// that take nothing from the configuration.
+    fn reconfigure(&mut self, _cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        Ok(())
+    }
 
     /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool.
     fn plan(&self, requested: u64, stream: StreamId) -> Request;
@@ -126,6 +137,9 @@ pub trait Policy {
 impl<P: Policy + ?Sized> Policy for Box<P> {
     fn name(&self) -> &str {
         (**self).name()
+    }
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        (**self).reconfigure(cfg)
     }
     fn plan(&self, requested: u64, stream: StreamId) -> Request {
         (**self).plan(requested, stream)

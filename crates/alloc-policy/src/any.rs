@@ -164,6 +164,19 @@ impl Policy for AnyPolicy {
     fn name(&self) -> &str {
         dispatch!(self, p => p.name())
     }
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        if cfg.expandable_segments && !self.supports_growth() {
+            return Err(ConfigError::InvalidValue {
+                key: "expandable_segments".into(),
+                value: "true".into(),
+                reason: format!(
+                    "policy `{}` does not support growable segments",
+                    self.name()
+                ),
+            });
+        }
+        dispatch!(self, p => p.reconfigure(cfg))
+    }
     #[inline]
     fn plan(&self, requested: u64, stream: StreamId) -> Request {
         dispatch!(self, p => p.plan(requested, stream))

@@ -19,7 +19,8 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use alloc_core::{
-    AllocatorConfig, BlockId, Heap, OomRelease, Policy, Pressure, Request, SegmentId, StreamId,
+    AllocatorConfig, BlockId, ConfigError, Heap, OomRelease, Policy, Pressure, Request, SegmentId,
+    StreamId,
 };
 
 /// Threshold used when the configuration sets no
@@ -128,6 +129,11 @@ impl<P: Policy> GcAge<P> {
 impl<P: Policy> Policy for GcAge<P> {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        self.inner.reconfigure(cfg)?;
+        self.settings.threshold = GcAgeSettings::from(cfg).threshold;
+        Ok(())
     }
     #[inline]
     fn plan(&self, requested: u64, stream: StreamId) -> Request {

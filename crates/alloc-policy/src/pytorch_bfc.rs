@@ -7,8 +7,8 @@
 use crate::free_index::{Entry, FreeIndex};
 use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
 use alloc_core::{
-    coalesce, BlockId, Heap, OomRelease, Policy, PoolKind, Pressure, Request, SegmentId, StreamId,
-    MIB,
+    coalesce, BlockId, ConfigError, Heap, OomRelease, Policy, PoolKind, Pressure, Request,
+    SegmentId, StreamId, MIB,
 };
 
 /// All sizes are rounded to at least this (`kMinBlockSize`).
@@ -189,6 +189,12 @@ impl PytorchBfc {
 impl Policy for PytorchBfc {
     fn name(&self) -> &str {
         "pytorch-bfc"
+    }
+    /// Every setting may change at run time, as in PyTorch, whose allocator
+    /// reads its configuration at each decision.
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        self.settings = BfcSettings::from(cfg);
+        Ok(())
     }
 
     fn plan(&self, requested: u64, stream: StreamId) -> Request {

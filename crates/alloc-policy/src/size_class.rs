@@ -31,8 +31,8 @@
 //! class size for the retries.
 
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, Heap, OomRelease, Policy, PoolKind, Pressure, Request,
-    SegmentId, StreamId, GIB, MIB,
+    AllocatorConfig, BlockId, BlockState, ConfigError, Heap, OomRelease, Policy, PoolKind,
+    Pressure, Request, SegmentId, StreamId, GIB, MIB,
 };
 
 /// The smallest class, and the granularity of the classes below 2 KiB.
@@ -495,6 +495,21 @@ impl SizeClass {
 impl Policy for SizeClass {
     fn name(&self) -> &str {
         "size-class"
+    }
+    /// `idle_slab_limit_mb` chooses how slabs are kept and cannot change
+    /// once slabs exist; no other setting reaches this policy.
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        let wanted = SizeClassSettings::from(cfg);
+        if wanted == self.settings {
+            return Ok(());
+        }
+        Err(ConfigError::InvalidValue {
+            key: "idle_slab_limit_mb".into(),
+            value: cfg
+                .idle_slab_limit
+                .map_or("unset".into(), |b| (b >> 20).to_string()),
+            reason: "policy `size-class` keeps its slab mode until the process restarts".into(),
+        })
     }
 
     #[inline]
