@@ -22,7 +22,7 @@ use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 use crate::tags::Tags;
-use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use expandable::Growable;
 pub use sleep::CopyBlocks;
@@ -61,18 +61,6 @@ impl From<&AllocatorConfig> for EngineOptions {
     }
 }
 
-/// Refuses a stream id that no caller's stream can have: private pools
-/// key their blocks with the top bit set.
-fn check_stream(stream: StreamId) -> Result<(), AllocError> {
-    if crate::private_pool::is_caller_stream(stream) {
-        Ok(())
-    } else {
-        Err(AllocError::InvalidArgument(format!(
-            "stream id {stream:#x} has the top bit set, which no stream handle has"
-        )))
-    }
-}
-
 /// A block handed out by [`Engine::malloc`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
@@ -106,12 +94,12 @@ struct StreamQueue<E> {
 /// recorded on them at its free prove:
 ///
 /// ```
-/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB, MIB};
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
 /// use alloc_policy::AnyPolicy;
 ///
 /// let cfg = AllocatorConfig::default();
 /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
-/// let (compute, copy) = (1, 2); // stream ids
+/// let (compute, copy) = (StreamId(1), StreamId(2));
 /// let a = engine.malloc(4 * MIB, compute)?;
 /// engine.record_stream(a.addr, copy)?; // the copy stream reads the block too
 /// engine.free(a.addr)?; // records an event on the copy stream
@@ -139,8 +127,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     queues: Vec<StreamQueue<S::Event>>,
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
-    /// Growable segments by (stream, pool), when expandable segments are on.
-    growable: FxHashMap<(StreamId, PoolKind), Growable<S::Event>>,
+    /// Growable segments by (cache, pool), when expandable segments are on.
+    growable: FxHashMap<(CacheKey, PoolKind), Growable<S::Event>>,
     expandable: bool,
     /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
     pools: PrivatePools,
@@ -230,15 +218,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 reason: "larger than any device (1 PiB)",
             });
         }
-        check_stream(stream)?;
         if let Some(pool) = pool {
             self.refuse_paused(pool)?;
         }
         self.poll_events()?;
-        let mut req = self.policy.plan(size, stream);
-        if let Some(pool) = pool {
-            req.stream = self.pools.key(pool, stream);
-        }
+        let key = CacheKey {
+            stream,
+            private_pool: pool.map(|p| self.pools.number(p)),
+        };
+        let req = self.policy.plan(size, key);
         self.heap.tick(req.pool);
         let mut found = self.policy.take_free(&self.heap, &req);
         if found.is_none()
@@ -338,7 +326,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Marks an allocated block as used by `stream` too, so that a later free
     /// defers its reuse until `stream`'s work queued before the free is done.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
-        check_stream(stream)?;
         let Some(&id) = self.live.get(&addr) else {
             return Err(self.bad_pointer(addr));
         };
@@ -346,7 +333,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // Freed during a capture, its events still to be recorded.
             return Err(AllocError::DoubleFree { addr });
         }
-        if self.pools.real_stream(self.heap.block(id).stream) == stream {
+        if self.heap.block(id).stream == stream {
             return Ok(());
         }
         let uses = self.uses.entry(id).or_default();
@@ -435,14 +422,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Every segment with its blocks.
     pub fn snapshot(&self) -> Snapshot {
-        let mut snap = Snapshot::of(&self.heap);
-        for seg in &mut snap.segments {
-            seg.private_pool = self.pools.pool_of(seg.stream);
-            seg.stream = self.pools.real_stream(seg.stream);
-            for b in &mut seg.blocks {
-                b.stream = seg.stream;
-            }
-        }
+        let mut snap = Snapshot::of(&self.heap, &self.pools);
         self.annotate_tags(&mut snap);
         snap
     }
@@ -499,7 +479,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
-            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.stream) == Some(pool))
+            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
             .map(|(id, _)| id)
             .collect();
         let result = self.release_segments(&idle);
@@ -575,7 +555,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             addr,
             size: b.size,
             requested: b.requested,
-            stream: self.pools.real_stream(b.stream),
+            stream: b.stream,
         })
     }
 
@@ -719,7 +699,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .copied()
             .filter(|&id| {
                 let b = self.heap.block(id);
-                b.stream == req.stream && b.pool == req.pool
+                b.key() == req.key && b.pool == req.pool
             })
             .collect();
         let best = candidates
@@ -739,8 +719,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                         continue;
                     }
                     if let Some(ev) = entry.event.take() {
-                        let waiter = self.pools.real_stream(req.stream);
-                        if let Err(e) = self.streams.make_stream_wait(waiter, &ev) {
+                        if let Err(e) = self.streams.make_stream_wait(req.key.stream, &ev) {
                             self.queues[qi].events[ei].event = Some(ev);
                             return Err(e.into());
                         }
@@ -815,9 +794,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.stats.num_alloc_retries += 1;
         }
-        let sourced = self.sourced_pool(req.stream);
+        let sourced = self.sourced_pool(req.key);
         // A sleep tag's pool always grows (its pages are unmapped at pause).
-        if (self.expandable || self.pools.is_tagged_key(req.stream)) && sourced.is_none() {
+        if (self.expandable || self.pools.is_tagged_key(req.key)) && sourced.is_none() {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);
@@ -831,7 +810,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         match made {
             Ok(addr) => {
                 self.heap.stats.num_device_alloc += 1;
-                let (_, block) = self.heap.add_segment(addr, size, req.pool, req.stream);
+                let (_, block) = self.heap.add_segment(addr, size, req.pool, req.key);
                 Ok(Some(block))
             }
             Err(BackendError::OutOfMemory) => Ok(None),
@@ -859,7 +838,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
-            .filter(|(_, s)| s.is_idle() && self.pools.releasable(s.stream))
+            .filter(|(_, s)| s.is_idle() && self.pools.releasable(s.key()))
             .map(|(id, _)| id)
             .collect();
         self.release_segments(&idle)
@@ -872,14 +851,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 debug_assert!(false, "policy asked to release a busy segment");
                 continue;
             }
-            if !self.pools.releasable(seg.stream) {
+            if !self.pools.releasable(seg.key()) {
                 continue; // a held private pool: a graph replays into it
             }
-            if let Some(p) = self.sourced_pool(seg.stream) {
+            if let Some(p) = self.sourced_pool(seg.key()) {
                 let (addr, size) = (seg.addr, seg.size);
                 self.sources.get_mut(&p).expect("source").free(addr, size)?;
             } else if seg.expandable {
-                let key = (seg.stream, seg.pool);
+                let key = (seg.key(), seg.pool);
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
                 self.settle_detached(&key, addr, end)?;
                 self.unmap_mapped_runs(&key, addr, end)?;
@@ -910,9 +889,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
-    /// The private pool behind the stream key `key`, when its segments come
+    /// The private pool behind the cache `key`, when its segments come
     /// from a source of its own.
-    fn sourced_pool(&self, key: StreamId) -> Option<PoolId> {
+    fn sourced_pool(&self, key: CacheKey) -> Option<PoolId> {
         self.pools
             .pool_of(key)
             .filter(|p| self.sources.contains_key(p))

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use slab::Slab;
 
 use crate::stats::Stats;
-use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
 
 /// Life-cycle state of a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,12 +49,25 @@ pub struct Block {
     pub state: BlockState,
     /// The stream the block (its segment) belongs to.
     pub stream: StreamId,
+    /// The private pool of its segment, if any.
+    pub private_pool: Option<PrivatePool>,
     /// The pool of its segment.
     pub pool: PoolKind,
     /// Free for a policy's own bookkeeping (a size class, a buddy order, ...).
     pub tag: u32,
     /// Per-pool allocator clock value when the block last became free.
     pub freed_at: u64,
+}
+
+impl Block {
+    /// The cache its segment serves ([`Segment::key`]).
+    #[inline]
+    pub fn key(&self) -> CacheKey {
+        CacheKey {
+            stream: self.stream,
+            private_pool: self.private_pool,
+        }
+    }
 }
 
 /// One device allocation.
@@ -66,6 +79,8 @@ pub struct Segment {
     pub size: u64,
     /// The stream whose requests it serves.
     pub stream: StreamId,
+    /// The private pool it belongs to, if any.
+    pub private_pool: Option<PrivatePool>,
     /// The pool it belongs to.
     pub pool: PoolKind,
     /// The lowest-addressed block.
@@ -87,6 +102,16 @@ pub struct Segment {
 }
 
 impl Segment {
+    /// The cached blocks it serves: its stream's, in its private pool or the
+    /// device-wide cache.
+    #[inline]
+    pub fn key(&self) -> CacheKey {
+        CacheKey {
+            stream: self.stream,
+            private_pool: self.private_pool,
+        }
+    }
+
     /// True when every block in it is free, so it can go back to the device.
     #[inline]
     pub fn is_idle(&self) -> bool {
@@ -140,7 +165,8 @@ const VACANT: Block = Block {
     prev: None,
     next: None,
     state: BlockState::Free,
-    stream: 0,
+    stream: StreamId::DEFAULT,
+    private_pool: None,
     pool: PoolKind::Small,
     tag: 0,
     freed_at: 0,
@@ -315,7 +341,7 @@ impl Heap {
         addr: u64,
         size: u64,
         pool: PoolKind,
-        stream: StreamId,
+        key: CacheKey,
     ) -> (SegmentId, BlockId) {
         let seg_id = SegmentId(self.segments.vacant_key() as u32);
         let block_id = self.alloc_slot(Block {
@@ -326,7 +352,8 @@ impl Heap {
             prev: None,
             next: None,
             state: BlockState::Free,
-            stream,
+            stream: key.stream,
+            private_pool: key.private_pool,
             pool,
             tag: 0,
             freed_at: self.clock[pool.index()],
@@ -334,7 +361,8 @@ impl Heap {
         let inserted = self.segments.insert(Segment {
             addr,
             size,
-            stream,
+            stream: key.stream,
+            private_pool: key.private_pool,
             pool,
             first: block_id,
             last: block_id,
@@ -769,8 +797,13 @@ mod tests {
 
     fn heap_with_segment(size: u64) -> (Heap, SegmentId, BlockId) {
         let mut heap = Heap::new(u64::MAX);
-        let (s, b) = heap.add_segment(0x1000, size, PoolKind::Large, 0);
+        let (s, b) = heap.add_segment(0x1000, size, PoolKind::Large, CacheKey::default());
         (heap, s, b)
+    }
+
+    #[test]
+    fn a_block_is_one_cache_line() {
+        assert_eq!(std::mem::size_of::<Block>(), 64);
     }
 
     #[test]

@@ -41,4 +41,4 @@ pub use sim::{SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use tags::{Backup, PauseReport, ResumeReport, TagInfo};
-pub use types::{BlockId, PoolKind, SegmentId, StreamId, GIB, KIB, MIB};
+pub use types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId, GIB, KIB, MIB};

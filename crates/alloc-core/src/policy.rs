@@ -5,7 +5,7 @@
 
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
-use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
 
 /// A request after the policy has rounded it and chosen its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,8 +16,9 @@ pub struct Request {
     pub size: u64,
     /// Pool to serve it from.
     pub pool: PoolKind,
-    /// The allocating stream.
-    pub stream: StreamId,
+    /// The cached blocks it may take: the allocating stream's, in its
+    /// private pool if it names one.
+    pub key: CacheKey,
 }
 
 /// Memory pressure, as the engine sees it when a new segment is needed.
@@ -67,13 +68,14 @@ pub trait Policy {
         Ok(())
     }
 
-    /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool.
-    fn plan(&self, requested: u64, stream: StreamId) -> Request;
+    /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool,
+    /// for a request that may reuse the cached blocks of `key`.
+    fn plan(&self, requested: u64, key: CacheKey) -> Request;
 
     /// Size of the device allocation to make when no cached block fits.
     fn segment_size(&self, req: &Request) -> u64;
 
-    /// Finds a cached free block for `req` on its stream and pool, removes it
+    /// Finds a cached free block for `req` of its key and pool, removes it
     /// from the index and returns it. It may be larger than `req.size`.
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId>;
 
@@ -141,8 +143,8 @@ impl<P: Policy + ?Sized> Policy for Box<P> {
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
         (**self).reconfigure(cfg)
     }
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
-        (**self).plan(requested, stream)
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        (**self).plan(requested, key)
     }
     fn segment_size(&self, req: &Request) -> u64 {
         (**self).segment_size(req)

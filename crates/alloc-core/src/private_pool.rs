@@ -3,27 +3,18 @@
 //! come only from its own segments, and those segments stay reserved while
 //! the pool is in use (a captured graph replays into them).
 //!
-//! The engine and the policies key cached blocks by stream. A pool's blocks
-//! get a stream key of their own per (pool, stream), so every policy keeps
-//! them apart without knowing about pools. Keys have the top bit set; real
-//! stream handles (host pointers, or 0 for the default stream) never do.
+//! Blocks and segments carry their pool beside their stream
+//! ([`CacheKey::private_pool`]), as a small [`PrivatePool`] number the
+//! engine gives each [`PoolId`] it meets, so every policy keeps a pool's
+//! blocks apart (it indexes free blocks by [`CacheKey`]) without knowing
+//! about pools, and no stream value can stand for a pool.
 
 use rustc_hash::FxHashMap;
 
-use crate::types::StreamId;
+use crate::types::{CacheKey, PrivatePool};
 
 /// Identifies a private pool: PyTorch's `MempoolId_t` pair.
 pub type PoolId = (u64, u64);
-
-/// Set in every private-pool stream key.
-const KEY_BIT: u64 = 1 << 63;
-
-/// Whether `stream` can be a caller's stream: real stream handles (host
-/// addresses, or 0) never have the top bit, which private-pool keys use.
-#[inline]
-pub(crate) fn is_caller_stream(stream: StreamId) -> bool {
-    stream & KEY_BIT == 0
-}
 
 #[derive(Debug, Default)]
 struct PoolState {
@@ -47,10 +38,11 @@ struct PoolState {
 #[derive(Debug, Default)]
 pub(crate) struct PrivatePools {
     pools: FxHashMap<PoolId, PoolState>,
-    /// Stream key of (pool, real stream).
-    keys: FxHashMap<(PoolId, StreamId), StreamId>,
-    /// (pool, real stream) of every stream key.
-    owners: FxHashMap<StreamId, (PoolId, StreamId)>,
+    /// The number of every pool met so far (kept after its release: its
+    /// segments keep it until they go back).
+    numbers: FxHashMap<PoolId, PrivatePool>,
+    /// The pool of each number, by [`PrivatePool::index`].
+    ids: Vec<PoolId>,
     /// Open routings over all pools: while any is open the engine behaves
     /// as during a CUDA graph capture (no event queries, nothing returned to
     /// the device).
@@ -124,48 +116,33 @@ impl PrivatePools {
         self.pools.get(&pool).is_some_and(|s| s.no_split)
     }
 
-    /// The stream key for allocations of `pool` on `stream`.
-    pub(crate) fn key(&mut self, pool: PoolId, stream: StreamId) -> StreamId {
-        let next = KEY_BIT | self.owners.len() as u64;
-        let key = *self.keys.entry((pool, stream)).or_insert(next);
-        self.owners.entry(key).or_insert((pool, stream));
-        key
+    /// The number blocks and segments of `pool` carry, given on first use.
+    pub(crate) fn number(&mut self, pool: PoolId) -> PrivatePool {
+        let next = PrivatePool::from_index(self.ids.len());
+        let number = *self.numbers.entry(pool).or_insert(next);
+        if number == next {
+            self.ids.push(pool);
+        }
+        number
     }
 
-    /// The real stream behind a stream key (itself for real streams).
+    /// The pool behind a cache key, if it names one.
     #[inline]
-    pub(crate) fn real_stream(&self, key: StreamId) -> StreamId {
-        if key & KEY_BIT == 0 {
-            key
-        } else {
-            self.owners[&key].1
-        }
+    pub(crate) fn pool_of(&self, key: CacheKey) -> Option<PoolId> {
+        key.private_pool.map(|p| self.ids[p.index()])
     }
 
-    /// The pool behind a stream key, if it is one.
-    pub(crate) fn pool_of(&self, key: StreamId) -> Option<PoolId> {
-        if key & KEY_BIT == 0 {
-            None
-        } else {
-            self.owners.get(&key).map(|o| o.0)
-        }
-    }
-
-    /// Whether a segment keyed by `key` may go back to the device: always
-    /// for ordinary streams; for a pool's once nobody holds the pool, or
-    /// for a tagged pool (not paused, no routing open) once nobody but its
-    /// tag does.
+    /// Whether a segment of the cache `key` may go back to the device:
+    /// always for the device-wide cache; for a pool's once nobody holds the
+    /// pool, or for a tagged pool (not paused, no routing open) once nobody
+    /// but its tag does.
     #[inline]
-    pub(crate) fn releasable(&self, key: StreamId) -> bool {
-        if key & KEY_BIT == 0 {
-            return true;
-        }
+    pub(crate) fn releasable(&self, key: CacheKey) -> bool {
         match self.pool_of(key).and_then(|p| self.pools.get(&p)) {
             None => true,
             Some(s) => s.tag_holds > 0 && !s.paused && s.routing == 0 && s.use_count <= s.tag_holds,
         }
     }
-
     /// Makes `pool` a sleep tag's pool: holds it once more for the tag and
     /// counts every hold it has now as the tag's. Creates the pool if new.
     pub(crate) fn tag(&mut self, pool: PoolId) {
@@ -180,8 +157,8 @@ impl PrivatePools {
         self.pools.get(&pool).is_some_and(|s| s.tag_holds > 0)
     }
 
-    /// Whether the stream key `key` is a sleep tag's pool.
-    pub(crate) fn is_tagged_key(&self, key: StreamId) -> bool {
+    /// Whether the cache `key` is a sleep tag's pool.
+    pub(crate) fn is_tagged_key(&self, key: CacheKey) -> bool {
         self.pool_of(key).is_some_and(|p| self.is_tagged(p))
     }
 
@@ -198,8 +175,8 @@ impl PrivatePools {
         self.pools.get(&pool).is_some_and(|s| s.paused)
     }
 
-    /// Whether the stream key `key` is a paused pool's.
-    pub(crate) fn is_paused_key(&self, key: StreamId) -> bool {
+    /// Whether the cache `key` is a paused pool's.
+    pub(crate) fn is_paused_key(&self, key: CacheKey) -> bool {
         self.pool_of(key).is_some_and(|p| self.is_paused(p))
     }
 }
@@ -207,26 +184,33 @@ impl PrivatePools {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::StreamId;
 
     #[test]
-    fn keys_are_distinct_per_pool_and_stream_and_map_back() {
+    fn numbers_are_distinct_per_pool_and_map_back() {
         let mut p = PrivatePools::default();
-        let a = p.key((1, 0), 7);
-        let b = p.key((1, 0), 8);
-        let c = p.key((2, 0), 7);
-        assert_eq!(a, p.key((1, 0), 7));
-        assert!(a != b && a != c && b != c);
-        assert_eq!(p.real_stream(a), 7);
-        assert_eq!(p.real_stream(c), 7);
-        assert_eq!(p.real_stream(7), 7);
-        assert_eq!(p.pool_of(b), Some((1, 0)));
-        assert_eq!(p.pool_of(8), None);
+        let a = p.number((1, 0));
+        let b = p.number((2, 0));
+        assert_eq!(a, p.number((1, 0)));
+        assert_ne!(a, b);
+        let key = |stream, private_pool| CacheKey {
+            stream: StreamId(stream),
+            private_pool,
+        };
+        assert_eq!(p.pool_of(key(7, Some(a))), Some((1, 0)));
+        assert_eq!(p.pool_of(key(7, Some(b))), Some((2, 0)));
+        assert_eq!(p.pool_of(key(7, None)), None);
+        // Any stream value, the top bit included, is a stream.
+        assert_eq!(p.pool_of(key(1 << 63, None)), None);
     }
 
     #[test]
     fn pool_segments_are_kept_while_held() {
         let mut p = PrivatePools::default();
-        let key = p.key((3, 1), 0);
+        let key = CacheKey {
+            stream: StreamId(0),
+            private_pool: Some(p.number((3, 1))),
+        };
         p.begin((3, 1));
         assert!(p.capture_underway());
         assert!(!p.releasable(key));
@@ -241,14 +225,17 @@ mod tests {
         assert!(p.release((3, 1)));
         assert!(p.releasable(key));
         assert!(!p.release((3, 1)), "forgotten");
-        assert!(p.releasable(5));
+        assert!(p.releasable(CacheKey::shared(StreamId(5))));
     }
 
     #[test]
     fn a_tagged_pool_is_ordinary_cache_unless_held_by_others_or_paused() {
         let mut p = PrivatePools::default();
         let pool = (0, 9);
-        let key = p.key(pool, 0);
+        let key = CacheKey {
+            stream: StreamId(0),
+            private_pool: Some(p.number(pool)),
+        };
         p.retain(pool); // a MemPool object holds it
         p.tag(pool); // bound to a tag: the tag's hold and the MemPool's
         assert!(p.is_tagged(pool) && p.is_tagged_key(key));

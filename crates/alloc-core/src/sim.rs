@@ -516,33 +516,33 @@ mod tests {
     #[test]
     fn a_lagging_gpu_completes_events_lag_ticks_later_or_at_a_sync() {
         let mut s = SimStreams::with_gpu_lag(3);
-        let e1 = s.record(0).unwrap();
+        let e1 = s.record(StreamId(0)).unwrap();
         s.tick();
-        let e2 = s.record(0).unwrap();
+        let e2 = s.record(StreamId(0)).unwrap();
         s.tick();
         assert!(!s.is_complete(&e1).unwrap(), "2 ticks behind a lag of 3");
         s.tick();
         assert!(s.is_complete(&e1).unwrap());
         assert!(!s.is_complete(&e2).unwrap());
-        let e3 = s.record(0).unwrap();
+        let e3 = s.record(StreamId(0)).unwrap();
         s.synchronize(&e3).unwrap();
         assert!(
             s.is_complete(&e2).unwrap(),
             "a sync runs everything before it"
         );
         s.tick();
-        let e4 = s.record(0).unwrap();
+        let e4 = s.record(StreamId(0)).unwrap();
         s.tick();
         assert!(
             !s.is_complete(&e4).unwrap(),
             "then the GPU falls behind again"
         );
         let mut keeps_up = SimStreams::with_gpu_lag(0);
-        let e = keeps_up.record(0).unwrap();
+        let e = keeps_up.record(StreamId(0)).unwrap();
         keeps_up.tick();
         assert!(keeps_up.is_complete(&e).unwrap());
         let mut never = SimStreams::new();
-        let e = never.record(0).unwrap();
+        let e = never.record(StreamId(0)).unwrap();
         for _ in 0..100 {
             never.tick();
         }
@@ -552,10 +552,10 @@ mod tests {
     #[test]
     fn events_complete_on_command() {
         let mut s = SimStreams::new();
-        let e1 = s.record(1).unwrap();
-        let e2 = s.record(2).unwrap();
+        let e1 = s.record(StreamId(1)).unwrap();
+        let e2 = s.record(StreamId(2)).unwrap();
         assert!(!s.is_complete(&e1).unwrap());
-        s.complete_stream(1);
+        s.complete_stream(StreamId(1));
         assert!(s.is_complete(&e1).unwrap());
         assert!(!s.is_complete(&e2).unwrap());
         s.release(e1);

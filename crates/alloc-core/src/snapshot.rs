@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::heap::{BlockState, Heap};
-use crate::private_pool::PoolId;
+use crate::private_pool::{PoolId, PrivatePools};
 use crate::types::{PoolKind, StreamId};
 
 /// State of a block as PyTorch names it.
@@ -78,12 +78,12 @@ pub struct SegmentSnapshot {
 /// The whole allocator state.
 ///
 /// ```
-/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, SnapshotState, GIB, MIB};
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, SnapshotState, StreamId, GIB, MIB};
 /// use alloc_policy::AnyPolicy;
 ///
 /// let cfg = AllocatorConfig::default();
 /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
-/// let a = engine.malloc(3 * MIB, 0)?;
+/// let a = engine.malloc(3 * MIB, StreamId(0))?;
 ///
 /// let snap = engine.snapshot();
 /// let segment = &snap.segments[0];
@@ -101,8 +101,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Captures the state of a heap.
-    pub fn of(heap: &Heap) -> Self {
+    /// Captures the state of a heap whose private pools are `pools`.
+    pub(crate) fn of(heap: &Heap, pools: &PrivatePools) -> Self {
         let segments = heap
             .segments()
             .map(|(seg_id, seg)| {
@@ -134,7 +134,7 @@ impl Snapshot {
                         |b| b.requested_size,
                     ),
                     blocks,
-                    private_pool: None,
+                    private_pool: pools.pool_of(seg.key()),
                     tag: None,
                     paused: false,
                 }

@@ -120,12 +120,12 @@ impl StatArray {
 /// Every statistic the allocator keeps, named as in `torch.cuda.memory_stats()`.
 ///
 /// ```
-/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB, MIB};
+/// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
 /// use alloc_policy::AnyPolicy;
 ///
 /// let cfg = AllocatorConfig::default();
 /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
-/// let a = engine.malloc(3 * MIB, 0)?;
+/// let a = engine.malloc(3 * MIB, StreamId(0))?;
 /// engine.free(a.addr)?;
 ///
 /// let stats = engine.stats();

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::private_pool::PoolId;
-use crate::types::{PoolKind, StreamId};
+use crate::types::{CacheKey, PoolKind};
 
 /// Pool ids the engine picks for tags it creates: `(0, TAG_POOL_BASE + n)`.
 /// PyTorch numbers its own pools from 1 in one half of the pair, so these
@@ -47,9 +47,9 @@ impl Backup {
     }
 }
 
-/// A growable segment of a tag's pool: the stream key and pool kind that
+/// A growable segment of a tag's pool: the cache key and pool kind that
 /// name it in the engine.
-pub(crate) type SegmentKey = (StreamId, PoolKind);
+pub(crate) type SegmentKey = (CacheKey, PoolKind);
 
 /// What a paused tag gave back, to be taken again at resume.
 #[derive(Debug, Clone)]
@@ -223,7 +223,7 @@ mod tests {
             "kv_cache",
             Paused {
                 backup: Backup::Host,
-                runs: vec![((1, PoolKind::Large), 0x1000, 4096)],
+                runs: vec![((CacheKey::default(), PoolKind::Large), 0x1000, 4096)],
                 saved: vec![(0x1000, 512), (0x1200, 1024)],
             },
         );

@@ -1,12 +1,98 @@
 //! Small identifier and classification types shared by every layer.
 
+use std::fmt;
 use std::num::NonZeroU32;
 
 use serde::Serialize;
 
-/// An opaque stream handle. `0` is the default (legacy) stream; the CUDA layer
-/// stores the raw `CUstream` pointer value here.
-pub type StreamId = u64;
+/// A caller's stream: an opaque handle value. `StreamId(0)` is the default
+/// (legacy) stream; the CUDA layer stores the raw `CUstream` pointer value
+/// here. Every value is a valid stream id: private pools are keyed apart
+/// ([`CacheKey`]), never by stream values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The default (legacy) stream.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+impl fmt::Display for StreamId {
+    /// The handle value in hexadecimal (`0x0` for the default stream).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+impl fmt::LowerHex for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
+/// A private pool as blocks and segments carry it: a small number the engine
+/// gives each [`PoolId`](crate::PoolId) it meets (four bytes, so that a
+/// [`Block`](crate::Block) stays one cache line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PrivatePool(NonZeroU32);
+
+impl PrivatePool {
+    /// The `index`-th private pool (0-based).
+    #[inline]
+    pub(crate) fn from_index(index: usize) -> PrivatePool {
+        let n = u32::try_from(index + 1).expect("fewer than 2^32 private pools");
+        PrivatePool(NonZeroU32::new(n).expect("index + 1 is not zero"))
+    }
+
+    /// Its 0-based index, in the order the engine met the pools.
+    #[inline]
+    pub fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
+
+/// Which cached blocks a request may reuse: those of its stream, either in
+/// the device-wide cache (`private_pool: None`) or in one private pool (a
+/// CUDA graph's, a `MemPool`'s). Policies index their free blocks by it, so
+/// a pool's blocks never serve another pool or the shared cache, whatever
+/// the stream values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CacheKey {
+    /// The stream the blocks belong to.
+    pub stream: StreamId,
+    /// The private pool holding them, if any.
+    pub private_pool: Option<PrivatePool>,
+}
+
+impl CacheKey {
+    /// The device-wide cache of `stream`.
+    #[inline]
+    pub const fn shared(stream: StreamId) -> CacheKey {
+        CacheKey {
+            stream,
+            private_pool: None,
+        }
+    }
+}
+
+impl fmt::Display for CacheKey {
+    /// `stream 0x…`, with `in private pool N` when it names one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "stream {}", self.stream)?;
+        match self.private_pool {
+            Some(p) => write!(f, " in private pool {}", p.index()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl From<StreamId> for CacheKey {
+    #[inline]
+    fn from(stream: StreamId) -> CacheKey {
+        CacheKey::shared(stream)
+    }
+}
 
 /// Which of the two block pools a request or segment belongs to.
 ///

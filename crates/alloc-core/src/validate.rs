@@ -46,7 +46,7 @@ fn check_tiling(heap: &Heap, coalesces: bool) -> Result<(), String> {
                     seg.addr, b.addr
                 ));
             }
-            if b.stream != seg.stream || b.pool != seg.pool {
+            if b.key() != seg.key() || b.pool != seg.pool {
                 return Err(format!(
                     "block {:#x}: stream or pool differs from segment",
                     b.addr

@@ -5,7 +5,8 @@
 use std::cell::RefCell;
 
 use alloc_core::{
-    AllocError, AllocatorConfig, Backup, Engine, SimMemory, SimStreams, StreamBackend, GIB, MIB,
+    AllocError, AllocatorConfig, Backup, Engine, SimMemory, SimStreams, StreamBackend, StreamId,
+    GIB, MIB,
 };
 use alloc_policy::AnyPolicy;
 
@@ -47,13 +48,13 @@ fn resume_keeps_every_address_and_paused_pages_are_not_reserved() {
         let mut e = engine(config, 8 * GIB);
         let kv = e.tag_pool("kv_cache").unwrap();
         assert_eq!(e.tag_pool("kv_cache").unwrap(), kv, "one pool per tag");
-        let untagged = e.malloc(100 * MIB, 1).unwrap();
+        let untagged = e.malloc(100 * MIB, StreamId(1)).unwrap();
         let sizes = [4 * MIB, 3 * MIB + 17, 512, 700 * 1024, 64 * MIB];
         let blocks: Vec<_> = sizes
             .iter()
-            .map(|&s| e.malloc_in(s, 1, Some(kv)).unwrap())
+            .map(|&s| e.malloc_in(s, StreamId(1), Some(kv)).unwrap())
             .collect();
-        let on_other_stream = e.malloc_in(8 * MIB, 2, Some(kv)).unwrap();
+        let on_other_stream = e.malloc_in(8 * MIB, StreamId(2), Some(kv)).unwrap();
         e.assert_valid();
         let (used, res) = (e.memory().used(), reserved(&e));
         let before = e.tags()[0].clone();
@@ -122,8 +123,8 @@ fn resume_keeps_every_address_and_paused_pages_are_not_reserved() {
 fn paused_tags_refuse_allocations_accept_frees_and_state_errors_are_clear() {
     let mut e = engine("", 4 * GIB);
     let kv = e.tag_pool("kv").unwrap();
-    let a = e.malloc_in(10 * MIB, 0, Some(kv)).unwrap();
-    let b = e.malloc_in(10 * MIB, 0, Some(kv)).unwrap();
+    let a = e.malloc_in(10 * MIB, StreamId(0), Some(kv)).unwrap();
+    let b = e.malloc_in(10 * MIB, StreamId(0), Some(kv)).unwrap();
     let err = e.resume_tag("kv", &mut nothing).unwrap_err();
     assert!(err.to_string().contains("\"kv\" is not paused"), "{err}");
     let err = e
@@ -140,7 +141,7 @@ fn paused_tags_refuse_allocations_accept_frees_and_state_errors_are_clear() {
     e.pause_tag("kv", Backup::None, &mut nothing).unwrap();
     let err = e.pause_tag("kv", Backup::None, &mut nothing).unwrap_err();
     assert!(err.to_string().contains("already paused"), "{err}");
-    let err = e.malloc_in(MIB, 0, Some(kv)).unwrap_err();
+    let err = e.malloc_in(MIB, StreamId(0), Some(kv)).unwrap_err();
     assert!(matches!(err, AllocError::Tag { .. }), "{err}");
     assert!(
         err.to_string().contains("resume it before allocating"),
@@ -159,11 +160,11 @@ fn paused_tags_refuse_allocations_accept_frees_and_state_errors_are_clear() {
     );
     e.empty_cache().unwrap(); // never releases a paused tag's ranges
     e.assert_valid();
-    let c = e.malloc(10 * MIB, 0).unwrap(); // untagged memory is unaffected
+    let c = e.malloc(10 * MIB, StreamId(0)).unwrap(); // untagged memory is unaffected
     e.resume_tag("kv", &mut nothing).unwrap();
     e.assert_valid();
     assert_eq!(e.allocation(b.addr).unwrap().addr, b.addr);
-    let again = e.malloc_in(10 * MIB, 0, Some(kv)).unwrap();
+    let again = e.malloc_in(10 * MIB, StreamId(0), Some(kv)).unwrap();
     assert_eq!(
         again.addr, a.addr,
         "the freed block is cached at its address"
@@ -179,16 +180,16 @@ fn paused_tags_refuse_allocations_accept_frees_and_state_errors_are_clear() {
 fn pause_waits_for_the_tags_streams_only() {
     let mut e = engine("expandable_segments:True,unmap_free_pages:True", 4 * GIB);
     let kv = e.tag_pool("kv").unwrap();
-    let (compute, copy, unrelated) = (1, 2, 3);
+    let (compute, copy, unrelated) = (StreamId(1), StreamId(2), StreamId(3));
     let x = e.malloc_in(32 * MIB, compute, Some(kv)).unwrap();
     let y = e.malloc_in(32 * MIB, compute, Some(kv)).unwrap();
     e.record_stream(x.addr, copy).unwrap();
     let z = e.malloc_in(4 * MIB, compute, Some(kv)).unwrap();
-    e.record_stream(z.addr, 4).unwrap();
+    e.record_stream(z.addr, StreamId(4)).unwrap();
     e.free(z.addr).unwrap(); // awaits an event on stream 4
     assert_eq!(e.awaiting_events(), 1);
     let other = e.malloc(16 * MIB, unrelated).unwrap();
-    e.record_stream(other.addr, 5).unwrap();
+    e.record_stream(other.addr, StreamId(5)).unwrap();
     e.free(other.addr).unwrap(); // awaits an event on stream 5: not the tag's
     let pending = e.streams_mut().record(unrelated).unwrap();
 
@@ -222,10 +223,10 @@ fn pause_waits_for_the_tags_streams_only() {
 fn host_backup_saves_live_blocks_and_restores_those_still_allocated() {
     let mut e = engine("", 4 * GIB);
     let w = e.tag_pool("weights").unwrap();
-    let a = e.malloc_in(3 * MIB, 0, Some(w)).unwrap();
-    let b = e.malloc_in(1000, 0, Some(w)).unwrap();
-    let c = e.malloc_in(40 * MIB, 0, Some(w)).unwrap();
-    let freed = e.malloc_in(5 * MIB, 0, Some(w)).unwrap();
+    let a = e.malloc_in(3 * MIB, StreamId(0), Some(w)).unwrap();
+    let b = e.malloc_in(1000, StreamId(0), Some(w)).unwrap();
+    let c = e.malloc_in(40 * MIB, StreamId(0), Some(w)).unwrap();
+    let freed = e.malloc_in(5 * MIB, StreamId(0), Some(w)).unwrap();
     e.free(freed.addr).unwrap();
     let saved = RefCell::new(Vec::new());
     let report = e
@@ -259,10 +260,10 @@ fn host_backup_saves_live_blocks_and_restores_those_still_allocated() {
 fn resume_frees_other_cache_when_the_device_is_full_and_fails_cleanly_otherwise() {
     let mut e = engine("", GIB);
     let kv = e.tag_pool("kv").unwrap();
-    let a = e.malloc_in(600 * MIB, 0, Some(kv)).unwrap();
+    let a = e.malloc_in(600 * MIB, StreamId(0), Some(kv)).unwrap();
     e.pause_tag("kv", Backup::None, &mut nothing).unwrap();
     // The trainer's turn: its memory is freed but stays cached.
-    let t = e.malloc(700 * MIB, 0).unwrap();
+    let t = e.malloc(700 * MIB, StreamId(0)).unwrap();
     e.free(t.addr).unwrap();
     assert!(e.memory().used() >= 700 * MIB);
     e.resume_tag("kv", &mut nothing).unwrap();
@@ -271,7 +272,7 @@ fn resume_frees_other_cache_when_the_device_is_full_and_fails_cleanly_otherwise(
 
     // Live memory that cannot go: the resume fails and the tag stays paused.
     e.pause_tag("kv", Backup::None, &mut nothing).unwrap();
-    let live = e.malloc(700 * MIB, 0).unwrap();
+    let live = e.malloc(700 * MIB, StreamId(0)).unwrap();
     let used = e.memory().used();
     let err = e.resume_tag("kv", &mut nothing).unwrap_err();
     assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
@@ -295,13 +296,13 @@ fn tags_bind_existing_pools_and_show_in_snapshots() {
     assert!(e.bind_tag("other", pool).is_err(), "a pool has one tag");
     assert_eq!(e.tag_of_pool(pool), Some("rollout"));
     e.begin_allocate_to_pool(pool); // the region's routing
-    let a = e.malloc_in(30 * MIB, 0, Some(pool)).unwrap();
+    let a = e.malloc_in(30 * MIB, StreamId(0), Some(pool)).unwrap();
     e.end_allocate_to_pool(pool).unwrap();
     e.release_pool(pool).unwrap();
     assert!(e.set_pool_no_split(pool).is_err());
     let with_segments = (0, 8);
     e.begin_allocate_to_pool(with_segments);
-    e.malloc_in(MIB, 0, Some(with_segments)).unwrap();
+    e.malloc_in(MIB, StreamId(0), Some(with_segments)).unwrap();
     e.end_allocate_to_pool(with_segments).unwrap();
     assert!(
         e.bind_tag("late", with_segments).is_err(),
@@ -335,12 +336,12 @@ fn a_resumed_tags_idle_memory_follows_the_ordinary_rules() {
     // tag's segments go back on empty_cache; a graph held pool's are kept.
     let mut e = engine("expandable_segments:True,unmap_free_pages:True", 4 * GIB);
     let kv = e.tag_pool("kv").unwrap();
-    let a = e.malloc_in(64 * MIB, 0, Some(kv)).unwrap();
+    let a = e.malloc_in(64 * MIB, StreamId(0), Some(kv)).unwrap();
     e.free(a.addr).unwrap();
     e.empty_cache().unwrap();
     assert_eq!(e.memory().used(), 0, "an idle tag's cache goes back");
     e.begin_allocate_to_pool(kv); // a graph captured into the tag's pool
-    let b = e.malloc_in(64 * MIB, 0, Some(kv)).unwrap();
+    let b = e.malloc_in(64 * MIB, StreamId(0), Some(kv)).unwrap();
     e.free(b.addr).unwrap(); // an intermediate the graph replays into
     e.end_allocate_to_pool(kv).unwrap();
     e.empty_cache().unwrap();

@@ -119,7 +119,7 @@ impl StreamBackend for CudaStreams {
         // alive by their owners (`DeviceBuffer` holds an `Arc`) or from the
         // `unsafe` raw-stream entry points of `CudaAllocator`, whose callers
         // promise the stream lives until the block is freed.
-        match unsafe { driver::event_record(&event, stream) } {
+        match unsafe { driver::event_record(&event, stream.0) } {
             Ok(()) => Ok(PooledEvent(event)),
             Err(e) => {
                 self.pool.release(event);
@@ -146,7 +146,7 @@ impl StreamBackend for CudaStreams {
         driver::bind(&self.ctx)?;
         // SAFETY: `stream` is the allocating stream of the `malloc` in
         // progress: a live `&CudaStream`, or a raw id its caller vouched for.
-        Ok(unsafe { driver::stream_wait_event(stream, &event.0) }?)
+        Ok(unsafe { driver::stream_wait_event(stream.0, &event.0) }?)
     }
 
     fn release(&mut self, event: PooledEvent) {

@@ -95,7 +95,7 @@ pub type CudaEngine = alloc_core::Engine<alloc_policy::AnyPolicy, CudaMemory, Cu
 
 /// The raw stream id of a cudarc stream (the `CUstream` pointer value).
 pub fn stream_id(stream: &cudarc::driver::CudaStream) -> StreamId {
-    stream.cu_stream() as usize as StreamId
+    StreamId(stream.cu_stream() as usize as u64)
 }
 
 /// Whether the CUDA driver library can be loaded on this machine. Tries to

@@ -297,7 +297,7 @@ impl PinnedPool {
             // SAFETY: `stream` was given by a `&CudaStream` kept alive by
             // the buffer, or vouched for by the caller of
             // `record_stream_id`, until this free.
-            match unsafe { driver::event_record(&event, stream) } {
+            match unsafe { driver::event_record(&event, stream.0) } {
                 Ok(()) => recorded.push(event),
                 Err(_) => {
                     st.events.release(event);

@@ -15,7 +15,7 @@ use std::ptr::null_mut;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams};
+use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, StreamId};
 use alloc_cuda::CudaAllocator;
 use alloc_ffi::{gpualloc_free, gpualloc_malloc};
 use alloc_policy::AnyPolicy;
@@ -120,7 +120,7 @@ fn main() {
     print(
         "sim engine",
         &measure(
-            &mut |s| e2.borrow_mut().malloc(s, 0).unwrap().addr,
+            &mut |s| e2.borrow_mut().malloc(s, StreamId(0)).unwrap().addr,
             &mut |p| e2.borrow_mut().free(p).unwrap(),
         ),
     );
@@ -128,7 +128,7 @@ fn main() {
     print(
         "sim engine + Mutex per call",
         &measure(
-            &mut |s| m.lock().unwrap().malloc(s, 0).unwrap().addr,
+            &mut |s| m.lock().unwrap().malloc(s, StreamId(0)).unwrap().addr,
             &mut |p| m.lock().unwrap().free(p).unwrap(),
         ),
     );
@@ -143,7 +143,7 @@ fn main() {
         a.with_engine(|eng| {
             let eng = std::cell::RefCell::new(eng);
             measure(
-                &mut |s| eng.borrow_mut().malloc(s, 0).unwrap().addr,
+                &mut |s| eng.borrow_mut().malloc(s, StreamId(0)).unwrap().addr,
                 &mut |p| eng.borrow_mut().free(p).unwrap(),
             )
         })
@@ -154,7 +154,7 @@ fn main() {
         "CudaAllocator (lock per call)",
         &measure(
             // SAFETY: stream 0, the legacy default stream.
-            &mut |s| unsafe { a.malloc_on_stream_id(s, 0) }.unwrap(),
+            &mut |s| unsafe { a.malloc_on_stream_id(s, StreamId(0)) }.unwrap(),
             &mut |p| a.free(p).unwrap(),
         ),
     );

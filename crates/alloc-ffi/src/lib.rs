@@ -60,7 +60,7 @@ mod state;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use alloc_core::{AllocError, PoolId};
+use alloc_core::{AllocError, PoolId, StreamId};
 use alloc_cuda::{CudaAllocator, CudaError};
 
 pub use checkpoint::{
@@ -177,14 +177,14 @@ fn malloc_in(
         )));
     }
     let alloc = state::allocator(device)?;
-    let stream = stream as usize as u64;
+    let stream = StreamId(stream as usize as u64);
     // SAFETY: the stream comes from the caller (PyTorch's current stream of
     // `device`, or 0): a live stream of the device's primary context, as the
     // pluggable-allocator contract implies.
     match unsafe { alloc.malloc_in_pool_on_stream_id(size as u64, stream, pool) } {
         Ok(addr) => {
             if snapshot::recording() {
-                snapshot::record(device as usize, "alloc", addr, size as u64, stream, None);
+                snapshot::record(device as usize, "alloc", addr, size as u64, stream.0, None);
             }
             Ok(addr as usize as *mut c_void)
         }
@@ -192,7 +192,7 @@ fn malloc_in(
             if snapshot::recording() {
                 if let Some(r) = e.oom_report() {
                     let free = Some(r.device_free);
-                    snapshot::record(device as usize, "oom", 0, size as u64, stream, free);
+                    snapshot::record(device as usize, "oom", 0, size as u64, stream.0, free);
                 }
             }
             Err(e.into())
@@ -261,8 +261,22 @@ fn free_recorded(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), 
     let block = alloc.allocation(addr)?;
     alloc.free(addr)?;
     if let Some(b) = block {
-        snapshot::record(device, "free_requested", addr, b.requested, b.stream, None);
-        snapshot::record(device, "free_completed", addr, b.requested, b.stream, None);
+        snapshot::record(
+            device,
+            "free_requested",
+            addr,
+            b.requested,
+            b.stream.0,
+            None,
+        );
+        snapshot::record(
+            device,
+            "free_completed",
+            addr,
+            b.requested,
+            b.stream.0,
+            None,
+        );
     }
     Ok(())
 }
@@ -462,7 +476,7 @@ pub extern "C" fn gpualloc_record_stream(
         };
         // SAFETY: the caller promises the stream outlives the block's free
         // (documented in the header), as with Tensor.record_stream.
-        Ok(unsafe { alloc.record_stream_id(addr, stream as usize as u64) }?)
+        Ok(unsafe { alloc.record_stream_id(addr, StreamId(stream as usize as u64)) }?)
     })
 }
 

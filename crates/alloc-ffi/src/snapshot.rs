@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use alloc_core::{AllocatorConfig, PoolKind, Snapshot, SnapshotState, StreamId};
+use alloc_core::{AllocatorConfig, PoolKind, Snapshot, SnapshotState};
 use serde::Serialize;
 
 /// One block of a segment, as PyTorch's snapshot has it.
@@ -137,7 +137,7 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
             allocated_size: s.allocated_size,
             active_size: s.active_size,
             requested_size: s.requested_size,
-            stream: s.stream as StreamId,
+            stream: s.stream.0,
             segment_type: pool_name(s.segment_type),
             segment_pool_id: s.private_pool.map_or((0, 0), |(a, b)| (a as i64, b as i64)),
             is_expandable: expandable,

@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, MIB};
+use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, StreamId, MIB};
 use alloc_ffi::snapshot::{segments_of, settings_of, to_pickle, PySnapshot, TraceEntry};
 use alloc_policy::AnyPolicy;
 
@@ -25,8 +25,8 @@ fn sim_engine() -> Engine<AnyPolicy, SimMemory, SimStreams> {
 /// in both pools.
 fn engine_snapshot() -> alloc_core::Snapshot {
     let mut e = sim_engine();
-    let s0 = 0;
-    let s1 = 0x5555_0000;
+    let s0 = StreamId(0);
+    let s1 = StreamId(0x5555_0000);
     let a = e.malloc(1000, s0).unwrap();
     let _b = e.malloc(3000, s0).unwrap();
     let c = e.malloc(5 * MIB + 7, s0).unwrap();
@@ -145,9 +145,9 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
 #[test]
 fn snapshot_text_for_the_bridge_lists_every_segment_block_and_event() {
     let mut e = sim_engine();
-    let a = e.malloc(1000, 0).unwrap();
+    let a = e.malloc(1000, StreamId(0)).unwrap();
     e.begin_allocate_to_pool((7, 0));
-    let g = e.malloc_in(3 * MIB, 0x40, Some((7, 0))).unwrap();
+    let g = e.malloc_in(3 * MIB, StreamId(0x40), Some((7, 0))).unwrap();
     e.end_allocate_to_pool((7, 0)).unwrap();
     let snap = e.snapshot();
     let py = PySnapshot {

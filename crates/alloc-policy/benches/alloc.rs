@@ -24,7 +24,7 @@ use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams, KIB, MIB};
+use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams, StreamId, KIB, MIB};
 use alloc_policy::{policy_names, AnyPolicy};
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
@@ -62,7 +62,7 @@ impl Contender for SimEngine {
     type Handle = u64;
     #[inline]
     fn alloc(&mut self, size: u64) -> u64 {
-        self.malloc(size, 0).expect("engine malloc").addr
+        self.malloc(size, StreamId(0)).expect("engine malloc").addr
     }
     #[inline]
     fn free(&mut self, addr: u64) {

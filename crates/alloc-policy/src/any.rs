@@ -2,8 +2,8 @@
 //! the `policy:` key of the configuration string.
 
 use alloc_core::{
-    AllocatorConfig, BlockId, ConfigError, Engine, EngineOptions, Heap, MemoryBackend, OomRelease,
-    Policy, Pressure, Request, SegmentId, StreamBackend, StreamId,
+    AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap, MemoryBackend,
+    OomRelease, Policy, Pressure, Request, SegmentId, StreamBackend,
 };
 
 use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
@@ -119,12 +119,12 @@ impl AnyPolicy {
     /// simulated device.
     ///
     /// ```
-    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB};
+    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB};
     /// use alloc_policy::AnyPolicy;
     ///
     /// let cfg = AllocatorConfig::default(); // the first compiled-in policy
     /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
-    /// let a = engine.malloc(1000, 0)?;
+    /// let a = engine.malloc(1000, StreamId(0))?;
     /// assert!(a.size >= 1000);
     /// engine.free(a.addr)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -178,8 +178,8 @@ impl Policy for AnyPolicy {
         dispatch!(self, p => p.reconfigure(cfg))
     }
     #[inline]
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
-        dispatch!(self, p => p.plan(requested, stream))
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        dispatch!(self, p => p.plan(requested, key))
     }
     fn segment_size(&self, req: &Request) -> u64 {
         dispatch!(self, p => p.segment_size(req))

@@ -28,8 +28,8 @@
 use std::collections::{BTreeSet, HashSet};
 
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, Heap, OomRelease, Policy, PoolKind, Request, SegmentId,
-    StreamId, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, Heap, OomRelease, Policy, PoolKind, Request,
+    SegmentId, MIB,
 };
 
 /// Default smallest block (order 9).
@@ -147,16 +147,16 @@ struct Link {
 /// The free lists of one stream in one pool.
 #[derive(Debug, Clone)]
 struct StreamLists {
-    stream: StreamId,
+    key: CacheKey,
     /// Bit `k` set when the list of order `k` is non-empty.
     mask: u64,
     heads: [Option<BlockId>; ORDERS],
 }
 
 impl StreamLists {
-    fn new(stream: StreamId) -> Self {
+    fn new(key: CacheKey) -> Self {
         StreamLists {
-            stream,
+            key,
             mask: 0,
             heads: [None; ORDERS],
         }
@@ -164,11 +164,11 @@ impl StreamLists {
 }
 
 /// Key of a free dedicated block: (stream, size, address, id).
-type OversizeKey = (StreamId, u64, u64, BlockId);
+type OversizeKey = (CacheKey, u64, u64, BlockId);
 
 fn oversize_key(heap: &Heap, id: BlockId) -> OversizeKey {
     let b = heap.block(id);
-    (b.stream, b.size, b.addr, id)
+    (b.key(), b.size, b.addr, id)
 }
 
 /// The binary buddy policy.
@@ -213,21 +213,19 @@ impl Buddy {
         size > self.settings.large_segment
     }
 
-    fn stream_slot(&self, pool: PoolKind, stream: StreamId) -> Option<usize> {
-        self.lists[pool.index()]
-            .iter()
-            .position(|l| l.stream == stream)
+    fn stream_slot(&self, pool: PoolKind, key: CacheKey) -> Option<usize> {
+        self.lists[pool.index()].iter().position(|l| l.key == key)
     }
 
-    fn stream_slot_or_insert(&mut self, pool: PoolKind, stream: StreamId) -> usize {
-        if let Some(i) = self.stream_slot(pool, stream) {
+    fn stream_slot_or_insert(&mut self, pool: PoolKind, key: CacheKey) -> usize {
+        if let Some(i) = self.stream_slot(pool, key) {
             return i;
         }
         let lists = &mut self.lists[pool.index()];
         if lists.len() >= STREAM_PRUNE_AT {
             lists.retain(|l| l.mask != 0);
         }
-        lists.push(StreamLists::new(stream));
+        lists.push(StreamLists::new(key));
         lists.len() - 1
     }
 
@@ -267,7 +265,7 @@ impl Buddy {
         }
         let b = heap.block(id);
         let (pool, order) = (b.pool, b.tag as usize % ORDERS);
-        if let Some(slot) = self.stream_slot(pool, b.stream) {
+        if let Some(slot) = self.stream_slot(pool, b.key()) {
             self.unlink_at(pool, slot, order, id);
         }
     }
@@ -291,7 +289,7 @@ impl Buddy {
     }
 
     /// Pops a block of the smallest order >= `order` on `stream`.
-    fn pop_at_least(&mut self, pool: PoolKind, stream: StreamId, order: u32) -> Option<BlockId> {
+    fn pop_at_least(&mut self, pool: PoolKind, stream: CacheKey, order: u32) -> Option<BlockId> {
         let slot = self.stream_slot(pool, stream)?;
         let lists = &mut self.lists[pool.index()][slot];
         let avail = lists.mask & (u64::MAX << (order % ORDERS as u32));
@@ -329,15 +327,15 @@ impl Buddy {
             let min_order = order_of(self.settings.min_block) as usize;
             let all = &self.lists[pool.index()];
             for (i, lists) in all.iter().enumerate() {
-                if all[..i].iter().any(|l| l.stream == lists.stream) {
-                    return Err(format!("stream {:#x} has two list entries", lists.stream));
+                if all[..i].iter().any(|l| l.key == lists.key) {
+                    return Err(format!("{} has two list entries", lists.key));
                 }
                 for order in 0..ORDERS {
                     let head = lists.heads[order];
                     if (lists.mask >> order & 1 == 1) != head.is_some() {
                         return Err(format!(
-                            "stream {:#x} order {order}: mask bit disagrees with list",
-                            lists.stream
+                            "{} order {order}: mask bit disagrees with list",
+                            lists.key
                         ));
                     }
                     if head.is_some() && !(min_order..=max_order).contains(&order) {
@@ -360,14 +358,14 @@ impl Buddy {
                         }
                         if b.state != BlockState::Free
                             || b.pool != pool
-                            || b.stream != lists.stream
+                            || b.key() != lists.key
                             || b.size != 1 << order
                             || b.tag as usize != order
                         {
                             return Err(format!(
-                                "block {:#x}: free-list key ({pool:?}, stream {:#x}, order \
+                                "block {:#x}: free-list key ({pool:?}, {}, order \
                                  {order}) does not match the block",
-                                b.addr, lists.stream
+                                b.addr, lists.key
                             ));
                         }
                         prev = cur;
@@ -401,7 +399,7 @@ impl Policy for Buddy {
         "buddy"
     }
 
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let s = &self.settings;
         let rounded = pow2_ceil(requested.max(s.min_block));
         let (size, pool) = if self.is_oversize(rounded) {
@@ -418,7 +416,7 @@ impl Policy for Buddy {
             requested,
             size,
             pool,
-            stream,
+            key,
         }
     }
 
@@ -434,15 +432,15 @@ impl Policy for Buddy {
         if self.is_oversize(req.size) {
             let k = *self
                 .oversize
-                .range((req.stream, req.size, 0, BlockId::MIN)..)
+                .range((req.key, req.size, 0, BlockId::MIN)..)
                 .next()?;
-            if k.0 != req.stream || k.1 / OVERSIZE_REUSE_FACTOR > req.size {
+            if k.0 != req.key || k.1 / OVERSIZE_REUSE_FACTOR > req.size {
                 return None;
             }
             self.oversize.remove(&k);
             return Some(k.3);
         }
-        self.pop_at_least(req.pool, req.stream, order_of(req.size))
+        self.pop_at_least(req.pool, req.key, order_of(req.size))
     }
 
     /// Halves `block` until it has the requested order, keeping the lower
@@ -456,7 +454,7 @@ impl Policy for Buddy {
         let want = req.size.max(self.settings.min_block);
         if size > want {
             let b = heap.block(block);
-            let (pool, stream) = (b.pool, b.stream);
+            let (pool, stream) = (b.pool, b.key());
             let slot = self.stream_slot_or_insert(pool, stream);
             while size > want && size >= 2 {
                 size /= 2;
@@ -478,7 +476,7 @@ impl Policy for Buddy {
             self.oversize.insert(oversize_key(heap, block));
             return;
         }
-        let (pool, stream) = (b.pool, b.stream);
+        let (pool, stream) = (b.pool, b.key());
         let seg = heap.segment(b.segment);
         let (seg_addr, seg_size) = (seg.addr, seg.size);
         let slot = self.stream_slot_or_insert(pool, stream);
@@ -522,7 +520,7 @@ impl Policy for Buddy {
     fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
         let needed = self.segment_size(req);
         let mut idle: Vec<(u64, SegmentId)> = Vec::new();
-        if let Some(slot) = self.stream_slot(req.pool, req.stream) {
+        if let Some(slot) = self.stream_slot(req.pool, req.key) {
             let max = self.settings.segment(req.pool);
             let lists = &self.lists[req.pool.index()][slot];
             for id in self.list(lists, order_of(max) as usize) {
@@ -533,9 +531,10 @@ impl Policy for Buddy {
             }
         }
         if req.pool == PoolKind::Large {
-            for k in self.oversize.range(
-                (req.stream, 0, 0, BlockId::MIN)..=(req.stream, u64::MAX, u64::MAX, BlockId::MAX),
-            ) {
+            for k in self
+                .oversize
+                .range((req.key, 0, 0, BlockId::MIN)..=(req.key, u64::MAX, u64::MAX, BlockId::MAX))
+            {
                 idle.push((k.1, heap.block(k.3).segment));
             }
         }
@@ -661,6 +660,7 @@ impl Policy for Buddy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::StreamId;
     use alloc_core::{Engine, EngineOptions, SimMemory, SimStreams, GIB, KIB};
 
     type SimEngine = Engine<Buddy, SimMemory, SimStreams>;
@@ -718,7 +718,7 @@ mod tests {
     fn plan_rounds_to_powers_of_two_and_picks_pools() {
         let p = Buddy::default();
         let plan = |n| {
-            let r = p.plan(n, 7);
+            let r = p.plan(n, CacheKey::shared(StreamId(7)));
             (r.size, r.pool, p.segment_size(&r))
         };
         assert_eq!(plan(1), (512, PoolKind::Small, 2 * MIB));
@@ -730,7 +730,7 @@ mod tests {
         assert_eq!(plan(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
         assert_eq!(plan(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
         assert_eq!(plan(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
-        assert_eq!(p.plan(3, 7).stream, 7);
+        assert_eq!(p.plan(3, StreamId(7).into()).key.stream, StreamId(7));
         // Never panics, even beyond what the engine accepts.
         assert_eq!(plan(u64::MAX).1, PoolKind::Large);
         assert_eq!(p.oversize_threshold(), 64 * MIB + 1);
@@ -750,7 +750,7 @@ mod tests {
     #[test]
     fn split_leaves_one_free_block_per_order_and_merges_back() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(KIB, 0).unwrap();
+        let a = e.malloc(KIB, StreamId(0)).unwrap();
         assert_eq!(a.size, KIB);
         let expected: Vec<u64> = (10..=20).map(|k| 1u64 << k).collect();
         assert_eq!(free_sizes(&e, a.addr), expected);
@@ -777,14 +777,14 @@ mod tests {
     #[test]
     fn allocations_take_the_smallest_sufficient_order() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(KIB, 0).unwrap();
+        let a = e.malloc(KIB, StreamId(0)).unwrap();
         // The 1 KiB buddy at a + 1 KiB serves the next 1 KiB request.
-        let b = e.malloc(1000, 0).unwrap();
+        let b = e.malloc(1000, StreamId(0)).unwrap();
         assert_eq!(b.addr, a.addr + KIB);
         // 4 KiB comes from the free 4 KiB block, not from splitting a larger one.
-        let c = e.malloc(3 * KIB, 0).unwrap();
+        let c = e.malloc(3 * KIB, StreamId(0)).unwrap();
         assert_eq!((c.addr, c.size), (a.addr + 4 * KIB, 4 * KIB));
-        let d = e.malloc(700 * KIB, 0).unwrap();
+        let d = e.malloc(700 * KIB, StreamId(0)).unwrap();
         assert_eq!((d.addr, d.size), (a.addr + MIB, MIB));
         assert_eq!(e.stats().num_device_alloc, 1);
         e.assert_valid();
@@ -798,7 +798,9 @@ mod tests {
     #[test]
     fn adjacent_non_buddies_stay_apart() {
         let mut e = engine(8 * GIB);
-        let blocks: Vec<_> = (0..4).map(|_| e.malloc(512, 0).unwrap()).collect();
+        let blocks: Vec<_> = (0..4)
+            .map(|_| e.malloc(512, StreamId(0)).unwrap())
+            .collect();
         for (i, b) in blocks.iter().enumerate() {
             assert_eq!(b.addr, blocks[0].addr + 512 * i as u64);
         }
@@ -825,10 +827,10 @@ mod tests {
     #[test]
     fn large_requests_use_64mib_segments() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(3 * MIB, 0).unwrap();
+        let a = e.malloc(3 * MIB, StreamId(0)).unwrap();
         assert_eq!(a.size, 4 * MIB);
         assert_eq!(e.stats().reserved_bytes.large_pool.current, 64 * MIB as i64);
-        let b = e.malloc(64 * MIB, 0).unwrap();
+        let b = e.malloc(64 * MIB, StreamId(0)).unwrap();
         assert_eq!(b.size, 64 * MIB);
         assert_eq!(e.stats().num_device_alloc, 2);
         assert_eq!(e.stats().oversize_segments.current, 0);
@@ -843,7 +845,7 @@ mod tests {
     #[test]
     fn oversize_requests_get_dedicated_segments() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(100 * MIB + 1, 0).unwrap();
+        let a = e.malloc(100 * MIB + 1, StreamId(0)).unwrap();
         assert_eq!(a.size, 102 * MIB);
         let heap = e.heap();
         let seg = heap.segment(heap.segment_containing(a.addr).unwrap());
@@ -855,16 +857,16 @@ mod tests {
         assert_eq!(e.policy().indexed_blocks().len(), 1);
         e.assert_valid();
         // Reused by a request at least half its size on the same stream...
-        let b = e.malloc(150 * MIB, 0).unwrap();
+        let b = e.malloc(150 * MIB, StreamId(0)).unwrap();
         assert_ne!(b.addr, a.addr, "150 MiB does not fit in 102 MiB");
         e.free(b.addr).unwrap();
-        let c = e.malloc(70 * MIB, 0).unwrap();
+        let c = e.malloc(70 * MIB, StreamId(0)).unwrap();
         assert_eq!((c.addr, c.size), (a.addr, 102 * MIB));
         // ...but not by a much smaller one, nor by another stream.
-        let d = e.malloc(65 * MIB, 0).unwrap();
+        let d = e.malloc(65 * MIB, StreamId(0)).unwrap();
         assert_eq!(d.size, 66 * MIB);
         e.free(c.addr).unwrap();
-        let f = e.malloc(90 * MIB, 1).unwrap();
+        let f = e.malloc(90 * MIB, StreamId(1)).unwrap();
         assert_ne!(f.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 4);
         e.assert_valid();
@@ -880,22 +882,22 @@ mod tests {
     #[test]
     fn streams_have_separate_free_lists() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(4 * KIB, 1).unwrap();
+        let a = e.malloc(4 * KIB, StreamId(1)).unwrap();
         e.free(a.addr).unwrap();
-        let b = e.malloc(4 * KIB, 2).unwrap();
+        let b = e.malloc(4 * KIB, StreamId(2)).unwrap();
         let heap = e.heap();
         assert_ne!(
             heap.segment_containing(a.addr),
             heap.segment_containing(b.addr)
         );
         assert_eq!(e.stats().num_device_alloc, 2);
-        let c = e.malloc(4 * KIB, 1).unwrap();
+        let c = e.malloc(4 * KIB, StreamId(1)).unwrap();
         assert_eq!(c.addr, a.addr);
         e.assert_valid();
         // Many short-lived streams: entries are pruned, nothing is lost.
         let mut live = vec![];
         for s in 10..40 {
-            live.push(e.malloc(512, s).unwrap());
+            live.push(e.malloc(512, StreamId(s)).unwrap());
             e.assert_valid();
         }
         for x in live {
@@ -912,13 +914,13 @@ mod tests {
     #[test]
     fn record_stream_defers_merging() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(KIB, 0).unwrap();
-        e.record_stream(a.addr, 5).unwrap();
+        let a = e.malloc(KIB, StreamId(0)).unwrap();
+        e.record_stream(a.addr, StreamId(5)).unwrap();
         e.free(a.addr).unwrap();
         e.assert_valid();
-        let b = e.malloc(KIB, 0).unwrap();
+        let b = e.malloc(KIB, StreamId(0)).unwrap();
         assert_eq!(b.addr, a.addr + KIB, "a awaits its event");
-        e.streams_mut().complete_stream(5);
+        e.streams_mut().complete_stream(StreamId(5));
         e.free(b.addr).unwrap();
         e.process_events().unwrap();
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
@@ -929,28 +931,28 @@ mod tests {
     fn oom_releases_idle_segments_of_the_stream() {
         // Room for one 100 MiB dedicated segment and nothing else of size.
         let mut e = engine(130 * MIB);
-        let a = e.malloc(100 * MIB, 0).unwrap();
+        let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        let req = e.policy().plan(20 * MIB, 0);
+        let req = e.policy().plan(20 * MIB, StreamId(0).into());
         let mut p = e.policy().clone();
         let release = p.release_for_oom(e.heap(), &req);
         let seg = e.heap().segment_containing(a.addr).unwrap();
         assert_eq!(release.segments, vec![seg]);
         assert!(release.sufficient);
-        let other = p.release_for_oom(e.heap(), &p.plan(20 * MIB, 3));
+        let other = p.release_for_oom(e.heap(), &p.plan(20 * MIB, StreamId(3).into()));
         assert!(other.segments.is_empty() && !other.sufficient);
         // 20 MiB needs a 64 MiB segment: the cached 100 MiB one goes back.
-        let b = e.malloc(20 * MIB, 0).unwrap();
+        let b = e.malloc(20 * MIB, StreamId(0)).unwrap();
         assert_eq!(b.size, 32 * MIB);
         assert_eq!(e.stats().reserved_bytes.all.current, 64 * MIB as i64);
         e.assert_valid();
         assert!(matches!(
-            e.malloc(100 * MIB, 0),
+            e.malloc(100 * MIB, StreamId(0)),
             Err(alloc_core::AllocError::OutOfMemory(_))
         ));
         e.assert_valid();
         e.free(b.addr).unwrap();
-        let c = e.malloc(100 * MIB, 0).unwrap();
+        let c = e.malloc(100 * MIB, StreamId(0)).unwrap();
         assert_eq!(c.size, 100 * MIB);
         e.assert_valid();
     }
@@ -958,7 +960,7 @@ mod tests {
     #[test]
     fn check_reports_a_corrupt_index() {
         let mut e = engine(8 * GIB);
-        let a = e.malloc(KIB, 0).unwrap();
+        let a = e.malloc(KIB, StreamId(0)).unwrap();
         let mut p = e.policy().clone();
         let id = e.heap().block_at(a.addr + KIB).unwrap();
         p.remove_free(e.heap(), id);

@@ -1,4 +1,5 @@
-//! An exact best-fit index of free blocks: per stream, a two-level bitmap of
+//! An exact best-fit index of free blocks: per cache key (a stream's blocks,
+//! device-wide or in one private pool), a two-level bitmap of
 //! size bins (16 sub-bins per power of two, as TLSF) whose bins are vectors
 //! sorted by (size, address).
 //!
@@ -7,7 +8,7 @@
 //! address first — but without per-operation node allocation: the bitmap
 //! finds the first non-empty bin, and bins stay small.
 
-use alloc_core::{BlockId, StreamId};
+use alloc_core::{BlockId, CacheKey};
 
 /// A free block as the index stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -55,7 +56,7 @@ fn remove_inner(entries: &mut Vec<Entry>, at: usize) -> Entry {
     entries.remove(at)
 }
 
-/// Size bins of one stream.
+/// Size bins of one cache key.
 #[derive(Debug, Clone)]
 struct Bins {
     /// Bit `fl` set: some bin of first level `fl` is non-empty.
@@ -175,7 +176,7 @@ impl Bins {
     }
 }
 
-/// Free blocks of one pool, per stream, in PyTorch's (stream, size, address)
+/// Free blocks of one pool, per cache key, in PyTorch's (stream, size, address)
 /// order.
 ///
 /// The block inserted last waits in a one-entry cache, `recent`, until the
@@ -186,103 +187,105 @@ impl Bins {
 /// those of one ordered set.
 #[derive(Debug, Clone, Default)]
 pub struct FreeIndex {
-    /// Sorted by stream.
-    streams: Vec<(StreamId, Bins)>,
+    /// Sorted by key.
+    streams: Vec<(CacheKey, Bins)>,
     /// The most recently inserted block, not in `streams`.
-    recent: Option<(StreamId, Entry)>,
+    recent: Option<(CacheKey, Entry)>,
 }
 
-/// The order of the index within one stream.
+/// The order of the index within one cache key.
 #[inline(always)]
-fn key(e: &Entry) -> (u64, u64) {
+fn rank(e: &Entry) -> (u64, u64) {
     (e.size, e.addr)
 }
 
 impl FreeIndex {
     #[inline]
-    fn bins(&self, stream: StreamId) -> Option<&Bins> {
-        self.streams.iter().find(|s| s.0 == stream).map(|s| &s.1)
+    fn bins(&self, key: CacheKey) -> Option<&Bins> {
+        self.streams.iter().find(|s| s.0 == key).map(|s| &s.1)
     }
 
     #[inline]
-    fn bins_mut(&mut self, stream: StreamId) -> &mut Bins {
-        let at = match self.streams.iter().position(|s| s.0 == stream) {
+    fn bins_mut(&mut self, key: CacheKey) -> &mut Bins {
+        let at = match self.streams.iter().position(|s| s.0 == key) {
             Some(i) => i,
-            None => self.add_stream(stream),
+            None => self.add_key(key),
         };
         &mut self.streams[at].1
     }
 
     #[cold]
     #[inline(never)]
-    fn add_stream(&mut self, stream: StreamId) -> usize {
-        let at = self.streams.partition_point(|s| s.0 < stream);
-        self.streams.insert(at, (stream, Bins::new()));
+    fn add_key(&mut self, key: CacheKey) -> usize {
+        let at = self.streams.partition_point(|s| s.0 < key);
+        self.streams.insert(at, (key, Bins::new()));
         at
     }
 
-    /// The cached recent block if it belongs to `stream` and has at least
+    /// The cached recent block if it belongs to `key` and has at least
     /// `size` bytes.
     #[inline(always)]
-    fn recent_fit(&self, stream: StreamId, size: u64) -> Option<Entry> {
+    fn recent_fit(&self, key: CacheKey, size: u64) -> Option<Entry> {
         match self.recent {
-            Some((s, e)) if s == stream && e.size >= size => Some(e),
+            Some((s, e)) if s == key && e.size >= size => Some(e),
             _ => None,
         }
     }
 
     /// Adds a free block.
     #[inline]
-    pub fn insert(&mut self, stream: StreamId, size: u64, addr: u64, id: BlockId) {
-        if let Some((s, older)) = self.recent.replace((stream, Entry { size, addr, id })) {
+    pub fn insert(&mut self, key: CacheKey, size: u64, addr: u64, id: BlockId) {
+        if let Some((s, older)) = self.recent.replace((key, Entry { size, addr, id })) {
             self.bins_mut(s).insert(older);
         }
     }
 
-    /// Removes the block with this (stream, size, address); returns it.
+    /// Removes the block with this (key, size, address); returns it.
     #[inline]
-    pub fn remove(&mut self, stream: StreamId, size: u64, addr: u64) -> Option<Entry> {
+    pub fn remove(&mut self, key: CacheKey, size: u64, addr: u64) -> Option<Entry> {
         if let Some((s, e)) = self.recent {
-            if s == stream && key(&e) == (size, addr) {
+            if s == key && rank(&e) == (size, addr) {
                 self.recent = None;
                 return Some(e);
             }
         }
         self.streams
             .iter_mut()
-            .find(|s| s.0 == stream)
+            .find(|s| s.0 == key)
             .and_then(|s| s.1.remove(size, addr))
     }
 
-    /// The smallest block of `stream` with size >= `size` (lowest address
+    /// The smallest block of `key` with size >= `size` (lowest address
     /// among equals).
     #[inline]
-    pub fn lower_bound(&self, stream: StreamId, size: u64) -> Option<Entry> {
-        let binned = self.bins(stream).and_then(|b| b.lower_bound(size));
-        match (binned, self.recent_fit(stream, size)) {
-            (Some(b), Some(r)) => Some(if key(&r) < key(&b) { r } else { b }),
+    pub fn lower_bound(&self, key: CacheKey, size: u64) -> Option<Entry> {
+        let binned = self.bins(key).and_then(|b| b.lower_bound(size));
+        match (binned, self.recent_fit(key, size)) {
+            (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
         }
     }
 
-    /// Removes and returns the smallest block of `stream` with size >=
+    /// Removes and returns the smallest block of `key` with size >=
     /// `size` if `accept` approves it (one search instead of two).
     #[inline]
     pub fn take_lower_bound(
         &mut self,
-        stream: StreamId,
+        key: CacheKey,
         size: u64,
         accept: impl FnOnce(&Entry) -> bool,
     ) -> Option<Entry> {
-        let recent = self.recent_fit(stream, size);
-        let found = match self.streams.iter_mut().find(|s| s.0 == stream) {
+        let recent = self.recent_fit(key, size);
+        let found = match self.streams.iter_mut().find(|s| s.0 == key) {
             Some((_, bins)) => bins
                 .lower_bound_position(size)
                 .map(|(bin, at)| (bins, bin, at)),
             None => None,
         };
         match (found, recent) {
-            (Some((bins, bin, at)), r) if r.is_none_or(|r| key(&bins.bins[bin][at]) < key(&r)) => {
+            (Some((bins, bin, at)), r)
+                if r.is_none_or(|r| rank(&bins.bins[bin][at]) < rank(&r)) =>
+            {
                 if !accept(&bins.bins[bin][at]) {
                     return None;
                 }
@@ -299,34 +302,30 @@ impl FreeIndex {
         }
     }
 
-    /// Blocks of `stream` with size < `size`, largest first.
-    pub fn below_descending(
-        &self,
-        stream: StreamId,
-        size: u64,
-    ) -> impl Iterator<Item = Entry> + '_ {
+    /// Blocks of `key` with size < `size`, largest first.
+    pub fn below_descending(&self, key: CacheKey, size: u64) -> impl Iterator<Item = Entry> + '_ {
         let mut below: Vec<Entry> = self
-            .bins(stream)
+            .bins(key)
             .into_iter()
             .flat_map(|b| b.iter().rev())
             .filter(|e| e.size < size)
             .copied()
             .collect();
         if let Some((s, e)) = self.recent {
-            if s == stream && e.size < size {
-                let at = below.partition_point(|x| key(x) > key(&e));
+            if s == key && e.size < size {
+                let at = below.partition_point(|x| rank(x) > rank(&e));
                 below.insert(at, e);
             }
         }
         below.into_iter()
     }
 
-    /// Every block in (stream, size, address) order.
-    pub fn iter(&self) -> impl Iterator<Item = (StreamId, Entry)> + '_ {
-        let mut all: Vec<(StreamId, Entry)> = self
+    /// Every block in (key, size, address) order.
+    pub fn iter(&self) -> impl Iterator<Item = (CacheKey, Entry)> + '_ {
+        let mut all: Vec<(CacheKey, Entry)> = self
             .streams
             .iter()
-            .flat_map(|(stream, bins)| bins.iter().map(move |e| (*stream, *e)))
+            .flat_map(|(key, bins)| bins.iter().map(move |e| (*key, *e)))
             .collect();
         if let Some((s, e)) = self.recent {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
@@ -349,6 +348,12 @@ impl FreeIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::StreamId;
+
+    /// The device-wide cache of stream `s`.
+    fn k(s: u64) -> CacheKey {
+        CacheKey::shared(StreamId(s))
+    }
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
@@ -368,27 +373,30 @@ mod tests {
     #[test]
     fn recent_entry_competes_with_the_bins() {
         let mut index = FreeIndex::default();
-        index.insert(0, 4096, 0x1000, BlockId::MIN);
-        index.insert(0, 1024, 0x9000, BlockId::MIN); // recent; 4096 moves to the bins
-        index.insert(1, 512, 0x5000, BlockId::MIN); // recent, other stream
-                                                    // The best fit is in the bins (1024 at 0x9000), not the recent one.
-        assert_eq!(index.lower_bound(0, 600).map(|e| e.addr), Some(0x9000));
-        assert_eq!(index.lower_bound(1, 600), None);
-        let taken = index.take_lower_bound(0, 600, |_| true).map(|e| e.addr);
+        index.insert(k(0), 4096, 0x1000, BlockId::MIN);
+        index.insert(k(0), 1024, 0x9000, BlockId::MIN); // recent; 4096 moves to the bins
+        index.insert(k(1), 512, 0x5000, BlockId::MIN); // recent, other stream
+                                                       // The best fit is in the bins (1024 at 0x9000), not the recent one.
+        assert_eq!(index.lower_bound(k(0), 600).map(|e| e.addr), Some(0x9000));
+        assert_eq!(index.lower_bound(k(1), 600), None);
+        let taken = index.take_lower_bound(k(0), 600, |_| true).map(|e| e.addr);
         assert_eq!(taken, Some(0x9000));
-        index.insert(0, 4096, 0x0, BlockId::MIN); // recent, same size, lower address
-        assert_eq!(index.lower_bound(0, 4000).map(|e| e.addr), Some(0x0));
-        assert!(index.take_lower_bound(0, 4000, |_| false).is_none());
-        let all: Vec<_> = index.iter().map(|(s, e)| (s, e.size, e.addr)).collect();
+        index.insert(k(0), 4096, 0x0, BlockId::MIN); // recent, same size, lower address
+        assert_eq!(index.lower_bound(k(0), 4000).map(|e| e.addr), Some(0x0));
+        assert!(index.take_lower_bound(k(0), 4000, |_| false).is_none());
+        let all: Vec<_> = index
+            .iter()
+            .map(|(s, e)| (s.stream.0, e.size, e.addr))
+            .collect();
         assert_eq!(
             all,
             vec![(0, 4096, 0x0), (0, 4096, 0x1000), (1, 512, 0x5000)]
         );
         assert_eq!(index.len(), 3);
-        assert!(index.remove(0, 4096, 0x0).is_some());
-        assert!(index.remove(0, 4096, 0x0).is_none());
+        assert!(index.remove(k(0), 4096, 0x0).is_some());
+        assert!(index.remove(k(0), 4096, 0x0).is_none());
         assert_eq!(
-            index.take_lower_bound(0, 1, |_| true).map(|e| e.addr),
+            index.take_lower_bound(k(0), 1, |_| true).map(|e| e.addr),
             Some(0x1000)
         );
         assert_eq!(index.len(), 1);
@@ -405,16 +413,16 @@ mod tests {
                 match op {
                     0 => {
                         if model.insert((stream, size, addr)) {
-                            index.insert(stream, size, addr, BlockId::MIN);
+                            index.insert(k(stream), size, addr, BlockId::MIN);
                         }
                     }
                     1 if addr % 2 == 0 => {
-                        let removed = index.remove(stream, size, addr).is_some();
+                        let removed = index.remove(k(stream), size, addr).is_some();
                         prop_assert_eq!(removed, model.remove(&(stream, size, addr)));
                     }
                     1 => {
                         let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).copied();
-                        let got = index.take_lower_bound(stream, size, |_| true).map(|e| (stream, e.size, e.addr));
+                        let got = index.take_lower_bound(k(stream), size, |_| true).map(|e| (stream, e.size, e.addr));
                         prop_assert_eq!(got, want);
                         if let Some(k) = want {
                             model.remove(&k);
@@ -422,16 +430,16 @@ mod tests {
                     }
                     _ => {
                         let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).map(|k| (k.1, k.2));
-                        let got = index.lower_bound(stream, size).map(|e| (e.size, e.addr));
+                        let got = index.lower_bound(k(stream), size).map(|e| (e.size, e.addr));
                         prop_assert_eq!(got, want);
-                        let below: Vec<_> = index.below_descending(stream, size).map(|e| (e.size, e.addr)).collect();
+                        let below: Vec<_> = index.below_descending(k(stream), size).map(|e| (e.size, e.addr)).collect();
                         let want_below: Vec<_> = model.range((stream, 0, 0)..(stream, size, 0)).rev().map(|k| (k.1, k.2)).collect();
                         prop_assert_eq!(below, want_below);
                     }
                 }
                 prop_assert_eq!(index.len(), model.len());
             }
-            let all: Vec<_> = index.iter().map(|(s, e)| (s, e.size, e.addr)).collect();
+            let all: Vec<_> = index.iter().map(|(s, e)| (s.stream.0, e.size, e.addr)).collect();
             prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
         }
     }

@@ -19,8 +19,8 @@ use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use alloc_core::{
-    AllocatorConfig, BlockId, ConfigError, Heap, OomRelease, Policy, Pressure, Request, SegmentId,
-    StreamId,
+    AllocatorConfig, BlockId, CacheKey, ConfigError, Heap, OomRelease, Policy, Pressure, Request,
+    SegmentId,
 };
 
 /// Threshold used when the configuration sets no
@@ -136,8 +136,8 @@ impl<P: Policy> Policy for GcAge<P> {
         Ok(())
     }
     #[inline]
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
-        self.inner.plan(requested, stream)
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        self.inner.plan(requested, key)
     }
     #[inline]
     fn segment_size(&self, req: &Request) -> u64 {
@@ -206,6 +206,7 @@ impl<P: Policy> Policy for GcAge<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::StreamId;
     use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
 
     /// A minimal inner policy: one block per segment, exact-size reuse, no
@@ -220,7 +221,7 @@ mod tests {
         fn name(&self) -> &str {
             "whole"
         }
-        fn plan(&self, requested: u64, stream: StreamId) -> Request {
+        fn plan(&self, requested: u64, key: CacheKey) -> Request {
             let pool = if requested <= MIB {
                 PoolKind::Small
             } else {
@@ -230,7 +231,7 @@ mod tests {
                 requested,
                 size: requested.div_ceil(2 * MIB) * 2 * MIB,
                 pool,
-                stream,
+                key,
             }
         }
         fn segment_size(&self, req: &Request) -> u64 {
@@ -239,7 +240,7 @@ mod tests {
         fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
             let at = self.free.iter().position(|&b| {
                 let b = heap.block(b);
-                b.size == req.size && b.stream == req.stream && b.pool == req.pool
+                b.size == req.size && b.key() == req.key && b.pool == req.pool
             })?;
             Some(self.free.swap_remove(at))
         }
@@ -293,23 +294,23 @@ mod tests {
     /// Frees `addr`, then ticks the large pool's clock by reusing a cached block.
     fn free_and_tick(e: &mut TestEngine, addr: u64, tick: &mut u64) {
         e.free(addr).unwrap();
-        let t = e.malloc(2 * MIB, 0).unwrap();
+        let t = e.malloc(2 * MIB, StreamId(0)).unwrap();
         *tick = t.addr;
     }
 
     #[test]
     fn oldest_idle_segment_goes_back_first() {
         let mut e = engine(0);
-        let mut tick = e.malloc(2 * MIB, 0).unwrap().addr;
+        let mut tick = e.malloc(2 * MIB, StreamId(0)).unwrap().addr;
         // 140 MiB freed first, then a larger 150 MiB: age wins over size.
-        let a = e.malloc(140 * MIB, 0).unwrap();
-        let b = e.malloc(150 * MIB, 0).unwrap();
+        let a = e.malloc(140 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(150 * MIB, StreamId(0)).unwrap();
         e.free(tick).unwrap();
         free_and_tick(&mut e, a.addr, &mut tick);
         e.free(tick).unwrap();
         free_and_tick(&mut e, b.addr, &mut tick);
         // 292 MiB reserved > 256 MiB: the first new segment releases `a` only.
-        let c = e.malloc(100 * MIB, 0).unwrap();
+        let c = e.malloc(100 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
         let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a.addr), "the oldest idle segment went back");
@@ -317,7 +318,7 @@ mod tests {
         e.assert_valid();
         // Under the line: nothing more goes.
         e.free(c.addr).unwrap();
-        e.malloc(4 * MIB, 0).unwrap();
+        e.malloc(4 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
         e.assert_valid();
     }
@@ -325,25 +326,25 @@ mod tests {
     #[test]
     fn equally_old_segments_go_larger_first_in_both_pools() {
         let mut e = engine(0);
-        let a = e.malloc(100 * MIB, 0).unwrap();
-        let b = e.malloc(160 * MIB, 0).unwrap();
-        let s = e.malloc(1000, 0).unwrap();
+        let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(160 * MIB, StreamId(0)).unwrap();
+        let s = e.malloc(1000, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
         e.free(b.addr).unwrap();
         e.free(s.addr).unwrap();
         // 262 MiB reserved: `b` alone brings it under 256 MiB.
-        e.malloc(8 * MIB, 0).unwrap();
+        e.malloc(8 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
         let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&b.addr) && now.contains(&a.addr) && now.contains(&s.addr));
         // Ten small-pool lookups age the small segment past `a`; over the
         // line again (112 MiB + 160 MiB), both go, the small one first.
         for _ in 0..10 {
-            let x = e.malloc(1000, 1).unwrap();
+            let x = e.malloc(1000, StreamId(1)).unwrap();
             e.free(x.addr).unwrap();
         }
-        e.malloc(160 * MIB, 0).unwrap();
-        assert!(e.malloc(100 * MIB, 1).is_ok());
+        e.malloc(160 * MIB, StreamId(0)).unwrap();
+        assert!(e.malloc(100 * MIB, StreamId(1)).is_ok());
         let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a.addr) && !now.contains(&s.addr));
         e.assert_valid();
@@ -352,11 +353,11 @@ mod tests {
     #[test]
     fn minimum_age_keeps_recently_freed_segments() {
         let mut e = engine(1000);
-        let a = e.malloc(200 * MIB, 0).unwrap();
+        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        e.malloc(100 * MIB, 0).unwrap();
+        e.malloc(100 * MIB, StreamId(0)).unwrap();
         // 200 MiB idle for 2 ticks only: kept although 300 MiB > 256 MiB.
-        e.malloc(50 * MIB, 0).unwrap();
+        e.malloc(50 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 0);
         e.assert_valid();
     }
@@ -369,15 +370,15 @@ mod tests {
             SimStreams::new(),
             EngineOptions::default(),
         );
-        let a = e.malloc(500 * MIB, 0).unwrap();
+        let a = e.malloc(500 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        e.malloc(300 * MIB, 0).unwrap();
+        e.malloc(300 * MIB, StreamId(0)).unwrap();
         // 800 MiB reserved, under 0.8 x 1 GiB: nothing goes.
-        let b = e.malloc(20 * MIB, 0).unwrap();
+        let b = e.malloc(20 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 0);
         // 820 MiB reserved: the idle 500 MiB goes back.
         e.free(b.addr).unwrap();
-        e.malloc(10 * MIB, 0).unwrap();
+        e.malloc(10 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
         assert!(!e.snapshot().segment_addresses().contains(&a.addr));
     }
@@ -399,15 +400,15 @@ mod tests {
         );
         e.set_memory_fraction(0.5).unwrap();
         // A 20 MiB segment whose 2 MiB blocks tick the large pool's clock.
-        let y = e.malloc(2 * MIB, 0).unwrap();
-        let a = e.malloc(140 * MIB, 0).unwrap();
-        let b = e.malloc(150 * MIB, 0).unwrap();
+        let y = e.malloc(2 * MIB, StreamId(0)).unwrap();
+        let a = e.malloc(140 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(150 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        e.malloc(2 * MIB, 0).unwrap();
+        e.malloc(2 * MIB, StreamId(0)).unwrap();
         e.free(b.addr).unwrap();
         // 310 MiB reserved > 256 MiB: the next new segment (a small one)
         // releases `a`, the older, which is enough.
-        e.malloc(1000, 0).unwrap();
+        e.malloc(1000, StreamId(0)).unwrap();
         let now: Vec<u64> = e.snapshot().segments.iter().map(|s| s.address).collect();
         assert_eq!(e.stats().num_device_free, 1);
         assert!(now.contains(&b.addr));

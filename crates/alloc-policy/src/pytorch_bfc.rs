@@ -7,8 +7,8 @@
 use crate::free_index::{Entry, FreeIndex};
 use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
 use alloc_core::{
-    coalesce, BlockId, ConfigError, Heap, OomRelease, Policy, PoolKind, Pressure, Request,
-    SegmentId, StreamId, MIB,
+    coalesce, BlockId, CacheKey, ConfigError, Heap, OomRelease, Policy, PoolKind, Pressure,
+    Request, SegmentId, MIB,
 };
 
 /// All sizes are rounded to at least this (`kMinBlockSize`).
@@ -105,13 +105,13 @@ pub fn allocation_size(size: u64) -> u64 {
 /// Removes a block from the free index of its pool.
 fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    free[b.pool.index()].remove(b.stream, b.size, b.addr);
+    free[b.pool.index()].remove(b.key(), b.size, b.addr);
 }
 
 /// Adds a block to the free index of its pool.
 fn index(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    free[b.pool.index()].insert(b.stream, b.size, b.addr, id);
+    free[b.pool.index()].insert(b.key(), b.size, b.addr, id);
 }
 
 /// Whether `id` is the last block of a growable segment: with expandable
@@ -132,18 +132,18 @@ fn take_sparing_tail(
     tail: Entry,
     accept: impl Fn(&Entry) -> bool,
 ) -> Option<BlockId> {
-    let removed = free.remove(req.stream, tail.size, tail.addr);
+    let removed = free.remove(req.key, tail.size, tail.addr);
     debug_assert!(removed.is_some(), "the tail was indexed");
-    let next = free.take_lower_bound(req.stream, req.size, &accept);
-    let has_next = next.is_some() || free.lower_bound(req.stream, req.size).is_some();
+    let next = free.take_lower_bound(req.key, req.size, &accept);
+    let has_next = next.is_some() || free.lower_bound(req.key, req.size).is_some();
     if has_next {
-        free.insert(req.stream, tail.size, tail.addr, tail.id);
+        free.insert(req.key, tail.size, tail.addr, tail.id);
         return next.map(|e| e.id);
     }
     if accept(&tail) {
         Some(tail.id)
     } else {
-        free.insert(req.stream, tail.size, tail.addr, tail.id);
+        free.insert(req.key, tail.size, tail.addr, tail.id);
         None
     }
 }
@@ -181,7 +181,7 @@ impl PytorchBfc {
 
     /// Smallest free block of `stream` in `pool` with size >= `size`.
     #[inline]
-    fn lower_bound(&self, pool: PoolKind, stream: StreamId, size: u64) -> Option<Entry> {
+    fn lower_bound(&self, pool: PoolKind, stream: CacheKey, size: u64) -> Option<Entry> {
         self.free[pool.index()].lower_bound(stream, size)
     }
 }
@@ -197,7 +197,7 @@ impl Policy for PytorchBfc {
         Ok(())
     }
 
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let size = self.settings.round_size(requested);
         let pool = if size <= SMALL_SIZE {
             PoolKind::Small
@@ -208,7 +208,7 @@ impl Policy for PytorchBfc {
             requested,
             size,
             pool,
-            stream,
+            key,
         }
     }
 
@@ -230,13 +230,13 @@ impl Policy for PytorchBfc {
         };
         let free = &mut self.free[req.pool.index()];
         if self.settings.expandable {
-            if let Some(best) = free.lower_bound(req.stream, req.size) {
+            if let Some(best) = free.lower_bound(req.key, req.size) {
                 if is_growable_tail(heap, best.id) {
                     return take_sparing_tail(free, req, best, accept);
                 }
             }
         }
-        free.take_lower_bound(req.stream, req.size, accept)
+        free.take_lower_bound(req.key, req.size, accept)
             .map(|e| e.id)
     }
 
@@ -268,7 +268,7 @@ impl Policy for PytorchBfc {
         }
         let target = req.size.max(max_split);
         let whole = |e: &Entry| heap.segment(heap.block(e.id).segment).blocks == 1;
-        if let Some(e) = self.lower_bound(req.pool, req.stream, target) {
+        if let Some(e) = self.lower_bound(req.pool, req.key, target) {
             if whole(&e) {
                 return OomRelease {
                     segments: vec![heap.block(e.id).segment],
@@ -278,7 +278,7 @@ impl Policy for PytorchBfc {
         }
         let mut released = 0;
         let mut segments = Vec::new();
-        for e in self.free[req.pool.index()].below_descending(req.stream, target) {
+        for e in self.free[req.pool.index()].below_descending(req.key, target) {
             if released >= target || e.size < max_split {
                 break;
             }
@@ -358,7 +358,7 @@ impl Policy for PytorchBfc {
         for (pool, free) in [PoolKind::Small, PoolKind::Large].iter().zip(&self.free) {
             for (stream, e) in free.iter() {
                 let b = heap.block(e.id);
-                if (b.stream, b.size, b.addr, b.pool) != (stream, e.size, e.addr, *pool) {
+                if (b.key(), b.size, b.addr, b.pool) != (stream, e.size, e.addr, *pool) {
                     return Err(format!("stale free-index entry for block at {:#x}", e.addr));
                 }
             }

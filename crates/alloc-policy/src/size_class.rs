@@ -31,8 +31,8 @@
 //! class size for the retries.
 
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, ConfigError, Heap, OomRelease, Policy, PoolKind,
-    Pressure, Request, SegmentId, StreamId, GIB, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, ConfigError, Heap, OomRelease, Policy,
+    PoolKind, Pressure, Request, SegmentId, GIB, MIB,
 };
 
 /// The smallest class, and the granularity of the classes below 2 KiB.
@@ -357,7 +357,7 @@ impl PoolLists {
 /// The free lists of one stream, for both pools.
 #[derive(Debug, Clone)]
 struct Lane {
-    stream: StreamId,
+    key: CacheKey,
     pools: [PoolLists; 2],
 }
 
@@ -391,24 +391,24 @@ impl SizeClass {
     }
 
     #[inline]
-    fn find_lane(&self, stream: StreamId) -> Result<usize, usize> {
+    fn find_lane(&self, key: CacheKey) -> Result<usize, usize> {
         // One or a few streams in practice: check the first before searching.
         match self.lanes.first() {
-            Some(l) if l.stream == stream => Ok(0),
-            _ => self.lanes.binary_search_by_key(&stream, |l| l.stream),
+            Some(l) if l.key == key => Ok(0),
+            _ => self.lanes.binary_search_by_key(&key, |l| l.key),
         }
     }
 
-    /// The lists of `stream` in `pool`, created on first use.
+    /// The lists of `key` in `pool`, created on first use.
     #[inline]
-    fn lists_mut(&mut self, stream: StreamId, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
-        let i = match self.find_lane(stream) {
+    fn lists_mut(&mut self, key: CacheKey, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
+        let i = match self.find_lane(key) {
             Ok(i) => i,
             Err(i) => {
                 self.lanes.insert(
                     i,
                     Lane {
-                        stream,
+                        key,
                         pools: Default::default(),
                     },
                 );
@@ -423,7 +423,7 @@ impl SizeClass {
     fn index(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
         let slot = Slot::of(b.tag, b.size);
-        let (lists, pos) = self.lists_mut(b.stream, b.pool);
+        let (lists, pos) = self.lists_mut(b.key(), b.pool);
         lists.push(pos, slot, id);
     }
 
@@ -451,7 +451,7 @@ impl SizeClass {
     fn unindex(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
         let slot = Slot::of(b.tag, b.size);
-        if let Ok(lane) = self.find_lane(b.stream) {
+        if let Ok(lane) = self.find_lane(b.key()) {
             self.lanes[lane].pools[b.pool.index()].remove(&mut self.pos, slot, id);
         }
     }
@@ -513,7 +513,7 @@ impl Policy for SizeClass {
     }
 
     #[inline]
-    fn plan(&self, requested: u64, stream: StreamId) -> Request {
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let (size, pool) = match class_of(requested) {
             Some(c) => (class_size(c), class_pool(c)),
             None => (round_up(requested, SEGMENT_ROUND), PoolKind::Large),
@@ -522,7 +522,7 @@ impl Policy for SizeClass {
             requested,
             size,
             pool,
-            stream,
+            key,
         }
     }
 
@@ -534,7 +534,7 @@ impl Policy for SizeClass {
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         // A new request: back to full slabs.
         self.shrink_slabs = false;
-        let lane = self.find_lane(req.stream).ok()?;
+        let lane = self.find_lane(req.key).ok()?;
         let lists = &mut self.lanes[lane].pools[req.pool.index()];
         match class_of(req.size) {
             Some(class) => {
@@ -606,7 +606,7 @@ impl Policy for SizeClass {
         let mut released = 0;
         let mut segments = Vec::new();
         for (id, size) in
-            Self::idle_oldest_first(heap, |s| s.stream == req.stream && s.pool == req.pool)
+            Self::idle_oldest_first(heap, |s| s.key() == req.key && s.pool == req.pool)
         {
             if released >= need {
                 break;
@@ -674,7 +674,7 @@ impl Policy for SizeClass {
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
         for w in self.lanes.windows(2) {
-            if w[0].stream >= w[1].stream {
+            if w[0].key >= w[1].key {
                 return Err("size-class lanes not sorted by stream".into());
             }
         }
@@ -689,7 +689,7 @@ impl Policy for SizeClass {
                     for (at, &id) in list.iter().enumerate() {
                         let blk = heap.block(id);
                         let here = format!("block {:#x} ({slot:?})", blk.addr);
-                        if blk.stream != lane.stream || blk.pool != *pool {
+                        if blk.key() != lane.key || blk.pool != *pool {
                             return Err(format!("{here}: indexed under another stream or pool"));
                         }
                         if blk.state != BlockState::Free {
@@ -734,6 +734,7 @@ impl Policy for SizeClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::StreamId;
     use alloc_core::{Engine, EngineOptions, SimMemory, SimStreams, KIB};
 
     type TestEngine = Engine<SizeClass, SimMemory, SimStreams>;
@@ -778,9 +779,9 @@ mod tests {
             (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, PoolKind::Large),
         ];
         for &(requested, size, pool) in table {
-            let r = p.plan(requested, 7);
+            let r = p.plan(requested, StreamId(7).into());
             assert_eq!((r.size, r.pool), (size, pool), "request of {requested} B");
-            assert_eq!((r.requested, r.stream), (requested, 7));
+            assert_eq!((r.requested, r.key.stream), (requested, StreamId(7)));
         }
         assert_eq!(class_of(512), Some(0));
         assert_eq!(class_of(MIB), Some(SMALL_CLASSES - 1));
@@ -812,18 +813,18 @@ mod tests {
     #[test]
     fn exact_class_reuse_returns_the_same_block() {
         let mut e = engine();
-        let a = e.malloc(1000, 0).unwrap();
+        let a = e.malloc(1000, StreamId(0)).unwrap();
         assert_eq!(a.size, 1024);
         e.free(a.addr).unwrap();
         // 900 B is the same class: the block comes back.
-        let b = e.malloc(900, 0).unwrap();
+        let b = e.malloc(900, StreamId(0)).unwrap();
         assert_eq!((b.addr, b.size), (a.addr, 1024));
         // Another stream never sees it.
         e.free(b.addr).unwrap();
-        let c = e.malloc(1000, 1).unwrap();
+        let c = e.malloc(1000, StreamId(1)).unwrap();
         assert_ne!(c.addr, a.addr);
         e.assert_valid();
-        let d = e.malloc(1000, 0).unwrap();
+        let d = e.malloc(1000, StreamId(0)).unwrap();
         assert_eq!(d.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 2);
         e.assert_valid();
@@ -832,9 +833,9 @@ mod tests {
     #[test]
     fn carving_from_tails() {
         let mut e = engine();
-        let a = e.malloc(1000, 0).unwrap();
-        let b = e.malloc(3000, 0).unwrap();
-        let c = e.malloc(MIB, 0).unwrap();
+        let a = e.malloc(1000, StreamId(0)).unwrap();
+        let b = e.malloc(3000, StreamId(0)).unwrap();
+        let c = e.malloc(MIB, StreamId(0)).unwrap();
         assert_eq!(
             e.stats().num_device_alloc,
             1,
@@ -849,18 +850,18 @@ mod tests {
         assert_eq!(sizes, vec![1024, 3072, MIB, MIB - 4096]);
         e.assert_valid();
         // The tail (1 MiB - 4 KiB) is too small for another 1 MiB block.
-        let d = e.malloc(MIB, 0).unwrap();
+        let d = e.malloc(MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_alloc, 2);
         assert!(e.heap().segment_containing(d.addr) != e.heap().segment_containing(a.addr));
         // ... but serves a smaller class.
-        let f = e.malloc(600 * KIB, 0).unwrap();
+        let f = e.malloc(600 * KIB, StreamId(0)).unwrap();
         assert_eq!(f.addr, c.addr + MIB);
         assert_eq!(e.stats().num_device_alloc, 2);
         // Freed blocks are neither merged nor split.
         for x in [a, b, c] {
             e.free(x.addr).unwrap();
         }
-        let g = e.malloc(2000, 0).unwrap();
+        let g = e.malloc(2000, StreamId(0)).unwrap();
         assert_ne!(g.addr, a.addr);
         assert_eq!(g.addr, f.addr + 640 * KIB);
         assert_eq!(e.snapshot().segments[0].blocks.len(), 6);
@@ -870,20 +871,20 @@ mod tests {
     #[test]
     fn large_slabs_and_pools() {
         let mut e = engine();
-        let a = e.malloc(MIB + 1, 0).unwrap();
+        let a = e.malloc(MIB + 1, StreamId(0)).unwrap();
         assert_eq!(a.size, MIB + 256 * KIB);
-        let b = e.malloc(3 * MIB, 0).unwrap();
+        let b = e.malloc(3 * MIB, StreamId(0)).unwrap();
         assert_eq!(b.addr, a.addr + a.size);
         let snap = e.snapshot();
         assert_eq!(snap.segments.len(), 1);
         assert_eq!(snap.segments[0].total_size, LARGE_SLAB);
         assert_eq!(snap.segments[0].segment_type, PoolKind::Large);
         // Small requests never come from large slabs.
-        let s = e.malloc(512, 0).unwrap();
+        let s = e.malloc(512, StreamId(0)).unwrap();
         assert_eq!(e.snapshot().segments.len(), 2);
         assert!(e.heap().segment_containing(s.addr) != e.heap().segment_containing(a.addr));
         // A class above the slab size gets a slab of its own size.
-        let c = e.malloc(100 * MIB, 0).unwrap();
+        let c = e.malloc(100 * MIB, StreamId(0)).unwrap();
         assert_eq!(c.size, 112 * MIB);
         let seg = e.heap().segment_containing(c.addr).unwrap();
         assert_eq!(e.heap().segment(seg).size, 112 * MIB);
@@ -898,7 +899,7 @@ mod tests {
             ..SizeClassSettings::default()
         };
         let mut e = engine_with(settings, 64 * GIB);
-        let a = e.malloc(GIB + 1, 0).unwrap();
+        let a = e.malloc(GIB + 1, StreamId(0)).unwrap();
         assert_eq!(a.size, GIB + 2 * MIB);
         let snap = e.snapshot();
         assert_eq!(snap.segments.len(), 1);
@@ -907,15 +908,15 @@ mod tests {
         e.free(a.addr).unwrap();
         e.assert_valid();
         // Reused by a request it covers with at most a quarter to spare.
-        let b = e.malloc(GIB + MIB, 0).unwrap();
+        let b = e.malloc(GIB + MIB, StreamId(0)).unwrap();
         assert_eq!((b.addr, b.size), (a.addr, GIB + 2 * MIB));
         e.free(b.addr).unwrap();
-        let c = e.malloc(2 * GIB, 0).unwrap();
+        let c = e.malloc(2 * GIB, StreamId(0)).unwrap();
         assert_ne!(c.addr, a.addr);
         assert_eq!(c.size, 2 * GIB);
         e.free(c.addr).unwrap();
         // Best fit among several.
-        let d = e.malloc(GIB + 2 * MIB, 0).unwrap();
+        let d = e.malloc(GIB + 2 * MIB, StreamId(0)).unwrap();
         assert_eq!(d.addr, a.addr);
         assert_eq!(e.stats().num_device_alloc, 2);
         e.assert_valid();
@@ -933,18 +934,20 @@ mod tests {
         };
         let mut e = engine_with(settings, 64 * GIB);
         // Two small slabs on stream 0, each holding two 1 MiB blocks.
-        let blocks: Vec<_> = (0..4).map(|_| e.malloc(MIB, 0).unwrap()).collect();
+        let blocks: Vec<_> = (0..4)
+            .map(|_| e.malloc(MIB, StreamId(0)).unwrap())
+            .collect();
         let segs = e.snapshot().segment_addresses();
         assert_eq!(segs.len(), 2);
         e.free(blocks[0].addr).unwrap();
         e.free(blocks[1].addr).unwrap();
         // 2 MiB idle: at the limit, kept when stream 1 needs a slab.
-        e.malloc(512, 1).unwrap();
+        e.malloc(512, StreamId(1)).unwrap();
         assert_eq!(e.stats().num_device_free, 0);
         e.free(blocks[2].addr).unwrap();
         e.free(blocks[3].addr).unwrap();
         // 4 MiB idle: the older slab goes back when stream 2 needs one.
-        e.malloc(512, 2).unwrap();
+        e.malloc(512, StreamId(2)).unwrap();
         assert_eq!(e.stats().num_device_free, 1);
         let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&segs[0]), "the oldest idle slab went back");
@@ -973,16 +976,18 @@ mod tests {
         e.set_memory_fraction(0.5).unwrap();
         // A 64 MiB slab whose tail serves 2 MiB requests (ticking the clock
         // of the large pool without new segments), and three 128 MiB slabs.
-        e.malloc(2 * MIB, 0).unwrap();
-        let a: Vec<_> = (0..3).map(|_| e.malloc(128 * MIB, 0).unwrap()).collect();
+        e.malloc(2 * MIB, StreamId(0)).unwrap();
+        let a: Vec<_> = (0..3)
+            .map(|_| e.malloc(128 * MIB, StreamId(0)).unwrap())
+            .collect();
         assert_eq!(e.stats().num_device_free, 0);
         for x in &a {
             e.free(x.addr).unwrap();
-            e.malloc(2 * MIB, 0).unwrap();
+            e.malloc(2 * MIB, StreamId(0)).unwrap();
         }
         assert_eq!(e.stats().num_device_alloc, 4);
         // 448 MiB reserved: the two oldest idle slabs go back (to 192 MiB).
-        e.malloc(100 * MIB, 0).unwrap();
+        e.malloc(100 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.stats().num_device_free, 2);
         let now = e.snapshot().segment_addresses();
         assert!(!now.contains(&a[0].addr) && !now.contains(&a[1].addr));
@@ -994,22 +999,22 @@ mod tests {
     fn out_of_memory_shrinks_the_slab() {
         // 40 MiB device: a 64 MiB large slab cannot be had.
         let mut e = engine_with(SizeClassSettings::default(), 40 * MIB);
-        let a = e.malloc(3 * MIB, 0).unwrap();
+        let a = e.malloc(3 * MIB, StreamId(0)).unwrap();
         assert_eq!(e.snapshot().segments[0].total_size, 4 * MIB);
         // The next request is back to full slabs, and shrinks again.
-        let b = e.malloc(3 * MIB, 0).unwrap();
+        let b = e.malloc(3 * MIB, StreamId(0)).unwrap();
         let seg = |addr| e.heap().segment_containing(addr);
         assert_ne!(seg(b.addr), seg(a.addr));
-        let c = e.malloc(8 * MIB, 0).unwrap();
+        let c = e.malloc(8 * MIB, StreamId(0)).unwrap();
         assert_eq!(c.size, 8 * MIB);
         e.assert_valid();
         // Over the capacity: a clean out-of-memory error.
-        assert!(e.malloc(64 * MIB, 0).is_err());
+        assert!(e.malloc(64 * MIB, StreamId(0)).is_err());
         for x in [a, b, c] {
             e.free(x.addr).unwrap();
         }
         // Idle slabs of the stream go back to make room.
-        let d = e.malloc(30 * MIB, 0).unwrap();
+        let d = e.malloc(30 * MIB, StreamId(0)).unwrap();
         assert_eq!(d.size, 32 * MIB);
         assert_eq!(e.snapshot().segments.len(), 1);
         e.assert_valid();
@@ -1032,7 +1037,7 @@ mod tests {
                 x ^= x << 17;
                 if live.is_empty() || x % 5 < 3 {
                     let size = (((x >> 8) % (3 * MIB)) >> (x % 12)) + 1;
-                    live.push(e.malloc(size, i % 3).unwrap().addr);
+                    live.push(e.malloc(size, StreamId(i % 3)).unwrap().addr);
                 } else {
                     let addr = live.swap_remove((x >> 4) as usize % live.len());
                     e.free(addr).unwrap();
@@ -1057,20 +1062,20 @@ mod tests {
         let mut e = engine();
         // Small pool: the tail of a 2 MiB slab after one 64 KiB block holds
         // the pool's largest class (1 MiB) already: no merge, no split.
-        let a = e.malloc(64 * KIB, 0).unwrap();
+        let a = e.malloc(64 * KIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
         assert_eq!(e.snapshot().segments[0].blocks.len(), 2);
-        let b = e.malloc(64 * KIB, 0).unwrap();
+        let b = e.malloc(64 * KIB, StreamId(0)).unwrap();
         assert_eq!(b.addr, a.addr);
         e.free(b.addr).unwrap();
         e.assert_valid();
         // Large pool: after an 8 MiB block, a 64 MiB slab's 56 MiB tail
         // cannot hold the 64 MiB class: reset into one tail.
-        let c = e.malloc(8 * MIB, 0).unwrap();
+        let c = e.malloc(8 * MIB, StreamId(0)).unwrap();
         e.free(c.addr).unwrap();
         let large = e.heap().segment_containing(c.addr).unwrap();
         assert_eq!(e.heap().segment_blocks(large).count(), 1);
-        let d = e.malloc(64 * MIB, 0).unwrap();
+        let d = e.malloc(64 * MIB, StreamId(0)).unwrap();
         assert_eq!(d.addr, c.addr, "the whole slab serves the 64 MiB class");
         assert_eq!(e.stats().num_device_alloc, 2);
         e.assert_valid();
@@ -1085,7 +1090,9 @@ mod tests {
             };
             let mut e = engine_with(settings, 64 * GIB);
             // Four 512 KiB blocks fill one 2 MiB slab exactly.
-            let a: Vec<_> = (0..4).map(|_| e.malloc(512 * KIB, 0).unwrap()).collect();
+            let a: Vec<_> = (0..4)
+                .map(|_| e.malloc(512 * KIB, StreamId(0)).unwrap())
+                .collect();
             assert_eq!(e.stats().num_device_alloc, 1);
             for x in &a {
                 e.free(x.addr).unwrap();
@@ -1094,7 +1101,7 @@ mod tests {
             assert_eq!(blocks, if reuse_idle_slabs { 1 } else { 4 });
             e.assert_valid();
             // A 1 MiB block: carved from the idle slab only when it was reset.
-            let b = e.malloc(MIB, 0).unwrap();
+            let b = e.malloc(MIB, StreamId(0)).unwrap();
             if reuse_idle_slabs {
                 assert_eq!(b.addr, a[0].addr);
                 assert_eq!(e.stats().num_device_alloc, 1);
@@ -1104,7 +1111,7 @@ mod tests {
             e.assert_valid();
             // The same class still comes back from its list or the tail.
             e.free(b.addr).unwrap();
-            let c = e.malloc(MIB - 5, 0).unwrap();
+            let c = e.malloc(MIB - 5, StreamId(0)).unwrap();
             assert_eq!(c.addr, b.addr);
             e.assert_valid();
         }

@@ -6,12 +6,12 @@
 
 mod common;
 
-use alloc_core::{AllocError, PoolCheckpoint, MIB};
+use alloc_core::{AllocError, PoolCheckpoint, StreamId, MIB};
 use common::{engine, SimEngine};
 use std::collections::HashSet as FxHashSet;
 
 const POOL: (u64, u64) = (1, 7);
-const STREAM: u64 = 0x10;
+const STREAM: StreamId = StreamId(0x10);
 
 fn malloc_in_pool(e: &mut SimEngine, size: u64) -> u64 {
     common::malloc_in_pool(e, POOL, STREAM, size)
@@ -95,7 +95,7 @@ fn restore_fails_cleanly_on_bad_input() {
     let a = malloc_in_pool(&mut e, MIB);
     let cp = e.checkpoint_pool(POOL).unwrap();
     // A block used by another stream cannot be freed behind its back.
-    e.record_stream(a, 0x20).unwrap();
+    e.record_stream(a, StreamId(0x20)).unwrap();
     let err = e.restore_pool(&cp).unwrap_err();
     assert!(err.to_string().contains("another stream"), "{err}");
     assert!(e.allocation(a).is_some(), "nothing changed");

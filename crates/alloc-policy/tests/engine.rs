@@ -5,7 +5,7 @@
 
 mod common;
 
-use alloc_core::{AllocError, SnapshotState, MIB};
+use alloc_core::{AllocError, SnapshotState, StreamId, MIB};
 use common::engine;
 
 const GIB: u64 = 1 << 30;
@@ -13,9 +13,9 @@ const GIB: u64 = 1 << 30;
 #[test]
 fn small_requests_share_a_2mib_segment_and_are_reused() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(100, 0).unwrap();
+    let a = e.malloc(100, StreamId(0)).unwrap();
     assert_eq!(a.size, 512);
-    let b = e.malloc(1000, 0).unwrap();
+    let b = e.malloc(1000, StreamId(0)).unwrap();
     assert_eq!(
         b.addr,
         a.addr + 512,
@@ -23,7 +23,7 @@ fn small_requests_share_a_2mib_segment_and_are_reused() {
     );
     assert_eq!(e.stats().reserved_bytes.small_pool.current, 2 * MIB as i64);
     e.free(a.addr).unwrap();
-    let c = e.malloc(512, 0).unwrap();
+    let c = e.malloc(512, StreamId(0)).unwrap();
     assert_eq!(c.addr, a.addr, "freed block reused");
     assert_eq!(e.stats().num_device_alloc, 1);
     e.assert_valid();
@@ -32,9 +32,9 @@ fn small_requests_share_a_2mib_segment_and_are_reused() {
 #[test]
 fn streams_never_share_blocks() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(4096, 1).unwrap();
+    let a = e.malloc(4096, StreamId(1)).unwrap();
     e.free(a.addr).unwrap();
-    let b = e.malloc(4096, 2).unwrap();
+    let b = e.malloc(4096, StreamId(2)).unwrap();
     assert_ne!(
         e.heap().segment_containing(a.addr),
         e.heap().segment_containing(b.addr)
@@ -46,7 +46,7 @@ fn streams_never_share_blocks() {
 #[test]
 fn stats_follow_pytorch_model() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(3 * MIB, 0).unwrap(); // large pool, 20 MiB segment, split
+    let a = e.malloc(3 * MIB, StreamId(0)).unwrap(); // large pool, 20 MiB segment, split
     let s = e.stats();
     assert_eq!(s.allocated_bytes.large_pool.current, 3 * MIB as i64);
     assert_eq!(s.requested_bytes.all.current, 3 * MIB as i64);
@@ -78,19 +78,19 @@ fn stats_follow_pytorch_model() {
 fn bad_input_is_a_typed_error() {
     let mut e = engine("", 8 * GIB);
     assert!(matches!(
-        e.malloc(0, 0),
+        e.malloc(0, StreamId(0)),
         Err(AllocError::InvalidSize { .. })
     ));
     assert!(matches!(
-        e.malloc(u64::MAX, 0),
+        e.malloc(u64::MAX, StreamId(0)),
         Err(AllocError::InvalidSize { .. })
     ));
     assert!(matches!(
         e.free(0x1234),
         Err(AllocError::UnknownPointer { .. })
     ));
-    let a = e.malloc(4096, 0).unwrap();
-    let b = e.malloc(4096, 0).unwrap();
+    let a = e.malloc(4096, StreamId(0)).unwrap();
+    let b = e.malloc(4096, StreamId(0)).unwrap();
     assert!(matches!(
         e.free(a.addr + 512),
         Err(AllocError::UnknownPointer { .. })
@@ -98,14 +98,17 @@ fn bad_input_is_a_typed_error() {
     e.free(b.addr).unwrap();
     assert_eq!(e.free(b.addr), Err(AllocError::DoubleFree { addr: b.addr }));
     assert!(matches!(
-        e.record_stream(b.addr, 3),
+        e.record_stream(b.addr, StreamId(3)),
         Err(AllocError::DoubleFree { .. })
     ));
     assert!(e.set_memory_fraction(-0.1).is_err());
     assert!(e.set_memory_fraction(1.5).is_err());
     e.set_memory_fraction(0.0).unwrap(); // as PyTorch: nothing more may be reserved
     assert_eq!(e.memory_limit(), Some(0));
-    assert!(matches!(e.malloc(GIB, 0), Err(AllocError::OutOfMemory(_))));
+    assert!(matches!(
+        e.malloc(GIB, StreamId(0)),
+        Err(AllocError::OutOfMemory(_))
+    ));
     assert!(e.set_memory_fraction(f64::NAN).is_err());
     e.assert_valid();
 }
@@ -113,10 +116,10 @@ fn bad_input_is_a_typed_error() {
 #[test]
 fn record_stream_defers_reuse_until_the_event_completes() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(8192, 0).unwrap();
-    e.record_stream(a.addr, 7).unwrap();
-    e.record_stream(a.addr, 7).unwrap(); // recorded once
-    e.record_stream(a.addr, 0).unwrap(); // own stream: no event
+    let a = e.malloc(8192, StreamId(0)).unwrap();
+    e.record_stream(a.addr, StreamId(7)).unwrap();
+    e.record_stream(a.addr, StreamId(7)).unwrap(); // recorded once
+    e.record_stream(a.addr, StreamId(0)).unwrap(); // own stream: no event
     e.free(a.addr).unwrap();
     assert_eq!(e.awaiting_events(), 1);
     assert_eq!(e.streams().pending(), 1);
@@ -129,14 +132,14 @@ fn record_stream_defers_reuse_until_the_event_completes() {
         stats.active_bytes.all.current, 8192,
         "still active until the event"
     );
-    let b = e.malloc(8192, 0).unwrap();
+    let b = e.malloc(8192, StreamId(0)).unwrap();
     assert_ne!(
         b.addr, a.addr,
         "not reused while stream 7 may still read it"
     );
     e.assert_valid();
-    e.streams_mut().complete_stream(7);
-    let c = e.malloc(8192, 0).unwrap();
+    e.streams_mut().complete_stream(StreamId(7));
+    let c = e.malloc(8192, StreamId(0)).unwrap();
     assert_eq!(c.addr, a.addr, "reused once the event completed");
     assert_eq!(e.awaiting_events(), 0);
     assert_eq!(e.streams().outstanding, 0, "events returned");
@@ -147,10 +150,10 @@ fn record_stream_defers_reuse_until_the_event_completes() {
 fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
     for (config, expect_reuse) in [("", false), ("stream_wait_reuse:true", true)] {
         let mut e = engine(config, 8 * GIB);
-        let a = e.malloc(30 * MIB, 0).unwrap();
-        e.record_stream(a.addr, 9).unwrap();
+        let a = e.malloc(30 * MIB, StreamId(0)).unwrap();
+        e.record_stream(a.addr, StreamId(9)).unwrap();
         e.free(a.addr).unwrap();
-        let b = e.malloc(30 * MIB, 0).unwrap();
+        let b = e.malloc(30 * MIB, StreamId(0)).unwrap();
         assert_eq!(b.addr == a.addr, expect_reuse, "{config}");
         if expect_reuse {
             assert_eq!(
@@ -158,7 +161,7 @@ fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
                 1,
                 "stream 0 waits on stream 9's event"
             );
-            assert_eq!(e.streams().waits[0].0, 0);
+            assert_eq!(e.streams().waits[0].0, StreamId(0));
             assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
         } else {
             assert!(e.streams().waits.is_empty());
@@ -172,13 +175,13 @@ fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
 #[test]
 fn oom_frees_cache_retries_then_reports() {
     let mut e = engine("", 100 * MIB);
-    let a = e.malloc(60 * MIB, 0).unwrap();
+    let a = e.malloc(60 * MIB, StreamId(0)).unwrap();
     e.free(a.addr).unwrap();
     // 60 MiB cached; 70 MiB cannot fit beside it: the cache is flushed.
-    let b = e.malloc(70 * MIB, 0).unwrap();
+    let b = e.malloc(70 * MIB, StreamId(0)).unwrap();
     assert_eq!(e.stats().num_alloc_retries, 1);
     assert_eq!(e.stats().num_device_free, 1);
-    let err = e.malloc(40 * MIB, 0).unwrap_err();
+    let err = e.malloc(40 * MIB, StreamId(0)).unwrap_err();
     let AllocError::OutOfMemory(report) = &err else {
         panic!("{err}")
     };
@@ -198,21 +201,21 @@ fn oom_frees_cache_retries_then_reports() {
     }
     assert_eq!(e.stats().num_ooms, 1);
     e.free(b.addr).unwrap();
-    e.malloc(40 * MIB, 0).unwrap();
+    e.malloc(40 * MIB, StreamId(0)).unwrap();
     e.assert_valid();
 }
 
 #[test]
 fn oom_releases_oversize_blocks_first() {
     let mut e = engine("max_split_size_mb:40", 150 * MIB);
-    let small = e.malloc(10 * MIB, 0).unwrap(); // 10 MiB segment, kept
+    let small = e.malloc(10 * MIB, StreamId(0)).unwrap(); // 10 MiB segment, kept
     e.free(small.addr).unwrap();
-    let big = e.malloc(100 * MIB, 0).unwrap(); // oversize
+    let big = e.malloc(100 * MIB, StreamId(0)).unwrap(); // oversize
     e.free(big.addr).unwrap();
     // 70 MiB: the cached 100 MiB oversize block is too large to reuse
     // (>= 70 + 20) and 110 + 70 MiB exceed the device, so the oversize block
     // alone is released; the 10 MiB block stays cached.
-    e.malloc(70 * MIB, 0).unwrap();
+    e.malloc(70 * MIB, StreamId(0)).unwrap();
     let s = e.stats();
     assert_eq!(s.num_device_free, 1);
     assert_eq!(s.num_alloc_retries, 0, "first release step was enough");
@@ -225,15 +228,15 @@ fn memory_fraction_caps_reserved_bytes() {
     let mut e = engine("", GIB);
     e.set_memory_fraction(0.25).unwrap();
     assert_eq!(e.memory_limit(), Some(GIB / 4));
-    let a = e.malloc(200 * MIB, 0).unwrap();
-    let err = e.malloc(100 * MIB, 0).unwrap_err();
+    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    let err = e.malloc(100 * MIB, StreamId(0)).unwrap_err();
     assert!(
         err.to_string()
             .contains("memory fraction limits reserved memory to 256.00 MiB"),
         "{err}"
     );
     e.free(a.addr).unwrap();
-    e.malloc(100 * MIB, 0).unwrap();
+    e.malloc(100 * MIB, StreamId(0)).unwrap();
     assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 4);
 }
 
@@ -241,15 +244,15 @@ fn memory_fraction_caps_reserved_bytes() {
 fn garbage_collection_releases_old_idle_segments() {
     let mut e = engine("garbage_collection_threshold:0.5", GIB);
     e.set_memory_fraction(1.0).unwrap();
-    let old = e.malloc(600 * MIB, 0).unwrap();
+    let old = e.malloc(600 * MIB, StreamId(0)).unwrap();
     e.free(old.addr).unwrap();
     for _ in 0..10 {
-        let t = e.malloc(MIB / 2, 0).unwrap(); // ticks the clock
+        let t = e.malloc(MIB / 2, StreamId(0)).unwrap(); // ticks the clock
         e.free(t.addr).unwrap();
     }
     // 600 MiB cached + 2 MiB small is past 50% of 1 GiB: before the 400 MiB
     // segment is made, the idle 600 MiB segment (the oldest) goes back.
-    e.malloc(400 * MIB, 0).unwrap();
+    e.malloc(400 * MIB, StreamId(0)).unwrap();
     assert_eq!(e.stats().num_device_free, 1);
     assert_eq!(e.stats().num_alloc_retries, 0);
     assert!(e.heap().segment_containing(old.addr).is_none());
@@ -259,9 +262,9 @@ fn garbage_collection_releases_old_idle_segments() {
 #[test]
 fn snapshot_lists_segments_and_block_states() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(1000, 0).unwrap();
-    let b = e.malloc(3000, 0).unwrap();
-    e.record_stream(b.addr, 5).unwrap();
+    let a = e.malloc(1000, StreamId(0)).unwrap();
+    let b = e.malloc(3000, StreamId(0)).unwrap();
+    e.record_stream(b.addr, StreamId(5)).unwrap();
     e.free(b.addr).unwrap();
     let snap = e.snapshot();
     assert_eq!(snap.segments.len(), 1);
@@ -289,8 +292,8 @@ fn snapshot_lists_segments_and_block_states() {
 #[test]
 fn empty_cache_waits_for_events_and_returns_everything() {
     let mut e = engine("", 8 * GIB);
-    let a = e.malloc(5 * MIB, 0).unwrap();
-    e.record_stream(a.addr, 3).unwrap();
+    let a = e.malloc(5 * MIB, StreamId(0)).unwrap();
+    e.record_stream(a.addr, StreamId(3)).unwrap();
     e.free(a.addr).unwrap();
     e.empty_cache().unwrap();
     assert_eq!(e.streams().synchronizations, 1);
@@ -326,9 +329,9 @@ fn idle_slab_limit_is_for_size_class_only() {
 fn expandable_segments_grow_one_segment_and_trim_on_empty_cache() {
     let mut e = engine("expandable_segments:True", 8 * GIB);
     assert!(e.expandable());
-    let a = e.malloc(30 * MIB, 0).unwrap();
-    let b = e.malloc(30 * MIB, 0).unwrap();
-    let c = e.malloc(5 * MIB, 0).unwrap();
+    let a = e.malloc(30 * MIB, StreamId(0)).unwrap();
+    let b = e.malloc(30 * MIB, StreamId(0)).unwrap();
+    let c = e.malloc(5 * MIB, StreamId(0)).unwrap();
     assert_eq!(b.addr, a.addr + 30 * MIB, "one growing segment");
     assert_eq!(c.addr, b.addr + 30 * MIB);
     let s = e.stats();
@@ -355,13 +358,13 @@ fn expandable_segments_grow_one_segment_and_trim_on_empty_cache() {
 fn expandable_segments_respect_the_memory_fraction() {
     let mut e = engine("expandable_segments:true", GIB);
     e.set_memory_fraction(0.1).unwrap();
-    let a = e.malloc(60 * MIB, 0).unwrap();
+    let a = e.malloc(60 * MIB, StreamId(0)).unwrap();
     assert!(matches!(
-        e.malloc(60 * MIB, 0),
+        e.malloc(60 * MIB, StreamId(0)),
         Err(AllocError::OutOfMemory(_))
     ));
     e.free(a.addr).unwrap();
-    e.malloc(90 * MIB, 0).unwrap();
+    e.malloc(90 * MIB, StreamId(0)).unwrap();
     assert!(e.stats().reserved_bytes.all.peak as u64 <= GIB / 10);
     e.assert_valid();
 }
@@ -369,7 +372,7 @@ fn expandable_segments_respect_the_memory_fraction() {
 #[test]
 fn expandable_request_larger_than_the_device_is_out_of_memory() {
     let mut e = engine("expandable_segments:true", 300 * MIB);
-    let err = e.malloc(1700 * MIB, 0).unwrap_err();
+    let err = e.malloc(1700 * MIB, StreamId(0)).unwrap_err();
     assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
     e.assert_valid();
 }
@@ -380,21 +383,21 @@ fn expandable_request_larger_than_the_device_is_out_of_memory() {
 #[test]
 fn expandable_best_fit_spares_the_growable_tail() {
     let mut e = common::engine("policy:pytorch-bfc,expandable_segments:true", 1 << 30);
-    let a = e.malloc(4 * MIB, 0).unwrap(); // maps 20 MiB: [a 4][free 16]
-    let b = e.malloc(9 * MIB, 0).unwrap(); // [a 4][b 9][free 7]
-    let c = e.malloc(2 * MIB, 0).unwrap(); // [a 4][b 9][c 2][tail 5]
+    let a = e.malloc(4 * MIB, StreamId(0)).unwrap(); // maps 20 MiB: [a 4][free 16]
+    let b = e.malloc(9 * MIB, StreamId(0)).unwrap(); // [a 4][b 9][free 7]
+    let c = e.malloc(2 * MIB, StreamId(0)).unwrap(); // [a 4][b 9][c 2][tail 5]
     assert_eq!(e.stats().reserved_bytes.all.current as u64, 20 * MIB);
     e.free(b.addr).unwrap(); // interior 9 MiB free, tail 5 MiB free
-    let d = e.malloc(4 * MIB, 0).unwrap();
+    let d = e.malloc(4 * MIB, StreamId(0)).unwrap();
     assert_eq!(
         d.addr, b.addr,
         "took the tail instead of the interior block"
     );
     // The interior remainder (5 MiB) and the tail (5 MiB) tie: the interior
     // one is taken; then only the tail fits, and it is used without growth.
-    let f = e.malloc(5 * MIB, 0).unwrap();
+    let f = e.malloc(5 * MIB, StreamId(0)).unwrap();
     assert_eq!(f.addr, b.addr + 4 * MIB);
-    let g = e.malloc(5 * MIB, 0).unwrap();
+    let g = e.malloc(5 * MIB, StreamId(0)).unwrap();
     assert_eq!(g.addr, c.addr + 2 * MIB);
     assert_eq!(e.stats().reserved_bytes.all.current as u64, 20 * MIB);
     for x in [a, c, d, f, g] {
@@ -415,12 +418,12 @@ const UNMAP_2MIB_PAGES: &str =
 fn unmap_free_pages_reuses_physical_memory_before_growing() {
     let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
     let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
-    let a = e.malloc(20 * MIB, 0).unwrap();
-    let b = e.malloc(20 * MIB, 0).unwrap();
+    let a = e.malloc(20 * MIB, StreamId(0)).unwrap();
+    let b = e.malloc(20 * MIB, StreamId(0)).unwrap();
     assert_eq!(reserved(&e), 40 * MIB);
     e.free(a.addr).unwrap(); // 20 MiB free in the middle, still mapped
     let frees = e.stats().num_device_free;
-    let c = e.malloc(30 * MIB, 0).unwrap(); // needs 40 MiB more address space
+    let c = e.malloc(30 * MIB, StreamId(0)).unwrap(); // needs 40 MiB more address space
     assert_eq!(
         reserved(&e),
         60 * MIB,
@@ -430,7 +433,7 @@ fn unmap_free_pages_reuses_physical_memory_before_growing() {
     assert!(e.stats().num_device_free > frees);
     e.assert_valid();
     // a's range is handed out again: its pages are mapped back.
-    let d = e.malloc(20 * MIB, 0).unwrap();
+    let d = e.malloc(20 * MIB, StreamId(0)).unwrap();
     assert_eq!(d.addr, a.addr);
     assert_eq!(
         e.memory().used() as i64,
@@ -453,12 +456,12 @@ fn unmap_page_mb_moves_whole_large_pages() {
         );
         let mut e = common::engine(&config, 1 << 30);
         let reserved = |e: &common::SimEngine| e.stats().reserved_bytes.all.current as u64;
-        let a = e.malloc(24 * MIB, 0).unwrap();
-        let b = e.malloc(24 * MIB, 0).unwrap();
+        let a = e.malloc(24 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(24 * MIB, StreamId(0)).unwrap();
         assert_eq!(reserved(&e) % (page_mb * MIB), 0);
         let before = reserved(&e);
         e.free(a.addr).unwrap();
-        let c = e.malloc(40 * MIB, 0).unwrap();
+        let c = e.malloc(40 * MIB, StreamId(0)).unwrap();
         let moves = e.stats().page_moves;
         assert_eq!(moves.rounds, 1, "{page_mb} MiB pages");
         assert_eq!(moves.pages_unmapped, pages_of_a, "{page_mb} MiB pages");
@@ -467,7 +470,7 @@ fn unmap_page_mb_moves_whole_large_pages() {
             "a's pages served the growth"
         );
         assert_eq!(e.memory().used() as u64, reserved(&e));
-        let d = e.malloc(24 * MIB, 0).unwrap();
+        let d = e.malloc(24 * MIB, StreamId(0)).unwrap();
         assert_eq!(d.addr, a.addr);
         assert_eq!(e.stats().page_moves.pages_mapped, pages_of_a);
         e.assert_valid();
@@ -486,7 +489,7 @@ fn unmap_page_mb_moves_whole_large_pages() {
 fn unmap_free_pages_on_interleaved_holes() {
     let mut e = common::engine(UNMAP_2MIB_PAGES, 8 << 30);
     let mut bufs: Vec<Option<u64>> = (0..20)
-        .map(|_| Some(e.malloc(6 * MIB, 0).unwrap().addr))
+        .map(|_| Some(e.malloc(6 * MIB, StreamId(0)).unwrap().addr))
         .collect();
     for slot in bufs.iter_mut().step_by(2) {
         e.free(slot.take().unwrap()).unwrap();
@@ -494,12 +497,12 @@ fn unmap_free_pages_on_interleaved_holes() {
     let peak = e.stats().reserved_bytes.all.peak as u64;
     let frees0 = e.stats().num_device_free;
     let big: Vec<u64> = (0..3)
-        .map(|_| e.malloc(14 * MIB, 0).unwrap().addr)
+        .map(|_| e.malloc(14 * MIB, StreamId(0)).unwrap().addr)
         .collect();
     assert!(e.stats().num_device_free > frees0, "holes were unmapped");
     assert!((e.stats().reserved_bytes.all.peak as u64) < peak + 3 * 14 * MIB);
     let refill: Vec<u64> = (0..10)
-        .map(|_| e.malloc(5 * MIB, 0).unwrap().addr)
+        .map(|_| e.malloc(5 * MIB, StreamId(0)).unwrap().addr)
         .collect();
     e.assert_valid();
     assert_eq!(
@@ -533,7 +536,7 @@ fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
                     e.streams_mut().complete_all();
                 }
                 let size = (4 + (step + i) % 5 * 3) * MIB;
-                live.push(e.malloc(size, 0).unwrap().addr);
+                live.push(e.malloc(size, StreamId(0)).unwrap().addr);
                 if live.len() > 6 {
                     let victim = live.remove((i as usize * 7) % live.len());
                     e.free(victim).unwrap();
@@ -581,10 +584,10 @@ fn unmap_free_pages_waits_only_for_pages_the_gpu_may_still_use() {
 #[test]
 fn busy_pages_move_to_their_own_stream_without_a_wait() {
     let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
-    let a = e.malloc(20 * MIB, 0).unwrap();
-    let b = e.malloc(20 * MIB, 0).unwrap();
+    let a = e.malloc(20 * MIB, StreamId(0)).unwrap();
+    let b = e.malloc(20 * MIB, StreamId(0)).unwrap();
     e.free(a.addr).unwrap();
-    let c = e.malloc(30 * MIB, 0).unwrap();
+    let c = e.malloc(30 * MIB, StreamId(0)).unwrap();
     let moves = e.stats().page_moves;
     assert_eq!(e.streams().synchronizations, 0, "no host wait");
     assert_eq!(moves.stream_waits, 0);
@@ -596,12 +599,12 @@ fn busy_pages_move_to_their_own_stream_without_a_wait() {
     assert_eq!(e.memory().used(), 60 * MIB, "no new memory for them");
     e.assert_valid();
     // More work is queued after the move (an event the GPU has not reached).
-    let later = e.malloc(MIB, 0).unwrap();
+    let later = e.malloc(MIB, StreamId(0)).unwrap();
     e.free(later.addr).unwrap();
     let pending = e.streams().pending();
     // a's address again: its old mapping goes first, after one wait for
     // the mark of the move.
-    let d = e.malloc(20 * MIB, 0).unwrap();
+    let d = e.malloc(20 * MIB, StreamId(0)).unwrap();
     assert_eq!(d.addr, a.addr);
     assert_eq!(e.streams().synchronizations, 1);
     assert_eq!(e.stats().page_moves.stream_waits, 1);
@@ -620,16 +623,16 @@ fn busy_pages_move_to_their_own_stream_without_a_wait() {
 #[test]
 fn busy_pages_of_another_stream_stay_and_the_host_does_not_wait() {
     let mut e = common::engine(UNMAP_2MIB_PAGES, 1 << 30);
-    let a = e.malloc(20 * MIB, 0).unwrap();
+    let a = e.malloc(20 * MIB, StreamId(0)).unwrap();
     e.free(a.addr).unwrap();
-    let c = e.malloc(20 * MIB, 1).unwrap();
+    let c = e.malloc(20 * MIB, StreamId(1)).unwrap();
     let moves = e.stats().page_moves;
     assert_eq!(e.streams().synchronizations, 0);
     assert_eq!((moves.pages_unmapped, moves.busy_pages_reused), (0, 0));
     assert_eq!(e.stats().reserved_bytes.all.current as u64, 40 * MIB);
     // Once stream 0's GPU work is done, its pages are idle and move freely.
-    e.streams_mut().complete_stream(0);
-    let d = e.malloc(40 * MIB, 1).unwrap();
+    e.streams_mut().complete_stream(StreamId(0));
+    let d = e.malloc(40 * MIB, StreamId(1)).unwrap();
     let moves = e.stats().page_moves;
     assert_eq!(e.streams().synchronizations, 0);
     assert_eq!((moves.pages_unmapped, moves.busy_pages_reused), (10, 0));
@@ -647,7 +650,7 @@ fn oversize_segments_follow_growth_and_shrink() {
     let mut live = Vec::new();
     for _ in 0..6 {
         // 6 MiB at a time: the one growable segment crosses 40 MiB.
-        live.push(e.malloc(6 * MIB, 0).unwrap().addr);
+        live.push(e.malloc(6 * MIB, StreamId(0)).unwrap().addr);
         e.assert_valid();
     }
     assert_eq!(e.stats().oversize_segments.current, 1);
@@ -667,11 +670,11 @@ fn record_stream_after_a_free_deferred_by_a_capture_is_refused() {
     let mut e = engine("", 8 * GIB);
     let pool = (1, 0);
     e.begin_allocate_to_pool(pool);
-    let a = e.malloc_in(MIB, 1, Some(pool)).unwrap().addr;
-    e.record_stream(a, 2).unwrap();
+    let a = e.malloc_in(MIB, StreamId(1), Some(pool)).unwrap().addr;
+    e.record_stream(a, StreamId(2)).unwrap();
     e.free(a).unwrap(); // deferred: another stream used it
     assert_eq!(
-        e.record_stream(a, 3),
+        e.record_stream(a, StreamId(3)),
         Err(AllocError::DoubleFree { addr: a })
     );
     assert_eq!(e.free(a), Err(AllocError::DoubleFree { addr: a }));
@@ -679,23 +682,53 @@ fn record_stream_after_a_free_deferred_by_a_capture_is_refused() {
     e.assert_valid();
 }
 
-/// A stream id with the top bit set (private pools key their blocks so) is
-/// refused, not served from a pool or answered with a panic.
+/// Private pools are keyed apart from streams: every stream value, the top
+/// bit included, is an ordinary stream, never served from a pool, and a
+/// pool's blocks report their real stream.
 #[test]
-fn stream_ids_with_the_top_bit_are_refused() {
-    let mut e = engine("", 8 * GIB);
-    let a = common::malloc_in_pool(&mut e, (1, 0), 0, MIB);
-    let bogus = 1u64 << 63;
-    assert!(matches!(
-        e.malloc(MIB, bogus),
-        Err(AllocError::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        e.record_stream(a, bogus),
-        Err(AllocError::InvalidArgument(_))
-    ));
-    assert!(e.allocation(a).is_some());
-    let _ = e.snapshot();
-    e.free(a).unwrap();
+fn any_stream_value_is_a_stream_and_never_a_pool() {
+    let mut e = engine("stream_wait_reuse:True", 8 * GIB);
+    let pool = (1, 0);
+    let in_pool = common::malloc_in_pool(&mut e, pool, StreamId(0), MIB);
+    let cached = common::malloc_in_pool(&mut e, pool, StreamId(0), MIB);
+    e.free(cached).unwrap();
+    // Before pools were keyed apart, (pool, stream 0) was the stream value
+    // with only the top bit set.
+    let top = StreamId(1 << 63);
+    let a = e.malloc(MIB, top).unwrap();
+    let b = e.malloc(MIB, top).unwrap();
+    assert!(
+        a.addr != cached && b.addr != cached,
+        "a stream is never served from a pool"
+    );
+    assert_eq!(e.allocation(a.addr).map(|x| x.stream), Some(top));
+    assert_eq!(e.allocation(in_pool).map(|x| x.stream), Some(StreamId(0)));
+    let other = StreamId(u64::MAX);
+    e.record_stream(a.addr, other).unwrap();
+    e.free(a.addr).unwrap();
+    // Stream-wait reuse makes `top` wait on the event recorded on `other`.
+    let c = e.malloc(MIB, top).unwrap();
+    assert_eq!(c.addr, a.addr);
+    let wait = e.streams().waits.last().map(|w| (w.0, w.2));
+    assert_eq!(wait, Some((top, other)));
+    let snap = e.snapshot();
+    let segment_of = |addr: u64| {
+        snap.segments
+            .iter()
+            .find(|s| s.address <= addr && addr < s.address + s.total_size)
+            .expect("a segment holds it")
+    };
+    let pooled = segment_of(in_pool);
+    assert_eq!(
+        (pooled.stream, pooled.private_pool),
+        (StreamId(0), Some(pool))
+    );
+    assert!(pooled.blocks.iter().all(|b| b.stream == StreamId(0)));
+    let shared = segment_of(c.addr);
+    assert_eq!((shared.stream, shared.private_pool), (top, None));
+    for addr in [b.addr, c.addr, in_pool] {
+        e.free(addr).unwrap();
+    }
+    common::release_all(&mut e, pool);
     e.assert_valid();
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use common::shadow::Shadow;
 
-use alloc_core::{AllocError, PoolId, MIB};
+use alloc_core::{AllocError, PoolId, StreamId, MIB};
 use alloc_policy::policy_names;
 use proptest::prelude::*;
 
@@ -22,7 +22,7 @@ enum Op {
     /// Allocate 2^(log2_size) bytes (fractional exponent) on a stream.
     Alloc {
         log2_size: f64,
-        stream: u64,
+        stream: StreamId,
     },
     /// Free the n-th live allocation (modulo the count).
     Free {
@@ -31,11 +31,11 @@ enum Op {
     /// Mark the n-th live allocation as used on a stream.
     RecordStream {
         pick: usize,
-        stream: u64,
+        stream: StreamId,
     },
     /// Complete all events of a stream.
     CompleteStream {
-        stream: u64,
+        stream: StreamId,
     },
     EmptyCache,
     /// Start routing stream 0's allocations to a private pool (a capture).
@@ -55,12 +55,20 @@ enum Op {
     },
 }
 
+/// The streams the operations use: the default stream, another, and one
+/// with the top bit set (every value is a stream; pools are keyed apart).
+const STREAMS: [StreamId; 3] = [StreamId(0), StreamId(1), StreamId(1 << 63)];
+
+fn stream() -> impl Strategy<Value = StreamId> {
+    (0..STREAMS.len()).prop_map(|i| STREAMS[i])
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0.0f64..28.0, 0u64..3).prop_map(|(log2_size, stream)| Op::Alloc { log2_size, stream }),
+        5 => (0.0f64..28.0, stream()).prop_map(|(log2_size, stream)| Op::Alloc { log2_size, stream }),
         4 => any::<usize>().prop_map(|pick| Op::Free { pick }),
-        1 => (any::<usize>(), 0u64..3).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
-        1 => (0u64..3).prop_map(|stream| Op::CompleteStream { stream }),
+        1 => (any::<usize>(), stream()).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+        1 => stream().prop_map(|stream| Op::CompleteStream { stream }),
         1 => Just(Op::EmptyCache),
         1 => (1u64..3).prop_map(|pool| Op::BeginCapture { pool }),
         1 => Just(Op::EndCapture),
@@ -115,7 +123,7 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
         match *op {
             Op::Alloc { log2_size, stream } => {
                 let size = (2f64.powf(log2_size) as u64).max(1);
-                let pool = capture.filter(|_| stream == 0);
+                let pool = capture.filter(|_| stream == StreamId(0));
                 match e.malloc_in(size, stream, pool) {
                     Ok(a) => {
                         prop_assert!(a.size >= size, "block smaller than request");

@@ -4,14 +4,14 @@
 
 mod common;
 
-use alloc_core::{AllocError, MIB};
+use alloc_core::{AllocError, StreamId, MIB};
 use common::{engine, SimEngine};
 
 const SPLIT: (u64, u64) = (0, 1);
 const WHOLE: (u64, u64) = (0, 2);
 
 fn malloc_in(e: &mut SimEngine, pool: (u64, u64), size: u64) -> u64 {
-    common::malloc_in_pool(e, pool, 0, size)
+    common::malloc_in_pool(e, pool, StreamId(0), size)
 }
 
 /// (segments, blocks) of the pool in a snapshot.

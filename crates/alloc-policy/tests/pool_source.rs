@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use alloc_core::{AllocError, BackendError, SegmentSource, MIB};
+use alloc_core::{AllocError, BackendError, SegmentSource, StreamId, MIB};
 use common::engine;
 
 /// Segments from a range of its own; records every call.
@@ -57,10 +57,10 @@ fn a_sourced_pool_takes_and_gives_back_through_its_source() {
         e.retain_pool(POOL);
         e.set_pool_source(POOL, Box::new(source.clone())).unwrap();
         e.begin_allocate_to_pool(POOL);
-        let a = e.malloc_in(4 * MIB, 0, Some(POOL)).unwrap().addr;
-        let b = e.malloc_in(4 * MIB, 0, Some(POOL)).unwrap().addr;
+        let a = e.malloc_in(4 * MIB, StreamId(0), Some(POOL)).unwrap().addr;
+        let b = e.malloc_in(4 * MIB, StreamId(0), Some(POOL)).unwrap().addr;
         e.end_allocate_to_pool(POOL).unwrap();
-        let outside = e.malloc(4 * MIB, 0).unwrap().addr;
+        let outside = e.malloc(4 * MIB, StreamId(0)).unwrap().addr;
         {
             let c = source.0.lock().unwrap();
             // One 20 MiB segment from the source, split for both blocks;
@@ -101,10 +101,10 @@ fn a_full_source_is_out_of_memory_for_its_pool_only() {
     e.retain_pool(POOL);
     e.set_pool_source(POOL, Box::new(source)).unwrap();
     assert!(matches!(
-        e.malloc_in(MIB, 0, Some(POOL)),
+        e.malloc_in(MIB, StreamId(0), Some(POOL)),
         Err(AllocError::OutOfMemory(_))
     ));
-    let outside = e.malloc(MIB, 0).unwrap().addr; // the device still serves
+    let outside = e.malloc(MIB, StreamId(0)).unwrap().addr; // the device still serves
     e.free(outside).unwrap();
     e.release_pool(POOL).unwrap();
     e.empty_cache().unwrap();

@@ -5,7 +5,7 @@
 
 mod common;
 
-use alloc_core::{AllocError, AllocatorConfig, GIB, MIB};
+use alloc_core::{AllocError, AllocatorConfig, StreamId, GIB, MIB};
 use common::{drain, engine, SimEngine};
 
 fn reconfigure(e: &mut SimEngine, base: &str, change: &str) -> Result<(), AllocError> {
@@ -20,18 +20,18 @@ fn rounding_follows_the_divisions_set_last() {
     // PyTorch's test_allocator_settings: 84 MiB with four divisions per
     // power of two is 96 MiB, and back to 84 MiB once they are reset.
     let mut e = engine("", 8 * GIB);
-    let plain = e.malloc(84 * MIB, 1).unwrap();
+    let plain = e.malloc(84 * MIB, StreamId(1)).unwrap();
     reconfigure(&mut e, "", "roundup_power2_divisions:4").unwrap();
-    let rounded = e.malloc(84 * MIB, 1).unwrap();
+    let rounded = e.malloc(84 * MIB, StreamId(1)).unwrap();
     reconfigure(
         &mut e,
         "",
         "roundup_power2_divisions:[64:8,128:2,256:2,512:2,1024:1,>:1]",
     )
     .unwrap();
-    let eighths = e.malloc(84 * MIB, 1).unwrap();
+    let eighths = e.malloc(84 * MIB, StreamId(1)).unwrap();
     reconfigure(&mut e, "", "").unwrap();
-    let again = e.malloc(84 * MIB, 1).unwrap();
+    let again = e.malloc(84 * MIB, StreamId(1)).unwrap();
     assert_eq!(
         [plain.size, rounded.size, eighths.size, again.size],
         [84 * MIB, 96 * MIB, 88 * MIB, 84 * MIB]
@@ -42,8 +42,8 @@ fn rounding_follows_the_divisions_set_last() {
 #[test]
 fn oversize_counts_follow_a_new_max_split_size() {
     let mut e = engine("", 8 * GIB);
-    let big = e.malloc(100 * MIB, 1).unwrap();
-    let small = e.malloc(30 * MIB, 1).unwrap();
+    let big = e.malloc(100 * MIB, StreamId(1)).unwrap();
+    let small = e.malloc(30 * MIB, StreamId(1)).unwrap();
     assert_eq!(e.stats().oversize_allocations.current, 0);
     reconfigure(&mut e, "", "max_split_size_mb:40").unwrap();
     assert_eq!(e.stats().oversize_allocations.current, 1);
@@ -51,7 +51,7 @@ fn oversize_counts_follow_a_new_max_split_size() {
     e.assert_valid();
     // An oversize block is no longer split for a smaller request.
     e.free(big.addr).unwrap();
-    let reused = e.malloc(50 * MIB, 1).unwrap();
+    let reused = e.malloc(50 * MIB, StreamId(1)).unwrap();
     assert_ne!(
         reused.addr, big.addr,
         "a 100 MiB oversize block served 50 MiB"
@@ -66,10 +66,10 @@ fn oversize_counts_follow_a_new_max_split_size() {
 #[test]
 fn expandable_segments_turn_on_and_off() {
     let mut e = engine("", 8 * GIB);
-    let fixed = e.malloc(30 * MIB, 1).unwrap();
+    let fixed = e.malloc(30 * MIB, StreamId(1)).unwrap();
     reconfigure(&mut e, "", "expandable_segments:true").unwrap();
     assert!(e.expandable());
-    let grown = e.malloc(30 * MIB, 1).unwrap();
+    let grown = e.malloc(30 * MIB, StreamId(1)).unwrap();
     let kinds = |e: &SimEngine| {
         let mut k: Vec<bool> = e.heap().segments().map(|(_, s)| s.expandable).collect();
         k.sort();
@@ -78,7 +78,7 @@ fn expandable_segments_turn_on_and_off() {
     assert_eq!(kinds(&e), [false, true]);
     reconfigure(&mut e, "", "expandable_segments:false").unwrap();
     assert!(!e.expandable());
-    let later = e.malloc(300 * MIB, 1).unwrap();
+    let later = e.malloc(300 * MIB, StreamId(1)).unwrap();
     assert_eq!(kinds(&e), [false, false, true]);
     e.assert_valid();
     drain(&mut e, [fixed.addr, grown.addr, later.addr]);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use alloc_core::{GIB, MIB};
+use alloc_core::{StreamId, GIB, MIB};
 use common::engine;
 
 #[test]
@@ -18,7 +18,7 @@ fn idle_slab_limit_builds_with_size_class_adapted_or_not() {
 
 /// Allocates `count` blocks of `size` bytes on `stream`, then frees them
 /// all: their memory stays cached.
-fn allocate_then_free(e: &mut common::SimEngine, count: usize, size: u64, stream: u64) {
+fn allocate_then_free(e: &mut common::SimEngine, count: usize, size: u64, stream: StreamId) {
     let addrs: Vec<u64> = (0..count)
         .map(|_| e.malloc(size, stream).unwrap().addr)
         .collect();
@@ -30,8 +30,8 @@ fn allocate_then_free(e: &mut common::SimEngine, count: usize, size: u64, stream
 /// One "training step" of a size-class engine: activations of one class,
 /// then of another, each freed before the next.
 fn size_class_step(e: &mut common::SimEngine, first: u64, second: u64) {
-    allocate_then_free(e, 4, first, 0);
-    allocate_then_free(e, 4, second, 0);
+    allocate_then_free(e, 4, first, StreamId(0));
+    allocate_then_free(e, 4, second, StreamId(0));
 }
 
 #[test]
@@ -60,14 +60,14 @@ fn size_class_keeps_idle_slabs_unless_a_limit_is_set() {
     // Out of memory still empties the idle cache: 5 x 1 GiB cached, 6 GiB
     // asked on an 8 GiB device.
     let mut e = engine("policy:size-class", 8 * GIB);
-    allocate_then_free(&mut e, 5, GIB, 0);
-    let big = e.malloc(6 * GIB, 0).unwrap();
+    allocate_then_free(&mut e, 5, GIB, StreamId(0));
+    let big = e.malloc(6 * GIB, StreamId(0)).unwrap();
     assert_eq!(e.memory().used(), big.size);
     e.assert_valid();
     // Also when the cache belongs to another stream and the other pool.
     e.free(big.addr).unwrap();
-    allocate_then_free(&mut e, 512, MIB, 2);
-    let other = e.malloc(7 * GIB, 1).unwrap();
+    allocate_then_free(&mut e, 512, MIB, StreamId(2));
+    let other = e.malloc(7 * GIB, StreamId(1)).unwrap();
     assert_eq!(e.memory().used(), other.size);
     e.assert_valid();
 }

@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use alloc_core::{AllocError, AllocatorConfig, Engine, Policy, SimMemory, SimStreams, GIB};
+use alloc_core::{
+    AllocError, AllocatorConfig, Engine, Policy, SimMemory, SimStreams, StreamId, GIB,
+};
 use alloc_policy::AnyPolicy;
 use rustc_hash::FxHashMap;
 use serde::Serialize;
@@ -203,14 +205,16 @@ fn run_events(
     let mut last = (0, 0);
     for (index, event) in trace.events.iter().enumerate() {
         let result = match *event {
-            TraceEvent::Alloc { id, size, stream } => match engine.malloc(size.max(1), stream) {
-                Ok(a) => {
-                    live.insert(id, a.addr);
-                    Ok(())
+            TraceEvent::Alloc { id, size, stream } => {
+                match engine.malloc(size.max(1), StreamId(stream)) {
+                    Ok(a) => {
+                        live.insert(id, a.addr);
+                        Ok(())
+                    }
+                    Err(AllocError::OutOfMemory(_)) => Ok(()),
+                    Err(e) => Err(e),
                 }
-                Err(AllocError::OutOfMemory(_)) => Ok(()),
-                Err(e) => Err(e),
-            },
+            }
             TraceEvent::Free { id, .. } => match live.remove(&id) {
                 Some(addr) => engine.free(addr),
                 None => Ok(()),

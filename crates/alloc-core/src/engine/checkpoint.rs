@@ -19,7 +19,7 @@ use crate::error::AllocError;
 use crate::heap::BlockState;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
-use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
 use crate::Allocation;
 
 /// One block of a checkpointed segment.
@@ -42,8 +42,8 @@ pub struct SegmentCheckpoint {
     pub addr: u64,
     /// Its pool (small or large).
     pub pool: PoolKind,
-    /// The stream key its blocks are served under.
-    stream_key: StreamId,
+    /// The cache its blocks are served from.
+    key: CacheKey,
     /// Its blocks.
     pub blocks: Vec<BlockCheckpoint>,
 }
@@ -82,7 +82,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     pub(super) fn pool_segments(&self, pool: PoolId) -> Vec<SegmentId> {
         self.heap
             .segments()
-            .filter(|(_, s)| self.pools.pool_of(s.stream) == Some(pool))
+            .filter(|(_, s)| self.pools.pool_of(s.key()) == Some(pool))
             .map(|(id, _)| id)
             .collect()
     }
@@ -126,7 +126,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             segments.push(SegmentCheckpoint {
                 addr: seg.addr,
                 pool: seg.pool,
-                stream_key: seg.stream,
+                key: seg.key(),
                 blocks,
             });
         }
@@ -256,7 +256,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 requested: b.requested.max(1),
                 size: b.size,
                 pool: cp.pool,
-                stream: cp.stream_key,
+                key: cp.key,
             };
             let piece = self.policy.carve(&mut self.heap, free, &req);
             let blk = *self.heap.block(piece);
@@ -284,7 +284,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 addr: b.addr,
                 size: b.size,
                 requested: b.requested,
-                stream: self.pools.real_stream(cp.stream_key),
+                stream: cp.key.stream,
             });
         }
         Ok(())

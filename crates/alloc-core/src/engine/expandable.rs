@@ -13,7 +13,7 @@ use crate::heap::BlockState;
 use crate::page_set::PageSet;
 use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
-use crate::types::{BlockId, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 
 /// Nanoseconds since `started` (saturating).
 fn elapsed_ns(started: Instant) -> u64 {
@@ -65,7 +65,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     ));
                 }
             }
-            if self.pools.is_paused_key(seg.stream) {
+            if self.pools.is_paused_key(seg.key()) {
                 // A paused tag gave every page back, live blocks' included.
                 if seg.unmapped != seg.size {
                     return Err(format!(
@@ -102,7 +102,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         };
         let grown = self
             .growable
-            .get(&(req.stream, req.pool))
+            .get(&(req.key, req.pool))
             .map(|g| (g.segment, g.range));
         let free_tail = grown.map_or(0, |(segment, _)| {
             let last = self.heap.block(self.heap.segment(segment).last);
@@ -115,7 +115,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
         // The free tail grows into the new pages: keep it mapped.
         let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
-        let mover = (self.pools.real_stream(req.stream), page);
+        let mover = (req.key.stream, page);
         let reused_busy = self.make_room(extra, tail, mover)?;
         if self.would_pass_limit(extra) {
             return Ok(None);
@@ -131,12 +131,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 self.memory.release_range(addr, range)?;
                 return mapped.map(|_| None);
             }
-            let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.stream);
+            let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
             self.heap.set_expandable(segment);
             let mut idle = IdlePages::new(addr, page);
             idle.mapped(addr, addr + extra, reused_busy);
             self.growable.insert(
-                (req.stream, req.pool),
+                (req.key, req.pool),
                 Growable {
                     segment,
                     page,
@@ -157,14 +157,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let g = self
             .growable
-            .get_mut(&(req.stream, req.pool))
+            .get_mut(&(req.key, req.pool))
             .expect("growable");
         g.idle.mapped(end, end + extra, reused_busy);
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
         let tail = self.heap.grow_segment(segment, extra);
-        self.mark_epoch(&(req.stream, req.pool))?;
+        self.mark_epoch(&(req.key, req.pool))?;
         Ok(Some(tail))
     }
 
@@ -174,7 +174,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// where fewer, larger pages make pauses and resumes cheaper.
     fn page_size(&self, req: &Request) -> u64 {
         let granularity = self.memory.growth_granularity();
-        let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.stream);
+        let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.key);
         if large_pages && req.pool == PoolKind::Large {
             self.options.unmap_page.div_ceil(granularity).max(1) * granularity
         } else {
@@ -184,12 +184,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Unmaps the whole free chunks at the end of every growable segment.
     pub(super) fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
+        let keys: Vec<(CacheKey, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
             let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
             let seg = self.heap.segment(seg_id);
             let last = self.heap.block(seg.last);
-            if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.stream)
+            if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.key())
             {
                 continue; // idle ones go back whole with the other idle segments
             }
@@ -236,7 +236,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// a run per backend call (each counted as a device free).
     pub(super) fn unmap_mapped_runs(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
@@ -292,14 +292,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let keys: Vec<(StreamId, PoolKind)> = self.growable.keys().copied().collect();
+        let keys: Vec<(CacheKey, PoolKind)> = self.growable.keys().copied().collect();
         for key in keys {
             if *budget == 0 {
                 break;
             }
             let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
-            let stream = self.heap.segment(seg_id).stream;
-            if !self.pools.releasable(stream) {
+            let seg_key = self.heap.segment(seg_id).key();
+            if !self.pools.releasable(seg_key) {
                 continue;
             }
             let mut runs = Vec::new();
@@ -325,7 +325,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
             self.unmap_runs(&key, idle, budget, false)?;
             if !busy.is_empty() {
-                let same_stream = mover == Some((self.pools.real_stream(stream), granularity));
+                let same_stream = mover == Some((seg_key.stream, granularity));
                 if same_stream && self.memory.can_detach() {
                     movable.push((key, busy));
                 } else {
@@ -359,14 +359,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// pages freed so far become idle once the GPU passes it. Called at
     /// unmap rounds and after mappings, the moments around which later
     /// rounds look for idle pages.
-    fn mark_epoch(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+    fn mark_epoch(&mut self, key: &(CacheKey, PoolKind)) -> Result<(), AllocError> {
         if !self.options.unmap_free_pages || self.pools.capture_underway() {
             return Ok(());
         }
         self.poll_marks(key)?;
         if self.growable[key].idle.wants_mark() {
             let stream = self.heap.segment(self.growable[key].segment).stream;
-            let mark = self.streams.record(self.pools.real_stream(stream))?;
+            let mark = self.streams.record(stream)?;
             self.growable
                 .get_mut(key)
                 .expect("growable")
@@ -382,7 +382,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// old mapping stays until the GPU is done with it.
     fn unmap_runs(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         runs: Vec<(u64, u64)>,
         budget: &mut u64,
         detach: bool,
@@ -420,7 +420,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
-    pub(super) fn drop_growable(&mut self, key: &(StreamId, PoolKind)) {
+    pub(super) fn drop_growable(&mut self, key: &(CacheKey, PoolKind)) {
         if let Some(mut g) = self.growable.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
@@ -442,7 +442,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Retires the completed marks of the growable segment `key`, and drops
     /// the old mappings of detached pages the GPU is now done with.
-    fn poll_marks(&mut self, key: &(StreamId, PoolKind)) -> Result<(), AllocError> {
+    fn poll_marks(&mut self, key: &(CacheKey, PoolKind)) -> Result<(), AllocError> {
         let g = self.growable.get_mut(key).expect("growable");
         while let Some(mark) = g.idle.oldest_mark() {
             if !self.streams.is_complete(mark)? {
@@ -465,7 +465,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// queue (the whole stream only when no mark covers it).
     pub(super) fn settle_detached(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
@@ -492,7 +492,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// page freed so far becomes idle, and its marks go back.
     pub(super) fn wait_for_growable(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
     ) -> Result<(), AllocError> {
         let started = Instant::now();
         self.wait_for_stream(self.heap.segment(self.growable[key].segment).stream)?;
@@ -511,7 +511,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// that used the segment.
     pub(super) fn unmap_whole_segment(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), AllocError> {
         self.settle_detached(key, 0, u64::MAX)?;
@@ -537,7 +537,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// no room.
     pub(super) fn map_run_again(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         start: u64,
         bytes: u64,
     ) -> Result<bool, AllocError> {
@@ -556,7 +556,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// nothing ran on the pages since, so no wait.
     pub(super) fn unmap_run_again(
         &mut self,
-        key: &(StreamId, PoolKind),
+        key: &(CacheKey, PoolKind),
         start: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
@@ -577,7 +577,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return;
         }
         let (lo, hi) = (b.addr, b.addr + b.size);
-        if let Some(g) = self.growable.get_mut(&(seg.stream, seg.pool)) {
+        if let Some(g) = self.growable.get_mut(&(seg.key(), seg.pool)) {
             g.idle.freed(lo, hi);
         }
     }
@@ -592,7 +592,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !seg.expandable || seg.unmapped == 0 {
             return Ok(true);
         }
-        let (seg_id, key) = (b.segment, (seg.stream, seg.pool));
+        let (seg_id, key) = (b.segment, (seg.key(), seg.pool));
         let granularity = self.growable[&key].page;
         let lo = b.addr / granularity * granularity;
         let hi = (b.addr + size).div_ceil(granularity) * granularity;
@@ -604,7 +604,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;
         }
-        let mover = (self.pools.real_stream(key.0), granularity);
+        let mover = (key.0.stream, granularity);
         let reused_busy = self.make_room(needed, Some(block), mover)?;
         for (start, bytes) in runs {
             if self.would_pass_limit(bytes) {
@@ -626,12 +626,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(true)
     }
 
-    /// Waits on the host for the work queued so far on the stream behind
-    /// the segment key `key`. A growable segment serves one stream, and a
-    /// block used on other streams becomes free only once their events
-    /// completed, so its free pages are idle when this stream is.
-    fn wait_for_stream(&mut self, key: StreamId) -> Result<(), AllocError> {
-        let event = self.streams.record(self.pools.real_stream(key))?;
+    /// Waits on the host for the work queued so far on `stream`. A growable
+    /// segment serves one stream, and a block used on other streams becomes
+    /// free only once their events completed, so its free pages are idle
+    /// when this stream is.
+    fn wait_for_stream(&mut self, stream: StreamId) -> Result<(), AllocError> {
+        let event = self.streams.record(stream)?;
         let waited = self.streams.synchronize(&event);
         self.streams.release(event);
         Ok(waited?)

@@ -25,10 +25,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ///
     /// let cfg = AllocatorConfig::default();
     /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
-    /// let before = engine.malloc(84 * MIB, 1)?;
+    /// let before = engine.malloc(84 * MIB, StreamId(1))?;
     /// assert_eq!(before.size, 84 * MIB);
     /// engine.reconfigure(&cfg.with_settings("roundup_power2_divisions:4")?)?;
-    /// let after = engine.malloc(84 * MIB, 1)?;
+    /// let after = engine.malloc(84 * MIB, StreamId(1))?;
     /// assert_eq!(after.size, 96 * MIB); // the next quarter step above 64 MiB
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

@@ -25,7 +25,7 @@ use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
 use crate::snapshot::Snapshot;
 use crate::tags::{Backup, PauseReport, Paused, ResumeReport, SegmentKey, TagInfo};
-use crate::types::{PoolKind, SegmentId, StreamId};
+use crate::types::{CacheKey, PoolKind, SegmentId, StreamId};
 
 /// Receives the live blocks `(addr, size)` of a tag to copy them somewhere
 /// before a pause unmaps them (host backup), or to copy them back after a
@@ -47,18 +47,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// a policy that supports them and a backend with virtual memory.
     ///
     /// ```
-    /// use alloc_core::{AllocatorConfig, Backup, SimMemory, SimStreams, GIB, MIB};
+    /// use alloc_core::{AllocatorConfig, Backup, SimMemory, SimStreams, StreamId, GIB, MIB};
     /// use alloc_policy::AnyPolicy;
     ///
     /// let cfg = AllocatorConfig::default();
     /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
     /// let kv = engine.tag_pool("kv_cache")?;
-    /// let a = engine.malloc_in(64 * MIB, 0, Some(kv))?;
+    /// let a = engine.malloc_in(64 * MIB, StreamId(0), Some(kv))?;
     /// assert!(engine.memory().used() >= 64 * MIB);
     ///
     /// engine.pause_tag("kv_cache", Backup::None, &mut |_| Ok(()))?;
     /// assert_eq!(engine.memory().used(), 0); // every page given back
-    /// assert!(engine.malloc_in(MIB, 0, Some(kv)).is_err()); // paused
+    /// assert!(engine.malloc_in(MIB, StreamId(0), Some(kv)).is_err()); // paused
     ///
     /// engine.resume_tag("kv_cache", &mut |_| Ok(()))?;
     /// assert_eq!(engine.allocation(a.addr).unwrap().addr, a.addr); // same address
@@ -364,7 +364,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .iter()
             .map(|&id| self.heap.segment(id))
             .filter(|s| s.expandable)
-            .map(|s| (s.stream, s.pool))
+            .map(|s| (s.key(), s.pool))
             .collect()
     }
 
@@ -399,7 +399,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
         }
         for key in self.segment_keys(segments) {
-            if waited.insert(self.pools.real_stream(key.0)) {
+            if waited.insert(key.0.stream) {
                 self.wait_for_growable(&key)?;
             }
         }
@@ -429,7 +429,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             requested,
             size: requested,
             pool: PoolKind::Large,
-            stream: 0,
+            key: CacheKey::default(),
         })
     }
 }
