@@ -20,7 +20,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// ([`Engine::set_memory_fraction`]; the policy is chosen once).
     ///
     /// ```
-    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, GIB, MIB};
+    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
     /// use alloc_policy::AnyPolicy;
     ///
     /// let cfg = AllocatorConfig::default();
