@@ -160,6 +160,64 @@ int gpualloc_pool_live_allocations_are(int device, uint64_t pool_first, uint64_t
 /* Holders of the pool (0 when unknown or released); negative on error. */
 int gpualloc_pool_use_count(int device, uint64_t pool_first, uint64_t pool_second);
 
+/* Sleep tags: writes the private pool of the tag `tag` on `device`, created on first
+ * use (growable segments on the driver's virtual-memory API, whatever
+ * expandable_segments says; cached and served by the configured policy). Allocate in
+ * it with gpualloc_malloc_in_pool, or route a thread's allocations to it with
+ * gpualloc_begin_allocate_to_pool / _end_ (as a CUDA graph capture does). Needs a
+ * policy that grows segments (not buddy) and a device with virtual memory. */
+int gpualloc_tag_pool(int device, const char* tag, uint64_t* pool_first, uint64_t* pool_second);
+
+/* Makes the private pool (pool_first, pool_second) - a PyTorch MemPool with no segment
+ * yet - the pool of the new sleep tag `tag` (gpu_alloc.region() does this). Binding the
+ * same pair again is a no-op; another pool for the tag, or a pool with segments, is
+ * GPUALLOC_ERR_INVALID. */
+int gpualloc_bind_tag(int device, const char* tag, uint64_t pool_first, uint64_t pool_second);
+
+/* Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: every device in
+ * use): waits for the work of the streams that used its blocks through events on them
+ * (never a device-wide synchronize), with backup "host" copies its live blocks to
+ * pinned host memory (backup NULL or "none": contents are lost), then unmaps and
+ * releases every page of its segments, keeping their addresses. Until gpualloc_resume,
+ * allocating from the tag fails (GPUALLOC_ERR_INVALID, "is paused"); freeing its
+ * blocks is fine. Pausing a paused or unknown tag, or during a capture, fails. */
+int gpualloc_pause(int device, const char* tag, const char* backup);
+
+/* Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: every
+ * device in use): maps fresh memory at the same addresses (freeing this allocator's
+ * other idle cache first if the device is full) and copies host backups back before
+ * returning. GPUALLOC_ERR_OUT_OF_MEMORY leaves the tag paused. Resuming a tag that is
+ * not paused, or an unknown one, is GPUALLOC_ERR_INVALID. */
+int gpualloc_resume(int device, const char* tag);
+
+/* The sleep tags of `device` (-1: every device in use) as a JSON array of objects with
+ * device, name, pool [first, second], paused, backup ("none", "host" or null),
+ * paused_bytes (given back), backed_up_bytes, reserved_bytes (mapped now),
+ * allocated_bytes and segments. Free with gpualloc_string_free; NULL on error. */
+char* gpualloc_tags_json(int device);
+
+/* `size` bytes of pinned (page-locked, portable) host memory from the library's caching
+ * pinned pool, which sleep tags' host backups use too: blocks are cached by rounded
+ * size and reused, so repeated requests pin nothing new. NULL on failure. */
+void* gpualloc_host_alloc(size_t size);
+
+/* Gives back memory from gpualloc_host_alloc to the cache. NULL is a no-op; any other
+ * pointer is GPUALLOC_ERR_INVALID. */
+int gpualloc_host_free(void* ptr);
+
+/* Declares that work queued on `stream` (an async copy) uses the pinned memory at `ptr`:
+ * after gpualloc_host_free it is reused only once that work is done. `stream` must
+ * outlive the free. */
+int gpualloc_host_record_stream(void* ptr, cudaStream_t stream);
+
+/* Unpins every cached block of the pinned host pool. */
+int gpualloc_host_empty_cache(void);
+
+/* The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,
+ * pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,
+ * host_allocs, host_frees. Free with gpualloc_string_free; NULL on error. */
+char* gpualloc_host_stats_json(void);
+
 /* The snapshot of `device` (-1: all) as text, one item per line (segment, block,
  * trace lines; the format is in crates/alloc-ffi/src/snapshot.rs, to_text), for the
  * C++ bridge. Free with gpualloc_string_free. NULL on error. */

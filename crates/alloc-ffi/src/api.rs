@@ -311,6 +311,108 @@ pub const API: &[ApiFn] = &[
         doc: "Holders of the pool (0 when unknown or released); negative on error.",
     },
     ApiFn {
+        ret: "int",
+        name: "gpualloc_tag_pool",
+        params: &[
+            ("int", "device"),
+            ("const char*", "tag"),
+            ("uint64_t*", "pool_first"),
+            ("uint64_t*", "pool_second"),
+        ],
+        doc: "Sleep tags: writes the private pool of the tag `tag` on `device`, created on first\n\
+              use (growable segments on the driver's virtual-memory API, whatever\n\
+              expandable_segments says; cached and served by the configured policy). Allocate in\n\
+              it with gpualloc_malloc_in_pool, or route a thread's allocations to it with\n\
+              gpualloc_begin_allocate_to_pool / _end_ (as a CUDA graph capture does). Needs a\n\
+              policy that grows segments (not buddy) and a device with virtual memory.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_bind_tag",
+        params: &[
+            ("int", "device"),
+            ("const char*", "tag"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "Makes the private pool (pool_first, pool_second) - a PyTorch MemPool with no segment\n\
+              yet - the pool of the new sleep tag `tag` (gpu_alloc.region() does this). Binding the\n\
+              same pair again is a no-op; another pool for the tag, or a pool with segments, is\n\
+              GPUALLOC_ERR_INVALID.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_pause",
+        params: &[
+            ("int", "device"),
+            ("const char*", "tag"),
+            ("const char*", "backup"),
+        ],
+        doc: "Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: every device in\n\
+              use): waits for the work of the streams that used its blocks through events on them\n\
+              (never a device-wide synchronize), with backup \"host\" copies its live blocks to\n\
+              pinned host memory (backup NULL or \"none\": contents are lost), then unmaps and\n\
+              releases every page of its segments, keeping their addresses. Until gpualloc_resume,\n\
+              allocating from the tag fails (GPUALLOC_ERR_INVALID, \"is paused\"); freeing its\n\
+              blocks is fine. Pausing a paused or unknown tag, or during a capture, fails.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_resume",
+        params: &[("int", "device"), ("const char*", "tag")],
+        doc: "Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: every\n\
+              device in use): maps fresh memory at the same addresses (freeing this allocator's\n\
+              other idle cache first if the device is full) and copies host backups back before\n\
+              returning. GPUALLOC_ERR_OUT_OF_MEMORY leaves the tag paused. Resuming a tag that is\n\
+              not paused, or an unknown one, is GPUALLOC_ERR_INVALID.",
+    },
+    ApiFn {
+        ret: "char*",
+        name: "gpualloc_tags_json",
+        params: &[("int", "device")],
+        doc: "The sleep tags of `device` (-1: every device in use) as a JSON array of objects with\n\
+              device, name, pool [first, second], paused, backup (\"none\", \"host\" or null),\n\
+              paused_bytes (given back), backed_up_bytes, reserved_bytes (mapped now),\n\
+              allocated_bytes and segments. Free with gpualloc_string_free; NULL on error.",
+    },
+    ApiFn {
+        ret: "void*",
+        name: "gpualloc_host_alloc",
+        params: &[("size_t", "size")],
+        doc: "`size` bytes of pinned (page-locked, portable) host memory from the library's caching\n\
+              pinned pool, which sleep tags' host backups use too: blocks are cached by rounded\n\
+              size and reused, so repeated requests pin nothing new. NULL on failure.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_host_free",
+        params: &[("void*", "ptr")],
+        doc: "Gives back memory from gpualloc_host_alloc to the cache. NULL is a no-op; any other\n\
+              pointer is GPUALLOC_ERR_INVALID.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_host_record_stream",
+        params: &[("void*", "ptr"), ("cudaStream_t", "stream")],
+        doc: "Declares that work queued on `stream` (an async copy) uses the pinned memory at `ptr`:\n\
+              after gpualloc_host_free it is reused only once that work is done. `stream` must\n\
+              outlive the free.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_host_empty_cache",
+        params: &[],
+        doc: "Unpins every cached block of the pinned host pool.",
+    },
+    ApiFn {
+        ret: "char*",
+        name: "gpualloc_host_stats_json",
+        params: &[],
+        doc: "The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,\n\
+              pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,\n\
+              host_allocs, host_frees. Free with gpualloc_string_free; NULL on error.",
+    },
+    ApiFn {
         ret: "char*",
         name: "gpualloc_snapshot_text",
         params: &[("int", "device")],

@@ -54,6 +54,7 @@ mod checkpoint;
 mod ipc;
 mod pool_allocator;
 mod segments;
+mod sleep;
 pub mod snapshot;
 mod state;
 
@@ -71,6 +72,11 @@ pub use pool_allocator::{gpualloc_set_pool_allocator, PoolAllocFn, PoolFreeFn};
 pub use segments::{
     gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,
     GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,
+};
+pub use sleep::{
+    gpualloc_bind_tag, gpualloc_host_alloc, gpualloc_host_empty_cache, gpualloc_host_free,
+    gpualloc_host_record_stream, gpualloc_host_stats_json, gpualloc_pause, gpualloc_resume,
+    gpualloc_tag_pool, gpualloc_tags_json,
 };
 use state::{CtxGuard, FfiResult};
 pub use state::{FfiError, ENV_CONF};

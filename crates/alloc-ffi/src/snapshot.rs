@@ -62,6 +62,12 @@ pub struct PySegment {
     pub frames: Vec<PyFrame>,
     /// Blocks in address order.
     pub blocks: Vec<PyBlock>,
+    /// The sleep tag of the segment's pool (ours; absent when untagged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Whether that tag is paused (ours): no page of the segment is mapped.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// One event of `device_traces`.
@@ -140,7 +146,8 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
             stream: s.stream.0,
             segment_type: pool_name(s.segment_type),
             segment_pool_id: s.private_pool.map_or((0, 0), |(a, b)| (a as i64, b as i64)),
-            is_expandable: expandable,
+            // A sleep tag's segments always grow.
+            is_expandable: expandable || s.tag.is_some(),
             frames: Vec::new(),
             blocks: s
                 .blocks
@@ -153,6 +160,8 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
                     frames: Vec::new(),
                 })
                 .collect(),
+            tag: s.tag.clone(),
+            paused: s.paused,
         })
         .collect()
 }

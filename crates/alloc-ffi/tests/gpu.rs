@@ -1,7 +1,8 @@
 //! The C entry points on a real GPU (device 0). Ignored by plain
 //! `cargo test`; run with `cargo test -p alloc-ffi --test gpu -- --ignored`
 //! on a machine with a GPU (or build with `--no-run` and carry the binary).
-//! One test: the allocators are process-wide.
+//! The allocators are process-wide: the tests share device 0's, one after
+//! the other (`--test-threads=1`), each with its own memory.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr, CString};
@@ -122,4 +123,96 @@ fn ffi_on_the_gpu() {
     assert!(s["num_device_free"] >= 2);
     assert_eq!(current_ctx(), 0);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn tags_json() -> serde_json::Value {
+    let p = gpualloc_tags_json(0);
+    assert!(!p.is_null(), "{}", last_error());
+    // SAFETY: a string from the library, freed once.
+    let json = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_string();
+    unsafe { gpualloc_string_free(p) };
+    serde_json::from_str(&json).unwrap()
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn sleep_tags_and_pinned_host_memory_through_the_c_abi() {
+    use alloc_cuda::cudarc::driver::result;
+    let (mut first, mut second) = (0u64, 0u64);
+    // SAFETY: a valid C string and out-pointers.
+    let code = unsafe { gpualloc_tag_pool(0, c"ffi_kv".as_ptr(), &mut first, &mut second) };
+    assert_eq!(code, GPUALLOC_OK, "{}", last_error());
+    let words: Vec<u32> = (0..(6u32 << 20))
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let bytes = (words.len() * 4) as isize;
+    let p = gpualloc_malloc_in_pool(bytes, 0, null_mut(), first, second);
+    assert!(!p.is_null(), "{}", last_error());
+    let ctx = alloc_cuda::CudaAllocator::global(0)
+        .unwrap()
+        .context()
+        .clone();
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: `p` is a live block of `bytes` bytes on device 0.
+    unsafe { result::memcpy_htod_sync(p as u64, &words) }.unwrap();
+
+    // SAFETY: valid C strings.
+    assert_eq!(
+        unsafe { gpualloc_pause(0, c"ffi_kv".as_ptr(), c"host".as_ptr()) },
+        GPUALLOC_OK,
+        "{}",
+        last_error()
+    );
+    let tags = tags_json();
+    let tag = &tags.as_array().unwrap()[0];
+    assert_eq!(tag["name"], "ffi_kv");
+    assert_eq!(tag["paused"], true);
+    assert_eq!(tag["backup"], "host");
+    assert!(tag["paused_bytes"].as_u64().unwrap() >= bytes as u64);
+    assert_eq!(tag["backed_up_bytes"].as_u64().unwrap(), bytes as u64);
+    assert!(gpualloc_malloc_in_pool(4096, 0, null_mut(), first, second).is_null());
+    assert!(last_error().contains("is paused"), "{}", last_error());
+    // SAFETY: valid C strings.
+    unsafe {
+        assert_eq!(
+            gpualloc_pause(0, c"ffi_kv".as_ptr(), std::ptr::null()),
+            GPUALLOC_ERR_INVALID
+        );
+        assert!(last_error().contains("already paused"), "{}", last_error());
+        assert_eq!(
+            gpualloc_resume(0, std::ptr::null()),
+            GPUALLOC_OK,
+            "{}",
+            last_error()
+        );
+    }
+    assert_eq!(tags_json()[0]["paused"], false);
+    let mut back = vec![0u32; words.len()];
+    ctx.bind_to_thread().unwrap();
+    // SAFETY: `p` is live and mapped again, `back` holds as many bytes.
+    unsafe { result::memcpy_dtoh_sync(&mut back, p as u64) }.unwrap();
+    assert!(back == words, "contents restored from the host backup");
+    gpualloc_free(p, bytes, 0, null_mut());
+
+    // Pinned host memory: cached, reused, its counters.
+    let h = gpualloc_host_alloc(3 << 20);
+    assert!(!h.is_null(), "{}", last_error());
+    // SAFETY: 3 MiB of writable pinned memory.
+    unsafe { std::ptr::write_bytes(h.cast::<u8>(), 1, 3 << 20) };
+    assert_eq!(gpualloc_host_free(h), GPUALLOC_OK);
+    let again = gpualloc_host_alloc(3 << 20);
+    assert_eq!(again, h, "served from the cache");
+    assert_eq!(gpualloc_host_free(again), GPUALLOC_OK);
+    let p = gpualloc_host_stats_json();
+    assert!(!p.is_null());
+    // SAFETY: a string from the library, freed once.
+    let stats: BTreeMap<String, u64> =
+        serde_json::from_str(unsafe { CStr::from_ptr(p) }.to_str().unwrap()).unwrap();
+    unsafe { gpualloc_string_free(p) };
+    assert!(
+        stats["cache_hits"] >= 1 && stats["allocated_bytes"] == 0,
+        "{stats:?}"
+    );
+    assert_eq!(gpualloc_host_empty_cache(), GPUALLOC_OK);
+    assert_eq!(gpualloc_empty_cache(0), GPUALLOC_OK);
 }
