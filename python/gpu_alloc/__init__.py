@@ -25,6 +25,14 @@ without it a block used on a second stream can be reused too early).
 ``pool()`` routes only the allocations inside a ``with`` block to gpualloc while PyTorch's
 own allocator serves the rest (works after CUDA is in use).
 
+Sleep and wake (with enable(); names as torch_memory_saver's): tensors made inside
+``with gpu_alloc.region("kv_cache"):`` live in that tag's pool; ``gpu_alloc.pause("kv_cache")``
+gives their GPU memory back (optionally keeping the contents in pinned host memory:
+``backup="host"``, or ``region(..., enable_cpu_backup=True)``) and ``gpu_alloc.resume("kv_cache")``
+maps fresh memory at the same addresses, so tensors and CUDA graphs over them stay valid.
+``pinned_empty()`` and ``host_alloc()`` hand out pinned host memory from the library's cached
+pool (the one host backups use).
+
 The library is ``so_path`` when given (nothing else is tried); otherwise the first that
 exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
 wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
@@ -53,6 +61,19 @@ __all__ = [
     "uses_bridge",
     "build_bridge",
     "pool",
+    "region",
+    "cuda_graph",
+    "tag_pool",
+    "pause",
+    "resume",
+    "tags",
+    "memory_saver",
+    "pinned_empty",
+    "host_alloc",
+    "host_free",
+    "host_record_stream",
+    "host_stats",
+    "host_empty_cache",
     "library_path",
     "library_candidates",
     "load_library",
@@ -192,6 +213,15 @@ def _declare(lib):
         "gpualloc_string_free": (None, [c.c_void_p]),
         "gpualloc_write_snapshot": (c.c_int, [c.c_char_p, c.c_int]),
         "gpualloc_record_history": (c.c_int, [c.c_int, c.c_ssize_t]),
+        "gpualloc_bind_tag": (c.c_int, [c.c_int, c.c_char_p, c.c_uint64, c.c_uint64]),
+        "gpualloc_pause": (c.c_int, [c.c_int, c.c_char_p, c.c_char_p]),
+        "gpualloc_resume": (c.c_int, [c.c_int, c.c_char_p]),
+        "gpualloc_tags_json": (c.c_void_p, [c.c_int]),
+        "gpualloc_host_alloc": (c.c_void_p, [c.c_size_t]),
+        "gpualloc_host_free": (c.c_int, [c.c_void_p]),
+        "gpualloc_host_record_stream": (c.c_int, [c.c_void_p, c.c_void_p]),
+        "gpualloc_host_empty_cache": (c.c_int, []),
+        "gpualloc_host_stats_json": (c.c_void_p, []),
         "gpualloc_last_error": (c.c_char_p, []),
         "gpualloc_version": (c.c_char_p, []),
     }
@@ -418,6 +448,205 @@ def pool(so_path=None):
     mem_pool = torch.cuda.MemPool(_pool_allocator.allocator())
     with torch.cuda.use_mem_pool(mem_pool):
         yield mem_pool
+
+
+# ---------------------------------------------------------------- sleep and wake
+
+_tag_pools = {}  # (device, tag) -> the torch.cuda.MemPool of the tag
+_tag_backup = {}  # (device, tag) -> True once a region asked for a CPU backup
+DEFAULT_TAG = "default"
+
+
+def _require_bridge(what):
+    if _bridge is None:
+        raise GpuAllocError(
+            "%s needs gpualloc installed as PyTorch's allocator through the C++ bridge: call "
+            "gpu_alloc.enable() first (before any CUDA allocation)" % what
+        )
+
+
+def _take_json(ptr, what):
+    """Parses and frees a JSON string returned by the library."""
+    lib = load_library()
+    if not ptr:
+        raise GpuAllocError("%s: %s" % (what, last_error()))
+    try:
+        import json
+
+        return json.loads(ctypes.string_at(ptr).decode())
+    finally:
+        lib.gpualloc_string_free(ptr)
+
+
+def tag_pool(tag=DEFAULT_TAG, device=None):
+    """The torch.cuda.MemPool of the sleep tag ``tag`` on ``device`` (created on first use and
+    kept for the life of the process). Its ``.id`` can be given to ``torch.cuda.graph(g,
+    pool=...)`` so that a captured graph's memory is paused and resumed with the tag."""
+    _require_bridge("gpu_alloc.tag_pool()")
+    import torch
+
+    index = _device_index(device)
+    key = (index, tag)
+    pool = _tag_pools.get(key)
+    if pool is None:
+        with torch.cuda.device(index):
+            pool = torch.cuda.MemPool()
+        first, second = pool.id
+        code = load_library().gpualloc_bind_tag(index, tag.encode(), first, second)
+        _check(code, "bind_tag(%r)" % tag)
+        _tag_pools[key] = pool
+    return pool
+
+
+@contextlib.contextmanager
+def region(tag=DEFAULT_TAG, enable_cpu_backup=False, device=None):
+    """Allocations made inside the ``with`` block (on this thread, on ``device``) go to the sleep
+    tag ``tag``'s pool: cached and reused like any other gpualloc memory, on growable segments
+    whose pages pause() gives back. enable_cpu_backup=True makes ``pause(tag)`` keep the
+    contents in pinned host memory by default (torch_memory_saver's argument)."""
+    pool = tag_pool(tag, device)
+    import torch
+
+    index = _device_index(device)
+    if enable_cpu_backup:
+        _tag_backup[(index, tag)] = True
+    with torch.cuda.use_mem_pool(pool, device=index):
+        yield pool
+
+
+@contextlib.contextmanager
+def cuda_graph(cuda_graph, pool=None, stream=None, capture_error_mode="global",
+               tag=DEFAULT_TAG, enable_cpu_backup=False):
+    """``torch.cuda.graph`` capturing into the sleep tag ``tag``'s pool (unless ``pool`` is
+    given), so that the graph's memory is paused and resumed with the tag and the graph
+    replays after resume (torch_memory_saver's ``cuda_graph``)."""
+    import torch
+
+    if pool is None:
+        pool = tag_pool(tag).id
+    if enable_cpu_backup:
+        _tag_backup[(_device_index(None), tag)] = True
+    with torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
+                          capture_error_mode=capture_error_mode):
+        yield
+
+
+def _backup_of(tag, device, backup):
+    if backup is not None:
+        if backup not in ("none", "host"):
+            raise ValueError("backup must be 'none' or 'host', not %r" % (backup,))
+        return backup
+    return "host" if _tag_backup.get((device, tag)) else "none"
+
+
+def pause(tag=None, backup=None, device=None):
+    """Gives the GPU memory of the sleep tag ``tag`` back (None: every tag not paused). Waits for
+    the work of the streams that used the tag's tensors (events on them, not a device-wide
+    synchronize); with ``backup="host"`` first copies the live tensors' bytes to pinned host
+    memory; then unmaps and releases the pages, keeping their addresses. ``backup=None`` takes
+    the tag's default: "host" if a region of it asked for enable_cpu_backup, else "none" (the
+    contents are then undefined after resume). Until resume(), allocating in the tag's region
+    raises; freeing its tensors is fine."""
+    lib = load_library()
+    index = _device_index(device)
+    names = [tag] if tag is not None else [t["name"] for t in tags(index) if not t["paused"]]
+    for name in names:
+        mode = _backup_of(name, index, backup)
+        _check(lib.gpualloc_pause(index, name.encode(), mode.encode()), "pause(%r)" % name)
+
+
+def resume(tag=None, device=None):
+    """Maps fresh GPU memory for the paused sleep tag ``tag`` (None: every paused tag) at the same
+    addresses, and copies host backups back before returning. Raises GpuAllocError (out of
+    memory) when the device has no room; the tag then stays paused."""
+    lib = load_library()
+    index = _device_index(device)
+    name = tag.encode() if tag is not None else None
+    _check(lib.gpualloc_resume(index, name), "resume(%r)" % (tag,))
+
+
+def tags(device=None):
+    """The sleep tags of ``device`` (-1: every device in use) as dicts: name, pool, paused,
+    backup, paused_bytes (given back), backed_up_bytes, reserved_bytes (mapped now),
+    allocated_bytes, segments."""
+    dev = -1 if device == -1 else _device_index(device)
+    return _take_json(load_library().gpualloc_tags_json(dev), "tags")
+
+
+class _MemorySaver:
+    """torch_memory_saver's interface over gpualloc's sleep tags, so that code written for it
+    switches by replacing ``torch_memory_saver`` with ``gpu_alloc.memory_saver``."""
+
+    enabled = True
+
+    def region(self, tag=DEFAULT_TAG, enable_cpu_backup=False):
+        return region(tag, enable_cpu_backup)
+
+    def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global",
+                   tag=DEFAULT_TAG, enable_cpu_backup=False):
+        return globals()["cuda_graph"](cuda_graph, pool, stream, capture_error_mode, tag,
+                                       enable_cpu_backup)
+
+    def pause(self, tag=None):
+        pause(tag)
+
+    def resume(self, tag=None):
+        resume(tag)
+
+
+memory_saver = _MemorySaver()
+
+
+# ---------------------------------------------------------------- pinned host memory
+
+
+def host_alloc(nbytes):
+    """``nbytes`` of pinned (page-locked) host memory from the library's caching pool, as an
+    address (int). Give it back with host_free()."""
+    ptr = load_library().gpualloc_host_alloc(int(nbytes))
+    if not ptr:
+        raise GpuAllocError("host_alloc(%d): %s" % (nbytes, last_error()))
+    return ptr
+
+
+def host_free(ptr):
+    """Returns memory from host_alloc() to the cache."""
+    _check(load_library().gpualloc_host_free(ctypes.c_void_p(ptr)), "host_free")
+
+
+def host_record_stream(ptr, stream):
+    """Declares that work queued on ``stream`` (a torch.cuda.Stream or raw handle) uses the
+    pinned memory at ``ptr``: after host_free() it is reused only once that work is done."""
+    handle = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+    code = load_library().gpualloc_host_record_stream(ctypes.c_void_p(ptr), ctypes.c_void_p(handle))
+    _check(code, "host_record_stream")
+
+
+def pinned_empty(nbytes):
+    """A torch.uint8 CPU tensor of ``nbytes`` in pinned memory from the library's caching pool
+    (``is_pinned()`` is True, so non_blocking copies are asynchronous); the memory goes back to
+    the cache when the tensor is freed. Record streams that copy from or to it with
+    ``host_record_stream(t.data_ptr(), stream)`` before dropping it."""
+    import weakref
+
+    import torch
+
+    nbytes = int(nbytes)
+    ptr = host_alloc(nbytes)
+    buffer = (ctypes.c_uint8 * nbytes).from_address(ptr)
+    weakref.finalize(buffer, host_free, ptr)
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+def host_stats():
+    """Counters of the pinned host pool: allocated_bytes, cached_bytes, pending_bytes,
+    reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees."""
+    return _take_json(load_library().gpualloc_host_stats_json(), "host_stats")
+
+
+def host_empty_cache():
+    """Unpins every cached block of the pinned host pool."""
+    _check(load_library().gpualloc_host_empty_cache(), "host_empty_cache")
 
 
 def memory_stats(device=None):

@@ -354,10 +354,11 @@ def scenario_compile_reduce_overhead():
                 pooled // MIB, calls))
 
 
-def _gpu_scenario(name):
-    """run() of python/tests/gpu_scenarios/<name>.py, in this scenario's own process."""
+def _gpu_scenario(name, case="run"):
+    """case() (default run()) of python/tests/gpu_scenarios/<name>.py, in this scenario's own
+    process."""
     sys.path.insert(0, os.path.join(HERE, "gpu_scenarios"))
-    return __import__(name).run()
+    return getattr(__import__(name), case)()
 
 
 def scenario_snapshot_stacks():
@@ -366,6 +367,18 @@ def scenario_snapshot_stacks():
 
 def scenario_trace_tracker():
     return _gpu_scenario("trace_tracker")
+
+
+def scenario_sleep_region():
+    return _gpu_scenario("sleep_wake", "region")
+
+
+def scenario_sleep_host_backup():
+    return _gpu_scenario("sleep_wake", "host_backup")
+
+
+def scenario_sleep_cuda_graph():
+    return _gpu_scenario("sleep_wake", "cuda_graph")
 
 
 def scenario_ipc_share():

@@ -244,6 +244,40 @@ class Library(unittest.TestCase):
         self.assertIsNone(lib.gpualloc_malloc(-5, 0, None))
         self.assertIn("negative", gpu_alloc.last_error())
 
+    def test_sleep_tags_need_the_bridge_and_say_what_is_wrong(self):
+        with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+            with gpu_alloc.region("kv_cache"):
+                pass
+        self.assertIn("gpu_alloc.enable()", str(cm.exception))
+        # Through the library: no allocator on device 3, so the tag is unknown there.
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.pause("kv_cache", device=3)
+        self.assertIn('sleep tag "kv_cache" is unknown', str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.resume("kv_cache", device=3)
+        self.assertIn("unknown", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.pause("kv_cache", backup="disk", device=3)
+        self.assertIn("'none' or 'host'", str(cm.exception))
+        self.assertEqual(gpu_alloc.tags(device=-1), [])
+        gpu_alloc.pause(device=3)  # every tag of an unused device: none
+        gpu_alloc.resume(device=3)
+
+    def test_backup_defaults_follow_the_regions(self):
+        gpu_alloc._tag_backup.clear()
+        self.assertEqual(gpu_alloc._backup_of("w", 0, None), "none")
+        gpu_alloc._tag_backup[(0, "w")] = True
+        self.assertEqual(gpu_alloc._backup_of("w", 0, None), "host")
+        self.assertEqual(gpu_alloc._backup_of("w", 1, None), "none", "per device")
+        self.assertEqual(gpu_alloc._backup_of("w", 0, "none"), "none", "explicit wins")
+        gpu_alloc._tag_backup.clear()
+
+    def test_pinned_host_free_of_garbage_is_an_error(self):
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.host_free(0x1234)
+        self.assertIn("not memory from gpualloc_host_alloc", str(cm.exception))
+        gpu_alloc.host_free(0)  # NULL: a no-op
+
     def test_record_history_switch(self):
         gpu_alloc.record_history(True, max_entries=10)
         gpu_alloc.record_history(False)
