@@ -78,6 +78,8 @@ __all__ = [
     "library_candidates",
     "load_library",
     "check_config",
+    "update_settings",
+    "settings",
     "memory_stats",
     "memory_allocated",
     "memory_reserved",
@@ -203,6 +205,8 @@ def _declare(lib):
         "gpualloc_free": (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]),
         "gpualloc_configure": (c.c_int, [c.c_char_p]),
         "gpualloc_check_config": (c.c_int, [c.c_char_p]),
+        "gpualloc_update_settings": (c.c_int, [c.c_char_p]),
+        "gpualloc_settings_text": (c.c_void_p, []),
         "gpualloc_empty_cache": (c.c_int, [c.c_int]),
         "gpualloc_set_memory_fraction": (c.c_int, [c.c_double, c.c_int]),
         "gpualloc_record_stream": (c.c_int, [c.c_void_p, c.c_int, c.c_void_p]),
@@ -281,6 +285,32 @@ def check_config(config, so_path=None):
     ValueError with the reason. Needs the library, not a GPU."""
     lib = load_library(so_path)
     _check(lib.gpualloc_check_config(config.encode()), "invalid gpualloc configuration %r" % config)
+
+
+def update_settings(text, so_path=None):
+    """Changes the settings ``text`` names (configuration syntax) while the allocator runs,
+    as ``torch.cuda.memory._set_allocator_settings`` does for PyTorch's allocator (which,
+    with the bridge installed, reaches gpualloc too): ``roundup_power2_divisions``,
+    ``max_split_size_mb``, ``max_non_split_rounding_mb``, ``garbage_collection_threshold``,
+    ``expandable_segments``, ``stream_wait_reuse``, ``graph_capture_record_stream_reuse``,
+    ``per_process_memory_fraction``. Raises ValueError, changing nothing, for a malformed
+    string or an option fixed at creation (``policy``, ``unmap_free_pages``,
+    ``unmap_page_mb``)."""
+    lib = load_library(so_path)
+    _check(lib.gpualloc_update_settings(text.encode()), "gpualloc settings %r" % text)
+
+
+def settings(so_path=None):
+    """The configuration in effect: the configured string (enable(config) or
+    $GPUALLOC_CONF), then every change accepted since, comma-joined."""
+    lib = load_library(so_path)
+    ptr = lib.gpualloc_settings_text()
+    if not ptr:
+        raise GpuAllocError("gpualloc_settings_text: %s" % last_error())
+    try:
+        return ctypes.string_at(ptr).decode()
+    finally:
+        lib.gpualloc_string_free(ptr)
 
 
 def _device_index(device):

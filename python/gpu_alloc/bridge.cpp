@@ -40,6 +40,7 @@
 
 #include "bridge_history.h"
 #include "bridge_ipc.h"
+#include "bridge_settings.h"
 #include "bridge_testing.h"
 
 namespace gpu_alloc_bridge {
@@ -86,6 +87,8 @@ struct Api {
   int (*set_segment_callback)(void (*)(int, int, uint64_t, uint64_t));
   int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
   int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
+  int (*update_settings)(const char*);
+  char* (*settings_text)();
 };
 
 Api api;
@@ -312,7 +315,15 @@ class Bridge : public CUDAAllocator {
   // ---------------------------------------------------------------- set-up
   void init(int device_count) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    fractions_.resize(std::max<size_t>(fractions_.size(), device_count), 1.0);
+    fractions_.resize(std::max<size_t>(fractions_.size(), device_count), default_fraction_);
+  }
+
+  // A memory fraction set for every device by a setting
+  // (per_process_memory_fraction), which the library applied already.
+  void set_default_fraction(double fraction) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    default_fraction_ = fraction;
+    std::fill(fractions_.begin(), fractions_.end(), fraction);
   }
 
   // The library creates each device's allocator on first use: it is ready
@@ -327,14 +338,14 @@ class Bridge : public CUDAAllocator {
 
   double getMemoryFraction(c10::DeviceIndex device) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return device < static_cast<int>(fractions_.size()) ? fractions_[device] : 1.0;
+    return device < static_cast<int>(fractions_.size()) ? fractions_[device] : default_fraction_;
   }
 
   void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
     check(api.set_memory_fraction(fraction, device), "set_memory_fraction");
     std::lock_guard<std::mutex> lock(mutex_);
     if (device >= static_cast<int>(fractions_.size())) {
-      fractions_.resize(device + 1, 1.0);
+      fractions_.resize(device + 1, default_fraction_);
     }
     fractions_[device] = fraction;
   }
@@ -870,6 +881,7 @@ class Bridge : public CUDAAllocator {
 
   std::mutex mutex_;
   std::vector<double> fractions_;
+  double default_fraction_ = 1.0;
   std::vector<Route> routes_;
   std::atomic<int> routing_{0};
   std::vector<c10::cuda::CUDACachingAllocator::OutOfMemoryObserver> oom_observers_;
@@ -943,6 +955,8 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_set_segment_callback", api.set_segment_callback);
   resolve(lib, "gpualloc_block_segment", api.block_segment);
   resolve(lib, "gpualloc_export_pages", api.export_pages);
+  resolve(lib, "gpualloc_update_settings", api.update_settings);
+  resolve(lib, "gpualloc_settings_text", api.settings_text);
   check(api.set_segment_callback(&on_segment_event), "set_segment_callback");
   auto bridge = std::make_shared<Bridge>();
   // Raises "Can't swap an already initialized allocator" when CUDA memory
@@ -952,6 +966,10 @@ void install(const std::string& library_path) {
   // changeCurrentAllocator leaves on PyTorch's own allocator.
   c10::SetAllocator(c10::DeviceType::CUDA, bridge.get(), std::numeric_limits<uint8_t>::max());
   installed = bridge;
+  // Never destroyed: c10's settings hook refers to it until the process ends.
+  static auto& sync = *new settings::Sync();
+  sync.install(api.update_settings, api.settings_text, api.string_free, api.last_error,
+               [bridge](double fraction) { bridge->set_default_fraction(fraction); });
 }
 
 bool is_installed() { return installed != nullptr; }

@@ -409,8 +409,8 @@ def check_config(report, library_loaded):
     torch_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if torch_conf:
         report.add(NOTE, "$PYTORCH_CUDA_ALLOC_CONF",
-                   "%r configures PyTorch's own allocator; gpualloc reads $%s or enable(config)"
-                   % (torch_conf, gpu_alloc.ENV_CONF))
+                   "%r: with the bridge its device options apply to gpualloc too, except those "
+                   "$%s or enable(config) names" % (torch_conf, gpu_alloc.ENV_CONF))
 
 
 # The whole report ------------------------------------------------------------------------

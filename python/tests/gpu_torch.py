@@ -142,6 +142,50 @@ def scenario_fraction_and_oom():
     return "torch.OutOfMemoryError raised: " + msg.splitlines()[0][:160]
 
 
+def scenario_torch_settings():
+    """PyTorch's allocator settings reach gpualloc: PYTORCH_CUDA_ALLOC_CONF's device options
+    at enable(), torch.cuda.memory._set_allocator_settings (and torch._C's
+    _accelerator_setAllocatorSettings) afterwards."""
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "per_process_memory_fraction:0.5,max_split_size_mb:64"
+    os.environ.pop("GPUALLOC_CONF", None)
+    gpu_alloc, torch = enabled()
+    settings = gpu_alloc.settings()
+    check("per_process_memory_fraction:0.5" in settings and "max_split_size_mb:64" in settings,
+          "PYTORCH_CUDA_ALLOC_CONF applied: " + settings)
+    fraction = torch.cuda.memory.get_per_process_memory_fraction(0)
+    check(fraction == 0.5, "get_per_process_memory_fraction gave %r" % fraction)
+    _, total = torch.cuda.mem_get_info()
+    try:
+        torch.empty(int(total * 0.6), dtype=torch.uint8, device="cuda")
+        raise AssertionError("an allocation past per_process_memory_fraction:0.5 succeeded")
+    except torch.OutOfMemoryError:
+        pass
+    key = "active_bytes.all.allocated"
+    nbytes = 84 * MIB
+
+    def grows_by(make):
+        before = torch.cuda.memory_stats()[key]
+        kept.append(make())
+        return torch.cuda.memory_stats()[key] - before
+
+    kept = []
+    plain = grows_by(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+    torch.cuda.memory._set_allocator_settings("roundup_power2_divisions:4")
+    rounded = grows_by(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"))
+    check((plain, rounded) == (nbytes, 96 * MIB),
+          "84 MiB took %d then %d bytes (expected 84 MiB, then 96 MiB with 4 divisions)"
+          % (plain, rounded))
+    torch._C._accelerator_setAllocatorSettings("expandable_segments:True")
+    kept.append(torch.empty(300 * MIB, dtype=torch.uint8, device="cuda"))
+    expandable = [s for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
+    check(expandable, "no expandable segment after expandable_segments:True")
+    check("expandable_segments:true" in gpu_alloc.settings(), gpu_alloc.settings())
+    del kept
+    return ("PYTORCH_CUDA_ALLOC_CONF applied (fraction %.1f, OOM past it); 84 MiB -> %d MiB "
+            "after roundup_power2_divisions:4; %d expandable segment(s) after "
+            "expandable_segments:True" % (fraction, rounded // MIB, len(expandable)))
+
+
 def scenario_snapshot():
     gpu_alloc, torch = enabled()
     torch.cuda.memory._record_memory_history(max_entries=100000)

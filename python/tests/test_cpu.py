@@ -399,6 +399,32 @@ print("subprocess ok")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("subprocess ok", r.stdout)
 
+    def test_settings_change_at_run_time(self):
+        code = r"""
+import gpu_alloc
+assert gpu_alloc.settings() == "expandable_segments:true", gpu_alloc.settings()
+try:
+    gpu_alloc.update_settings("max_split_size_mb:5")
+    raise SystemExit("expected an error")
+except ValueError as e:
+    assert "at least 20" in str(e), e
+try:
+    gpu_alloc.update_settings("policy:buddy")
+    raise SystemExit("expected an error")
+except ValueError as e:
+    assert "growable" in str(e), e
+gpu_alloc.update_settings("roundup_power2_divisions:4,per_process_memory_fraction:0.5")
+assert gpu_alloc.settings() == (
+    "expandable_segments:true,roundup_power2_divisions:4,per_process_memory_fraction:0.5"
+), gpu_alloc.settings()
+lib = gpu_alloc.load_library()
+assert lib.gpualloc_configure(b"policy:buddy") == gpu_alloc.ERR_TOO_LATE
+print("subprocess ok")
+"""
+        r = run_python(code, {"GPUALLOC_CONF": "expandable_segments:true"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("subprocess ok", r.stdout)
+
     def test_bad_env_config_fails_allocations_and_is_reported_once(self):
         code = r"""
 import gpu_alloc

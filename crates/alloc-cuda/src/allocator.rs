@@ -27,7 +27,8 @@ static GLOBAL_CONFIG: Mutex<Option<AllocatorConfig>> = Mutex::new(None);
 pub(crate) struct Inner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
-    config: AllocatorConfig,
+    /// The configuration in effect (settings may change at run time).
+    config: Mutex<AllocatorConfig>,
     engine: Mutex<CudaEngine>,
     observer: ObserverSlot,
     /// Host backups of paused sleep tags, and the stream that copies them.
@@ -103,12 +104,15 @@ impl CudaAllocator {
             ));
         }
         let streams = CudaStreams::new(ctx.clone());
-        let engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        let mut engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        if let Some(fraction) = config.per_process_memory_fraction {
+            engine.set_memory_fraction(fraction)?;
+        }
         Ok(CudaAllocator {
             inner: Arc::new(Inner {
                 ordinal,
                 ctx,
-                config: config.clone(),
+                config: Mutex::new(config.clone()),
                 engine: Mutex::new(engine),
                 observer,
                 sleep: crate::sleep::SleepState::default(),
@@ -167,9 +171,57 @@ impl CudaAllocator {
         &self.inner.ctx
     }
 
-    /// The configuration the allocator was made with.
-    pub fn config(&self) -> &AllocatorConfig {
-        &self.inner.config
+    /// The configuration in effect: the one the allocator was made with,
+    /// changed by [`CudaAllocator::update_settings`].
+    pub fn config(&self) -> AllocatorConfig {
+        self.lock_config().clone()
+    }
+
+    fn lock_config(&self) -> MutexGuard<'_, AllocatorConfig> {
+        // A configuration is replaced whole, never left half-written.
+        self.inner.config.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the settings that `settings` names (in the configuration's
+    /// syntax) from the next allocation on, as PyTorch's
+    /// `torch.cuda.memory._set_allocator_settings` does: rounding,
+    /// `max_split_size_mb`, garbage collection, expandable segments, stream
+    /// reuse, `per_process_memory_fraction` (applied as
+    /// [`CudaAllocator::set_memory_fraction`]). A string naming an option
+    /// that cannot change any more (the policy, `unmap_free_pages`) is
+    /// refused and nothing changes.
+    pub fn update_settings(&self, settings: &str) -> Result<(), CudaError> {
+        let mut engine = self.engine()?;
+        let mut config = self.lock_config();
+        let wanted = config.with_settings(settings)?;
+        if wanted.policy != config.policy {
+            return Err(CudaError::Alloc(alloc_core::AllocError::InvalidArgument(
+                "`policy` cannot change while the allocator runs".into(),
+            )));
+        }
+        engine.reconfigure(&wanted)?;
+        if wanted.per_process_memory_fraction != config.per_process_memory_fraction {
+            if let Some(fraction) = wanted.per_process_memory_fraction {
+                engine.set_memory_fraction(fraction)?;
+            }
+        }
+        *config = wanted;
+        Ok(())
+    }
+
+    /// [`CudaAllocator::update_settings`] for the process-wide allocators:
+    /// every one that exists, and the configuration later ones are made
+    /// with. Stops at the first allocator that refuses (earlier ones keep
+    /// the change).
+    pub fn update_global_settings(settings: &str) -> Result<(), CudaError> {
+        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        let wanted = slot.clone().unwrap_or_default().with_settings(settings)?;
+        policy_for(&wanted)?;
+        for alloc in GLOBALS.iter().filter_map(|g| g.get()) {
+            alloc.update_settings(settings)?;
+        }
+        *slot = Some(wanted);
+        Ok(())
     }
 
     /// Whether two handles share one allocator.

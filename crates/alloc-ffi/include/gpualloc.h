@@ -73,6 +73,21 @@ int gpualloc_configure(const char* config);
 /* Parses and validates a configuration string without applying it (no CUDA call). */
 int gpualloc_check_config(const char* config);
 
+/* Changes the settings that `settings` names (configuration syntax) while the
+ * allocator runs, on every device and for devices used later, as PyTorch's
+ * _set_allocator_settings: roundup_power2_divisions, max_split_size_mb,
+ * max_non_split_rounding_mb, garbage_collection_threshold, expandable_segments,
+ * stream_wait_reuse, graph_capture_record_stream_reuse, per_process_memory_fraction
+ * apply from the next allocation. GPUALLOC_ERR_INVALID for a malformed string or
+ * an option fixed at creation (policy, unmap_free_pages, unmap_page_mb,
+ * idle_slab_limit_mb once slabs exist). Seals the configuration. */
+int gpualloc_update_settings(const char* settings);
+
+/* The configuration in effect: gpualloc_configure's string, else GPUALLOC_CONF's,
+ * then every string gpualloc_update_settings accepted since, comma-joined (what
+ * snapshots report as allocator_settings). Free it with gpualloc_string_free. */
+char* gpualloc_settings_text(void);
+
 /* Waits for pending cross-stream events, then returns every unused cached segment
  * to the driver. device -1: every device in use. */
 int gpualloc_empty_cache(int device);

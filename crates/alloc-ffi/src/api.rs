@@ -107,6 +107,27 @@ pub const API: &[ApiFn] = &[
     },
     ApiFn {
         ret: "int",
+        name: "gpualloc_update_settings",
+        params: &[("const char*", "settings")],
+        doc: "Changes the settings that `settings` names (configuration syntax) while the\n\
+              allocator runs, on every device and for devices used later, as PyTorch's\n\
+              _set_allocator_settings: roundup_power2_divisions, max_split_size_mb,\n\
+              max_non_split_rounding_mb, garbage_collection_threshold, expandable_segments,\n\
+              stream_wait_reuse, graph_capture_record_stream_reuse, per_process_memory_fraction\n\
+              apply from the next allocation. GPUALLOC_ERR_INVALID for a malformed string or\n\
+              an option fixed at creation (policy, unmap_free_pages, unmap_page_mb,\n\
+              idle_slab_limit_mb once slabs exist). Seals the configuration.",
+    },
+    ApiFn {
+        ret: "char*",
+        name: "gpualloc_settings_text",
+        params: &[],
+        doc: "The configuration in effect: gpualloc_configure's string, else GPUALLOC_CONF's,\n\
+              then every string gpualloc_update_settings accepted since, comma-joined (what\n\
+              snapshots report as allocator_settings). Free it with gpualloc_string_free.",
+    },
+    ApiFn {
+        ret: "int",
         name: "gpualloc_empty_cache",
         params: &[("int", "device")],
         doc: "Waits for pending cross-stream events, then returns every unused cached segment\n\

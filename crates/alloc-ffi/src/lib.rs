@@ -426,6 +426,19 @@ pub unsafe extern "C" fn gpualloc_configure(config: *const c_char) -> c_int {
     })
 }
 
+/// Changes the settings a string names, at run time; see `include/gpualloc.h`.
+///
+/// # Safety
+/// `settings` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_update_settings(settings: *const c_char) -> c_int {
+    call_int(|| {
+        // SAFETY: the caller's contract.
+        let text = unsafe { c_str(settings, "settings") }?;
+        state::update_settings(text)
+    })
+}
+
 /// Validates a configuration string without applying it.
 ///
 /// # Safety
@@ -545,6 +558,17 @@ pub extern "C" fn gpualloc_memory_stats_json(device: c_int) -> *mut c_char {
     })
 }
 
+/// The configuration in effect (free with [`gpualloc_string_free`]); NULL
+/// on error.
+#[no_mangle]
+pub extern "C" fn gpualloc_settings_text() -> *mut c_char {
+    call_ptr(|| {
+        let c =
+            CString::new(state::config_text()).map_err(|e| FfiError::internal(e.to_string()))?;
+        Ok(c.into_raw())
+    })
+}
+
 /// Frees a string returned by this library.
 ///
 /// # Safety
@@ -574,7 +598,7 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
         segments.extend(snapshot::segments_of(*d, &snap, expandable));
         if settings.is_none() {
             let policy = alloc.policy_name()?;
-            settings = Some(snapshot::settings_of(&conf_text, alloc.config(), &policy));
+            settings = Some(snapshot::settings_of(&conf_text, &alloc.config(), &policy));
         }
     }
     let settings = match settings {

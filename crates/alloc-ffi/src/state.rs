@@ -135,6 +135,8 @@ struct ConfigState {
     env: Option<String>,
     /// A bad `GPUALLOC_CONF`: every allocator creation fails with it.
     env_error: Option<String>,
+    /// Settings changed since (`gpualloc_update_settings`), in order.
+    updates: Vec<String>,
 }
 
 static CONFIG: Mutex<ConfigState> = Mutex::new(ConfigState {
@@ -142,6 +144,7 @@ static CONFIG: Mutex<ConfigState> = Mutex::new(ConfigState {
     explicit: None,
     env: None,
     env_error: None,
+    updates: Vec::new(),
 });
 
 fn config_state() -> MutexGuard<'static, ConfigState> {
@@ -149,14 +152,36 @@ fn config_state() -> MutexGuard<'static, ConfigState> {
     CONFIG.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The configuration string in effect (explicit, else the environment's),
-/// for snapshots' `allocator_settings`.
+/// The configuration string in effect (explicit, else the environment's,
+/// then the settings changed since), for snapshots' `allocator_settings`.
 pub(crate) fn config_text() -> String {
     let s = config_state();
-    s.explicit
-        .clone()
-        .or_else(|| s.env.clone())
-        .unwrap_or_default()
+    let env = || match s.sealed {
+        true => s.env.clone(),
+        // Not read yet: what the first use will read.
+        false => std::env::var(ENV_CONF).ok(),
+    };
+    let base = s.explicit.clone().or_else(env);
+    base.into_iter()
+        .chain(s.updates.iter().cloned())
+        .filter(|t| !t.trim().is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `gpualloc_update_settings`: seals the configuration (a change is made
+/// to the configuration in effect, `GPUALLOC_CONF` included) and applies
+/// the settings to every allocator and to those made later.
+pub(crate) fn update_settings(text: &str) -> FfiResult<()> {
+    let mut s = config_state();
+    seal(&mut s);
+    if let Some(msg) = &s.env_error {
+        return Err(FfiError::invalid(msg.clone()));
+    }
+    let _ctx = CtxGuard::save_if_driver_loaded();
+    CudaAllocator::update_global_settings(text)?;
+    s.updates.push(text.to_string());
+    Ok(())
 }
 
 /// `gpualloc_configure`.
