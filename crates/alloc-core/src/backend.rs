@@ -1,5 +1,7 @@
-//! The two seams between the engine and a device: where segments come from,
-//! and how streams and events are recorded, queried and waited on.
+//! The seams between the engine and a device: where segments come from (a
+//! small core, with virtual memory and detaching pages as capabilities the
+//! engine asks for), and how streams and events are recorded, queried and
+//! waited on.
 
 use crate::error::BackendError;
 use crate::types::StreamId;
@@ -16,7 +18,10 @@ pub trait SegmentSource: Send {
     fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
 }
 
-/// Hands out and takes back segments of device memory.
+/// Hands out and takes back segments of device memory: the small core every
+/// device has. What only some devices can do is a capability the engine
+/// asks for ([`MemoryBackend::virtual_memory`]) and does without when it is
+/// absent, never an operation that fails at run time as unsupported.
 pub trait MemoryBackend {
     /// Reserves `size` bytes; returns the address of the first byte.
     /// [`BackendError::OutOfMemory`] when the device has no room.
@@ -28,93 +33,86 @@ pub trait MemoryBackend {
     /// Memory the device reports free right now.
     fn free_bytes(&self) -> u64;
 
-    /// Granularity of growable segments' physical chunks, or 0 when this
-    /// backend cannot grow segments (no expandable segments).
-    fn growth_granularity(&self) -> u64 {
-        0
+    /// The device's virtual memory (address ranges mapped page by page),
+    /// which growable segments need (`expandable_segments`,
+    /// `unmap_free_pages`, sleep tags); `None` (the default) when it has
+    /// none. The answer must not change over the backend's life: the engine
+    /// decides at construction whether segments grow.
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        None
     }
+}
+
+/// Address ranges reserved without memory behind them and mapped page by
+/// page: the capability behind growable segments. Maps and unmaps cover
+/// whole pages of a range.
+pub trait VirtualMemory {
+    /// The smallest page the device maps (its granularity; not 0).
+    fn granularity(&self) -> u64;
 
     /// Reserves `size` bytes of address space with no memory behind it,
     /// aligned to `page`: the size of each physical allocation that
-    /// [`MemoryBackend::map`] puts in it (a power-of-two multiple of the
-    /// granularity, and a divisor of `size`). Maps and unmaps in the range
-    /// cover whole pages: the driver cannot unmap part of one, and moving a
-    /// page costs about the same whatever its size, so large pages make
-    /// moving memory cheaper per byte.
-    fn reserve_range(&mut self, _size: u64, _page: u64) -> Result<u64, BackendError> {
-        Err(BackendError::Other(
-            "this backend has no expandable segments".into(),
-        ))
-    }
+    /// [`VirtualMemory::map`] puts in it (a power-of-two multiple of the
+    /// granularity, and a divisor of `size`). The driver cannot unmap part
+    /// of a physical allocation, and moving a page costs about the same
+    /// whatever its size, so large pages make moving memory cheaper per
+    /// byte.
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError>;
 
     /// Backs `[addr, addr + size)` of a reserved range with memory (whole
-    /// pages of the range). [`BackendError::OutOfMemory`] when the device is full.
-    fn map(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
-        Err(BackendError::Other(
-            "this backend has no expandable segments".into(),
-        ))
-    }
+    /// pages of the range). [`BackendError::OutOfMemory`] when the device is
+    /// full.
+    fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
 
     /// Gives back the memory behind `[addr, addr + size)`, keeping the range.
-    fn unmap(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
-        Err(BackendError::Other(
-            "this backend has no expandable segments".into(),
-        ))
-    }
+    fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
+
+    /// Gives back a reserved range whose memory is all unmapped.
+    fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
 
     /// Unmaps pages the device no longer uses: the caller knows that the
     /// work that used them is done (it waited for their stream, or an event
     /// recorded there after their last use completed), so no device-wide
     /// wait is needed. The backend may keep their physical memory for the
-    /// next [`MemoryBackend::map`] until [`MemoryBackend::release_spare`].
-    /// Default: [`MemoryBackend::unmap`].
+    /// next [`VirtualMemory::map`] until [`VirtualMemory::release_spare`].
+    /// Default: [`VirtualMemory::unmap`].
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.unmap(addr, size)
     }
 
-    /// Whether [`MemoryBackend::detach`] is available.
-    fn can_detach(&self) -> bool {
-        false
-    }
-
-    /// Hands the physical memory behind the whole pages of
-    /// `[addr, addr + size)` to the next [`MemoryBackend::map`] while the
-    /// range keeps it mapped, because queued work may still use it there;
-    /// [`MemoryBackend::unmap_detached`] drops that old mapping once the work
-    /// is done. The same memory is then mapped at two addresses for a while:
-    /// the caller must order every use of the new mapping after the last
-    /// use of the old one (the same stream), and must not map the old range
-    /// again before unmapping it. This moves memory without the host
-    /// waiting for the GPU. Memory that no map takes goes back at
-    /// [`MemoryBackend::release_spare`] (physically once the old mapping is
-    /// dropped too).
-    fn detach(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
-        Err(BackendError::Other(
-            "this backend cannot detach mapped memory".into(),
-        ))
-    }
-
-    /// Drops the old mapping of `[addr, addr + size)`, detached by
-    /// [`MemoryBackend::detach`]; the caller knows the work that used it is
-    /// done.
-    fn unmap_detached(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
-        Err(BackendError::Other(
-            "this backend cannot detach mapped memory".into(),
-        ))
-    }
-
-    /// Gives back the physical memory [`MemoryBackend::unmap_idle`] kept for
-    /// reuse and [`MemoryBackend::map`] did not take. Default: none is kept.
+    /// Gives back the physical memory [`VirtualMemory::unmap_idle`] kept for
+    /// reuse and [`VirtualMemory::map`] did not take. Default: none is kept.
     fn release_spare(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
 
-    /// Gives back a reserved range whose memory is all unmapped.
-    fn release_range(&mut self, _addr: u64, _size: u64) -> Result<(), BackendError> {
-        Err(BackendError::Other(
-            "this backend has no expandable segments".into(),
-        ))
+    /// Moving busy pages without a host wait ([`DetachPages`]), if the device
+    /// can map one physical allocation at two addresses; `None` (the
+    /// default) otherwise, and the engine leaves busy pages mapped.
+    fn detach_pages(&mut self) -> Option<&mut dyn DetachPages> {
+        None
     }
+}
+
+/// Hands the physical memory of mapped pages to the next mapping while the
+/// old mapping stays for the work still queued on it: memory moves without
+/// the host waiting for the GPU.
+pub trait DetachPages {
+    /// Hands the physical memory behind the whole pages of
+    /// `[addr, addr + size)` to the next [`VirtualMemory::map`] while the
+    /// range keeps it mapped, because queued work may still use it there;
+    /// [`DetachPages::unmap_detached`] drops that old mapping once the work is
+    /// done. The same memory is then mapped at two addresses for a while:
+    /// the caller must order every use of the new mapping after the last use
+    /// of the old one (the same stream), and must not map the old range
+    /// again before unmapping it. Memory that no map takes goes back at
+    /// [`VirtualMemory::release_spare`] (physically once the old mapping is
+    /// dropped too).
+    fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
+
+    /// Drops the old mapping of `[addr, addr + size)`, detached by
+    /// [`DetachPages::detach`]; the caller knows the work that used it is done.
+    fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError>;
 }
 
 /// Records, queries and waits on events on streams.

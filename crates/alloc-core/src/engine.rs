@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
-use crate::backend::{MemoryBackend, SegmentSource, StreamBackend};
+use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
@@ -59,6 +59,25 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_page: cfg.unmap_page,
         }
     }
+}
+
+/// The virtual memory of `memory`, which growable segments need: the engine
+/// makes none unless the backend has it, so its absence here is a backend
+/// that withdrew it, reported as an error.
+fn virtual_memory<M: MemoryBackend>(
+    memory: &mut M,
+) -> Result<&mut dyn VirtualMemory, BackendError> {
+    memory.virtual_memory().ok_or_else(|| {
+        BackendError::Other("the memory backend no longer offers virtual memory".into())
+    })
+}
+
+/// The page detaching of `memory`'s virtual memory: the engine detaches pages
+/// only after asking whether the backend can.
+fn detach_pages<M: MemoryBackend>(memory: &mut M) -> Result<&mut dyn DetachPages, BackendError> {
+    virtual_memory(memory)?
+        .detach_pages()
+        .ok_or_else(|| BackendError::Other("the memory backend no longer detaches pages".into()))
 }
 
 /// A block handed out by [`Engine::malloc`].
@@ -130,6 +149,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Growable segments by (cache, pool), when expandable segments are on.
     growable: FxHashMap<(CacheKey, PoolKind), Growable<S::Event>>,
     expandable: bool,
+    /// The backend's page granularity; 0 when it has no virtual memory.
+    granularity: u64,
     /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
     pools: PrivatePools,
     /// Addresses freed during a capture while other streams used them:
@@ -144,11 +165,10 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// A new, empty allocator.
-    pub fn new(policy: P, memory: M, streams: S, options: EngineOptions) -> Self {
+    pub fn new(policy: P, mut memory: M, streams: S, options: EngineOptions) -> Self {
         let heap = Heap::new(policy.oversize_threshold());
-        let expandable = options.expandable_segments
-            && policy.supports_growth()
-            && memory.growth_granularity() > 0;
+        let granularity = memory.virtual_memory().map_or(0, |vm| vm.granularity());
+        let expandable = options.expandable_segments && policy.supports_growth() && granularity > 0;
         Engine {
             policy,
             memory,
@@ -162,6 +182,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             limit: None,
             growable: FxHashMap::default(),
             expandable,
+            granularity,
             pools: PrivatePools::default(),
             deferred_frees: Vec::new(),
             sources: FxHashMap::default(),
@@ -195,7 +216,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // back now. A failure leaves them to the next call (or to
             // empty_cache, which reports it): the allocation's own outcome
             // is what the caller gets.
-            let _ = self.memory.release_spare();
+            if let Some(vm) = self.memory.virtual_memory() {
+                let _ = vm.release_spare();
+            }
         }
         result
     }
@@ -833,7 +856,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             for key in keys {
                 self.settle_detached(&key, 0, u64::MAX)?;
             }
-            self.memory.release_spare()?;
+            virtual_memory(&mut self.memory)?.release_spare()?;
         }
         let idle: Vec<SegmentId> = self
             .heap
@@ -862,7 +885,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
                 self.settle_detached(&key, addr, end)?;
                 self.unmap_mapped_runs(&key, addr, end)?;
-                self.memory.release_range(addr, range)?;
+                virtual_memory(&mut self.memory)?.release(addr, range)?;
                 self.drop_growable(&key);
             } else {
                 self.memory.free(seg.addr, seg.size)?;

@@ -27,7 +27,7 @@ pub mod tags;
 pub mod types;
 mod validate;
 
-pub use backend::{MemoryBackend, SegmentSource, StreamBackend};
+pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
 pub use engine::{
     Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
-use crate::backend::{MemoryBackend, StreamBackend};
+use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
 use crate::error::BackendError;
 use crate::types::StreamId;
 
@@ -154,11 +154,17 @@ impl MemoryBackend for SimMemory {
         self.capacity - self.used
     }
 
-    fn growth_granularity(&self) -> u64 {
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        Some(self)
+    }
+}
+
+impl VirtualMemory for SimMemory {
+    fn granularity(&self) -> u64 {
         SIM_ALIGN
     }
 
-    fn reserve_range(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
         if !page.is_power_of_two() || page < SIM_ALIGN || size == 0 || !size.is_multiple_of(page) {
             return Err(BackendError::Other(format!(
                 "reserve of {size} bytes in pages of {page}: not whole power-of-two pages \
@@ -194,10 +200,29 @@ impl MemoryBackend for SimMemory {
         Ok(())
     }
 
-    fn can_detach(&self) -> bool {
-        true
+    fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        if self.ranges.get(&addr).map(|r| r.0) != Some(size) {
+            return Err(BackendError::Other(format!(
+                "release of unknown range {addr:#x}"
+            )));
+        }
+        if self.chunks.range(addr..addr + size).next().is_some()
+            || self.detached.range(addr..addr + size).next().is_some()
+        {
+            return Err(BackendError::Other(format!(
+                "release of range {addr:#x} with memory mapped"
+            )));
+        }
+        self.ranges.remove(&addr);
+        Ok(())
     }
 
+    fn detach_pages(&mut self) -> Option<&mut dyn DetachPages> {
+        Some(self)
+    }
+}
+
+impl DetachPages for SimMemory {
     fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.take_mapped(addr, size)?;
         // The memory goes to the next map (counted free until then); the
@@ -215,23 +240,6 @@ impl MemoryBackend for SimMemory {
                 "unmap_detached of memory not detached at {addr:#x}"
             )));
         }
-        Ok(())
-    }
-
-    fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        if self.ranges.get(&addr).map(|r| r.0) != Some(size) {
-            return Err(BackendError::Other(format!(
-                "release of unknown range {addr:#x}"
-            )));
-        }
-        if self.chunks.range(addr..addr + size).next().is_some()
-            || self.detached.range(addr..addr + size).next().is_some()
-        {
-            return Err(BackendError::Other(format!(
-                "release of range {addr:#x} with memory mapped"
-            )));
-        }
-        self.ranges.remove(&addr);
         Ok(())
     }
 }
@@ -485,18 +493,15 @@ mod tests {
     fn growable_ranges_map_and_unmap_chunks() {
         let mut m = SimMemory::new(10 << 20);
         assert!(
-            m.reserve_range(64 << 20, 3 << 20).is_err(),
+            m.reserve(64 << 20, 3 << 20).is_err(),
             "page not a power of two"
         );
-        assert!(
-            m.reserve_range(60 << 20, 8 << 20).is_err(),
-            "not whole pages"
-        );
-        let big = m.reserve_range(64 << 20, 8 << 20).unwrap();
+        assert!(m.reserve(60 << 20, 8 << 20).is_err(), "not whole pages");
+        let big = m.reserve(64 << 20, 8 << 20).unwrap();
         assert!(big.is_multiple_of(8 << 20), "aligned to its page");
         assert!(m.map(big, 2 << 20).is_err(), "part of a page");
-        m.release_range(big, 64 << 20).unwrap();
-        let r = m.reserve_range(64 << 20, 2 << 20).unwrap();
+        m.release(big, 64 << 20).unwrap();
+        let r = m.reserve(64 << 20, 2 << 20).unwrap();
         assert_eq!(m.used(), 0);
         m.map(r, 4 << 20).unwrap();
         assert!(m.map(r + (2 << 20), 2 << 20).is_err(), "double map");
@@ -506,11 +511,11 @@ mod tests {
             m.map(r + (4 << 20), 8 << 20),
             Err(BackendError::OutOfMemory)
         );
-        assert!(m.release_range(r, 64 << 20).is_err(), "still mapped");
+        assert!(m.release(r, 64 << 20).is_err(), "still mapped");
         m.unmap(r + (2 << 20), 2 << 20).unwrap();
         m.unmap(r, 2 << 20).unwrap();
         assert_eq!(m.used(), 0);
-        m.release_range(r, 64 << 20).unwrap();
+        m.release(r, 64 << 20).unwrap();
     }
 
     #[test]

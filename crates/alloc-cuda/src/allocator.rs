@@ -97,8 +97,8 @@ impl CudaAllocator {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
         let observer = ObserverSlot::default();
-        let memory = CudaMemory::new(ctx.clone(), observer.clone())?;
-        if config.expandable_segments && memory.growth_granularity() == 0 {
+        let mut memory = CudaMemory::new(ctx.clone(), observer.clone())?;
+        if config.expandable_segments && memory.virtual_memory().is_none() {
             return Err(CudaError::Unsupported(
                 "expandable_segments:true needs virtual memory management, which this device lacks",
             ));

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use alloc_core::{BackendError, MemoryBackend};
+use alloc_core::{BackendError, DetachPages, MemoryBackend, VirtualMemory};
 use cudarc::driver::CudaContext;
 
 use crate::driver;
@@ -104,11 +104,18 @@ impl MemoryBackend for CudaMemory {
         self.mem_get_info().map(|(free, _)| free).unwrap_or(0)
     }
 
-    fn growth_granularity(&self) -> u64 {
+    fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
+        // A device without virtual-memory support reports granularity 0.
+        (self.vmm.granularity() > 0).then_some(self as &mut dyn VirtualMemory)
+    }
+}
+
+impl VirtualMemory for CudaMemory {
+    fn granularity(&self) -> u64 {
         self.vmm.granularity()
     }
 
-    fn reserve_range(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
         Ok(self.vmm.reserve(size, page)?)
     }
@@ -127,24 +134,14 @@ impl MemoryBackend for CudaMemory {
         Ok(())
     }
 
+    fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        Ok(self.vmm.release(addr, size)?)
+    }
+
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_idle(addr, size)?;
-        self.report(SegmentAction::Unmap, addr, size);
-        Ok(())
-    }
-
-    fn can_detach(&self) -> bool {
-        self.vmm.granularity() > 0
-    }
-
-    fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        Ok(self.vmm.detach(addr, size)?)
-    }
-
-    fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        driver::bind(&self.ctx)?;
-        self.vmm.unmap_detached(addr, size)?;
         self.report(SegmentAction::Unmap, addr, size);
         Ok(())
     }
@@ -157,8 +154,21 @@ impl MemoryBackend for CudaMemory {
         Ok(self.vmm.release_spare()?)
     }
 
-    fn release_range(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+    fn detach_pages(&mut self) -> Option<&mut dyn DetachPages> {
+        // The driver maps one physical allocation at several addresses.
+        Some(self)
+    }
+}
+
+impl DetachPages for CudaMemory {
+    fn detach(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        Ok(self.vmm.detach(addr, size)?)
+    }
+
+    fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.release(addr, size)?)
+        self.vmm.unmap_detached(addr, size)?;
+        self.report(SegmentAction::Unmap, addr, size);
+        Ok(())
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::idle_pages::IdlePages;
-use super::Engine;
+use super::{detach_pages, virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
@@ -93,7 +93,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
         let page = self.page_size(req);
-        let step = if page > self.memory.growth_granularity() {
+        let step = if page > self.granularity {
             // Pages larger than the granularity (`unmap_free_pages`): grow
             // by whole pages, not by PyTorch's step rounded up to them.
             page
@@ -125,10 +125,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
             }
-            let addr = self.memory.reserve_range(range, page)?;
+            let addr = virtual_memory(&mut self.memory)?.reserve(range, page)?;
             let mapped = self.map_pages(addr, extra);
             if !matches!(mapped, Ok(true)) {
-                self.memory.release_range(addr, range)?;
+                virtual_memory(&mut self.memory)?.release(addr, range)?;
                 return mapped.map(|_| None);
             }
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
@@ -173,7 +173,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// to whole granules) with `unmap_free_pages` or in a sleep tag's pool,
     /// where fewer, larger pages make pauses and resumes cheaper.
     fn page_size(&self, req: &Request) -> u64 {
-        let granularity = self.memory.growth_granularity();
+        let granularity = self.granularity;
         let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.key);
         if large_pages && req.pool == PoolKind::Large {
             self.options.unmap_page.div_ceil(granularity).max(1) * granularity
@@ -219,10 +219,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
+    /// Whether the backend can detach busy pages ([`DetachPages`](crate::DetachPages)).
+    fn can_detach(&mut self) -> bool {
+        self.memory
+            .virtual_memory()
+            .is_some_and(|vm| vm.detach_pages().is_some())
+    }
+
     /// Maps `[addr, addr + bytes)`, counted as a device allocation;
     /// `Ok(false)` when the device has no memory for it.
     fn map_pages(&mut self, addr: u64, bytes: u64) -> Result<bool, AllocError> {
-        match self.memory.map(addr, bytes) {
+        match virtual_memory(&mut self.memory)?.map(addr, bytes) {
             Ok(()) => {
                 self.heap.stats.num_device_alloc += 1;
                 Ok(true)
@@ -242,7 +249,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ) -> Result<(), AllocError> {
         let g = &self.growable[key];
         for (start, bytes) in g.unmapped.gaps_in(lo, hi, g.page) {
-            self.memory.unmap(start, bytes)?;
+            virtual_memory(&mut self.memory)?.unmap(start, bytes)?;
             self.heap.stats.num_device_free += 1;
         }
         Ok(())
@@ -326,7 +333,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.unmap_runs(&key, idle, budget, false)?;
             if !busy.is_empty() {
                 let same_stream = mover == Some((seg_key.stream, granularity));
-                if same_stream && self.memory.can_detach() {
+                if same_stream && self.can_detach() {
                     movable.push((key, busy));
                 } else {
                     waiting.push((key, busy));
@@ -397,13 +404,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let started = Instant::now();
             let pages = take / granularity;
             if detach {
-                self.memory.detach(start, take)?;
+                detach_pages(&mut self.memory)?.detach(start, take)?;
                 self.count_move(started, |m| {
                     m.pages_unmapped += pages;
                     m.busy_pages_reused += pages;
                 });
             } else {
-                self.memory.unmap_idle(start, take)?;
+                virtual_memory(&mut self.memory)?.unmap_idle(start, take)?;
                 self.count_move(started, |m| m.pages_unmapped += pages);
             }
             self.heap.stats.num_device_free += 1;
@@ -452,7 +459,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.streams.release(mark);
         }
         for (start, bytes) in g.idle.take_idle_detached() {
-            self.memory.unmap_detached(start, bytes)?;
+            detach_pages(&mut self.memory)?.unmap_detached(start, bytes)?;
         }
         Ok(())
     }
@@ -521,7 +528,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .unmapped
             .gaps_in(seg.addr, seg.addr + seg.size, page);
         for (start, bytes) in runs {
-            self.memory.unmap_idle(start, bytes)?;
+            virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
             g.unmapped.insert_run(start, bytes, page);
@@ -560,7 +567,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         start: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        self.memory.unmap_idle(start, bytes)?;
+        virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
         let (seg_id, page) = (self.growable[key].segment, self.growable[key].page);
         let g = self.growable.get_mut(key).expect("growable");
         g.unmapped.insert_run(start, bytes, page);

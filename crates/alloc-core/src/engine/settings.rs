@@ -46,7 +46,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if wanted.unmap_free_pages && wanted.unmap_page != self.options.unmap_page {
             return Err(fixed("unmap_page_mb"));
         }
-        let growable_memory = self.memory.growth_granularity() > 0;
+        let growable_memory = self.granularity > 0;
         if wanted.expandable_segments && !growable_memory {
             return Err(AllocError::InvalidArgument(
                 "`expandable_segments` needs a memory backend with growable ranges".into(),

@@ -17,7 +17,7 @@
 
 use rustc_hash::FxHashSet;
 
-use super::Engine;
+use super::{virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
@@ -223,7 +223,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 break;
             }
         }
-        result.and_then(|()| Ok(self.memory.release_spare()?))?;
+        result.and_then(|()| Ok(virtual_memory(&mut self.memory)?.release_spare()?))?;
         let paused = self.tags.paused(tag).expect("paused above");
         Ok(PauseReport {
             released_bytes: paused.bytes(),
@@ -332,7 +332,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 "a sleep tag needs a name".into(),
             ));
         }
-        if !self.policy.supports_growth() || self.memory.growth_granularity() == 0 {
+        if !self.policy.supports_growth() || self.granularity == 0 {
             return Err(AllocError::InvalidArgument(format!(
                 "sleep tags need growable segments (virtual memory), which policy {} or this \
                  device lacks",
@@ -419,7 +419,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         for &(key, start, bytes) in runs {
             self.unmap_run_again(&key, start, bytes)?;
         }
-        Ok(self.memory.release_spare()?)
+        Ok(virtual_memory(&mut self.memory)?.release_spare()?)
     }
 
     /// The out-of-memory error of a resume that found no room for
