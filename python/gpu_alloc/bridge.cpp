@@ -958,6 +958,9 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_update_settings", api.update_settings);
   resolve(lib, "gpualloc_settings_text", api.settings_text);
   check(api.set_segment_callback(&on_segment_event), "set_segment_callback");
+  // PyTorch's settings are parsed (and an invalid PYTORCH_CUDA_ALLOC_CONF
+  // raised, as PyTorch's allocator raises it) before the swap.
+  settings::Options::current();
   auto bridge = std::make_shared<Bridge>();
   // Raises "Can't swap an already initialized allocator" when CUDA memory
   // is already in use.
