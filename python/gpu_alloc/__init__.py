@@ -364,6 +364,16 @@ def build_bridge(verbose=False):
         raise GpuAllocError("cannot build the C++ bridge: %s" % (str(e).strip()[-2000:],)) from e
 
 
+def _torch_backend_requested():
+    """The allocator backend PYTORCH_CUDA_ALLOC_CONF names (``backend:cudaMallocAsync``),
+    or None."""
+    for option in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
+        key, _, value = option.partition(":")
+        if key.strip() == "backend" and value.strip() and value.strip() != "native":
+            return value.strip()
+    return None
+
+
 def enable(config=None, so_path=None, bridge=None):
     """Makes gpualloc PyTorch's CUDA allocator for this process.
 
@@ -395,6 +405,14 @@ def enable(config=None, so_path=None, bridge=None):
         raise GpuAllocError(
             "gpu_alloc is already enabled with config %r; the configuration cannot change"
             % (_enabled_with[1],)
+        )
+
+    backend = _torch_backend_requested()
+    if backend is not None:
+        raise GpuAllocError(
+            "PYTORCH_CUDA_ALLOC_CONF asks for PyTorch's %r allocator backend, which "
+            "gpu_alloc.enable() would replace: remove backend:%s from it to use gpualloc"
+            % (backend, backend)
         )
 
     import torch

@@ -358,6 +358,19 @@ class Library(unittest.TestCase):
         self.assertIn("no CUDA device", str(cm.exception))
         self.assertEqual(calls, [])
 
+    def test_enable_refuses_when_pytorch_is_asked_for_another_backend(self):
+        torch, calls = fake_torch()
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            conf = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True, backend:cudaMallocAsync"}
+            with mock.patch.dict(os.environ, conf):
+                with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+                    gpu_alloc.enable()
+                self.assertIn("backend:cudaMallocAsync", str(cm.exception))
+            self.assertEqual(calls, [])
+            with mock.patch.dict(os.environ, {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}):
+                gpu_alloc.enable()
+        self.assertEqual(calls[-1][0], "change_current_allocator", calls)
+
     def test_enable_rejects_a_bad_config_before_touching_torch(self):
         torch, calls = fake_torch()
         with mock.patch.dict(sys.modules, {"torch": torch}):
