@@ -143,6 +143,7 @@ impl PrivatePools {
             Some(s) => s.tag_holds > 0 && !s.paused && s.routing == 0 && s.use_count <= s.tag_holds,
         }
     }
+
     /// Makes `pool` a sleep tag's pool: holds it once more for the tag and
     /// counts every hold it has now as the tag's. Creates the pool if new.
     pub(crate) fn tag(&mut self, pool: PoolId) {

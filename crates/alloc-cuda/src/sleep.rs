@@ -213,12 +213,14 @@ impl CudaAllocator {
                 .synchronize()
                 .map_err(|e| copy_failed(driver_error("cuStreamSynchronize", e.0)))
         });
+        // A pause that failed after saving may still have paused the tag
+        // (pages unmapped midway): keep the backup for its resume then.
+        let paused = engine.tags().iter().any(|t| t.name == tag && t.paused);
         drop(engine);
-        let report = report?;
-        if !saved.is_empty() {
+        if paused && !saved.is_empty() {
             self.backups()?.insert(tag.to_string(), saved);
         }
-        Ok(report)
+        Ok(report?)
     }
 
     /// Resumes the paused sleep tag `tag`: maps fresh memory at the same
