@@ -220,6 +220,30 @@ fn pause_waits_for_the_tags_streams_only() {
 }
 
 #[test]
+fn pause_waits_for_a_stream_up_to_now_not_only_to_an_earlier_free() {
+    // A block of the segment of stream 1, used and freed on stream 2, leaves
+    // an event on stream 2 from the time of the free; stream 2 also has a
+    // segment of its own whose blocks later work still uses.
+    let mut e = engine("", 4 * GIB);
+    let kv = e.tag_pool("kv").unwrap();
+    let (one, two) = (StreamId(1), StreamId(2));
+    let a = e.malloc_in(8 * MIB, one, Some(kv)).unwrap();
+    let b = e.malloc_in(8 * MIB, two, Some(kv)).unwrap();
+    e.record_stream(a.addr, two).unwrap();
+    e.free(a.addr).unwrap();
+    let later_work = e.streams_mut().record(two).unwrap(); // reads b after the free
+    e.pause_tag("kv", Backup::None, &mut nothing).unwrap();
+    assert!(
+        e.streams_mut().is_complete(&later_work).unwrap(),
+        "the pause waited only for the free's event on stream 2"
+    );
+    e.streams_mut().release(later_work);
+    e.resume_tag("kv", &mut nothing).unwrap();
+    e.free(b.addr).unwrap();
+    e.assert_valid();
+}
+
+#[test]
 fn host_backup_saves_live_blocks_and_restores_those_still_allocated() {
     let mut e = engine("", 4 * GIB);
     let w = e.tag_pool("weights").unwrap();

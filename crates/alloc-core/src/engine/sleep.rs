@@ -375,6 +375,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// streams waited for.
     fn wait_for_tag_work(&mut self, segments: &[SegmentId]) -> Result<usize, AllocError> {
         let mine = |heap: &crate::heap::Heap, id| segments.contains(&heap.block(id).segment);
+        // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
         for qi in 0..self.queues.len() {
             let stream = self.queues[qi].stream;
@@ -392,25 +393,30 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         // The events waited for complete in order: their blocks go back now.
         self.poll_events()?;
+        // Those events cover work up to the frees only: every stream that
+        // allocated or used a block is waited for up to now.
+        let mut now: FxHashSet<StreamId> = FxHashSet::default();
+        for key in self.segment_keys(segments) {
+            // Each segment's marks retire with its own wait (a second one on
+            // a stream already waited for returns at once).
+            self.wait_for_growable(&key)?;
+            now.insert(key.0.stream);
+        }
         let mut others: Vec<StreamId> = Vec::new();
         for (id, uses) in &self.uses {
             if mine(&self.heap, *id) {
                 others.extend(uses.iter().copied());
             }
         }
-        for key in self.segment_keys(segments) {
-            if waited.insert(key.0.stream) {
-                self.wait_for_growable(&key)?;
-            }
-        }
         for stream in others {
-            if waited.insert(stream) {
+            if now.insert(stream) {
                 let event = self.streams.record(stream)?;
                 let done = self.streams.synchronize(&event);
                 self.streams.release(event);
                 done?;
             }
         }
+        waited.extend(now);
         Ok(waited.len())
     }
 
