@@ -18,8 +18,20 @@ use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::pinned::{PinnedBuffer, PinnedPool};
 
-/// The saved blocks of each paused tag: device address and host copy.
-type Backups = HashMap<String, Vec<(u64, PinnedBuffer)>>;
+/// The host copy of a paused tag: one pinned buffer with every saved block
+/// at its offset (one host allocation per pause, reused from the pinned
+/// pool's cache by the next pause of a tag about as large).
+struct HostCopy {
+    host: PinnedBuffer,
+    /// Device address -> offset in `host`.
+    offsets: HashMap<u64, usize>,
+}
+
+/// Saved blocks start at multiples of this in the host buffer.
+const HOST_ALIGN: u64 = 256;
+
+/// The host copies of the paused tags, by name.
+type Backups = HashMap<String, HostCopy>;
 
 /// The host side of an allocator's sleep tags.
 #[derive(Default)]
@@ -183,42 +195,47 @@ impl CudaAllocator {
             Backup::None => None,
         };
         let copy_stream = self.copy_stream()?;
-        let mut saved: Vec<(u64, PinnedBuffer)> = Vec::new();
+        let mut saved: Option<HostCopy> = None;
         let mut engine = self.engine()?;
         let report = engine.pause_tag(tag, backup, &mut |blocks| {
             let pool = pinned.as_ref().expect("host backups have a pinned pool");
-            let mut hosts = Vec::with_capacity(blocks.len());
-            for &(_, size) in blocks {
-                hosts.push(pool.alloc(size as usize).map_err(copy_failed)?);
+            let mut offsets = HashMap::with_capacity(blocks.len());
+            let mut total = 0u64;
+            for &(addr, size) in blocks {
+                offsets.insert(addr, total as usize);
+                total += size.div_ceil(HOST_ALIGN) * HOST_ALIGN;
             }
+            let mut host = pool.alloc(total as usize).map_err(copy_failed)?;
             // The pinned pool may have bound another device's context.
             driver::bind(self.context()).map_err(copy_failed)?;
-            for (&(addr, size), mut host) in blocks.iter().zip(hosts) {
-                // SAFETY: `host` holds `size` pinned bytes and lives until
-                // the stream is synchronized below; `addr..addr + size` is
-                // a live block, mapped, that no queued work uses any more
-                // (the engine waited for its streams).
+            for &(addr, size) in blocks {
+                // SAFETY: the host buffer holds `total` pinned bytes, the
+                // block's `size` among them at its offset, and lives until
+                // the stream is synchronized below; `addr..addr + size` is a
+                // live block, mapped, that no queued work uses any more (the
+                // engine waited for its streams).
                 unsafe {
                     driver::copy_to_host_async(
-                        host.as_mut_ptr(),
+                        host.as_mut_ptr().add(offsets[&addr]),
                         addr,
                         size as usize,
                         copy_stream.cu_stream(),
                     )
                 }
                 .map_err(copy_failed)?;
-                saved.push((addr, host));
             }
-            copy_stream
+            let synced = copy_stream
                 .synchronize()
-                .map_err(|e| copy_failed(driver_error("cuStreamSynchronize", e.0)))
+                .map_err(|e| copy_failed(driver_error("cuStreamSynchronize", e.0)));
+            saved = Some(HostCopy { host, offsets });
+            synced
         });
         // A pause that failed after saving may still have paused the tag
         // (pages unmapped midway): keep the backup for its resume then.
         let paused = engine.tags().iter().any(|t| t.name == tag && t.paused);
         drop(engine);
-        if paused && !saved.is_empty() {
-            self.backups()?.insert(tag.to_string(), saved);
+        if let Some(copy) = saved.filter(|_| paused) {
+            self.backups()?.insert(tag.to_string(), copy);
         }
         Ok(report?)
     }
@@ -228,22 +245,25 @@ impl CudaAllocator {
     /// device is full) and copies host backups back before returning.
     /// Out of memory leaves the tag paused, its backup kept.
     pub fn resume(&self, tag: &str) -> Result<ResumeReport, CudaError> {
-        let saved = self.backups()?.remove(tag).unwrap_or_default();
+        let saved = self.backups()?.remove(tag);
         let copy_stream = self.copy_stream()?;
-        let by_addr: HashMap<u64, &PinnedBuffer> = saved.iter().map(|(a, b)| (*a, b)).collect();
         let report = self.engine()?.resume_tag(tag, &mut |blocks| {
+            let copy = saved
+                .as_ref()
+                .ok_or_else(|| BackendError::Other(format!("no host backup of tag {tag}")))?;
             driver::bind(self.context()).map_err(copy_failed)?;
             for &(addr, size) in blocks {
-                let host = by_addr
+                let offset = *copy
+                    .offsets
                     .get(&addr)
                     .ok_or_else(|| BackendError::Other(format!("no backup of {addr:#x}")))?;
-                // SAFETY: `host` holds the block's saved bytes and lives
-                // until the stream is synchronized below; the block was just
-                // mapped again and nothing else uses it yet.
+                // SAFETY: the host buffer holds the block's saved bytes at
+                // `offset` and lives until the stream is synchronized below;
+                // the block was just mapped again and nothing uses it yet.
                 unsafe {
                     driver::copy_to_device_async(
                         addr,
-                        host.as_ptr(),
+                        copy.host.as_ptr().add(offset),
                         size as usize,
                         copy_stream.cu_stream(),
                     )
@@ -254,14 +274,13 @@ impl CudaAllocator {
                 .synchronize()
                 .map_err(|e| copy_failed(driver_error("cuStreamSynchronize", e.0)))
         });
-        drop(by_addr);
         let still_paused = self
             .engine()?
             .tags()
             .iter()
             .any(|t| t.name == tag && t.paused);
-        if still_paused && !saved.is_empty() {
-            self.backups()?.insert(tag.to_string(), saved);
+        if let Some(copy) = saved.filter(|_| still_paused) {
+            self.backups()?.insert(tag.to_string(), copy);
         }
         Ok(report?)
     }
