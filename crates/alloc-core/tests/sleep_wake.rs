@@ -394,3 +394,114 @@ fn tags_need_growable_segments() {
     let mut e = engine("", GIB);
     assert!(e.tag_pool("").is_err(), "a tag needs a name");
 }
+
+/// A small xorshift generator: the random test below needs no crate.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn random_operations_keep_tagged_blocks_at_their_addresses_and_the_invariants() {
+    for (seed, config) in CONFIGS.iter().enumerate() {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed as u64);
+        let mut e = engine(config, 16 * GIB);
+        let tags = ["kv", "weights"];
+        let pools: Vec<_> = tags.iter().map(|t| e.tag_pool(t).unwrap()).collect();
+        // Live blocks: (addr, size, tag index or None).
+        let mut live: Vec<(u64, u64, Option<usize>)> = Vec::new();
+        let mut paused = [false; 2];
+        for step in 0..2000 {
+            let stream = StreamId(rng.below(3));
+            match rng.below(10) {
+                0..=3 => {
+                    let max = if rng.below(4) == 0 { 64 * MIB } else { 2 * MIB };
+                    let size = 1 + rng.below(max);
+                    let tag = match rng.below(3) {
+                        2 => None,
+                        t => Some(t as usize),
+                    };
+                    match e.malloc_in(size, stream, tag.map(|t| pools[t])) {
+                        Ok(a) => {
+                            assert!(tag.is_none_or(|t| !paused[t]), "allocated while paused");
+                            live.push((a.addr, a.size, tag));
+                        }
+                        Err(AllocError::Tag { .. }) => assert!(tag.is_some_and(|t| paused[t])),
+                        Err(err) => panic!("[{config}] step {step}: {err}"),
+                    }
+                }
+                4..=6 if !live.is_empty() => {
+                    let (addr, _, _) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    if rng.below(4) == 0 {
+                        e.record_stream(addr, StreamId(7)).unwrap();
+                    }
+                    e.free(addr).unwrap();
+                }
+                7 => {
+                    let t = rng.below(2) as usize;
+                    let backup = if rng.below(2) == 0 {
+                        Backup::None
+                    } else {
+                        Backup::Host
+                    };
+                    let saved = RefCell::new(Vec::new());
+                    let r = e.pause_tag(tags[t], backup, &mut recorder(&saved));
+                    assert_eq!(r.is_ok(), !paused[t], "[{config}] step {step}: {r:?}");
+                    if r.is_ok() && backup == Backup::Host {
+                        let mut want: Vec<(u64, u64)> = live
+                            .iter()
+                            .filter(|b| b.2 == Some(t))
+                            .map(|b| (b.0, b.1))
+                            .collect();
+                        want.sort();
+                        let mut got = saved.into_inner();
+                        got.sort();
+                        assert_eq!(got, want, "[{config}] step {step}: saved blocks");
+                    }
+                    paused[t] = true;
+                }
+                8 => {
+                    let t = rng.below(2) as usize;
+                    let r = e.resume_tag(tags[t], &mut nothing);
+                    assert_eq!(r.is_ok(), paused[t], "[{config}] step {step}: {r:?}");
+                    paused[t] = false;
+                }
+                _ => e.streams_mut().complete_stream(StreamId(rng.below(3))),
+            }
+            e.assert_valid();
+            for &(addr, size, tag) in &live {
+                let block = e.allocation(addr).expect("a live block stays allocated");
+                assert_eq!(block.size, size, "[{config}] step {step}");
+                let mapped = e.memory().is_accessible(addr, size);
+                assert_eq!(
+                    mapped,
+                    !tag.is_some_and(|t| paused[t]),
+                    "[{config}] step {step}"
+                );
+            }
+        }
+        e.streams_mut().complete_all();
+        for t in 0..2 {
+            if paused[t] {
+                e.resume_tag(tags[t], &mut nothing).unwrap();
+            }
+        }
+        for (addr, _, _) in live {
+            e.free(addr).unwrap();
+        }
+        e.streams_mut().complete_all();
+        e.empty_cache().unwrap();
+        assert_eq!(e.memory().used(), 0, "[{config}] everything goes back");
+        e.assert_valid();
+    }
+}
