@@ -192,14 +192,15 @@ def child(mode, a):
         def region(tag, backup):
             return contextlib.nullcontext
 
+        # thread_local: the sampler thread's cuMemGetInfo may not break the capture.
         def graph_ctx(g):
-            return torch.cuda.graph(g)
+            return torch.cuda.graph(g, capture_error_mode="thread_local")
     else:
         def region(tag, backup):
             return lambda: gpu_alloc.region(tag, enable_cpu_backup=backup)
 
         def graph_ctx(g):
-            return gpu_alloc.cuda_graph(g, tag="kv_cache")
+            return gpu_alloc.cuda_graph(g, tag="kv_cache", capture_error_mode="thread_local")
 
     def pause(*tags):
         if sleep:
