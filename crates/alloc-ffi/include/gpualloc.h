@@ -189,8 +189,8 @@ int gpualloc_tag_pool(int device, const char* tag, uint64_t* pool_first, uint64_
  * GPUALLOC_ERR_INVALID. */
 int gpualloc_bind_tag(int device, const char* tag, uint64_t pool_first, uint64_t pool_second);
 
-/* Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: every device in
- * use): waits for the work of the streams that used its blocks through events on them
+/* Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: on every device
+ * in use that has it): waits for the work of the streams that used its blocks through events on them
  * (never a device-wide synchronize), with backup "host" copies its live blocks to
  * pinned host memory (backup NULL or "none": contents are lost), then unmaps and
  * releases every page of its segments, keeping their addresses. Until gpualloc_resume,
@@ -198,8 +198,8 @@ int gpualloc_bind_tag(int device, const char* tag, uint64_t pool_first, uint64_t
  * blocks is fine. Pausing a paused or unknown tag, or during a capture, fails. */
 int gpualloc_pause(int device, const char* tag, const char* backup);
 
-/* Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: every
- * device in use): maps fresh memory at the same addresses (freeing this allocator's
+/* Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: on every
+ * device in use that has it): maps fresh memory at the same addresses (freeing this allocator's
  * other idle cache first if the device is full) and copies host backups back before
  * returning. GPUALLOC_ERR_OUT_OF_MEMORY leaves the tag paused. Resuming a tag that is
  * not paused, or an unknown one, is GPUALLOC_ERR_INVALID. */

@@ -369,8 +369,8 @@ pub const API: &[ApiFn] = &[
             ("const char*", "tag"),
             ("const char*", "backup"),
         ],
-        doc: "Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: every device in\n\
-              use): waits for the work of the streams that used its blocks through events on them\n\
+        doc: "Pauses the sleep tag `tag` (NULL: every tag not paused) on `device` (-1: on every device\n\
+              in use that has it): waits for the work of the streams that used its blocks through events on them\n\
               (never a device-wide synchronize), with backup \"host\" copies its live blocks to\n\
               pinned host memory (backup NULL or \"none\": contents are lost), then unmaps and\n\
               releases every page of its segments, keeping their addresses. Until gpualloc_resume,\n\
@@ -381,8 +381,8 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_resume",
         params: &[("int", "device"), ("const char*", "tag")],
-        doc: "Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: every\n\
-              device in use): maps fresh memory at the same addresses (freeing this allocator's\n\
+        doc: "Resumes the paused sleep tag `tag` (NULL: every paused tag) on `device` (-1: on every\n\
+              device in use that has it): maps fresh memory at the same addresses (freeing this allocator's\n\
               other idle cache first if the device is full) and copies host backups back before\n\
               returning. GPUALLOC_ERR_OUT_OF_MEMORY leaves the tag paused. Resuming a tag that is\n\
               not paused, or an unknown one, is GPUALLOC_ERR_INVALID.",

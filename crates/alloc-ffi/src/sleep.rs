@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::{Mutex, MutexGuard};
 
-use alloc_core::{Backup, TagInfo};
-use alloc_cuda::{CudaAllocator, PinnedBuffer, PinnedPool};
+use alloc_core::{AllocError, Backup, TagInfo};
+use alloc_cuda::{CudaAllocator, CudaError, PinnedBuffer, PinnedPool};
 
 use crate::state::{self, CtxGuard, FfiError, FfiResult};
 use crate::{c_str, call_int, call_ptr, named_pool, CudaStream};
@@ -40,18 +40,40 @@ unsafe fn tag_arg<'a>(tag: *const c_char) -> FfiResult<Option<&'a str>> {
     unsafe { c_str(tag, "tag") }.map(Some)
 }
 
-/// The tags of `alloc` to pause (`paused == false`) or resume (`true`):
-/// `tag`, or every tag in the other state.
-fn chosen(alloc: &CudaAllocator, tag: Option<&str>, paused: bool) -> FfiResult<Vec<String>> {
-    Ok(match tag {
-        Some(t) => vec![t.to_string()],
-        None => alloc
-            .tags()?
-            .into_iter()
-            .filter(|t| t.paused == paused)
-            .map(|t| t.name)
-            .collect(),
-    })
+/// Runs `f` on every (allocator, tag) that a pause (`paused == false`) or
+/// a resume (`true`) applies to: the named `tag` on `device` (on each
+/// device in use that has it, for -1), or every tag of those devices in
+/// the other state (`tag` NULL). A named tag found nowhere is unknown.
+fn for_each_tag(
+    device: c_int,
+    tag: Option<&str>,
+    paused: bool,
+    f: impl Fn(&CudaAllocator, &str) -> Result<(), CudaError>,
+) -> FfiResult<()> {
+    let mut found = false;
+    for (_, alloc) in state::targets(device)? {
+        let names: Vec<String> = match tag {
+            // The engine's error says what is wrong with the tag there.
+            Some(t) if device >= 0 => vec![t.to_string()],
+            _ => alloc
+                .tags()?
+                .into_iter()
+                .filter(|i| tag.map_or(i.paused == paused, |t| i.name == t))
+                .map(|i| i.name)
+                .collect(),
+        };
+        for name in names {
+            found = true;
+            f(alloc, &name)?;
+        }
+    }
+    match tag {
+        Some(t) if !found => Err(FfiError::from(CudaError::Alloc(AllocError::Tag {
+            tag: t.to_string(),
+            reason: "is unknown: no allocation was tagged with it",
+        }))),
+        _ => Ok(()),
+    }
 }
 
 /// Writes the pool of the sleep tag `tag` on `device` (created on first
@@ -119,12 +141,9 @@ pub unsafe extern "C" fn gpualloc_pause(
         // SAFETY: the caller's contract.
         let (tag, backup) = unsafe { (tag_arg(tag)?, backup_arg(backup)?) };
         let _ctx = CtxGuard::save_if_driver_loaded();
-        for alloc in tag_targets(device, tag)? {
-            for t in chosen(alloc, tag, false)? {
-                alloc.pause(&t, backup)?;
-            }
-        }
-        Ok(())
+        for_each_tag(device, tag, false, |alloc, t| {
+            alloc.pause(t, backup).map(drop)
+        })
     })
 }
 
@@ -139,34 +158,8 @@ pub unsafe extern "C" fn gpualloc_resume(device: c_int, tag: *const c_char) -> c
         // SAFETY: the caller's contract.
         let tag = unsafe { tag_arg(tag) }?;
         let _ctx = CtxGuard::save_if_driver_loaded();
-        for alloc in tag_targets(device, tag)? {
-            for t in chosen(alloc, tag, true)? {
-                alloc.resume(&t)?;
-            }
-        }
-        Ok(())
+        for_each_tag(device, tag, true, |alloc, t| alloc.resume(t).map(drop))
     })
-}
-
-/// The allocators a pause or resume of `tag` applies to. A named tag on
-/// one device must exist there: an allocator that was never created has
-/// no tags, and the error says the tag is unknown.
-fn tag_targets(device: c_int, tag: Option<&str>) -> FfiResult<Vec<&'static CudaAllocator>> {
-    let targets: Vec<_> = state::targets(device)?
-        .into_iter()
-        .map(|(_, a)| a)
-        .collect();
-    if targets.is_empty() && device >= 0 {
-        if let Some(t) = tag {
-            return Err(FfiError::from(alloc_cuda::CudaError::Alloc(
-                alloc_core::AllocError::Tag {
-                    tag: t.to_string(),
-                    reason: "is unknown: no allocation was tagged with it",
-                },
-            )));
-        }
-    }
-    Ok(targets)
 }
 
 /// One tag as JSON (the fields of [`TagInfo`], with its device).

@@ -60,6 +60,16 @@ fn bad_arguments_are_errors_before_any_driver_call() {
             "{}",
             last_error()
         );
+        // A named tag on every device in use: found nowhere, unknown.
+        assert_eq!(
+            gpualloc_pause(-1, c"kv".as_ptr(), std::ptr::null()),
+            GPUALLOC_ERR_INVALID
+        );
+        assert!(
+            last_error().contains("sleep tag \"kv\" is unknown"),
+            "{}",
+            last_error()
+        );
         // Every tag of every device in use: none, nothing to do.
         assert_eq!(
             gpualloc_pause(-1, std::ptr::null(), c"host".as_ptr()),
