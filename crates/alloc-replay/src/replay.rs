@@ -23,6 +23,12 @@ pub enum ReplayError {
     /// The configuration (policy name, keys) was rejected.
     #[error(transparent)]
     Config(#[from] alloc_core::ConfigError),
+    /// The trace has nothing to replay.
+    #[error("{trace}: the trace has no allocations to replay")]
+    NoAllocations {
+        /// Trace name.
+        trace: String,
+    },
     /// The engine failed on an event that should have succeeded.
     #[error("{trace} under {policy}: event {index}: {source}")]
     Engine {

@@ -106,6 +106,18 @@ impl Trace {
             .filter(|e| matches!(e, TraceEvent::Alloc { .. }))
             .count()
     }
+
+    /// Number of distinct streams that allocate.
+    pub fn stream_count(&self) -> usize {
+        self.events
+            .iter()
+            .filter_map(|e| match *e {
+                TraceEvent::Alloc { stream, .. } => Some(stream),
+                TraceEvent::Free { .. } => None,
+            })
+            .collect::<HashSet<u64>>()
+            .len()
+    }
 }
 
 /// Errors from reading or parsing a trace.

@@ -1,0 +1,449 @@
+//! Which setting for a workload: a trace replayed through every
+//! [`Setting`](crate::settings::Setting) and the one the rule picks.
+//!
+//! ## The rule (`docs/advise.md`)
+//!
+//! 1. PyTorch's best is the lower peak reserved of PyTorch's default and its
+//!    expandable segments, both replayed on the trace (the replay reproduces
+//!    PyTorch's figures byte for byte).
+//! 2. Each setting scores its peak reserved plus a charge for the pages it
+//!    moves: every page moved per step costs [`MOVE_WEIGHT`] of PyTorch's
+//!    best peak (a setting that moves 100 pages a step must save more than
+//!    4% to be chosen). Steps come from the trace's repetition
+//!    ([`estimate_steps`]); a trace that does not repeat counts as one step,
+//!    which charges its moves in full.
+//! 3. The lowest score wins; on a tie, fewer page moves, then the earlier
+//!    setting in [`SETTINGS`](crate::settings::SETTINGS) (PyTorch's own
+//!    first).
+
+use std::fmt::Write as _;
+
+use alloc_core::human_bytes;
+use serde::Serialize;
+
+use crate::replay::{replay, ReplayError, ReplayOptions, ReplayReport};
+use crate::settings::{settings_for, Setting};
+use crate::steps::{estimate_steps, StepEstimate};
+use crate::trace::Trace;
+
+/// Fraction of PyTorch's best peak that one page moved per step weighs.
+///
+/// Calibrated on the H100 runs of `docs/policies.md`: with 16 MiB pages GPT-2
+/// training moves 111 pages a step and ResNet-50 8, and both ran within 2%
+/// of PyTorch's step; with 8 MiB pages they move 249 and 22, for 1% and 0.4%
+/// less memory, and ran at 1.03-1.30x and 1.03-1.05x the step. Weights from
+/// 0.00031 to 0.00060 pick 16 MiB pages on both, over 8 MiB pages and over
+/// PyTorch's expandable segments; this one lies inside.
+pub const MOVE_WEIGHT: f64 = 0.0004;
+
+/// Host time of one page move on an H100 (unmap, map, set access; measured
+/// with `benchmarks/vmm_cost`, `docs/policies.md`), for the cost in words.
+pub const H100_MICROS_PER_PAGE_MOVE: f64 = 67.0;
+
+/// One setting's replay, with its place against PyTorch's settings.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The setting.
+    pub setting: Setting,
+    /// The replay's figures.
+    pub report: ReplayReport,
+    /// Pages moved per step (per whole trace when it has no steps).
+    pub pages_moved_per_step: f64,
+    /// Peak reserved / PyTorch's default's.
+    pub vs_pytorch_default: f64,
+    /// Peak reserved / PyTorch's best's.
+    pub vs_pytorch_best: f64,
+    /// The rule's score: peak reserved plus the charge for page moves, bytes.
+    pub score_bytes: f64,
+}
+
+/// A trace's replays under every setting that applies, and the pick.
+#[derive(Debug, Clone, Serialize)]
+pub struct Advice {
+    /// Trace name.
+    pub trace: String,
+    /// Allocations in the trace.
+    pub allocations: u64,
+    /// Streams that allocate.
+    pub streams: u64,
+    /// What the reader found (a wrapped history, ...).
+    pub notes: Vec<String>,
+    /// The simulated device's memory.
+    pub capacity_bytes: u64,
+    /// Steps found in the trace's repetition; `None`: costs are per trace.
+    pub steps: Option<StepEstimate>,
+    /// One per setting, in [`SETTINGS`](crate::settings::SETTINGS) order.
+    pub outcomes: Vec<Outcome>,
+    /// Index of PyTorch's best setting in `outcomes`.
+    pub pytorch_best: usize,
+    /// Index of the recommended setting in `outcomes`.
+    pub recommended: usize,
+}
+
+/// Replays `trace` under every setting that applies and picks one; a trace
+/// without allocations is an error.
+pub fn advise(trace: &Trace, opts: &ReplayOptions) -> Result<Advice, ReplayError> {
+    if trace.alloc_count() == 0 {
+        return Err(ReplayError::NoAllocations {
+            trace: trace.name.clone(),
+        });
+    }
+    let mut runs = Vec::new();
+    for setting in settings_for(trace) {
+        runs.push((
+            *setting,
+            replay(trace, setting.engine_config(), opts)?.report,
+        ));
+    }
+    Ok(Advice::new(trace, opts.capacity, runs))
+}
+
+impl Advice {
+    /// Weighs replays already made: `runs` pairs each setting (PyTorch's
+    /// default and expandable segments among them) with its report.
+    ///
+    /// # Panics
+    ///
+    /// If PyTorch's default or expandable segments has no run.
+    pub fn new(trace: &Trace, capacity: u64, runs: Vec<(Setting, ReplayReport)>) -> Advice {
+        let steps = estimate_steps(trace);
+        let peak_of = |setting: &Setting| {
+            runs.iter()
+                .find(|(s, _)| s == setting)
+                .map(|(_, r)| r.peak_reserved_bytes)
+                .unwrap_or_else(|| panic!("no replay under {}", setting.label))
+        };
+        let default_peak = peak_of(&crate::settings::PYTORCH_DEFAULT).max(1) as f64;
+        let best_peak = peak_of(&crate::settings::PYTORCH_DEFAULT)
+            .min(peak_of(&crate::settings::PYTORCH_EXPANDABLE))
+            .max(1) as f64;
+        let per_step = steps.map_or(1.0, |s| s.steps.max(1) as f64);
+        let outcomes: Vec<Outcome> = runs
+            .into_iter()
+            .map(|(setting, report)| {
+                let peak = report.peak_reserved_bytes as f64;
+                let moves = report.pages_moved as f64 / per_step;
+                Outcome {
+                    setting,
+                    pages_moved_per_step: moves,
+                    vs_pytorch_default: peak / default_peak,
+                    vs_pytorch_best: peak / best_peak,
+                    score_bytes: peak + moves * MOVE_WEIGHT * best_peak,
+                    report,
+                }
+            })
+            .collect();
+        let pytorch_best = lowest(&outcomes, |o| {
+            (
+                if o.setting.pytorch {
+                    o.report.peak_reserved_bytes as f64
+                } else {
+                    f64::INFINITY
+                },
+                0.0,
+            )
+        });
+        let recommended = lowest(&outcomes, |o| (o.score_bytes, o.pages_moved_per_step));
+        Advice {
+            trace: trace.name.clone(),
+            allocations: trace.alloc_count() as u64,
+            streams: trace.stream_count() as u64,
+            notes: trace
+                .header
+                .iter()
+                .filter(|h| h.starts_with("wrapped history"))
+                .cloned()
+                .collect(),
+            capacity_bytes: capacity,
+            steps,
+            outcomes,
+            pytorch_best,
+            recommended,
+        }
+    }
+
+    /// The recommended setting's outcome.
+    pub fn recommendation(&self) -> &Outcome {
+        &self.outcomes[self.recommended]
+    }
+
+    /// PyTorch's best setting's outcome.
+    pub fn best_of_pytorch(&self) -> &Outcome {
+        &self.outcomes[self.pytorch_best]
+    }
+
+    /// The outcome of the setting called `name`, if it was replayed.
+    pub fn outcome(&self, name: &str) -> Option<&Outcome> {
+        self.outcomes.iter().find(|o| o.setting.name == name)
+    }
+
+    /// What a step is here, in words.
+    pub fn step_words(&self) -> String {
+        match self.steps {
+            Some(s) => format!(
+                "a step is {} allocations, repeated about {} times (estimated from the trace's \
+                 repetition: {:.0}% of allocations recur a step later)",
+                s.allocations_per_step,
+                s.steps,
+                s.repeat_fraction * 100.0
+            ),
+            None => "no repeating step found: page moves are counted over the whole trace".into(),
+        }
+    }
+
+    /// The recommendation's cost, in words and numbers.
+    pub fn cost_words(&self) -> String {
+        let r = self.recommendation();
+        let Some(page) = r.setting.page_mb else {
+            return "no page moves: the same work per allocation as PyTorch's allocator".into();
+        };
+        if r.report.pages_moved == 0 {
+            return format!(
+                "no page moves on this trace ({page} MiB pages): nothing beyond PyTorch's \
+                 expandable segments"
+            );
+        }
+        let per = match self.steps {
+            Some(s) => format!(
+                "about {:.1} a step over {} steps",
+                r.pages_moved_per_step, s.steps
+            ),
+            None => "a step could not be told from the trace".into(),
+        };
+        let millis = r.pages_moved_per_step * H100_MICROS_PER_PAGE_MOVE / 1000.0;
+        format!(
+            "{} pages of {page} MiB unmapped and mapped again over the trace ({per}): about \
+             {millis:.1} ms of driver calls {} on an H100 ({H100_MICROS_PER_PAGE_MOVE:.0} us a \
+             page), on the host while the GPU works through queued kernels",
+            r.report.pages_moved,
+            if self.steps.is_some() {
+                "a step"
+            } else {
+                "for the whole trace"
+            },
+        )
+    }
+
+    /// The report `advise` prints.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{}: {} allocations on {} stream{}, replayed on a simulated {} device",
+            self.trace,
+            self.allocations,
+            self.streams,
+            if self.streams == 1 { "" } else { "s" },
+            human_bytes(self.capacity_bytes)
+        );
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        let _ = writeln!(out, "{}\n", self.step_words());
+        let _ = writeln!(
+            out,
+            "{:<44} {:>13} {:>9} {:>7} {:>11}",
+            "setting", "peak reserved", "x default", "x best", "moves/step"
+        );
+        for o in &self.outcomes {
+            let mark = if std::ptr::eq(o, self.recommendation()) {
+                "> "
+            } else {
+                "  "
+            };
+            let _ = writeln!(
+                out,
+                "{mark}{:<42} {:>13} {:>9.3} {:>7.3} {:>11}",
+                o.setting.label,
+                human_bytes(o.report.peak_reserved_bytes),
+                o.vs_pytorch_default,
+                o.vs_pytorch_best,
+                moves_cell(o)
+            );
+        }
+        let r = self.recommendation();
+        let best = self.best_of_pytorch();
+        let _ = writeln!(
+            out,
+            "\nrecommended: {} ({} peak reserved: {:.3}x PyTorch's default, {:.3}x its best, {})",
+            r.setting.label,
+            human_bytes(r.report.peak_reserved_bytes),
+            r.vs_pytorch_default,
+            r.vs_pytorch_best,
+            best.setting.label
+        );
+        let _ = writeln!(out, "  {}", r.setting.enable_call());
+        if r.setting.config.is_empty() {
+            let _ = writeln!(out, "  (GPUALLOC_CONF unset)");
+        } else {
+            let _ = writeln!(out, "  or GPUALLOC_CONF=\"{}\"", r.setting.config);
+        }
+        if r.setting.pytorch {
+            let _ = writeln!(
+                out,
+                "  PyTorch's own allocator does as well here{}",
+                if r.setting.config.is_empty() {
+                    String::new()
+                } else {
+                    format!(": PYTORCH_CUDA_ALLOC_CONF=\"{}\"", r.setting.config)
+                }
+            );
+        }
+        let _ = writeln!(out, "cost: {}", self.cost_words());
+        let _ = writeln!(
+            out,
+            "rule: the lowest peak reserved, each page moved per step charged {}% of PyTorch's \
+             best peak (docs/advise.md)",
+            MOVE_WEIGHT * 100.0
+        );
+        out
+    }
+
+    /// The advice as JSON: the fields, the `enable()` call, the
+    /// `GPUALLOC_CONF` value, the cost in words and the text report.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut value = serde_json::to_value(self).expect("the advice serializes");
+        let r = self.recommendation();
+        if let serde_json::Value::Object(map) = &mut value {
+            map.insert("recommended_setting".into(), r.setting.name.into());
+            map.insert("enable_call".into(), r.setting.enable_call().into());
+            map.insert("gpualloc_conf".into(), r.setting.config.into());
+            map.insert("cost".into(), self.cost_words().into());
+            map.insert("text".into(), self.to_text().into());
+        }
+        value
+    }
+}
+
+/// A page-move count for the tables: blank for settings that move none.
+fn moves_cell(o: &Outcome) -> String {
+    match (o.setting.page_mb, o.report.pages_moved) {
+        (None, _) => String::new(),
+        (Some(_), 0) => "0".into(),
+        (Some(_), _) => format!("{:.1}", o.pages_moved_per_step),
+    }
+}
+
+/// Index of the outcome with the lowest key; the earliest among equals.
+fn lowest(outcomes: &[Outcome], key: impl Fn(&Outcome) -> (f64, f64)) -> usize {
+    let mut best = 0;
+    for (i, o) in outcomes.iter().enumerate().skip(1) {
+        if key(o).partial_cmp(&key(&outcomes[best])) == Some(std::cmp::Ordering::Less) {
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{PYTORCH_DEFAULT, PYTORCH_EXPANDABLE, SETTINGS};
+
+    fn report(peak: u64, moved: u64) -> ReplayReport {
+        ReplayReport {
+            trace: "t".into(),
+            policy: "p".into(),
+            ops: 0,
+            peak_requested_bytes: peak / 2,
+            peak_allocated_bytes: peak / 2,
+            peak_reserved_bytes: peak,
+            reserved_over_requested: 2.0,
+            device_allocs: 1,
+            device_frees: 0,
+            pages_moved: moved,
+            stream_waits: 0,
+            retries: 0,
+            ooms: 0,
+            ns_per_op: f64::NAN,
+        }
+    }
+
+    /// Advice over a trace without steps: moves are charged per trace.
+    fn advice(runs: &[(usize, u64, u64)]) -> Advice {
+        let runs = runs
+            .iter()
+            .map(|&(i, peak, moved)| (SETTINGS[i], report(peak, moved)))
+            .collect();
+        Advice::new(&Trace::default(), 1 << 30, runs)
+    }
+
+    #[test]
+    fn pytorchs_best_is_the_lower_of_its_two_settings() {
+        let a = advice(&[(0, 1000, 0), (1, 800, 0)]);
+        assert_eq!(a.best_of_pytorch().setting, PYTORCH_EXPANDABLE);
+        assert_eq!(a.recommendation().setting, PYTORCH_EXPANDABLE);
+        assert!((a.outcomes[0].vs_pytorch_best - 1.25).abs() < 1e-12);
+        let a = advice(&[(0, 800, 0), (1, 800, 0)]);
+        assert_eq!(
+            a.best_of_pytorch().setting,
+            PYTORCH_DEFAULT,
+            "ties: the default"
+        );
+    }
+
+    #[test]
+    fn page_moves_are_charged_against_the_saving() {
+        // 100 pages moved: 4% of 1,000,000 bytes, so a 3.5% saving loses...
+        let a = advice(&[(0, 1_000_000, 0), (1, 1_000_000, 0), (2, 965_000, 100)]);
+        assert_eq!(a.recommendation().setting, PYTORCH_DEFAULT);
+        // ... and a 4.5% saving wins.
+        let a = advice(&[(0, 1_000_000, 0), (1, 1_000_000, 0), (2, 955_000, 100)]);
+        assert_eq!(a.recommendation().setting.name, "unmap16");
+        // More moves must buy more: 8 MiB pages win only past their charge.
+        let a = advice(&[
+            (0, 1_000_000, 0),
+            (1, 1_000_000, 0),
+            (2, 955_000, 100),
+            (3, 950_000, 200),
+        ]);
+        assert_eq!(a.recommendation().setting.name, "unmap16");
+        let a = advice(&[
+            (0, 1_000_000, 0),
+            (1, 1_000_000, 0),
+            (2, 955_000, 100),
+            (3, 900_000, 200),
+        ]);
+        assert_eq!(a.recommendation().setting.name, "unmap8");
+    }
+
+    #[test]
+    fn equal_scores_go_to_fewer_moves_then_pytorchs_setting() {
+        let a = advice(&[(0, 900, 0), (1, 800, 0), (2, 800, 0)]);
+        assert_eq!(a.recommendation().setting, PYTORCH_EXPANDABLE);
+    }
+
+    #[test]
+    fn the_text_names_the_call_and_the_cost() {
+        let a = advice(&[(0, 1_000_000, 0), (1, 1_000_000, 0), (2, 955_000, 100)]);
+        let text = a.to_text();
+        assert!(
+            text.contains("gpu_alloc.enable(\"expandable_segments:True,unmap_free_pages:True\")"),
+            "{text}"
+        );
+        assert!(text.contains("100 pages of 16 MiB"), "{text}");
+        assert!(text.contains("for the whole trace"), "{text}");
+        let json = a.to_json();
+        assert_eq!(json["recommended_setting"], "unmap16");
+        assert_eq!(
+            json["gpualloc_conf"],
+            "expandable_segments:True,unmap_free_pages:True"
+        );
+        assert_eq!(json["text"], text.as_str());
+    }
+
+    #[test]
+    fn pytorchs_own_setting_says_pytorch_does_as_well() {
+        let a = advice(&[(0, 1000, 0), (1, 800, 0), (2, 800, 10)]);
+        let text = a.to_text();
+        assert!(
+            text.contains("PYTORCH_CUDA_ALLOC_CONF=\"expandable_segments:True\""),
+            "{text}"
+        );
+        assert!(
+            a.cost_words().starts_with("no page moves"),
+            "{}",
+            a.cost_words()
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! The settings worth choosing between, as the advice weighs them.
+//!
+//! PyTorch's two settings (its default rules and its expandable segments),
+//! which the replay reproduces byte for byte, against ours that reserve
+//! less: `unmap_free_pages` with 16 MiB pages (its default) and 8 MiB pages,
+//! size classes (the lowest host cost), and, on traces with several
+//! streams, stream-wait reuse for FSDP-style training.
+
+use serde::Serialize;
+
+use crate::trace::Trace;
+
+/// One setting: a configuration string and what it is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Setting {
+    /// Short name, for table columns (`unmap16`).
+    pub name: &'static str,
+    /// What it is, in words.
+    pub label: &'static str,
+    /// The configuration string (`GPUALLOC_CONF`, `gpu_alloc.enable(...)`);
+    /// empty for the default.
+    pub config: &'static str,
+    /// PyTorch's own allocator has this setting (and the replay reproduces
+    /// it): `PYTORCH_CUDA_ALLOC_CONF` takes the same string.
+    pub pytorch: bool,
+    /// The page size it moves, in MiB (`unmap_free_pages`), if it moves any.
+    pub page_mb: Option<u64>,
+    /// It only differs from the others where several streams share memory.
+    pub multi_stream: bool,
+}
+
+/// PyTorch's default rules (ours reproduce them: `policy:pytorch-bfc`).
+pub const PYTORCH_DEFAULT: Setting = Setting {
+    name: "default",
+    label: "PyTorch's default",
+    config: "",
+    pytorch: true,
+    page_mb: None,
+    multi_stream: false,
+};
+
+/// PyTorch's expandable segments (reproduced byte for byte).
+pub const PYTORCH_EXPANDABLE: Setting = Setting {
+    name: "expandable",
+    label: "PyTorch's expandable segments",
+    config: "expandable_segments:True",
+    pytorch: true,
+    page_mb: None,
+    multi_stream: false,
+};
+
+/// Every setting the advice replays, in the order of the tables; the first
+/// two are PyTorch's.
+pub const SETTINGS: &[Setting] = &[
+    PYTORCH_DEFAULT,
+    PYTORCH_EXPANDABLE,
+    Setting {
+        name: "unmap16",
+        label: "unmap_free_pages, 16 MiB pages",
+        config: "expandable_segments:True,unmap_free_pages:True",
+        pytorch: false,
+        page_mb: Some(16),
+        multi_stream: false,
+    },
+    Setting {
+        name: "unmap8",
+        label: "unmap_free_pages, 8 MiB pages",
+        config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8",
+        pytorch: false,
+        page_mb: Some(8),
+        multi_stream: false,
+    },
+    Setting {
+        name: "size-class",
+        label: "size classes",
+        config: "policy:size-class",
+        pytorch: false,
+        page_mb: None,
+        multi_stream: false,
+    },
+    Setting {
+        name: "stream-wait",
+        label: "stream-wait reuse + unmap_free_pages (FSDP)",
+        config: "stream_wait_reuse:True,expandable_segments:True,unmap_free_pages:True",
+        pytorch: false,
+        page_mb: Some(16),
+        multi_stream: true,
+    },
+];
+
+impl Setting {
+    /// The configuration string the engine takes (`policy:pytorch-bfc` for
+    /// the default's empty one).
+    pub fn engine_config(&self) -> &'static str {
+        if self.config.is_empty() {
+            "policy:pytorch-bfc"
+        } else {
+            self.config
+        }
+    }
+
+    /// The Python call that selects it.
+    pub fn enable_call(&self) -> String {
+        if self.config.is_empty() {
+            "gpu_alloc.enable()".to_string()
+        } else {
+            format!("gpu_alloc.enable(\"{}\")", self.config)
+        }
+    }
+}
+
+/// The settings that apply to `trace`: stream-wait reuse only where the
+/// trace uses more than one stream (on one stream it is `unmap16`).
+pub fn settings_for(trace: &Trace) -> Vec<&'static Setting> {
+    let streams = trace.stream_count();
+    SETTINGS
+        .iter()
+        .filter(|s| !s.multi_stream || streams > 1)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::TraceEvent;
+
+    #[test]
+    fn every_setting_parses_and_the_first_two_are_pytorchs() {
+        for s in SETTINGS {
+            alloc_core::AllocatorConfig::parse(s.engine_config())
+                .unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        }
+        assert_eq!(SETTINGS[0], PYTORCH_DEFAULT);
+        assert_eq!(SETTINGS[1], PYTORCH_EXPANDABLE);
+        assert!(SETTINGS[2..].iter().all(|s| !s.pytorch));
+        assert_eq!(PYTORCH_DEFAULT.enable_call(), "gpu_alloc.enable()");
+        assert_eq!(
+            PYTORCH_EXPANDABLE.enable_call(),
+            "gpu_alloc.enable(\"expandable_segments:True\")"
+        );
+    }
+
+    #[test]
+    fn stream_wait_reuse_applies_to_traces_with_several_streams() {
+        let alloc = |id, stream| TraceEvent::Alloc {
+            id,
+            size: 1 << 20,
+            stream,
+        };
+        let one = Trace {
+            events: vec![alloc(1, 0), alloc(2, 0)],
+            ..Trace::default()
+        };
+        let two = Trace {
+            events: vec![alloc(1, 0), alloc(2, 1)],
+            ..Trace::default()
+        };
+        let names = |t: &Trace| settings_for(t).iter().map(|s| s.name).collect::<Vec<_>>();
+        assert!(!names(&one).contains(&"stream-wait"));
+        assert!(names(&two).contains(&"stream-wait"));
+        assert_eq!(names(&two).len(), SETTINGS.len());
+    }
+}
