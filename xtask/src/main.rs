@@ -1,12 +1,17 @@
 //! Project tasks, run as `cargo xtask <command>`.
 //!
-//! - `replay`: replays allocation traces through every policy on the
-//!   simulated device; prints a table, writes JSON and an SVG plot.
+//! - `replay`: which setting for each bundled trace: PyTorch's settings and
+//!   ours replayed on the simulated device; a summary, the full table, JSON,
+//!   a picture (SVG and PNG).
+//! - `advise`: which setting for one workload, from its PyTorch snapshot.
 //! - `test-gpu`: builds and runs (or bundles) alloc-cuda's GPU suite.
 
 #![forbid(unsafe_code)]
 
+mod advise;
+mod figure;
 mod replay;
+mod table;
 mod test_gpu;
 
 use std::process::ExitCode;
@@ -14,17 +19,24 @@ use std::process::ExitCode;
 const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
-  replay [--policy P]... [--json FILE] [--plot FILE] [--capacity-gib N] [--runs N]
-         [--gpu-lag EVENTS] [--device N] [TRACE]...
-      Replays traces (text .trace[.gz] or PyTorch snapshot pickles; default: the
-      bundled traces/) through each policy P (a name such as `buddy`, or a full
-      config string such as `policy:pytorch-bfc,max_split_size_mb:64`; default:
-      every compiled-in policy) on the simulated device. --gpu-lag N: the simulated
-      GPU runs N events behind the host, so unmap_free_pages meets busy pages and
-      waits (the `waits` column); without it, events complete only when waited for.
-      --device N: the device of a snapshot pickle (default: the first with events).
-      --runs N: timed repetitions per trace and policy (the fastest counts);
-      --capacity-gib N: the simulated device's memory (printed before the table).
+  replay [--all] [--json FILE] [--policy P]... [--plot FILE.svg] [--capacity-gib N]
+         [--runs N] [--gpu-lag EVENTS] [--device N] [TRACE]...
+      Which setting for each trace (default: the bundled traces/ and ../shared/traces;
+      text .trace[.gz] or PyTorch snapshot pickles): PyTorch's default and expandable
+      segments against ours, replayed on the simulated device; prints a summary with
+      the setting the rule of docs/advise.md recommends, and draws FILE.svg and
+      FILE.png (default target/replay/replay.svg). --all: the full table, with every
+      compiled-in policy; --json FILE: writes it; --policy P: these policies (a name
+      such as `buddy` or a config string) instead of every compiled-in one (implies
+      the full table). --gpu-lag N: the simulated GPU runs N events behind the host,
+      so unmap_free_pages meets busy pages (the `waits` column). --device N: the
+      device of a snapshot pickle (default: the first with events). --runs N: timed
+      repetitions for the host ns/op (default 3 for the full table, 0 otherwise);
+      --capacity-gib N: the simulated device's memory (printed first).
+  advise SNAPSHOT [--device N] [--json FILE] [--capacity-gib N]
+      Which setting for one workload: replays a torch.cuda.memory._dump_snapshot()
+      pickle (or a trace file) under each setting and prints the recommendation,
+      the gpu_alloc.enable(...) call and its cost in page moves per step.
   test-gpu [--bundle DIR] [--features LIST] [--full]
       Builds alloc-cuda's GPU suite (tests run with --ignored --test-threads=1,
       the examples, the benchmark) and runs it here, or with --bundle packs it
@@ -43,6 +55,7 @@ fn main() -> ExitCode {
     }
     let result = match args.first().map(String::as_str) {
         Some("replay") => replay::parse(&args[1..]).map(replay::run),
+        Some("advise") => advise::parse(&args[1..]).map(advise::run),
         Some("test-gpu") => test_gpu::parse(&args[1..]).map(test_gpu::run),
         Some("help") => {
             println!("{USAGE}");

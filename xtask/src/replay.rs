@@ -1,23 +1,39 @@
-//! `cargo xtask replay`: every trace x every policy on the simulated device.
+//! `cargo xtask replay`: which setting for each bundled trace.
+//!
+//! Every trace is replayed under PyTorch's two settings (reproduced byte for
+//! byte) and ours ([`alloc_replay::SETTINGS`]); a short summary compares
+//! them and names the setting the rule of `docs/advise.md` picks. `--all`
+//! prints the full table (every compiled-in policy too), `--json` writes it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use alloc_core::{human_bytes, GIB};
-use alloc_replay::plot::{downsample, render_panels, Chart, Series};
+use alloc_replay::{
+    load_trace_of, replay, settings_for, Advice, ReplayOptions, ReplayReport, Trace, TraceEvent,
+};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Points per plotted series: enough to show every peak's shape, small
-/// enough to keep a plot of all traces x all policies around a megabyte.
-const PLOT_POINTS: usize = 400;
-use alloc_replay::{load_trace_of, replay, ReplayOptions, ReplayReport};
+use crate::figure::{self, Line, Panel, Role};
+use crate::table::Table;
+
+/// Points per plotted line: enough for every peak's shape at panel size.
+const PLOT_POINTS: usize = 300;
+/// Timed repetitions per replay for the full table's host ns/op.
+const FULL_TABLE_RUNS: usize = 3;
+/// Runs shorter than this show no progress bar.
+const QUIET_FOR: Duration = Duration::from_secs(1);
 
 /// `cargo xtask replay`'s options.
 pub struct Args {
+    all: bool,
     policies: Vec<String>,
     json: Option<PathBuf>,
     plot: PathBuf,
     traces: Vec<PathBuf>,
-    /// A snapshot's device (default: the first with events).
     device: Option<usize>,
+    runs: Option<usize>,
     opts: ReplayOptions,
 }
 
@@ -25,17 +41,20 @@ pub struct Args {
 pub fn parse(args: &[String]) -> Result<Args, String> {
     use lexopt::prelude::*;
     let mut out = Args {
+        all: false,
         policies: Vec::new(),
         json: None,
         plot: crate::workspace_root().join("target/replay/replay.svg"),
         traces: Vec::new(),
         device: None,
+        runs: None,
         opts: ReplayOptions::default(),
     };
     let text = |e: lexopt::Error| e.to_string();
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(text)? {
         match arg {
+            Long("all") => out.all = true,
             Long("policy") => out
                 .policies
                 .push(p.value().map_err(text)?.string().map_err(text)?),
@@ -45,7 +64,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
                 let gib: u64 = p.value().map_err(text)?.parse().map_err(text)?;
                 out.opts.capacity = gib * GIB;
             }
-            Long("runs") => out.opts.timed_runs = p.value().map_err(text)?.parse().map_err(text)?,
+            Long("runs") => out.runs = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("device") => out.device = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("gpu-lag") => {
                 out.opts.gpu_lag = Some(p.value().map_err(text)?.parse().map_err(text)?);
@@ -54,7 +73,9 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             other => return Err(other.unexpected().to_string()),
         }
     }
-    if out.policies.is_empty() {
+    let full = out.all || out.json.is_some() || !out.policies.is_empty();
+    out.opts.timed_runs = out.runs.unwrap_or(if full { FULL_TABLE_RUNS } else { 0 });
+    if full && out.policies.is_empty() {
         out.policies = alloc_policy::policy_names();
     }
     if out.traces.is_empty() {
@@ -63,20 +84,29 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
     Ok(out)
 }
 
-/// Every trace file in the repository's `traces/` folder.
+/// The trace files of the repository's `traces/` folder and, where the
+/// clone has it beside it, `../shared/traces`.
 fn bundled_traces() -> Result<Vec<PathBuf>, String> {
-    let dir = crate::workspace_root().join("traces");
-    let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .map_err(|e| format!("reading {}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            name.ends_with(".trace.gz") || name.ends_with(".trace") || name.ends_with(".pickle")
-        })
-        .collect();
-    found.sort();
+    let root = crate::workspace_root();
+    let mut found = Vec::new();
+    for dir in [root.join("traces"), root.join("../shared/traces")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        let mut here: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                [".trace.gz", ".trace", ".pickle"]
+                    .iter()
+                    .any(|s| name.ends_with(s))
+            })
+            .collect();
+        here.sort();
+        found.extend(here);
+    }
     if found.is_empty() {
-        return Err(format!("no traces in {}", dir.display()));
+        return Err(format!("no traces in {}", root.join("traces").display()));
     }
     Ok(found)
 }
@@ -90,72 +120,484 @@ fn config_for(policy: &str) -> String {
     }
 }
 
-/// Replays every trace through every policy and writes the reports.
+/// One trace (files with the same events count once) and its replays.
+struct TraceResult {
+    label: String,
+    files: Vec<String>,
+    advice: Advice,
+    /// The full table's other policies.
+    others: Vec<ReplayReport>,
+    panel: Panel,
+}
+
+/// Replays every trace and writes the reports.
 pub fn run(args: Args) -> Result<(), String> {
-    let mut reports: Vec<ReplayReport> = Vec::new();
-    let mut charts = Vec::new();
-    for path in &args.traces {
-        let trace =
-            load_trace_of(path, args.device).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut chart = Chart {
-            title: format!("{} ({} events)", trace.name, trace.events.len()),
-            x_label: "event".into(),
-            y_label: "bytes".into(),
-            series: Vec::new(),
-        };
-        for policy in &args.policies {
-            let run = replay(&trace, &config_for(policy), &args.opts).map_err(|e| e.to_string())?;
-            let label = &run.report.policy;
-            chart.series.push(series(
-                &format!("{label} reserved"),
-                &run.timeline,
-                |p| p.2,
-                false,
-            ));
-            chart.series.push(series(
-                &format!("{label} allocated"),
-                &run.timeline,
-                |p| p.1,
-                true,
-            ));
-            reports.push(run.report);
-        }
-        charts.push(chart);
+    let traces = distinct(load(&args)?);
+    let extras: Vec<String> = args.policies.iter().map(|p| config_for(p)).collect();
+    let mut progress = Progress::new(
+        traces
+            .iter()
+            .map(|(t, _)| settings_for(t).len() + extras.len())
+            .sum(),
+    );
+    let mut results = Vec::new();
+    for (trace, files) in &traces {
+        results.push(replay_trace(
+            trace,
+            files,
+            &extras,
+            &args.opts,
+            &mut progress,
+        )?);
     }
+    progress.done();
+
     println!(
-        "simulated device: {} (--capacity-gib N to change)",
+        "simulated device: {} (--capacity-gib N to change)\n",
         human_bytes(args.opts.capacity)
     );
-    print_table(&reports);
-    if let Some(json) = &args.json {
-        write(
-            json,
-            &serde_json::to_string_pretty(&reports).map_err(|e| e.to_string())?,
-        )?;
-        println!("wrote {}", json.display());
+    print_summary(&results);
+    if args.all || !args.policies.is_empty() {
+        println!();
+        print_full_table(&results);
     }
-    write(&args.plot, &render_panels(&charts, 1))?;
-    println!("wrote {}", args.plot.display());
+    if let Some(json) = &args.json {
+        write(json, &json_report(&results, args.opts.capacity))?;
+        println!("wrote {}", shown(json));
+    }
+    let png = args.plot.with_extension("png");
+    let panels: Vec<Panel> = results.into_iter().map(|r| r.panel).collect();
+    figure::write(
+        &panels,
+        "Reserved memory over each trace (x: its events), PyTorch's settings and ours",
+        &args.plot,
+        &png,
+    )?;
+    println!("wrote {} and {}", shown(&args.plot), shown(&png));
     Ok(())
 }
 
-fn series(
-    label: &str,
-    timeline: &[(u64, u64, u64)],
-    pick: fn(&(u64, u64, u64)) -> u64,
-    dashed: bool,
-) -> Series {
-    Series {
-        label: label.to_string(),
-        points: downsample(
-            &timeline
-                .iter()
-                .map(|p| (p.0 as f64, pick(p) as f64))
-                .collect::<Vec<_>>(),
-            PLOT_POINTS,
-        ),
-        dashed,
+fn load(args: &Args) -> Result<Vec<(Trace, String)>, String> {
+    args.traces
+        .iter()
+        .map(|path| {
+            let trace =
+                load_trace_of(path, args.device).map_err(|e| format!("{}: {e}", path.display()))?;
+            let file = path.file_name().map_or_else(
+                || path.display().to_string(),
+                |f| f.to_string_lossy().into_owned(),
+            );
+            Ok((trace, file))
+        })
+        .collect()
+}
+
+/// Traces with the same events (a `.trace.gz` and the `.pickle` it was
+/// converted from, a second recording of the same run, a copy in
+/// `../shared/traces`) count once, under the first one's name; traces of the
+/// same name with different events are told apart by their file names.
+fn distinct(traces: Vec<(Trace, String)>) -> Vec<(Trace, Vec<String>)> {
+    let mut out: Vec<(Trace, Vec<String>, Vec<Normalized>)> = Vec::new();
+    for (trace, file) in traces {
+        let events = normalized(&trace);
+        if let Some(same) = out.iter_mut().find(|(_, _, e)| *e == events) {
+            if !same.1.contains(&file) {
+                same.1.push(file);
+            }
+            continue;
+        }
+        out.push((trace, vec![file], events));
     }
+    let mut names: HashMap<String, usize> = HashMap::new();
+    for (trace, _, _) in &out {
+        *names.entry(trace.name.clone()).or_default() += 1;
+    }
+    out.into_iter()
+        .map(|(mut trace, files, _)| {
+            if names[&trace.name] > 1 {
+                trace.name = files[0].clone();
+            }
+            (trace, files)
+        })
+        .collect()
+}
+
+/// An event with its id replaced by the order of the id's first use.
+type Normalized = (bool, u64, u64, u64);
+
+fn normalized(trace: &Trace) -> Vec<Normalized> {
+    let mut ids: HashMap<u64, u64> = HashMap::new();
+    let mut id_of = |id: u64| {
+        let next = ids.len() as u64;
+        *ids.entry(id).or_insert(next)
+    };
+    let mut out: Vec<Normalized> = trace
+        .events
+        .iter()
+        .map(|e| match *e {
+            TraceEvent::Alloc { id, size, stream } => (true, id_of(id), size, stream),
+            TraceEvent::Free { id, stream } => (false, id_of(id), 0, stream),
+        })
+        .collect();
+    out.extend(
+        trace
+            .segment_allocs
+            .iter()
+            .map(|&s| (false, u64::MAX, s, 0)),
+    );
+    out
+}
+
+/// A progress bar on stderr, shown once the run has taken a second.
+struct Progress {
+    bar: ProgressBar,
+    start: Instant,
+    shown: bool,
+}
+
+impl Progress {
+    fn new(total: usize) -> Progress {
+        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::hidden());
+        bar.set_style(
+            ProgressStyle::with_template("{wide_msg} [{bar:20}] {pos}/{len} replays {elapsed}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        Progress {
+            bar,
+            start: Instant::now(),
+            shown: false,
+        }
+    }
+
+    fn replaying(&mut self, what: String) {
+        if !self.shown && self.start.elapsed() >= QUIET_FOR {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+            self.shown = true;
+        }
+        self.bar.set_message(what);
+    }
+
+    fn replayed(&self) {
+        self.bar.inc(1);
+    }
+
+    fn done(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+fn replay_trace(
+    trace: &Trace,
+    files: &[String],
+    extras: &[String],
+    opts: &ReplayOptions,
+    progress: &mut Progress,
+) -> Result<TraceResult, String> {
+    let mut runs = Vec::new();
+    let mut lines = Vec::new();
+    for setting in settings_for(trace) {
+        progress.replaying(format!("{} {}", trace.name, setting.name));
+        let run = replay(trace, setting.engine_config(), opts).map_err(|e| e.to_string())?;
+        progress.replayed();
+        let role = match setting.name {
+            "default" => Some(Role::PyTorchDefault),
+            "expandable" => Some(Role::PyTorchExpandable),
+            "unmap16" => Some(Role::Unmap16),
+            "unmap8" => Some(Role::Unmap8),
+            _ => None,
+        };
+        if role == Some(Role::PyTorchDefault) {
+            lines.push(line(Role::Allocated, &run.timeline, |p| p.1));
+        }
+        if let Some(role) = role {
+            lines.push(line(role, &run.timeline, |p| p.2));
+        }
+        runs.push((*setting, run.report));
+    }
+    let advice = Advice::new(trace, opts.capacity, runs);
+    let mut others = Vec::new();
+    for config in extras {
+        if advice
+            .outcomes
+            .iter()
+            .any(|o| o.setting.engine_config() == config)
+        {
+            continue;
+        }
+        progress.replaying(format!("{} {config}", trace.name));
+        others.push(
+            replay(trace, config, opts)
+                .map_err(|e| e.to_string())?
+                .report,
+        );
+        progress.replayed();
+    }
+    let pick = advice.recommendation();
+    let panel = Panel {
+        title: trace.name.clone(),
+        subtitle: format!(
+            "recommended: {} ({:.3}x PyTorch's best)",
+            pick.setting.name, pick.vs_pytorch_best
+        ),
+        lines,
+    };
+    Ok(TraceResult {
+        label: trace.name.clone(),
+        files: files.to_vec(),
+        advice,
+        others,
+        panel,
+    })
+}
+
+/// Pages per step: one decimal below 10.
+fn per_step(pages: f64) -> String {
+    if pages < 10.0 {
+        format!("{pages:.1}")
+    } else {
+        format!("{pages:.0}")
+    }
+}
+
+fn line(role: Role, timeline: &[(u64, u64, u64)], pick: fn(&(u64, u64, u64)) -> u64) -> Line {
+    let points: Vec<(f64, f64)> = timeline
+        .iter()
+        .map(|p| (p.0 as f64, pick(p) as f64))
+        .collect();
+    Line {
+        role,
+        points: figure::downsample(&points, PLOT_POINTS),
+    }
+}
+
+/// Per trace: PyTorch's best, every setting against it, and the pick.
+fn print_summary(results: &[TraceResult]) {
+    let names: Vec<&str> = alloc_replay::SETTINGS
+        .iter()
+        .map(|s| s.name)
+        .filter(|n| results.iter().any(|r| r.advice.outcome(n).is_some()))
+        .collect();
+    println!(
+        "Peak reserved per trace as a ratio to PyTorch's best setting (its default or\n\
+         expandable segments, which the replay reproduces byte for byte: 1.000 in its\n\
+         column); in parentheses, pages moved per step.\n"
+    );
+    let mut table = Table::new(
+        ["trace", "PyTorch's best"]
+            .into_iter()
+            .chain(names.iter().copied()),
+    );
+    for r in results {
+        let best = r.advice.best_of_pytorch();
+        let mut row = vec![
+            r.label.clone(),
+            human_bytes(best.report.peak_reserved_bytes),
+        ];
+        for name in &names {
+            row.push(r.advice.outcome(name).map_or(String::new(), |o| {
+                match (o.setting.page_mb, o.report.pages_moved) {
+                    (Some(_), moved) if moved > 0 => {
+                        format!(
+                            "{:.3} ({})",
+                            o.vs_pytorch_best,
+                            per_step(o.pages_moved_per_step)
+                        )
+                    }
+                    _ => format!("{:.3}", o.vs_pytorch_best),
+                }
+            }));
+        }
+        table.row(row);
+    }
+    print!("{}", table.plain());
+
+    println!("\nRecommended (the rule: docs/advise.md; `cargo xtask advise TRACE` explains one):");
+    let mut picks = Table::new([
+        "trace",
+        "setting",
+        "peak",
+        "x default",
+        "x best",
+        "moves/step",
+    ]);
+    for r in results {
+        let o = r.advice.recommendation();
+        picks.row([
+            r.label.clone(),
+            o.setting.name.to_string(),
+            human_bytes(o.report.peak_reserved_bytes),
+            format!("{:.3}", o.vs_pytorch_default),
+            format!("{:.3}", o.vs_pytorch_best),
+            match o.setting.page_mb {
+                Some(_) => per_step(o.pages_moved_per_step),
+                None => "-".into(),
+            },
+        ]);
+    }
+    print!("{}", picks.plain());
+
+    println!("\nSettings (GPUALLOC_CONF / gpu_alloc.enable(...)):");
+    for s in alloc_replay::SETTINGS
+        .iter()
+        .filter(|s| names.contains(&s.name))
+    {
+        let config = match (s.config, s.page_mb) {
+            ("", _) => "(none: PyTorch's rules)".to_string(),
+            (config, Some(16)) => format!("{config} (16 MiB pages)"),
+            (config, _) => config.to_string(),
+        };
+        println!("  {:<11} {config}", s.name);
+    }
+    for r in results.iter().filter(|r| r.files.len() > 1) {
+        let (last, rest) = r.files.split_last().expect("a trace has a file");
+        println!(
+            "{} and {last}\n  hold the same events: replayed once, as {}",
+            rest.join(", "),
+            r.label
+        );
+    }
+    for r in results {
+        for note in &r.advice.notes {
+            println!("  {}: {note}", r.label);
+        }
+    }
+}
+
+/// Every replay, every figure; columns zero in every row and `+gc-age`
+/// rows equal to their base are left out (and said so).
+fn print_full_table(results: &[TraceResult]) {
+    let mut table = Table::new([
+        "trace",
+        "setting",
+        "peak requested",
+        "peak allocated",
+        "peak reserved",
+        "x default",
+        "x best",
+        "reserved/requested",
+        "device allocs",
+        "device frees",
+        "pages moved",
+        "waits",
+        "retries",
+        "OOMs",
+        "ns/op",
+    ]);
+    // Policy -> traces where it gave its base policy's figures.
+    let mut same_as_base: Vec<(String, Vec<&str>)> = Vec::new();
+    for r in results {
+        let default = r.advice.outcomes[0].report.peak_reserved_bytes.max(1) as f64;
+        let best = r.advice.best_of_pytorch().report.peak_reserved_bytes.max(1) as f64;
+        let rows = r
+            .advice
+            .outcomes
+            .iter()
+            .map(|o| (o.setting.name.to_string(), &o.report))
+            .chain(r.others.iter().map(|rep| (rep.policy.clone(), rep)));
+        for (name, rep) in rows {
+            if let Some(base) = name.strip_suffix("+gc-age") {
+                if base_row(r, base).is_some_and(|b| same_figures(b, rep)) {
+                    match same_as_base.iter_mut().find(|(p, _)| *p == name) {
+                        Some((_, traces)) => traces.push(&r.label),
+                        None => same_as_base.push((name, vec![&r.label])),
+                    }
+                    continue;
+                }
+            }
+            table.row([
+                r.label.clone(),
+                name,
+                human_bytes(rep.peak_requested_bytes),
+                human_bytes(rep.peak_allocated_bytes),
+                human_bytes(rep.peak_reserved_bytes),
+                format!("{:.3}", rep.peak_reserved_bytes as f64 / default),
+                format!("{:.3}", rep.peak_reserved_bytes as f64 / best),
+                format!("{:.3}", rep.reserved_over_requested),
+                rep.device_allocs.to_string(),
+                rep.device_frees.to_string(),
+                rep.pages_moved.to_string(),
+                rep.stream_waits.to_string(),
+                rep.retries.to_string(),
+                rep.ooms.to_string(),
+                if rep.ns_per_op.is_finite() {
+                    format!("{:.0}", rep.ns_per_op)
+                } else {
+                    "0".into()
+                },
+            ]);
+        }
+    }
+    let dropped = table.drop_zero_columns();
+    print!("{}", table.markdown());
+    if !dropped.is_empty() {
+        println!("(zero in every row, left out: {})", dropped.join(", "));
+    }
+    for (policy, traces) in same_as_base {
+        let where_ = if traces.len() == results.len() {
+            "every trace".to_string()
+        } else {
+            traces.join(", ")
+        };
+        println!("({policy}: its base policy's figures on {where_}, left out)");
+    }
+}
+
+/// The row of policy `base` of a trace: a setting's or another policy's.
+fn base_row<'a>(r: &'a TraceResult, base: &str) -> Option<&'a ReplayReport> {
+    let config = config_for(base);
+    r.advice
+        .outcomes
+        .iter()
+        .find(|o| o.setting.engine_config() == config)
+        .map(|o| &o.report)
+        .or_else(|| r.others.iter().find(|rep| rep.policy == base))
+}
+
+fn same_figures(a: &ReplayReport, b: &ReplayReport) -> bool {
+    let figures = |r: &ReplayReport| {
+        [
+            r.peak_requested_bytes,
+            r.peak_allocated_bytes,
+            r.peak_reserved_bytes,
+            r.device_allocs,
+            r.device_frees,
+            r.pages_moved,
+            r.stream_waits,
+            r.retries,
+            r.ooms,
+        ]
+    };
+    figures(a) == figures(b)
+}
+
+fn json_report(results: &[TraceResult], capacity: u64) -> String {
+    let traces: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "trace": r.label,
+                "files": r.files,
+                "advice": r.advice.to_json(),
+                "policies": r.others,
+            })
+        })
+        .collect();
+    let report = serde_json::json!({
+        "capacity_bytes": capacity,
+        "move_weight": alloc_replay::advise::MOVE_WEIGHT,
+        "traces": traces,
+    });
+    serde_json::to_string_pretty(&report).expect("the report serializes")
+}
+
+/// A path as the user would type it from the current folder.
+fn shown(path: &Path) -> String {
+    let here = std::env::current_dir().unwrap_or_default();
+    path.strip_prefix(&here)
+        .unwrap_or(path)
+        .display()
+        .to_string()
 }
 
 fn write(path: &Path, text: &str) -> Result<(), String> {
@@ -165,27 +607,40 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn print_table(reports: &[ReplayReport]) {
-    println!(
-        "| trace | policy | peak requested | peak allocated | peak reserved | reserved/requested | device allocs | device frees | pages moved | waits | retries | OOMs | ns/op |"
-    );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in reports {
-        println!(
-            "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} | {} | {:.0} |",
-            r.trace,
-            r.policy,
-            human_bytes(r.peak_requested_bytes),
-            human_bytes(r.peak_allocated_bytes),
-            human_bytes(r.peak_reserved_bytes),
-            r.reserved_over_requested,
-            r.device_allocs,
-            r.device_frees,
-            r.pages_moved,
-            r.stream_waits,
-            r.retries,
-            r.ooms,
-            r.ns_per_op
-        );
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_replay::parse_text;
+
+    #[test]
+    fn traces_with_the_same_events_count_once_and_names_stay_apart() {
+        let a = parse_text("mlp", "a 7 1024 0\na 9 2048 0\nf 7 0\n").unwrap();
+        let renumbered = parse_text("mlp", "a 1 1024 0\na 2 2048 0\nf 1 0\n").unwrap();
+        let other = parse_text("mlp", "a 1 1024 0\nf 1 0\n").unwrap();
+        let out = distinct(vec![
+            (a, "mlp.trace.gz".into()),
+            (renumbered, "mlp.snapshot.pickle".into()),
+            (other, "mlp.trace".into()),
+        ]);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].1, ["mlp.trace.gz", "mlp.snapshot.pickle"]);
+        assert_eq!(out[0].0.name, "mlp.trace.gz", "two traces named mlp differ");
+        assert_eq!(out[1].0.name, "mlp.trace");
+    }
+
+    #[test]
+    fn the_full_table_is_asked_for_by_all_json_or_policy() {
+        let parsed =
+            |args: &[&str]| parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let summary = parsed(&["x.trace"]);
+        assert!(summary.policies.is_empty());
+        assert_eq!(summary.opts.timed_runs, 0, "the summary shows no host time");
+        let all = parsed(&["--all", "x.trace"]);
+        assert_eq!(all.policies, alloc_policy::policy_names());
+        assert_eq!(all.opts.timed_runs, FULL_TABLE_RUNS);
+        let json = parsed(&["--json=r.json", "--runs", "1", "x.trace"]);
+        assert_eq!(json.opts.timed_runs, 1);
+        assert!(!json.policies.is_empty());
+        assert!(parse(&["--bogus".to_string()]).is_err());
     }
 }
