@@ -237,12 +237,13 @@ impl Advice {
             human_bytes(self.capacity_bytes)
         );
         for note in &self.notes {
-            let _ = writeln!(out, "note: {note}");
+            out.push_str(&wrap(&format!("note: {note}"), "  "));
         }
-        let _ = writeln!(out, "{}\n", self.step_words());
+        out.push_str(&wrap(&self.step_words(), "  "));
+        out.push('\n');
         let _ = writeln!(
             out,
-            "{:<44} {:>13} {:>9} {:>7} {:>11}",
+            "{:<44} {:>13}  {:>9}  {:>6}  {:>10}",
             "setting", "peak reserved", "x default", "x best", "moves/step"
         );
         for o in &self.outcomes {
@@ -251,22 +252,22 @@ impl Advice {
             } else {
                 "  "
             };
-            let _ = writeln!(
-                out,
-                "{mark}{:<42} {:>13} {:>9.3} {:>7.3} {:>11}",
+            let row = format!(
+                "{mark}{:<42} {:>13}  {:>9.3}  {:>6.3}  {:>10}",
                 o.setting.label,
                 human_bytes(o.report.peak_reserved_bytes),
                 o.vs_pytorch_default,
                 o.vs_pytorch_best,
                 moves_cell(o)
             );
+            let _ = writeln!(out, "{}", row.trim_end());
         }
         let r = self.recommendation();
         let best = self.best_of_pytorch();
+        let _ = writeln!(out, "\nrecommended: {}", r.setting.label);
         let _ = writeln!(
             out,
-            "\nrecommended: {} ({} peak reserved: {:.3}x PyTorch's default, {:.3}x its best, {})",
-            r.setting.label,
+            "  {} peak reserved: {:.3}x PyTorch's default, {:.3}x its best ({})",
             human_bytes(r.report.peak_reserved_bytes),
             r.vs_pytorch_default,
             r.vs_pytorch_best,
@@ -289,13 +290,15 @@ impl Advice {
                 }
             );
         }
-        let _ = writeln!(out, "cost: {}", self.cost_words());
-        let _ = writeln!(
-            out,
-            "rule: the lowest peak reserved, each page moved per step charged {}% of PyTorch's \
-             best peak (docs/advise.md)",
-            MOVE_WEIGHT * 100.0
-        );
+        out.push_str(&wrap(&format!("cost: {}", self.cost_words()), "  "));
+        out.push_str(&wrap(
+            &format!(
+                "rule: the lowest peak reserved, each page moved per step charged {}% of \
+                 PyTorch's best peak (docs/advise.md)",
+                MOVE_WEIGHT * 100.0
+            ),
+            "  ",
+        ));
         out
     }
 
@@ -313,6 +316,29 @@ impl Advice {
         }
         value
     }
+}
+
+/// Width of the text report, for a terminal of 100 columns.
+const TEXT_WIDTH: usize = 96;
+
+/// `text` broken at spaces into lines of at most [`TEXT_WIDTH`], the
+/// continuation lines indented.
+fn wrap(text: &str, indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.is_empty() && line.len() + 1 + word.len() > TEXT_WIDTH {
+            out.push_str(&line);
+            out.push('\n');
+            line = indent.to_string();
+        } else if !line.is_empty() && line != indent {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
 }
 
 /// A page-move count for the tables: blank for settings that move none.
@@ -430,6 +456,18 @@ mod tests {
             "expandable_segments:True,unmap_free_pages:True"
         );
         assert_eq!(json["text"], text.as_str());
+    }
+
+    #[test]
+    fn long_lines_are_wrapped_at_spaces() {
+        let text = wrap(&"word ".repeat(40), "  ");
+        assert!(text.lines().all(|l| l.len() <= TEXT_WIDTH), "{text}");
+        assert!(
+            text.lines().skip(1).all(|l| l.starts_with("  word")),
+            "{text}"
+        );
+        assert_eq!(text.split_whitespace().count(), 40);
+        assert_eq!(wrap("short", "  "), "short\n");
     }
 
     #[test]
