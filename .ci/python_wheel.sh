@@ -39,7 +39,7 @@ with open(extracted, "wb") as f:
 needed = subprocess.run(["readelf", "-d", extracted], check=True, capture_output=True, text=True).stdout
 assert "libcuda" not in needed, needed
 symbols = subprocess.run(["readelf", "--dyn-syms", extracted], check=True, capture_output=True, text=True).stdout
-for symbol in ["gpualloc_malloc", "gpualloc_free", "gpualloc_version"]:
+for symbol in ["gpualloc_malloc", "gpualloc_free", "gpualloc_version", "gpualloc_advise"]:
     assert " %s\n" % symbol in symbols, symbol
 print("wheel ok: %d files, library links no libcuda" % len(names))
 EOF
@@ -50,6 +50,8 @@ python3 -m venv "$SCRATCH/wheel"
 cd "$SCRATCH"
 GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_cpu.py"
 GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_doctor.py"
+GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_advise.py"
+"$SCRATCH/wheel/bin/python" -m gpu_alloc advise "$REPO/traces/small_mlp.snapshot.pickle" | grep "^recommended: "
 "$SCRATCH/wheel/bin/python" -m gpu_alloc version
 "$SCRATCH/wheel/bin/gpu-alloc" --help
 # Exit status 1 on a machine without a GPU (0 where everything works); a crash fails CI.

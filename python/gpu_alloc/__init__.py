@@ -94,6 +94,7 @@ __all__ = [
     "snapshot",
     "last_error",
     "version",
+    "advise",
 ]
 
 LIB_NAME = "liballoc_ffi.so"
@@ -711,6 +712,48 @@ def memory_stats(device=None):
     finally:
         lib.gpualloc_string_free(ptr)
     return collections.OrderedDict(sorted(data.items()))
+
+
+def advise(snapshot, device=None, name=None, so_path=None):
+    """Which allocator setting for the workload recorded in ``snapshot``: the path of a
+    ``torch.cuda.memory._dump_snapshot()`` pickle (or of a trace file), or its bytes.
+
+    The library replays it under PyTorch's default and expandable segments and our
+    settings on a simulated device (no GPU, no torch needed) and picks one by the rule of
+    docs/advise.md. Returns a dict: ``recommended_setting``, ``enable_call`` (the
+    ``gpu_alloc.enable(...)`` to use), ``gpualloc_conf``, ``cost`` (page moves per step, in
+    words), ``outcomes`` (per setting: peak reserved, ratios to PyTorch's default and
+    best, pages moved), ``steps`` and the printable ``text``. ``device``: the snapshot's
+    device (default: the first with events). Raises ValueError for a file that is not a
+    snapshot with events, GpuAllocError for a library without ``gpualloc_advise``."""
+    if isinstance(snapshot, (bytes, bytearray)):
+        data = bytes(snapshot)
+        name = name or "snapshot"
+    else:
+        with open(snapshot, "rb") as f:
+            data = f.read()
+        if name is None:
+            name = os.path.basename(os.fspath(snapshot))
+            for suffix in (".gz", ".pickle", ".pkl", ".snapshot", ".trace"):
+                name = name[: -len(suffix)] if name.endswith(suffix) and name != suffix else name
+    lib = load_library(so_path)
+    entry = getattr(lib, "gpualloc_advise", None)
+    if entry is None:
+        raise GpuAllocError(
+            "%s has no gpualloc_advise (built before it, or without the `advise` feature): "
+            "rebuild it" % _lib_path
+        )
+    entry.restype = ctypes.c_void_p
+    entry.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p]
+    ptr = entry(data, len(data), -1 if device is None else int(device), name.encode())
+    if not ptr:
+        raise ValueError(last_error() or "gpualloc_advise failed")
+    try:
+        import json
+
+        return json.loads(ctypes.string_at(ptr).decode())
+    finally:
+        lib.gpualloc_string_free(ptr)
 
 
 def memory_allocated(device=None):

@@ -1,5 +1,6 @@
-"""The command line: ``python -m gpu_alloc doctor`` and ``python -m gpu_alloc version``
-(also installed as the ``gpu-alloc`` command)."""
+"""The command line: ``python -m gpu_alloc doctor``, ``python -m gpu_alloc advise
+SNAPSHOT.pickle`` and ``python -m gpu_alloc version`` (also installed as the ``gpu-alloc``
+command)."""
 
 import argparse
 import os
@@ -24,6 +25,21 @@ def _parser(prog):
                         "the one gpu_alloc finds")
     doctor.add_argument("--no-build", action="store_true", help="do not build the C++ bridge "
                         "(a first build takes about a minute)")
+    advise = commands.add_parser(
+        "advise",
+        help="which allocator setting for your workload, from its memory snapshot",
+        description="Replays a torch.cuda.memory._dump_snapshot() pickle (recorded with "
+        "torch.cuda.memory._record_memory_history()) under PyTorch's default and expandable "
+        "segments and gpu_alloc's settings on a simulated device (no GPU needed), and prints "
+        "the predicted peak reserved memory of each, the recommended gpu_alloc.enable(...) "
+        "call and its cost in page moves per step. Exit status 1 when the file is not a "
+        "snapshot with events.",
+    )
+    advise.add_argument("snapshot", metavar="SNAPSHOT", help="the pickle (or a trace file)")
+    advise.add_argument("--device", type=int, metavar="N", help="the snapshot's device "
+                        "(default: the first with events)")
+    advise.add_argument("--json", action="store_true", help="print the full advice as JSON")
+    advise.add_argument("--so", metavar="PATH", help="the liballoc_ffi.so to use")
     version = commands.add_parser("version", help="print the library's version and path")
     version.add_argument("--so", metavar="PATH", help="the liballoc_ffi.so to ask")
     return parser
@@ -39,6 +55,19 @@ def main(argv=None):
         from gpu_alloc import doctor
 
         return doctor.main(so_path=args.so, build=not args.no_build)
+    if args.command == "advise":
+        import json
+
+        import gpu_alloc
+
+        try:
+            advice = gpu_alloc.advise(args.snapshot, device=args.device, so_path=args.so)
+        except (OSError, ValueError, gpu_alloc.GpuAllocError) as e:
+            parser.exit(1, "%s advise: %s\n" % (prog, e))
+        print(json.dumps(advice, indent=1) if args.json else advice["text"], end="")
+        if args.json:
+            print()
+        return 0
     if args.command == "version":
         import gpu_alloc
 

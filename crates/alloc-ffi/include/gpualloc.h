@@ -113,6 +113,17 @@ int gpualloc_reset_accumulated_stats(int device);
  * for a device never used. Free the string with gpualloc_string_free. NULL on error. */
 char* gpualloc_memory_stats_json(int device);
 
+/* Which setting for a workload: replays the PyTorch memory snapshot in `data` (the
+ * `len` bytes of a torch.cuda.memory._dump_snapshot() pickle, or a trace file)
+ * under PyTorch's default and expandable segments and our settings on a
+ * simulated device (no GPU needed) and returns the advice as a JSON object: the
+ * "outcomes" per setting, the "recommended_setting", its "enable_call",
+ * "gpualloc_conf", "cost" in page moves per step, and the printable "text"
+ * (rule: docs/advise.md). device -1: the first device with events. `name` (or
+ * NULL) titles the report. Free with gpualloc_string_free. NULL on error (a
+ * corrupt or foreign file, no events, a library built without `advise`). */
+char* gpualloc_advise(const void* data, size_t len, int device, const char* name);
+
 /* Frees a string returned by this library. NULL is a no-op. */
 void gpualloc_string_free(char* s);
 

@@ -174,6 +174,25 @@ pub const API: &[ApiFn] = &[
               for a device never used. Free the string with gpualloc_string_free. NULL on error.",
     },
     ApiFn {
+        ret: "char*",
+        name: "gpualloc_advise",
+        params: &[
+            ("const void*", "data"),
+            ("size_t", "len"),
+            ("int", "device"),
+            ("const char*", "name"),
+        ],
+        doc: "Which setting for a workload: replays the PyTorch memory snapshot in `data` (the\n\
+              `len` bytes of a torch.cuda.memory._dump_snapshot() pickle, or a trace file)\n\
+              under PyTorch's default and expandable segments and our settings on a\n\
+              simulated device (no GPU needed) and returns the advice as a JSON object: the\n\
+              \"outcomes\" per setting, the \"recommended_setting\", its \"enable_call\",\n\
+              \"gpualloc_conf\", \"cost\" in page moves per step, and the printable \"text\"\n\
+              (rule: docs/advise.md). device -1: the first device with events. `name` (or\n\
+              NULL) titles the report. Free with gpualloc_string_free. NULL on error (a\n\
+              corrupt or foreign file, no events, a library built without `advise`).",
+    },
+    ApiFn {
         ret: "void",
         name: "gpualloc_string_free",
         params: &[("char*", "s")],

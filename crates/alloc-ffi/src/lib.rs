@@ -49,6 +49,7 @@
 
 #![warn(missing_docs)]
 
+mod advise;
 pub mod api;
 mod checkpoint;
 mod ipc;
@@ -64,6 +65,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use alloc_core::{AllocError, PoolId, StreamId};
 use alloc_cuda::{CudaAllocator, CudaError};
 
+pub use advise::gpualloc_advise;
 pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,

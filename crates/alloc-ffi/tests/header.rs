@@ -73,6 +73,7 @@ fn c_type(rust: &str) -> String {
         "*mut c_int" => "int*",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
+        "*const c_void" => "const void*",
         "*const c_char" => "const char*",
         "*mut c_char" => "char*",
         "" => "void",

@@ -25,6 +25,6 @@ pub use replay::{
 pub use settings::{settings_for, Setting, SETTINGS};
 pub use steps::{estimate_steps, StepEstimate};
 pub use trace::{
-    load_trace, load_trace_of, parse_bytes, parse_pickle, parse_pickle_device, parse_text,
-    trace_name, Trace, TraceError, TraceEvent,
+    load_trace, load_trace_of, parse_bytes, parse_bytes_of, parse_pickle, parse_pickle_device,
+    parse_text, trace_name, Trace, TraceError, TraceEvent,
 };

@@ -183,7 +183,11 @@ pub fn parse_bytes(name: &str, bytes: &[u8]) -> Result<Trace, TraceError> {
 }
 
 /// [`parse_bytes`] with a snapshot's device, as [`load_trace_of`].
-fn parse_bytes_of(name: &str, bytes: &[u8], device: Option<usize>) -> Result<Trace, TraceError> {
+pub fn parse_bytes_of(
+    name: &str,
+    bytes: &[u8],
+    device: Option<usize>,
+) -> Result<Trace, TraceError> {
     if bytes.starts_with(&GZIP_MAGIC) {
         let mut plain = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)

@@ -1,0 +1,66 @@
+//! `gpualloc_advise`: which setting for a workload, from the bytes of its
+//! PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot()`), for
+//! PyTorch users who have the library but no Rust: `python -m gpu_alloc
+//! advise SNAPSHOT.pickle` calls it. The replay and the rule are
+//! `alloc_replay::advise`'s (`docs/advise.md`).
+
+use std::ffi::{c_char, c_int, c_void, CString};
+
+use crate::state::FfiError;
+use crate::{c_str, call_ptr};
+
+/// The advice on a snapshot as a JSON object; see `include/gpualloc.h`.
+///
+/// # Safety
+/// `data` points to `len` readable bytes; `name` is NULL or a NUL-terminated
+/// string.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_advise(
+    data: *const c_void,
+    len: usize,
+    device: c_int,
+    name: *const c_char,
+) -> *mut c_char {
+    call_ptr(|| {
+        if data.is_null() {
+            return Err(FfiError::invalid("data is NULL"));
+        }
+        let name = if name.is_null() {
+            "snapshot"
+        } else {
+            // SAFETY: non-NULL, NUL-terminated per the caller's contract.
+            unsafe { c_str(name, "name") }?
+        };
+        // SAFETY: `data` holds `len` readable bytes per the caller's contract.
+        let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len) };
+        let device = match device {
+            -1 => None,
+            d => Some(usize::try_from(d).map_err(|_| {
+                FfiError::invalid(format!(
+                    "device {d}: expected -1 (the first with events) or >= 0"
+                ))
+            })?),
+        };
+        let json = advice_json(name, bytes, device)?;
+        CString::new(json)
+            .map(CString::into_raw)
+            .map_err(|e| FfiError::internal(e.to_string()))
+    })
+}
+
+#[cfg(feature = "advise")]
+fn advice_json(name: &str, bytes: &[u8], device: Option<usize>) -> Result<String, FfiError> {
+    let invalid = |e: &dyn std::fmt::Display| FfiError::invalid(format!("{name}: {e}"));
+    let trace = alloc_replay::parse_bytes_of(name, bytes, device).map_err(|e| invalid(&e))?;
+    let mut opts = alloc_replay::ReplayOptions::default();
+    opts.timed_runs = 0;
+    let advice = alloc_replay::advise(&trace, &opts).map_err(|e| invalid(&e))?;
+    serde_json::to_string(&advice.to_json()).map_err(|e| FfiError::internal(e.to_string()))
+}
+
+#[cfg(not(feature = "advise"))]
+fn advice_json(_: &str, _: &[u8], _: Option<usize>) -> Result<String, FfiError> {
+    Err(FfiError::invalid(
+        "this library was built without the `advise` feature",
+    ))
+}

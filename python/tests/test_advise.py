@@ -1,0 +1,74 @@
+"""gpu_alloc.advise and ``python -m gpu_alloc advise``: the replay of a snapshot through
+the library (no torch, no GPU), on the bundled small MLP snapshot and on files that are no
+snapshot.
+
+Run with ``python3 python/tests/test_advise.py`` (see support.py for which library)."""
+
+import json
+import os
+import tempfile
+import unittest
+
+from support import REPO, gpu_alloc, needs_so, run_gpu_alloc, SO
+
+SNAPSHOT = os.path.join(REPO, "traces", "small_mlp_stacks.snapshot.pickle")
+
+
+@needs_so
+class Advise(unittest.TestCase):
+    def setUp(self):
+        gpu_alloc.load_library(SO)
+
+    def test_the_snapshot_gets_a_recommendation(self):
+        advice = gpu_alloc.advise(SNAPSHOT)
+        self.assertEqual(advice["trace"], "small_mlp_stacks")
+        self.assertEqual(advice["recommended_setting"], "unmap16")
+        self.assertEqual(
+            advice["enable_call"],
+            'gpu_alloc.enable("expandable_segments:True,unmap_free_pages:True")',
+        )
+        self.assertEqual(advice["gpualloc_conf"], "expandable_segments:True,unmap_free_pages:True")
+        names = [o["setting"]["name"] for o in advice["outcomes"]]
+        self.assertEqual(names[:2], ["default", "expandable"])
+        # PyTorch's default as PyTorch measured it (traces/measured.json).
+        self.assertEqual(advice["outcomes"][0]["report"]["peak_reserved_bytes"], 113246208)
+        with open(SNAPSHOT, "rb") as f:
+            same = gpu_alloc.advise(f.read(), name="small_mlp_stacks")
+        self.assertEqual(same["text"], advice["text"])
+
+    def test_a_file_that_is_no_snapshot_is_a_value_error(self):
+        with open(SNAPSHOT, "rb") as f:
+            data = f.read()
+        for bad in (data[: len(data) // 3], b"\x80\x04garbage", b"", os.urandom(256)):
+            with self.assertRaises(ValueError) as cm:
+                gpu_alloc.advise(bad, name="bad")
+            self.assertIn("bad:", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.advise(SNAPSHOT, device=5)
+        self.assertIn("no trace for device 5", str(cm.exception))
+
+    def test_the_command_prints_the_advice(self):
+        r = run_gpu_alloc("advise", SNAPSHOT)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("recommended: unmap_free_pages, 16 MiB pages", r.stdout)
+        self.assertIn('gpu_alloc.enable("expandable_segments:True,unmap_free_pages:True")', r.stdout)
+        self.assertIn("PyTorch's expandable segments", r.stdout)
+        self.assertIn("cost: ", r.stdout)
+        r = run_gpu_alloc("advise", "--json", SNAPSHOT)
+        self.assertEqual(json.loads(r.stdout)["recommended_setting"], "unmap16")
+
+    def test_the_command_fails_cleanly_on_a_bad_file(self):
+        with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+            f.write(b"\x80\x04\x95not a pickle")
+            f.flush()
+            r = run_gpu_alloc("advise", f.name)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot decode pickle", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        r = run_gpu_alloc("advise", "/nonexistent.pickle")
+        self.assertEqual(r.returncode, 1)
+        self.assertNotIn("Traceback", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
