@@ -1,5 +1,5 @@
 //! Which setting for a workload: a trace replayed through every
-//! [`Setting`](crate::settings::Setting) and the one the rule picks.
+//! [`Setting`] and the one the rule picks.
 //!
 //! ## The rule (`docs/advise.md`)
 //!
