@@ -4,11 +4,8 @@
 
 use thiserror::Error;
 
+use crate::pytorch::LARGE_BUFFER;
 use crate::types::MIB;
-
-/// PyTorch's `kLargeBuffer`: the smallest accepted `max_split_size_mb`, and the
-/// default slack allowed when an oversize block serves a smaller request.
-pub const LARGE_BUFFER: u64 = 20 * MIB;
 
 /// Number of power-of-two size intervals (1 MiB .. 64 GiB) that
 /// `roundup_power2_divisions` configures.

@@ -134,55 +134,20 @@ pub trait Policy {
     }
 }
 
-/// Forwards every call to the boxed or referenced policy, so `Box<dyn Policy>`
-/// works wherever a policy does.
+/// Reaches the boxed policy, for [`forward_policy!`](crate::forward_policy).
+macro_rules! boxed {
+    (ref $s:expr, $p:ident => $call:expr) => {{
+        let $p = &**$s;
+        $call
+    }};
+    (mut $s:expr, $p:ident => $call:expr) => {{
+        let $p = &mut **$s;
+        $call
+    }};
+}
+
+/// Forwards every call to the boxed policy, so `Box<dyn Policy>` works
+/// wherever a policy does.
 impl<P: Policy + ?Sized> Policy for Box<P> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        (**self).reconfigure(cfg)
-    }
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        (**self).plan(requested, key)
-    }
-    fn segment_size(&self, req: &Request) -> u64 {
-        (**self).segment_size(req)
-    }
-    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
-        (**self).take_free(heap, req)
-    }
-    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        (**self).carve(heap, block, req)
-    }
-    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
-        (**self).insert_free(heap, block)
-    }
-    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        (**self).remove_free(heap, block)
-    }
-    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
-        (**self).release_for_oom(heap, req)
-    }
-    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
-        (**self).collect_garbage(heap, pressure)
-    }
-    fn coalesces(&self) -> bool {
-        (**self).coalesces()
-    }
-    fn rebuilds_layouts(&self) -> bool {
-        (**self).rebuilds_layouts()
-    }
-    fn oversize_threshold(&self) -> u64 {
-        (**self).oversize_threshold()
-    }
-    fn supports_growth(&self) -> bool {
-        (**self).supports_growth()
-    }
-    fn indexed_blocks(&self) -> Vec<BlockId> {
-        (**self).indexed_blocks()
-    }
-    fn check(&self, heap: &Heap) -> Result<(), String> {
-        (**self).check(heap)
-    }
+    crate::forward_policy!(boxed; all);
 }

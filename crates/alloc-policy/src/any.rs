@@ -2,8 +2,8 @@
 //! the `policy:` key of the configuration string.
 
 use alloc_core::{
-    AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap, MemoryBackend,
-    OomRelease, Policy, Pressure, Request, SegmentId, StreamBackend,
+    forward_policy, AllocatorConfig, ConfigError, Engine, EngineOptions, MemoryBackend, Policy,
+    StreamBackend,
 };
 
 use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
@@ -144,9 +144,10 @@ impl AnyPolicy {
     }
 }
 
-/// Forwards a call to whichever policy is inside.
+/// Reaches whichever policy is inside, for [`forward_policy!`] (`ref` and
+/// `mut` calls alike: the match borrows as `self` is borrowed).
 macro_rules! dispatch {
-    ($self:expr, $p:ident => $call:expr) => {
+    ($mode:ident $self:expr, $p:ident => $call:expr) => {
         match $self {
             #[cfg(feature = "pytorch-bfc")]
             AnyPolicy::PytorchBfc($p) => $call,
@@ -161,9 +162,8 @@ macro_rules! dispatch {
 }
 
 impl Policy for AnyPolicy {
-    fn name(&self) -> &str {
-        dispatch!(self, p => p.name())
-    }
+    /// Refuses growable segments for a policy without them, then hands the
+    /// settings to the policy inside.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
         if cfg.expandable_segments && !self.supports_growth() {
             return Err(ConfigError::InvalidValue {
@@ -175,54 +175,11 @@ impl Policy for AnyPolicy {
                 ),
             });
         }
-        dispatch!(self, p => p.reconfigure(cfg))
+        dispatch!(mut self, p => p.reconfigure(cfg))
     }
-    #[inline]
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        dispatch!(self, p => p.plan(requested, key))
-    }
-    fn segment_size(&self, req: &Request) -> u64 {
-        dispatch!(self, p => p.segment_size(req))
-    }
-    #[inline]
-    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
-        dispatch!(self, p => p.take_free(heap, req))
-    }
-    #[inline]
-    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        dispatch!(self, p => p.carve(heap, block, req))
-    }
-    #[inline]
-    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
-        dispatch!(self, p => p.insert_free(heap, block))
-    }
-    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        dispatch!(self, p => p.remove_free(heap, block))
-    }
-    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
-        dispatch!(self, p => p.release_for_oom(heap, req))
-    }
-    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
-        dispatch!(self, p => p.collect_garbage(heap, pressure))
-    }
-    fn coalesces(&self) -> bool {
-        dispatch!(self, p => p.coalesces())
-    }
-    fn rebuilds_layouts(&self) -> bool {
-        dispatch!(self, p => p.rebuilds_layouts())
-    }
-    fn oversize_threshold(&self) -> u64 {
-        dispatch!(self, p => p.oversize_threshold())
-    }
-    fn supports_growth(&self) -> bool {
-        dispatch!(self, p => p.supports_growth())
-    }
-    fn indexed_blocks(&self) -> Vec<BlockId> {
-        dispatch!(self, p => p.indexed_blocks())
-    }
-    fn check(&self, heap: &Heap) -> Result<(), String> {
-        dispatch!(self, p => p.check(heap))
-    }
+    forward_policy!(dispatch; name, plan, segment_size, take_free, carve, insert_free,
+        remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
+        oversize_threshold, supports_growth, indexed_blocks, check);
 }
 
 #[cfg(test)]

@@ -27,22 +27,18 @@
 
 use std::collections::{BTreeSet, HashSet};
 
+use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, BlockId, BlockState, CacheKey, Heap, OomRelease, Policy, PoolKind, Request,
     SegmentId, MIB,
 };
 
-/// Default smallest block (order 9).
-pub const MIN_BLOCK_SIZE: u64 = 512;
-/// Default largest small-pool request, after rounding.
-pub const SMALL_SIZE: u64 = MIB;
-/// Default segment size, and largest order, of the small pool.
-pub const SMALL_SEGMENT: u64 = 2 * MIB;
-/// Default segment size, and largest order, of the large pool.
+use crate::per_key::PerKey;
+
+/// Default segment size, and largest order, of the large pool. (The other
+/// defaults are PyTorch's: smallest block [`MIN_BLOCK_SIZE`], small pool up
+/// to [`SMALL_SIZE`] in segments of [`SMALL_BUFFER`].)
 pub const LARGE_SEGMENT: u64 = 64 * MIB;
-/// Dedicated segments for requests above the largest order are rounded up to
-/// this (the driver's granularity).
-pub const OVERSIZE_ROUND: u64 = 2 * MIB;
 /// A cached dedicated segment serves a request of at least `1 /
 /// OVERSIZE_REUSE_FACTOR` of its size: the same worst-case waste as rounding
 /// to a power of two.
@@ -79,7 +75,7 @@ impl Default for BuddySettings {
         BuddySettings {
             min_block: MIN_BLOCK_SIZE,
             small_size: SMALL_SIZE,
-            small_segment: SMALL_SEGMENT,
+            small_segment: SMALL_BUFFER,
             large_segment: LARGE_SEGMENT,
         }
     }
@@ -144,19 +140,17 @@ struct Link {
     listed: bool,
 }
 
-/// The free lists of one stream in one pool.
+/// The free lists of one cache key in one pool.
 #[derive(Debug, Clone)]
 struct StreamLists {
-    key: CacheKey,
     /// Bit `k` set when the list of order `k` is non-empty.
     mask: u64,
     heads: [Option<BlockId>; ORDERS],
 }
 
 impl StreamLists {
-    fn new(key: CacheKey) -> Self {
+    fn new() -> Self {
         StreamLists {
-            key,
             mask: 0,
             heads: [None; ORDERS],
         }
@@ -176,7 +170,7 @@ fn oversize_key(heap: &Heap, id: BlockId) -> OversizeKey {
 pub struct Buddy {
     settings: BuddySettings,
     /// Free lists per pool, one entry per stream.
-    lists: [Vec<StreamLists>; 2],
+    lists: [PerKey<StreamLists>; 2],
     /// List links per block slot.
     links: Vec<Link>,
     /// Free dedicated blocks (large pool only), best fit by size.
@@ -214,19 +208,15 @@ impl Buddy {
     }
 
     fn stream_slot(&self, pool: PoolKind, key: CacheKey) -> Option<usize> {
-        self.lists[pool.index()].iter().position(|l| l.key == key)
+        self.lists[pool.index()].position(key)
     }
 
     fn stream_slot_or_insert(&mut self, pool: PoolKind, key: CacheKey) -> usize {
-        if let Some(i) = self.stream_slot(pool, key) {
-            return i;
-        }
         let lists = &mut self.lists[pool.index()];
-        if lists.len() >= STREAM_PRUNE_AT {
+        if lists.len() >= STREAM_PRUNE_AT && lists.position(key).is_none() {
             lists.retain(|l| l.mask != 0);
         }
-        lists.push(StreamLists::new(key));
-        lists.len() - 1
+        lists.position_or_insert_with(key, StreamLists::new)
     }
 
     fn link_mut(&mut self, id: BlockId) -> &mut Link {
@@ -244,7 +234,7 @@ impl Buddy {
     /// Pushes `id` onto the list of `order` of stream entry `slot`.
     #[inline]
     fn push_at(&mut self, pool: PoolKind, slot: usize, order: usize, id: BlockId) {
-        let old = self.lists[pool.index()][slot].heads[order];
+        let old = self.lists[pool.index()].at(slot).heads[order];
         *self.link_mut(id) = Link {
             prev: None,
             next: old,
@@ -253,7 +243,7 @@ impl Buddy {
         if let Some(o) = old {
             self.links[o.index()].prev = Some(id);
         }
-        let lists = &mut self.lists[pool.index()][slot];
+        let lists = self.lists[pool.index()].at_mut(slot);
         lists.heads[order] = Some(id);
         lists.mask |= 1 << order;
     }
@@ -277,12 +267,12 @@ impl Buddy {
         let link = std::mem::take(&mut self.links[id.index()]);
         match link.prev {
             Some(p) => self.links[p.index()].next = link.next,
-            None => self.lists[pool.index()][slot].heads[order] = link.next,
+            None => self.lists[pool.index()].at_mut(slot).heads[order] = link.next,
         }
         if let Some(n) = link.next {
             self.links[n.index()].prev = link.prev;
         }
-        let lists = &mut self.lists[pool.index()][slot];
+        let lists = self.lists[pool.index()].at_mut(slot);
         if lists.heads[order].is_none() {
             lists.mask &= !(1 << order);
         }
@@ -291,7 +281,7 @@ impl Buddy {
     /// Pops a block of the smallest order >= `order` on `stream`.
     fn pop_at_least(&mut self, pool: PoolKind, stream: CacheKey, order: u32) -> Option<BlockId> {
         let slot = self.stream_slot(pool, stream)?;
-        let lists = &mut self.lists[pool.index()][slot];
+        let lists = self.lists[pool.index()].at_mut(slot);
         let avail = lists.mask & (u64::MAX << (order % ORDERS as u32));
         if avail == 0 {
             return None;
@@ -325,17 +315,13 @@ impl Buddy {
         for pool in POOLS {
             let max_order = order_of(self.settings.segment(pool)) as usize;
             let min_order = order_of(self.settings.min_block) as usize;
-            let all = &self.lists[pool.index()];
-            for (i, lists) in all.iter().enumerate() {
-                if all[..i].iter().any(|l| l.key == lists.key) {
-                    return Err(format!("{} has two list entries", lists.key));
-                }
+            for (key, lists) in self.lists[pool.index()].iter() {
                 for order in 0..ORDERS {
                     let head = lists.heads[order];
                     if (lists.mask >> order & 1 == 1) != head.is_some() {
                         return Err(format!(
                             "{} order {order}: mask bit disagrees with list",
-                            lists.key
+                            key
                         ));
                     }
                     if head.is_some() && !(min_order..=max_order).contains(&order) {
@@ -358,14 +344,14 @@ impl Buddy {
                         }
                         if b.state != BlockState::Free
                             || b.pool != pool
-                            || b.key() != lists.key
+                            || b.key() != key
                             || b.size != 1 << order
                             || b.tag as usize != order
                         {
                             return Err(format!(
                                 "block {:#x}: free-list key ({pool:?}, {}, order \
                                  {order}) does not match the block",
-                                b.addr, lists.key
+                                b.addr, key
                             ));
                         }
                         prev = cur;
@@ -404,7 +390,7 @@ impl Policy for Buddy {
         let rounded = pow2_ceil(requested.max(s.min_block));
         let (size, pool) = if self.is_oversize(rounded) {
             let size = requested
-                .checked_next_multiple_of(OVERSIZE_ROUND)
+                .checked_next_multiple_of(ROUND_LARGE)
                 .unwrap_or(u64::MAX);
             (size, PoolKind::Large)
         } else if rounded <= s.small_size {
@@ -522,7 +508,7 @@ impl Policy for Buddy {
         let mut idle: Vec<(u64, SegmentId)> = Vec::new();
         if let Some(slot) = self.stream_slot(req.pool, req.key) {
             let max = self.settings.segment(req.pool);
-            let lists = &self.lists[req.pool.index()][slot];
+            let lists = self.lists[req.pool.index()].at(slot);
             for id in self.list(lists, order_of(max) as usize) {
                 let seg = heap.block(id).segment;
                 if heap.segment(seg).is_idle() {
@@ -566,7 +552,7 @@ impl Policy for Buddy {
 
     fn indexed_blocks(&self) -> Vec<BlockId> {
         let mut out: Vec<BlockId> = self.oversize.iter().map(|k| k.3).collect();
-        for lists in self.lists.iter().flatten() {
+        for (_, lists) in self.lists.iter().flat_map(|l| l.iter()) {
             for order in 0..ORDERS {
                 out.extend(self.list(lists, order));
             }
@@ -970,7 +956,7 @@ mod tests {
         );
         assert_eq!(p.indexed_blocks().len(), 10);
         let mut q = e.policy().clone();
-        q.lists[0][0].mask = 0;
+        q.lists[0].at_mut(0).mask = 0;
         assert!(q.check(e.heap()).is_err());
     }
 }

@@ -10,6 +10,8 @@
 
 use alloc_core::{BlockId, CacheKey};
 
+use crate::per_key::PerKey;
+
 /// A free block as the index stores it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Entry {
@@ -187,9 +189,9 @@ impl Bins {
 /// those of one ordered set.
 #[derive(Debug, Clone, Default)]
 pub struct FreeIndex {
-    /// Sorted by key.
-    streams: Vec<(CacheKey, Bins)>,
-    /// The most recently inserted block, not in `streams`.
+    /// Bins per cache key.
+    keys: PerKey<Bins>,
+    /// The most recently inserted block, not in `keys`.
     recent: Option<(CacheKey, Entry)>,
 }
 
@@ -200,28 +202,6 @@ fn rank(e: &Entry) -> (u64, u64) {
 }
 
 impl FreeIndex {
-    #[inline]
-    fn bins(&self, key: CacheKey) -> Option<&Bins> {
-        self.streams.iter().find(|s| s.0 == key).map(|s| &s.1)
-    }
-
-    #[inline]
-    fn bins_mut(&mut self, key: CacheKey) -> &mut Bins {
-        let at = match self.streams.iter().position(|s| s.0 == key) {
-            Some(i) => i,
-            None => self.add_key(key),
-        };
-        &mut self.streams[at].1
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn add_key(&mut self, key: CacheKey) -> usize {
-        let at = self.streams.partition_point(|s| s.0 < key);
-        self.streams.insert(at, (key, Bins::new()));
-        at
-    }
-
     /// The cached recent block if it belongs to `key` and has at least
     /// `size` bytes.
     #[inline(always)]
@@ -236,7 +216,7 @@ impl FreeIndex {
     #[inline]
     pub fn insert(&mut self, key: CacheKey, size: u64, addr: u64, id: BlockId) {
         if let Some((s, older)) = self.recent.replace((key, Entry { size, addr, id })) {
-            self.bins_mut(s).insert(older);
+            self.keys.get_or_insert_with(s, Bins::new).insert(older);
         }
     }
 
@@ -249,17 +229,16 @@ impl FreeIndex {
                 return Some(e);
             }
         }
-        self.streams
-            .iter_mut()
-            .find(|s| s.0 == key)
-            .and_then(|s| s.1.remove(size, addr))
+        self.keys
+            .get_mut(key)
+            .and_then(|bins| bins.remove(size, addr))
     }
 
     /// The smallest block of `key` with size >= `size` (lowest address
     /// among equals).
     #[inline]
     pub fn lower_bound(&self, key: CacheKey, size: u64) -> Option<Entry> {
-        let binned = self.bins(key).and_then(|b| b.lower_bound(size));
+        let binned = self.keys.get(key).and_then(|b| b.lower_bound(size));
         match (binned, self.recent_fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
@@ -276,8 +255,8 @@ impl FreeIndex {
         accept: impl FnOnce(&Entry) -> bool,
     ) -> Option<Entry> {
         let recent = self.recent_fit(key, size);
-        let found = match self.streams.iter_mut().find(|s| s.0 == key) {
-            Some((_, bins)) => bins
+        let found = match self.keys.get_mut(key) {
+            Some(bins) => bins
                 .lower_bound_position(size)
                 .map(|(bin, at)| (bins, bin, at)),
             None => None,
@@ -305,7 +284,8 @@ impl FreeIndex {
     /// Blocks of `key` with size < `size`, largest first.
     pub fn below_descending(&self, key: CacheKey, size: u64) -> impl Iterator<Item = Entry> + '_ {
         let mut below: Vec<Entry> = self
-            .bins(key)
+            .keys
+            .get(key)
             .into_iter()
             .flat_map(|b| b.iter().rev())
             .filter(|e| e.size < size)
@@ -323,9 +303,9 @@ impl FreeIndex {
     /// Every block in (key, size, address) order.
     pub fn iter(&self) -> impl Iterator<Item = (CacheKey, Entry)> + '_ {
         let mut all: Vec<(CacheKey, Entry)> = self
-            .streams
+            .keys
             .iter()
-            .flat_map(|(key, bins)| bins.iter().map(move |e| (*key, *e)))
+            .flat_map(|(key, bins)| bins.iter().map(move |e| (key, *e)))
             .collect();
         if let Some((s, e)) = self.recent {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
@@ -336,7 +316,7 @@ impl FreeIndex {
 
     /// Number of blocks.
     pub fn len(&self) -> usize {
-        self.streams.iter().map(|s| s.1.len).sum::<usize>() + usize::from(self.recent.is_some())
+        self.keys.iter().map(|(_, b)| b.len).sum::<usize>() + usize::from(self.recent.is_some())
     }
 
     /// True when no block is indexed.

@@ -15,13 +15,11 @@
 //! memory fraction set, this one considers every idle segment of both pools,
 //! with or without a memory fraction, in strict age order.
 
-use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use alloc_core::{
-    AllocatorConfig, BlockId, CacheKey, ConfigError, Heap, OomRelease, Policy, Pressure, Request,
-    SegmentId,
-};
+use alloc_core::{forward_policy, AllocatorConfig, ConfigError, Heap, Policy, Pressure, SegmentId};
+
+use crate::idle::idle_oldest_first;
 
 /// Threshold used when the configuration sets no
 /// `garbage_collection_threshold`.
@@ -104,26 +102,29 @@ impl<P: Policy> GcAge<P> {
         if reserved <= line {
             return (Vec::new(), reserved);
         }
-        let mut idle: Vec<(u64, u64, u64, SegmentId)> = heap
-            .segments()
-            .filter(|(_, s)| s.is_idle())
-            .map(|(id, s)| {
-                let age = heap.clock(s.pool).saturating_sub(s.idle_since);
-                (age, s.size, s.addr, id)
-            })
-            .filter(|&(age, ..)| age >= self.settings.min_age_ticks)
-            .collect();
-        idle.sort_unstable_by_key(|&(age, size, addr, _)| (Reverse(age), Reverse(size), addr));
+        let min_age = self.settings.min_age_ticks;
         let mut chosen = Vec::new();
-        for (_, size, _, id) in idle {
+        for idle in idle_oldest_first(heap, |_, age| age >= min_age) {
             if reserved <= line {
                 break;
             }
-            reserved = reserved.saturating_sub(size);
-            chosen.push(id);
+            reserved = reserved.saturating_sub(idle.size);
+            chosen.push(idle.id);
         }
         (chosen, reserved)
     }
+}
+
+/// Reaches the wrapped policy, for [`forward_policy!`].
+macro_rules! to_inner {
+    (ref $s:expr, $p:ident => $call:expr) => {{
+        let $p = &$s.inner;
+        $call
+    }};
+    (mut $s:expr, $p:ident => $call:expr) => {{
+        let $p = &mut $s.inner;
+        $call
+    }};
 }
 
 impl<P: Policy> Policy for GcAge<P> {
@@ -135,34 +136,6 @@ impl<P: Policy> Policy for GcAge<P> {
         self.settings.threshold = GcAgeSettings::from(cfg).threshold;
         Ok(())
     }
-    #[inline]
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        self.inner.plan(requested, key)
-    }
-    #[inline]
-    fn segment_size(&self, req: &Request) -> u64 {
-        self.inner.segment_size(req)
-    }
-    #[inline]
-    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
-        self.inner.take_free(heap, req)
-    }
-    #[inline]
-    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        self.inner.carve(heap, block, req)
-    }
-    #[inline]
-    fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
-        self.inner.insert_free(heap, block)
-    }
-    #[inline]
-    fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        self.inner.remove_free(heap, block)
-    }
-    fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
-        self.inner.release_for_oom(heap, req)
-    }
-
     /// Releases idle segments oldest first while reserved memory exceeds
     /// threshold x limit, then adds what the wrapped policy's collector
     /// chooses under the pressure that is left.
@@ -183,30 +156,15 @@ impl<P: Policy> Policy for GcAge<P> {
         chosen
     }
 
-    fn coalesces(&self) -> bool {
-        self.inner.coalesces()
-    }
-    fn rebuilds_layouts(&self) -> bool {
-        self.inner.rebuilds_layouts()
-    }
-    fn oversize_threshold(&self) -> u64 {
-        self.inner.oversize_threshold()
-    }
-    fn supports_growth(&self) -> bool {
-        self.inner.supports_growth()
-    }
-    fn indexed_blocks(&self) -> Vec<BlockId> {
-        self.inner.indexed_blocks()
-    }
-    fn check(&self, heap: &Heap) -> Result<(), String> {
-        self.inner.check(heap)
-    }
+    forward_policy!(to_inner; plan, segment_size, take_free, carve, insert_free, remove_free,
+        release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
+        indexed_blocks, check);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc_core::StreamId;
+    use alloc_core::{BlockId, CacheKey, Request, StreamId};
     use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
 
     /// A minimal inner policy: one block per segment, exact-size reuse, no

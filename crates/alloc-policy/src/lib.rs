@@ -15,6 +15,8 @@ pub mod buddy;
 pub mod free_index;
 #[cfg(feature = "gc-age")]
 pub mod gc_age;
+pub mod idle;
+pub mod per_key;
 #[cfg(feature = "pytorch-bfc")]
 pub mod pytorch_bfc;
 #[cfg(feature = "size-class")]

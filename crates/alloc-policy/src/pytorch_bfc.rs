@@ -6,23 +6,13 @@
 
 use crate::free_index::{Entry, FreeIndex};
 use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
+use alloc_core::pytorch::{
+    LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
 use alloc_core::{
     coalesce, BlockId, CacheKey, ConfigError, Heap, OomRelease, Policy, PoolKind, Pressure,
-    Request, SegmentId, MIB,
+    Request, SegmentId,
 };
-
-/// All sizes are rounded to at least this (`kMinBlockSize`).
-pub const MIN_BLOCK_SIZE: u64 = 512;
-/// Largest small-pool request (`kSmallSize`).
-pub const SMALL_SIZE: u64 = MIB;
-/// Segment size of the small pool (`kSmallBuffer`).
-pub const SMALL_BUFFER: u64 = 2 * MIB;
-/// Segment size for requests between 1 and 10 MiB (`kLargeBuffer`).
-pub const LARGE_BUFFER: u64 = 20 * MIB;
-/// Requests from this size get a segment of their own size (`kMinLargeAlloc`).
-pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
-/// Large segments are rounded to this (`kRoundLarge`).
-pub const ROUND_LARGE: u64 = 2 * MIB;
 
 /// Settings of the PyTorch policy, from the allocator configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -370,6 +360,7 @@ impl Policy for PytorchBfc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::MIB;
 
     #[test]
     fn rounding_matches_pytorch() {

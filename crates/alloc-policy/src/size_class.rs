@@ -30,15 +30,15 @@
 //! a slab, the request's idle segments go back and the slab shrinks to the
 //! class size for the retries.
 
+use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER};
 use alloc_core::{
     AllocatorConfig, BlockId, BlockState, CacheKey, ConfigError, Heap, OomRelease, Policy,
     PoolKind, Pressure, Request, SegmentId, GIB, MIB,
 };
 
-/// The smallest class, and the granularity of the classes below 2 KiB.
-pub const MIN_CLASS_SIZE: u64 = 512;
-/// The largest small-pool class (PyTorch's `kSmallSize`).
-pub const SMALL_SIZE: u64 = MIB;
+use crate::idle::idle_oldest_first;
+use crate::per_key::PerKey;
+
 /// The largest class; larger requests get a dedicated segment.
 pub const MAX_CLASS_SIZE: u64 = GIB;
 /// Number of small-pool classes (indices `0..SMALL_CLASSES`).
@@ -46,13 +46,13 @@ pub const SMALL_CLASSES: usize = 40;
 /// Number of classes in both pools (indices `SMALL_CLASSES..NUM_CLASSES` are
 /// the large pool's).
 pub const NUM_CLASSES: usize = 80;
-/// Dedicated segments and large slabs are rounded to this (the driver's
-/// allocation granularity).
-pub const SEGMENT_ROUND: u64 = 2 * MIB;
-/// Default slab size of the small pool.
-pub const SMALL_SLAB: u64 = 2 * MIB;
 /// Default slab size of the large pool (at least the class, rounded to
-/// [`SEGMENT_ROUND`]).
+/// [`ROUND_LARGE`]). The other sizes are PyTorch's: the smallest class and
+/// the granularity of the classes below 2 KiB is [`MIN_BLOCK_SIZE`], the
+/// largest small-pool class [`SMALL_SIZE`](alloc_core::pytorch::SMALL_SIZE),
+/// the small pool's slab
+/// [`SMALL_BUFFER`], and dedicated segments and slabs are rounded to
+/// [`ROUND_LARGE`].
 pub const LARGE_SLAB: u64 = 64 * MIB;
 /// Slab sizes are capped at this, so rounding can never overflow.
 const MAX_SLAB: u64 = 1 << 40;
@@ -74,8 +74,8 @@ pub fn class_of(size: u64) -> Option<usize> {
         return None;
     }
     let s = size.saturating_sub(1);
-    if s < 4 * MIN_CLASS_SIZE {
-        return Some((s / MIN_CLASS_SIZE) as usize);
+    if s < 4 * MIN_BLOCK_SIZE {
+        return Some((s / MIN_BLOCK_SIZE) as usize);
     }
     let k = 63 - s.leading_zeros() as usize; // s in [2^k, 2^(k+1)), k >= 11
     let sub = ((s >> (k - 2)) & 3) as usize;
@@ -87,7 +87,7 @@ pub fn class_of(size: u64) -> Option<usize> {
 #[inline]
 pub fn class_size(class: usize) -> u64 {
     if class < 4 {
-        return (class as u64 + 1) * MIN_CLASS_SIZE;
+        return (class as u64 + 1) * MIN_BLOCK_SIZE;
     }
     let class = class.min(NUM_CLASSES - 1);
     let k = 11 + (class - 4) / 4;
@@ -109,7 +109,7 @@ pub fn class_pool(class: usize) -> PoolKind {
 /// below the smallest class.
 #[inline]
 fn floor_class(size: u64) -> Option<usize> {
-    if size < MIN_CLASS_SIZE {
+    if size < MIN_BLOCK_SIZE {
         return None;
     }
     match class_of(size) {
@@ -154,7 +154,7 @@ impl Default for SizeClassSettings {
     fn default() -> Self {
         SizeClassSettings {
             idle_limit: u64::MAX,
-            small_slab: SMALL_SLAB,
+            small_slab: SMALL_BUFFER,
             large_slab: LARGE_SLAB,
             reuse_idle_slabs: true,
         }
@@ -354,19 +354,12 @@ impl PoolLists {
     }
 }
 
-/// The free lists of one stream, for both pools.
-#[derive(Debug, Clone)]
-struct Lane {
-    key: CacheKey,
-    pools: [PoolLists; 2],
-}
-
 /// Size-class free lists carved from slabs (see the module documentation).
 #[derive(Debug, Clone, Default)]
 pub struct SizeClass {
     settings: SizeClassSettings,
-    /// One lane per stream seen, sorted by stream.
-    lanes: Vec<Lane>,
+    /// The free lists of each cache key seen, for both pools.
+    lanes: PerKey<[PoolLists; 2]>,
     /// Position of each indexed block in its list, by block index.
     pos: Vec<u32>,
     /// Set once the device refused a slab during the current request: slabs
@@ -379,7 +372,7 @@ impl SizeClass {
     pub fn new(settings: SizeClassSettings) -> Self {
         SizeClass {
             settings,
-            lanes: Vec::new(),
+            lanes: PerKey::default(),
             pos: Vec::new(),
             shrink_slabs: false,
         }
@@ -390,32 +383,11 @@ impl SizeClass {
         &self.settings
     }
 
-    #[inline]
-    fn find_lane(&self, key: CacheKey) -> Result<usize, usize> {
-        // One or a few streams in practice: check the first before searching.
-        match self.lanes.first() {
-            Some(l) if l.key == key => Ok(0),
-            _ => self.lanes.binary_search_by_key(&key, |l| l.key),
-        }
-    }
-
     /// The lists of `key` in `pool`, created on first use.
     #[inline]
     fn lists_mut(&mut self, key: CacheKey, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
-        let i = match self.find_lane(key) {
-            Ok(i) => i,
-            Err(i) => {
-                self.lanes.insert(
-                    i,
-                    Lane {
-                        key,
-                        pools: Default::default(),
-                    },
-                );
-                i
-            }
-        };
-        (&mut self.lanes[i].pools[pool.index()], &mut self.pos)
+        let pools = self.lanes.get_or_insert_with(key, Default::default);
+        (&mut pools[pool.index()], &mut self.pos)
     }
 
     /// Indexes the free block `id` according to its tag and size.
@@ -451,8 +423,8 @@ impl SizeClass {
     fn unindex(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
         let slot = Slot::of(b.tag, b.size);
-        if let Ok(lane) = self.find_lane(b.key()) {
-            self.lanes[lane].pools[b.pool.index()].remove(&mut self.pos, slot, id);
+        if let Some(pools) = self.lanes.get_mut(b.key()) {
+            pools[b.pool.index()].remove(&mut self.pos, slot, id);
         }
     }
 
@@ -460,7 +432,7 @@ impl SizeClass {
     /// smallest segment that holds it.
     fn segment_bytes(&self, req: &Request, shrink: bool) -> u64 {
         let Some(class) = class_of(req.size) else {
-            return round_up(req.size, SEGMENT_ROUND);
+            return round_up(req.size, ROUND_LARGE);
         };
         let size = class_size(class);
         let slab = match (shrink, class_pool(class)) {
@@ -468,27 +440,7 @@ impl SizeClass {
             (false, PoolKind::Small) => self.settings.small_slab,
             (false, PoolKind::Large) => self.settings.large_slab,
         };
-        round_up(size.max(slab.min(MAX_SLAB)), SEGMENT_ROUND)
-    }
-
-    /// Idle segments in release order: oldest first (age in ticks of their
-    /// pool's clock), larger first among equals. `filter` selects them.
-    fn idle_oldest_first(
-        heap: &Heap,
-        filter: impl Fn(&alloc_core::Segment) -> bool,
-    ) -> Vec<(SegmentId, u64)> {
-        let mut idle: Vec<(u64, u64, u64, SegmentId)> = heap
-            .segments()
-            .filter(|(_, s)| s.is_idle() && filter(s))
-            .map(|(id, s)| {
-                let age = heap.clock(s.pool).saturating_sub(s.idle_since);
-                (age, s.size, s.addr, id)
-            })
-            .collect();
-        idle.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-        idle.into_iter()
-            .map(|(_, size, _, id)| (id, size))
-            .collect()
+        round_up(size.max(slab.min(MAX_SLAB)), ROUND_LARGE)
     }
 }
 
@@ -516,7 +468,7 @@ impl Policy for SizeClass {
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let (size, pool) = match class_of(requested) {
             Some(c) => (class_size(c), class_pool(c)),
-            None => (round_up(requested, SEGMENT_ROUND), PoolKind::Large),
+            None => (round_up(requested, ROUND_LARGE), PoolKind::Large),
         };
         Request {
             requested,
@@ -534,8 +486,7 @@ impl Policy for SizeClass {
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         // A new request: back to full slabs.
         self.shrink_slabs = false;
-        let lane = self.find_lane(req.key).ok()?;
-        let lists = &mut self.lanes[lane].pools[req.pool.index()];
+        let lists = &mut self.lanes.get_mut(req.key)?[req.pool.index()];
         match class_of(req.size) {
             Some(class) => {
                 if let Some(id) = lists.classes[class].pop() {
@@ -605,14 +556,12 @@ impl Policy for SizeClass {
         let need = self.segment_bytes(req, true);
         let mut released = 0;
         let mut segments = Vec::new();
-        for (id, size) in
-            Self::idle_oldest_first(heap, |s| s.key() == req.key && s.pool == req.pool)
-        {
+        for idle in idle_oldest_first(heap, |s, _| s.key() == req.key && s.pool == req.pool) {
             if released >= need {
                 break;
             }
-            released += size;
-            segments.push(id);
+            released += idle.size;
+            segments.push(idle.id);
         }
         OomRelease {
             // A smaller segment is worth one more try even with nothing freed.
@@ -643,13 +592,13 @@ impl Policy for SizeClass {
         }
         let mut idle = idle_bytes;
         let mut released = Vec::new();
-        for (id, size) in Self::idle_oldest_first(heap, |_| true) {
+        for segment in idle_oldest_first(heap, |_, _| true) {
             if !over(idle, reserved) {
                 break;
             }
-            idle -= size;
-            reserved = reserved.saturating_sub(size);
-            released.push(id);
+            idle -= segment.size;
+            reserved = reserved.saturating_sub(segment.size);
+            released.push(segment.id);
         }
         released
     }
@@ -667,19 +616,14 @@ impl Policy for SizeClass {
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.lanes
             .iter()
-            .flat_map(|l| l.pools.iter())
+            .flat_map(|(_, pools)| pools.iter())
             .flat_map(|p| p.slots().flat_map(|(_, l)| l.iter().copied()))
             .collect()
     }
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
-        for w in self.lanes.windows(2) {
-            if w[0].key >= w[1].key {
-                return Err("size-class lanes not sorted by stream".into());
-            }
-        }
-        for lane in &self.lanes {
-            for (pool, lists) in [PoolKind::Small, PoolKind::Large].iter().zip(&lane.pools) {
+        for (key, pools) in self.lanes.iter() {
+            for (pool, lists) in [PoolKind::Small, PoolKind::Large].iter().zip(pools) {
                 for (slot, list) in lists.slots() {
                     if let Slot::Tail(b) = slot {
                         if list.is_empty() == (lists.tail_mask >> b & 1 == 1) {
@@ -689,7 +633,7 @@ impl Policy for SizeClass {
                     for (at, &id) in list.iter().enumerate() {
                         let blk = heap.block(id);
                         let here = format!("block {:#x} ({slot:?})", blk.addr);
-                        if blk.key() != lane.key || blk.pool != *pool {
+                        if blk.key() != key || blk.pool != *pool {
                             return Err(format!("{here}: indexed under another stream or pool"));
                         }
                         if blk.state != BlockState::Free {
@@ -734,6 +678,7 @@ impl Policy for SizeClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::pytorch::SMALL_SIZE;
     use alloc_core::StreamId;
     use alloc_core::{Engine, EngineOptions, SimMemory, SimStreams, KIB};
 
@@ -795,13 +740,13 @@ mod tests {
         for c in 0..NUM_CLASSES {
             let size = class_size(c);
             assert!(size > prev, "class {c} not increasing");
-            assert_eq!(size % MIN_CLASS_SIZE, 0);
+            assert_eq!(size % MIN_BLOCK_SIZE, 0);
             assert_eq!(class_of(size), Some(c));
             assert_eq!(class_of(prev + 1), Some(c));
             // At most a quarter wasted (beyond the 512-byte minimum).
-            assert!(prev < 4 * MIN_CLASS_SIZE || (size - prev - 1) * 4 <= prev + 1);
+            assert!(prev < 4 * MIN_BLOCK_SIZE || (size - prev - 1) * 4 <= prev + 1);
             assert_eq!(floor_class(size), Some(c));
-            assert_eq!(floor_class(size + MIN_CLASS_SIZE / 2).unwrap(), c);
+            assert_eq!(floor_class(size + MIN_BLOCK_SIZE / 2).unwrap(), c);
             assert_eq!(class_pool(c) == PoolKind::Small, size <= SMALL_SIZE);
             prev = size;
         }
@@ -845,7 +790,7 @@ mod tests {
         assert_eq!(c.addr, b.addr + 3072);
         let snap = e.snapshot();
         assert_eq!(snap.segments.len(), 1);
-        assert_eq!(snap.segments[0].total_size, SMALL_SLAB);
+        assert_eq!(snap.segments[0].total_size, SMALL_BUFFER);
         let sizes: Vec<u64> = snap.segments[0].blocks.iter().map(|b| b.size).collect();
         assert_eq!(sizes, vec![1024, 3072, MIB, MIB - 4096]);
         e.assert_valid();

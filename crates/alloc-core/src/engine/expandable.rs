@@ -12,6 +12,7 @@ use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_set::PageSet;
 use crate::policy::{Policy, Request};
+use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 
@@ -22,7 +23,7 @@ fn elapsed_ns(started: Instant) -> u64 {
 
 /// Growth step of expandable segments per pool, as PyTorch's (2 MiB pages
 /// for the small pool, 20 MiB for the large).
-const GROWTH_STEP: [u64; 2] = [2 << 20, 20 << 20];
+const GROWTH_STEP: [u64; 2] = [SMALL_BUFFER, LARGE_BUFFER];
 
 /// The growable segment of one stream and pool (`E`: the stream backend's
 /// event).

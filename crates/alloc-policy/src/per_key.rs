@@ -1,0 +1,175 @@
+//! Per-key state of a policy: what it keeps for each [`CacheKey`] (a
+//! stream's free blocks, device-wide or in one private pool), found by key.
+//!
+//! A process has one or a few streams, so the entries are a vector sorted
+//! by key: the first entry is checked before a binary search, and an
+//! entry's position stays valid until the next insertion or removal (a
+//! policy may look a key up once per operation and use the position).
+
+use alloc_core::CacheKey;
+
+/// State of type `T` per cache key, in key order.
+#[derive(Debug, Clone)]
+pub struct PerKey<T> {
+    entries: Vec<(CacheKey, T)>,
+}
+
+impl<T> Default for PerKey<T> {
+    fn default() -> Self {
+        PerKey {
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<T> PerKey<T> {
+    /// The position of `key`, or where it would be inserted.
+    #[inline]
+    fn search(&self, key: CacheKey) -> Result<usize, usize> {
+        match self.entries.first() {
+            // One stream in most processes: no search at all.
+            Some((first, _)) if *first == key => Ok(0),
+            _ => self.entries.binary_search_by(|(k, _)| k.cmp(&key)),
+        }
+    }
+
+    /// The position of `key`'s entry, if it has one.
+    #[inline]
+    pub fn position(&self, key: CacheKey) -> Option<usize> {
+        self.search(key).ok()
+    }
+
+    /// The entry of `key`, if it has one.
+    #[inline]
+    pub fn get(&self, key: CacheKey) -> Option<&T> {
+        self.position(key).map(|i| &self.entries[i].1)
+    }
+
+    /// The entry of `key`, mutably, if it has one.
+    #[inline]
+    pub fn get_mut(&mut self, key: CacheKey) -> Option<&mut T> {
+        self.position(key).map(|i| &mut self.entries[i].1)
+    }
+
+    /// The position of `key`'s entry, made with `make` if it has none.
+    #[inline]
+    pub fn position_or_insert_with(&mut self, key: CacheKey, make: impl FnOnce() -> T) -> usize {
+        match self.search(key) {
+            Ok(i) => i,
+            Err(i) => self.insert_at(i, key, make()),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn insert_at(&mut self, at: usize, key: CacheKey, value: T) -> usize {
+        self.entries.insert(at, (key, value));
+        at
+    }
+
+    /// The entry of `key`, made with `make` if it has none.
+    #[inline]
+    pub fn get_or_insert_with(&mut self, key: CacheKey, make: impl FnOnce() -> T) -> &mut T {
+        let i = self.position_or_insert_with(key, make);
+        &mut self.entries[i].1
+    }
+
+    /// The entry at `position` (from [`PerKey::position`]).
+    #[inline]
+    pub fn at(&self, position: usize) -> &T {
+        &self.entries[position].1
+    }
+
+    /// The entry at `position`, mutably.
+    #[inline]
+    pub fn at_mut(&mut self, position: usize) -> &mut T {
+        &mut self.entries[position].1
+    }
+
+    /// Every entry with its key, in key order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (CacheKey, &T)> + '_ {
+        self.entries.iter().map(|(k, v)| (*k, v))
+    }
+
+    /// Keeps the entries for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.entries.retain(|(_, v)| keep(v));
+    }
+
+    /// Number of keys with an entry.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when no key has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_core::StreamId;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// Key `i`: the device-wide cache of one of a few streams, the top bit
+    /// included (private pools get their numbers from the engine).
+    fn key(i: u8) -> CacheKey {
+        let n = u64::from(i / 4);
+        let stream = match i % 4 {
+            0 => n,
+            1 => 7 + n,
+            2 => (1 << 63) + n,
+            _ => u64::MAX - n,
+        };
+        CacheKey::shared(StreamId(stream))
+    }
+
+    #[test]
+    fn positions_hold_until_the_next_insertion() {
+        let mut m: PerKey<u32> = PerKey::default();
+        assert!(m.is_empty() && m.get(key(0)).is_none());
+        let a = m.position_or_insert_with(key(1), || 10);
+        assert_eq!(
+            m.position_or_insert_with(key(1), || 99),
+            a,
+            "no second entry"
+        );
+        *m.get_or_insert_with(key(0), || 20) += 1;
+        assert_eq!(m.position(key(0)), Some(0), "sorted: stream 0 first");
+        assert_eq!(m.at(m.position(key(1)).unwrap()), &10);
+        *m.at_mut(0) += 1;
+        assert_eq!(m.get(key(0)), Some(&22));
+        m.retain(|&v| v != 10);
+        assert_eq!(m.len(), 1);
+        assert!(m.get_mut(key(1)).is_none());
+    }
+
+    proptest! {
+        /// Answers exactly like an ordered map.
+        #[test]
+        fn matches_an_ordered_map(ops in proptest::collection::vec((0u8..3, 0u8..12, any::<u16>()), 1..200)) {
+            let mut m: PerKey<u16> = PerKey::default();
+            let mut model: BTreeMap<CacheKey, u16> = BTreeMap::new();
+            for (op, k, v) in ops {
+                let k = key(k);
+                match op {
+                    0 => {
+                        *m.get_or_insert_with(k, || v) = v;
+                        model.insert(k, v);
+                    }
+                    1 => prop_assert_eq!(m.get(k), model.get(&k)),
+                    _ => {
+                        m.retain(|&x| x % 3 != v % 3);
+                        model.retain(|_, x| *x % 3 != v % 3);
+                    }
+                }
+                let got: Vec<_> = m.iter().map(|(k, v)| (k, *v)).collect();
+                let want: Vec<_> = model.iter().map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(got, want);
+            }
+        }
+    }
+}
