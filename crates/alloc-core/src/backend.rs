@@ -3,6 +3,7 @@
 //! engine asks for), and how streams and events are recorded, queried and
 //! waited on.
 
+use crate::capture::CaptureGraph;
 use crate::error::BackendError;
 use crate::types::StreamId;
 
@@ -134,4 +135,11 @@ pub trait StreamBackend {
     ) -> Result<(), BackendError>;
     /// Gives the event back (to a pool) once the engine no longer needs it.
     fn release(&mut self, event: Self::Event);
+
+    /// The graph of CUDA graph captures underway on these streams, if this
+    /// backend can read it. Without it (the default) a block freed during a
+    /// capture while other streams used it waits for the capture's end.
+    fn capture_graph(&mut self) -> Option<&mut dyn CaptureGraph> {
+        None
+    }
 }

@@ -107,8 +107,9 @@ pub struct AllocatorConfig {
     pub policy: Option<String>,
     /// During a CUDA graph capture, reuse a freed block that other streams
     /// used once the capture shows those streams joined the allocating one
-    /// (PyTorch's `graph_capture_record_stream_reuse`); off: such frees
-    /// wait for the end of the capture.
+    /// (PyTorch's `graph_capture_record_stream_reuse`; needs a stream
+    /// backend that reads the capture's graph, as `alloc-cuda`'s does); off:
+    /// such frees wait for the end of the capture.
     pub graph_capture_record_stream_reuse: bool,
     /// Limit on reserved memory as a fraction of the device's capacity,
     /// applied when the allocator is created (PyTorch's

@@ -12,6 +12,7 @@ use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 
+mod capture_reuse;
 mod checkpoint;
 mod expandable;
 mod idle_pages;
@@ -47,6 +48,10 @@ pub struct EngineOptions {
     /// With `unmap_free_pages`, the large pool's page size (rounded up to
     /// the backend's granularity).
     pub unmap_page: u64,
+    /// During a capture, reuse a block freed while other streams used it
+    /// once the capture's graph orders the allocating stream after those
+    /// uses (needs a stream backend that reads the graph).
+    pub graph_capture_record_stream_reuse: bool,
 }
 
 impl From<&AllocatorConfig> for EngineOptions {
@@ -57,6 +62,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             expandable_segments: cfg.expandable_segments,
             unmap_free_pages: cfg.unmap_free_pages,
             unmap_page: cfg.unmap_page,
+            graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
         }
     }
 }
@@ -154,8 +160,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
     pools: PrivatePools,
     /// Addresses freed during a capture while other streams used them:
-    /// their events are recorded once no capture is underway.
-    deferred_frees: Vec<u64>,
+    /// their events are recorded once no capture is underway, unless the
+    /// capture's graph lets them be reused before.
+    capture_frees: capture_reuse::CaptureFrees,
     /// Private pools whose segments come from a source of their own; kept
     /// after the pool is released, until its last segment went back.
     sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
@@ -184,7 +191,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             expandable,
             granularity,
             pools: PrivatePools::default(),
-            deferred_frees: Vec::new(),
+            capture_frees: Default::default(),
             sources: FxHashMap::default(),
             tags: Tags::default(),
         }
@@ -245,6 +252,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.refuse_paused(pool)?;
         }
         self.poll_events()?;
+        if self.capture_frees.has_markers() {
+            self.reuse_joined_frees(stream);
+        }
         let key = CacheKey {
             stream,
             private_pool: pool.map(|p| self.pools.number(p)),
@@ -297,20 +307,20 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
-        if self.pools.capture_underway()
-            && !self.uses.is_empty()
-            && self
-                .live
-                .get(&addr)
-                .is_some_and(|id| self.uses.contains_key(id))
-        {
-            // Recording events on streams during a capture would put them
-            // in the graph: decide after the capture.
-            if self.deferred_frees.contains(&addr) {
-                return Err(AllocError::DoubleFree { addr });
+        if self.pools.capture_underway() && !self.uses.is_empty() {
+            if let Some(&id) = self.live.get(&addr).filter(|id| self.uses.contains_key(id)) {
+                // Recording events on streams during a capture would put
+                // them in the graph: decide after the capture (or once the
+                // graph joins the streams that used it).
+                if self.capture_frees.is_deferred(addr) {
+                    return Err(AllocError::DoubleFree { addr });
+                }
+                let stream = self.heap.block(id).stream;
+                let uses = self.uses[&id].clone();
+                let markers = self.free_markers(id, stream, &uses);
+                self.capture_frees.defer(addr, markers);
+                return Ok(());
             }
-            self.deferred_frees.push(addr);
-            return Ok(());
         }
         let Some(id) = self.live.remove(&addr) else {
             return Err(self.bad_pointer(addr));
@@ -323,6 +333,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         match uses {
             None => self.release_to_cache(id),
             Some(streams) => {
+                self.capture_frees.forget(id);
                 self.heap.set_state(id, BlockState::AwaitingEvents, 0);
                 let mut recorded = 0;
                 for s in streams {
@@ -352,7 +363,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(&id) = self.live.get(&addr) else {
             return Err(self.bad_pointer(addr));
         };
-        if !self.deferred_frees.is_empty() && self.deferred_frees.contains(&addr) {
+        if self.capture_frees.is_deferred(addr) {
             // Freed during a capture, its events still to be recorded.
             return Err(AllocError::DoubleFree { addr });
         }
@@ -360,9 +371,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         let uses = self.uses.entry(id).or_default();
+        let first = uses.is_empty();
         if !uses.contains(&stream) {
             uses.push(stream);
         }
+        self.note_capture_use(id, stream, first);
         Ok(())
     }
 
@@ -473,7 +486,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         let mut result = Ok(());
-        for addr in std::mem::take(&mut self.deferred_frees) {
+        for addr in self.capture_frees.take_all() {
             let freed = self.free_unsettled(addr);
             result = result.and(freed);
         }

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod capture;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -30,6 +31,7 @@ pub mod types;
 mod validate;
 
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
+pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
 pub use engine::{
     Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
@@ -39,7 +41,7 @@ pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use policy::{OomRelease, Policy, Pressure, Request};
 pub use private_pool::PoolId;
-pub use sim::{SimEvent, SimMemory, SimStreams};
+pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use tags::{Backup, PauseReport, ResumeReport, TagInfo};

@@ -1,11 +1,16 @@
 //! A simulated device: address bookkeeping without memory, and streams whose
-//! events complete when the test (or replay) says so.
+//! events complete when the test (or replay) says so, with CUDA graph
+//! captures whose forks and joins the test drives (`SimCapture`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
+mod capture;
+
 use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
+use crate::capture::CaptureGraph;
 use crate::error::BackendError;
 use crate::types::StreamId;
+pub use capture::SimCapture;
 
 /// Address alignment and spacing of simulated segments (the driver's 2 MiB
 /// granularity).
@@ -332,6 +337,8 @@ pub struct SimStreams {
     /// With a GPU lag: the host clock up to which the GPU has run the work
     /// (`None`: nothing yet).
     gpu_at: Option<u64>,
+    /// CUDA graph captures on these streams.
+    capture: SimCapture,
 }
 
 impl SimStreams {
@@ -394,6 +401,12 @@ impl SimStreams {
     pub fn pending(&self) -> usize {
         self.events.values().filter(|e| !e.complete).count()
     }
+
+    /// The CUDA graph captures on these streams: begin one, queue kernels,
+    /// fork and join streams.
+    pub fn capture(&mut self) -> &mut SimCapture {
+        &mut self.capture
+    }
 }
 
 impl StreamBackend for SimStreams {
@@ -445,6 +458,10 @@ impl StreamBackend for SimStreams {
         if self.events.remove(&event.0).is_some() {
             self.outstanding -= 1;
         }
+    }
+
+    fn capture_graph(&mut self) -> Option<&mut dyn CaptureGraph> {
+        Some(&mut self.capture)
     }
 }
 

@@ -1,7 +1,8 @@
 //! Property tests over every compiled-in policy: random sequences of
 //! allocations (log-uniform 1 B .. 256 MiB, several streams), frees,
 //! record_stream with event completion, empty_cache and allocation under a
-//! small capacity, and CUDA-graph style captures into private pools, with
+//! small capacity, and CUDA-graph style captures into private pools (with
+//! streams forking from the captured one and joining back), with
 //! every invariant checked after every step and a shadow of what was handed
 //! out (`common/shadow.rs`) checking that no block is reused while another
 //! stream may still use it, that live blocks never overlap, and that their
@@ -38,9 +39,19 @@ enum Op {
         stream: StreamId,
     },
     EmptyCache,
-    /// Start routing stream 0's allocations to a private pool (a capture).
+    /// Start routing stream 0's allocations to a private pool (a capture
+    /// of stream 0).
     BeginCapture {
         pool: u64,
+    },
+    /// A kernel on a stream (a node of the graph when it is capturing).
+    Launch {
+        stream: StreamId,
+    },
+    /// `waiter.wait_stream(on)`: in a capture, a fork or a join.
+    WaitStream {
+        waiter: StreamId,
+        on: StreamId,
     },
     /// End the open capture.
     EndCapture,
@@ -72,6 +83,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::EmptyCache),
         1 => (1u64..3).prop_map(|pool| Op::BeginCapture { pool }),
         1 => Just(Op::EndCapture),
+        2 => stream().prop_map(|stream| Op::Launch { stream }),
+        2 => (stream(), stream()).prop_map(|(waiter, on)| Op::WaitStream { waiter, on }),
         1 => (1u64..3).prop_map(|pool| Op::ReleasePool { pool }),
         1 => (1u8..=10).prop_map(|tenths| Op::SetFraction { tenths }),
     ]
@@ -99,6 +112,8 @@ fn configs() -> Vec<String> {
                 .into(),
         );
         all.push("policy:pytorch-bfc,expandable_segments:true,max_split_size_mb:64".into());
+        // Reuse during captures once the graph joins the other streams.
+        all.push("policy:pytorch-bfc,graph_capture_record_stream_reuse:true".into());
     }
     // Garbage collection by age under the memory fraction.
     if cfg!(all(feature = "pytorch-bfc", feature = "gc-age")) {
@@ -160,7 +175,7 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
                 let addr = live[pick % live.len()];
                 e.record_stream(addr, stream)
                     .map_err(|err| TestCaseError::fail(err.to_string()))?;
-                shadow.recorded(addr, stream);
+                shadow.recorded(&mut e, addr, stream);
             }
             Op::CompleteStream { stream } => e.streams_mut().complete_stream(stream),
             Op::SetFraction { tenths } => {
@@ -181,12 +196,20 @@ fn run(policy: &str, capacity: u64, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::BeginCapture { pool } if capture.is_none() => {
                 let pool = (pool, 0);
                 e.begin_allocate_to_pool(pool);
+                e.streams_mut().capture().begin(StreamId(0));
                 *holders.entry(pool).or_default() += 1;
                 capture = Some(pool);
+            }
+            Op::Launch { stream } => {
+                e.streams_mut().capture().launch(stream);
+            }
+            Op::WaitStream { waiter, on } if waiter != on => {
+                e.streams_mut().capture().wait_stream(waiter, on);
             }
             Op::EndCapture => {
                 if let Some(pool) = capture.take() {
                     shadow.capture_ending(&mut e);
+                    e.streams_mut().capture().end(StreamId(0));
                     e.end_allocate_to_pool(pool)
                         .map_err(|err| TestCaseError::fail(err.to_string()))?;
                 } else {

@@ -12,10 +12,17 @@
 //! done): the engine's own events are not consulted. A block may be reused
 //! earlier only on a stream the engine made wait for an event recorded on
 //! the using stream after the marker.
+//!
+//! During a CUDA graph capture, a block freed while other streams used it
+//! may be handed out again only if every use was recorded by a stream
+//! capturing in that capture, and the graph orders the allocating stream's
+//! next work after where each of those streams (and the block's own) stood
+//! at the free: each such node precedes one of its frontier's, as the
+//! simulated graph itself tells.
 
 use std::collections::BTreeMap;
 
-use alloc_core::{Allocation, SimEvent, StreamBackend, StreamId};
+use alloc_core::{Allocation, CaptureGraph, GraphNode, SimEvent, StreamBackend, StreamId};
 
 use super::SimEngine;
 
@@ -26,6 +33,19 @@ struct Live {
     stream: StreamId,
     /// Other streams that used it (`record_stream`).
     uses: Vec<StreamId>,
+    /// The capture every use was recorded in (`None`: a use was recorded by
+    /// a stream not capturing, or in another capture, or none yet).
+    uses_captured_in: Option<u64>,
+}
+
+/// A block freed during a capture while other streams used it.
+#[derive(Debug, Clone)]
+struct Deferred {
+    addr: u64,
+    live: Live,
+    /// Where every stream that used it stood in the capture at the free
+    /// (`None`: a use lies outside the capture's graph).
+    stood: Option<(u64, Vec<GraphNode>)>,
 }
 
 /// A freed range that other streams may still be using.
@@ -44,7 +64,7 @@ pub struct Shadow {
     in_use: Vec<InUse>,
     /// Frees during a capture, whose markers wait for its end (nothing may
     /// be recorded on a stream while it is captured).
-    deferred: Vec<(u64, Live)>,
+    deferred: Vec<Deferred>,
 }
 
 impl Shadow {
@@ -66,17 +86,22 @@ impl Shadow {
             ));
         }
         self.settle(e);
-        if let Some((addr, _)) = self
-            .deferred
+        let mut deferred = std::mem::take(&mut self.deferred);
+        let overlapped = deferred
             .iter()
-            .find(|(addr, l)| *addr < end && start < l.end)
-        {
-            return Err(format!(
-                "block {start:#x}+{} reuses {addr:#x}, freed during the capture while other \
-                 streams used it",
-                a.size
-            ));
+            .filter(|d| d.addr < end && start < d.live.end);
+        for d in overlapped {
+            if !ordered_after(e, d, a.stream) {
+                return Err(format!(
+                    "block {start:#x}+{} on stream {} reuses {:#x}, freed during the capture \
+                     while other streams used it, before the graph joined them",
+                    a.size, a.stream, d.addr
+                ));
+            }
         }
+        // Reused: the engine forgot its other streams.
+        deferred.retain(|d| !(d.addr < end && start < d.live.end));
+        self.deferred = deferred;
         let waits = &e.streams().waits;
         for r in self
             .in_use
@@ -102,15 +127,25 @@ impl Shadow {
                 end,
                 stream: a.stream,
                 uses: Vec::new(),
+                uses_captured_in: None,
             },
         );
         Ok(())
     }
 
     /// `record_stream(addr, stream)` succeeded.
-    pub fn recorded(&mut self, addr: u64, stream: StreamId) {
+    pub fn recorded(&mut self, e: &mut SimEngine, addr: u64, stream: StreamId) {
+        let capture = capture_of(e, stream);
         if let Some(l) = self.live.get_mut(&addr) {
-            if stream != l.stream && !l.uses.contains(&stream) {
+            if stream == l.stream {
+                return;
+            }
+            l.uses_captured_in = match (l.uses.is_empty(), capture) {
+                (true, c) => c,
+                (false, c) if c == l.uses_captured_in => c,
+                _ => None,
+            };
+            if !l.uses.contains(&stream) {
                 l.uses.push(stream);
             }
         }
@@ -126,17 +161,36 @@ impl Shadow {
             return;
         }
         if capturing {
-            self.deferred.push((addr, l));
+            let stood = l.uses_captured_in.and_then(|c| {
+                let mut nodes = Vec::new();
+                for &s in std::iter::once(&l.stream).chain(&l.uses) {
+                    let f = e.streams_mut().capture().frontier(s).unwrap()?;
+                    if f.capture != c {
+                        return None;
+                    }
+                    nodes.extend(f.nodes);
+                }
+                Some((c, nodes))
+            });
+            self.deferred.push(Deferred {
+                addr,
+                live: l,
+                stood,
+            });
             return;
         }
         self.mark(e, addr, l);
     }
 
     /// The capture is about to end: the frees made during it get their
-    /// markers now (the engine records its events as the capture ends).
+    /// markers now (the engine records its events as the capture ends),
+    /// except those the graph orders before their stream's next work: no
+    /// eager work of theirs needs waiting for.
     pub fn capture_ending(&mut self, e: &mut SimEngine) {
-        for (addr, l) in std::mem::take(&mut self.deferred) {
-            self.mark(e, addr, l);
+        for d in std::mem::take(&mut self.deferred) {
+            if !ordered_after(e, &d, d.live.stream) {
+                self.mark(e, d.addr, d.live);
+            }
         }
     }
 
@@ -178,4 +232,26 @@ impl Shadow {
         }
         Ok(())
     }
+}
+
+/// The capture `stream` takes part in, if any.
+fn capture_of(e: &mut SimEngine, stream: StreamId) -> Option<u64> {
+    let frontier = e.streams_mut().capture().frontier(stream).unwrap();
+    frontier.map(|f| f.capture)
+}
+
+/// Whether the capture orders the next work on `stream` after every use
+/// of the block freed in `d`.
+fn ordered_after(e: &mut SimEngine, d: &Deferred, stream: StreamId) -> bool {
+    let Some((capture, stood)) = &d.stood else {
+        return false;
+    };
+    let graph = e.streams_mut().capture();
+    let Some(now) = graph.frontier(stream).unwrap() else {
+        return false;
+    };
+    now.capture == *capture
+        && stood
+            .iter()
+            .all(|&m| now.nodes.iter().any(|&n| graph.precedes(m, n)))
 }
