@@ -235,6 +235,252 @@ pub(crate) unsafe fn copy_to_device_async(
     })
 }
 
+// ----- Graph captures (`graph_capture_record_stream_reuse`) -----
+//
+// The driver API version bound by the build's feature picks the entry
+// points: from CUDA 12.3 `cuStreamGetCaptureInfo_v3` and
+// `cuGraphNodeGetDependencies_v2` (edges carry data), before that
+// `cuStreamGetCaptureInfo_v2` and `cuGraphNodeGetDependencies`. A build whose
+// version comes from the build system names none: it reads no graph, and
+// frees during a capture wait for its end.
+
+/// `cuStreamGetCaptureInfo`'s answer about one stream.
+struct CaptureInfo {
+    status: sys::CUstreamCaptureStatus,
+    id: u64,
+    /// `count` nodes, valid until the next driver call on the stream.
+    nodes: *const sys::CUgraphNode,
+    count: usize,
+}
+
+/// Expands the first item whose `cfg` holds and no other, so that each
+/// version list below is written once.
+macro_rules! first_cfg {
+    (#[cfg($first:meta)] $a:item else #[cfg($second:meta)] $b:item else $c:item) => {
+        #[cfg($first)]
+        $a
+        #[cfg(all(not($first), $second))]
+        $b
+        #[cfg(not(any($first, $second)))]
+        $c
+    };
+}
+
+// The entry points of the bound API version (see above). Each function's
+// safety contract: `stream` is valid for the current context; `node` is a
+// live graph node and `out`, unless null, holds `*count` nodes.
+first_cfg! {
+    #[cfg(any(
+        feature = "cuda-12030",
+        feature = "cuda-12040",
+        feature = "cuda-12050",
+        feature = "cuda-12060",
+        feature = "cuda-12080",
+        feature = "cuda-12090",
+        feature = "cuda-13000",
+        feature = "cuda-13010",
+        feature = "cuda-13020",
+        feature = "cuda-13030",
+        feature = "cuda-13040",
+    ))]
+    mod capture_api {
+        use super::{sys, CaptureInfo};
+        use std::ptr;
+
+        pub(super) const SYMBOLS: Option<[&str; 2]> =
+            Some(["cuStreamGetCaptureInfo_v3", "cuGraphNodeGetDependencies_v2"]);
+
+        pub(super) unsafe fn capture_info(
+            stream: sys::CUstream,
+            i: &mut CaptureInfo,
+        ) -> sys::CUresult {
+            let (mut graph, mut edges) = (ptr::null_mut(), ptr::null());
+            let (status, id) = (&mut i.status, &mut i.id);
+            let (nodes, count) = (&mut i.nodes, &mut i.count);
+            // SAFETY: the module's contract; every out-pointer is live.
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v3(
+                    stream, status, id, &mut graph, nodes, &mut edges, count,
+                )
+            }
+        }
+
+        pub(super) unsafe fn dependencies(
+            node: sys::CUgraphNode,
+            out: *mut sys::CUgraphNode,
+            count: &mut usize,
+        ) -> sys::CUresult {
+            // The edges' data is asked for whenever nodes are, so that edges
+            // with data (programmatic launches) make no lossy query.
+            let empty = sys::CUgraphEdgeData {
+                from_port: 0,
+                to_port: 0,
+                type_: 0,
+                reserved: [0; 5],
+            };
+            let mut edges = vec![empty; if out.is_null() { 0 } else { *count }];
+            let edges_out = if out.is_null() {
+                ptr::null_mut()
+            } else {
+                edges.as_mut_ptr()
+            };
+            // SAFETY: the module's contract; `edges` holds as many entries as
+            // `out`.
+            unsafe { sys::cuGraphNodeGetDependencies_v2(node, out, edges_out, count) }
+        }
+    }
+
+    else #[cfg(any(
+        feature = "cuda-11040",
+        feature = "cuda-11050",
+        feature = "cuda-11060",
+        feature = "cuda-11070",
+        feature = "cuda-11080",
+        feature = "cuda-12000",
+        feature = "cuda-12010",
+        feature = "cuda-12020",
+    ))]
+    mod capture_api {
+        use super::{sys, CaptureInfo};
+
+        pub(super) const SYMBOLS: Option<[&str; 2]> =
+            Some(["cuStreamGetCaptureInfo_v2", "cuGraphNodeGetDependencies"]);
+
+        pub(super) unsafe fn capture_info(
+            stream: sys::CUstream,
+            i: &mut CaptureInfo,
+        ) -> sys::CUresult {
+            let mut graph = std::ptr::null_mut();
+            let (status, id) = (&mut i.status, &mut i.id);
+            let (nodes, count) = (&mut i.nodes, &mut i.count);
+            // SAFETY: the module's contract; every out-pointer is live.
+            unsafe {
+                sys::cuStreamGetCaptureInfo_v2(stream, status, id, &mut graph, nodes, count)
+            }
+        }
+
+        pub(super) unsafe fn dependencies(
+            node: sys::CUgraphNode,
+            out: *mut sys::CUgraphNode,
+            count: &mut usize,
+        ) -> sys::CUresult {
+            // SAFETY: the module's contract.
+            unsafe { sys::cuGraphNodeGetDependencies(node, out, count) }
+        }
+    }
+
+    // No API version named at build time: no graph is read
+    // (`capture_graph_present` is false, so these are never called).
+    else
+    mod capture_api {
+        use super::{sys, CaptureInfo};
+
+        pub(super) const SYMBOLS: Option<[&str; 2]> = None;
+
+        pub(super) unsafe fn capture_info(
+            _: sys::CUstream,
+            _: &mut CaptureInfo,
+        ) -> sys::CUresult {
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+        }
+
+        pub(super) unsafe fn dependencies(
+            _: sys::CUgraphNode,
+            _: *mut sys::CUgraphNode,
+            _: &mut usize,
+        ) -> sys::CUresult {
+            sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
+        }
+    }
+}
+
+/// Whether the driver has the graph-reading entry points of the bound API
+/// version (an older driver may lack them, and cudarc would panic on the
+/// missing symbol); checked once per process.
+pub(crate) fn capture_graph_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    *PRESENT.get_or_init(|| {
+        capture_api::SYMBOLS.is_some_and(|names| names.iter().all(|name| symbol_present(name)))
+    })
+}
+
+/// Whether the loaded driver library exports `name`.
+#[cfg(feature = "dynamic-loading")]
+fn symbol_present(name: &str) -> bool {
+    // SAFETY: looks `name` up in the driver library that cudarc loads and
+    // keeps for the life of the process; the symbol is not called here.
+    driver_present() && unsafe { sys::culib().get::<*const ()>(name.as_bytes()).is_ok() }
+}
+
+/// Linked at build time: the loader resolved every symbol at start.
+#[cfg(not(feature = "dynamic-loading"))]
+fn symbol_present(_name: &str) -> bool {
+    true
+}
+
+/// `cuStreamGetCaptureInfo`: the id of the capture that `stream` takes part
+/// in, with the nodes its next work will depend on appended to `nodes`;
+/// `None` when the stream is not capturing or its capture was invalidated.
+/// Only when [`capture_graph_present`].
+///
+/// # Safety
+/// As for [`event_record`]: `stream` must be `0`, a per-thread default
+/// stream handle, or a live stream of the current context.
+pub(crate) unsafe fn stream_capture_info(
+    stream: u64,
+    nodes: &mut Vec<u64>,
+) -> Result<Option<u64>, CudaError> {
+    let mut info = CaptureInfo {
+        status: sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        id: 0,
+        nodes: std::ptr::null(),
+        count: 0,
+    };
+    // SAFETY: valid stream by the caller's contract; `info` is a live local.
+    let code = unsafe { capture_api::capture_info(stream as usize as sys::CUstream, &mut info) };
+    check("cuStreamGetCaptureInfo", code)?;
+    if info.status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+        return Ok(None);
+    }
+    if info.count > 0 && !info.nodes.is_null() {
+        // SAFETY: the driver returned `count` nodes at `nodes`, valid until
+        // the next call on the stream; they are copied out now.
+        let frontier = unsafe { std::slice::from_raw_parts(info.nodes, info.count) };
+        nodes.extend(frontier.iter().map(|&n| n as usize as u64));
+    }
+    Ok(Some(info.id))
+}
+
+/// `cuGraphNodeGetDependencies`: appends the nodes `node` depends on to
+/// `out`. Only when [`capture_graph_present`].
+///
+/// # Safety
+/// `node` must be a node of a graph still alive: one returned by
+/// [`stream_capture_info`] or by this function for a capture still underway
+/// (its graph lives until the capture ends).
+pub(crate) unsafe fn graph_node_dependencies(
+    node: u64,
+    out: &mut Vec<u64>,
+) -> Result<(), CudaError> {
+    let node = node as usize as sys::CUgraphNode;
+    let mut count = 0usize;
+    // SAFETY: a live node by the caller's contract; a null array asks for
+    // the count only.
+    let code = unsafe { capture_api::dependencies(node, std::ptr::null_mut(), &mut count) };
+    check("cuGraphNodeGetDependencies", code)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let mut deps: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); count];
+    // SAFETY: as above; `deps` holds `count` entries and the driver writes
+    // at most that many, setting `count` to how many it wrote.
+    let code = unsafe { capture_api::dependencies(node, deps.as_mut_ptr(), &mut count) };
+    check("cuGraphNodeGetDependencies", code)?;
+    deps.truncate(count);
+    out.extend(deps.iter().map(|&n| n as usize as u64));
+    Ok(())
+}
+
 // ----- Virtual memory management (expandable segments) -----
 
 /// A physical allocation from `cuMemCreate`, to be mapped into a reserved

@@ -1,9 +1,11 @@
 //! The engine's stream backend over CUDA events, with a pool of events so
-//! that a cross-stream free costs a `cuEventRecord`, not a create + destroy.
+//! that a cross-stream free costs a `cuEventRecord`, not a create + destroy;
+//! it also reads the graphs of captures underway (`cuStreamGetCaptureInfo`,
+//! `cuGraphNodeGetDependencies`) for `graph_capture_record_stream_reuse`.
 
 use std::sync::Arc;
 
-use alloc_core::{BackendError, StreamBackend, StreamId};
+use alloc_core::{BackendError, CaptureFrontier, CaptureGraph, GraphNode, StreamBackend, StreamId};
 use cudarc::driver::CudaContext;
 
 use crate::driver::{self, RawEvent};
@@ -93,6 +95,8 @@ pub struct PooledEvent(RawEvent);
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
     pool: EventPool<RawEvent>,
+    /// Node handles read from the driver, before they become `GraphNode`s.
+    nodes: Vec<u64>,
 }
 
 impl CudaStreams {
@@ -100,6 +104,7 @@ impl CudaStreams {
         CudaStreams {
             ctx,
             pool: EventPool::new(),
+            nodes: Vec::new(),
         }
     }
 
@@ -151,6 +156,45 @@ impl StreamBackend for CudaStreams {
 
     fn release(&mut self, event: PooledEvent) {
         self.pool.release(event.0);
+    }
+
+    fn capture_graph(&mut self) -> Option<&mut dyn CaptureGraph> {
+        if driver::capture_graph_present() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+}
+
+impl CaptureGraph for CudaStreams {
+    fn frontier(&mut self, stream: StreamId) -> Result<Option<CaptureFrontier>, BackendError> {
+        driver::bind(&self.ctx)?;
+        self.nodes.clear();
+        // SAFETY: the engine asks about its callers' streams: the stream of
+        // an allocation, or one given to `record_stream`, each vouched for
+        // as in `record`.
+        let capture = unsafe { driver::stream_capture_info(stream.0, &mut self.nodes) }?;
+        Ok(capture.map(|capture| CaptureFrontier {
+            capture,
+            nodes: self.nodes.iter().map(|&n| GraphNode(n)).collect(),
+        }))
+    }
+
+    fn dependencies(
+        &mut self,
+        node: GraphNode,
+        out: &mut Vec<GraphNode>,
+    ) -> Result<(), BackendError> {
+        driver::bind(&self.ctx)?;
+        self.nodes.clear();
+        // SAFETY: the engine asks only about nodes of a capture underway:
+        // a frontier `frontier` just returned, or a dependency of one; the
+        // capture's graph lives until the capture ends, after which no node
+        // of it is asked about (the engine forgets them with the capture).
+        unsafe { driver::graph_node_dependencies(node.0, &mut self.nodes) }?;
+        out.extend(self.nodes.iter().map(|&n| GraphNode(n)));
+        Ok(())
     }
 }
 

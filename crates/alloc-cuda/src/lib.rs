@@ -42,7 +42,8 @@
 //! All `unsafe` code sits at the CUDA boundary, each block with its
 //! `// SAFETY:` reason: the driver calls of the private `driver` module; the
 //! cudarc trait implementations of [`DeviceBuffer`] (`buffer.rs`); event
-//! records and stream waits on raw streams (`events.rs`); and the raw-stream
+//! records, stream waits and capture-graph reads on raw streams and graph
+//! nodes (`events.rs`); and the raw-stream
 //! entry points of [`CudaAllocator`] (`malloc_on_stream_id`,
 //! `malloc_in_pool_on_stream_id`, `record_stream_id`), `unsafe fn`s whose
 //! callers vouch that the stream is a live stream of the device; the

@@ -80,17 +80,35 @@ pub fn launch_spin_copy(
     spin: Duration,
 ) {
     assert_eq!(src.len(), dst.len(), "spin_copy copies equal lengths");
-    let (n, spin_ns) = (src.len() as u32, spin.as_nanos() as u64);
+    let (src, dst, words) = (src.device_address(), dst.device_address(), src.len());
+    // SAFETY: both buffers hold `words` u32; their lifetimes are the
+    // caller's contract above.
+    unsafe { launch_spin_copy_raw(stream, kernel, src, dst, words, spin) }
+}
+
+/// [`launch_spin_copy`] between device addresses (blocks of `words` u32).
+///
+/// # Safety
+/// `src` and `dst` hold `words` u32 each, readable and writable until the
+/// kernel has run.
+pub unsafe fn launch_spin_copy_raw(
+    stream: &CudaStream,
+    kernel: &CudaFunction,
+    src: u64,
+    dst: u64,
+    words: usize,
+    spin: Duration,
+) {
+    let (n, spin_ns) = (words as u32, spin.as_nanos() as u64);
     let cfg = LaunchConfig {
         grid_dim: (264, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
     let mut launch = stream.launch_builder(kernel);
-    launch.arg(src).arg(dst).arg(&n).arg(&spin_ns);
+    launch.arg(&src).arg(&dst).arg(&n).arg(&spin_ns);
     // SAFETY: the arguments match the PTX signature (u64, u64, u32, u64);
-    // `src` and `dst` hold `n` u32 each, and their lifetimes are the
-    // caller's contract above.
+    // the memory is the caller's contract above.
     unsafe { launch.launch(cfg) }.unwrap();
 }
 
