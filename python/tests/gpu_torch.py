@@ -425,6 +425,12 @@ def scenario_sleep_cuda_graph():
     return _gpu_scenario("sleep_wake", "cuda_graph")
 
 
+def scenario_capture_reuse():
+    """graph_capture_record_stream_reuse (on through $GPUALLOC_CONF in this process):
+    PyTorch's two- and four-stream capture tests, the data checked after a replay."""
+    return _gpu_scenario("capture_reuse")
+
+
 def scenario_ipc_share():
     """python/tests/gpu_scenarios/ipc_share.py: every sender/receiver case, each in
     processes of its own (torch.multiprocessing spawns the receivers)."""
