@@ -15,6 +15,7 @@
 //!
 //! [`load_trace`] detects the format from the file content, not its name.
 
+mod nesting;
 mod pickle;
 
 use std::collections::HashSet;

@@ -63,6 +63,8 @@ pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Tr
 
 /// The snapshot's top-level dict.
 fn decode(bytes: &[u8]) -> Result<BTreeMap<HashableValue, Value>, TraceError> {
+    // The decoder recurses per level: refuse what would overflow the stack.
+    super::nesting::check(bytes, super::nesting::MAX_DEPTH).map_err(TraceError::Pickle)?;
     let options = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();
