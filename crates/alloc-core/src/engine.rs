@@ -2,8 +2,6 @@
 //! stream/event backend. Owns the heap, the pointer table, deferred frees
 //! (`record_stream`), the out-of-memory path and the statistics.
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -14,6 +12,7 @@ use crate::heap::{BlockState, Heap};
 
 mod capture_reuse;
 mod checkpoint;
+mod event_queues;
 mod expandable;
 mod idle_pages;
 mod settings;
@@ -25,6 +24,7 @@ use crate::stats::Stats;
 use crate::tags::Tags;
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
+use event_queues::{EventQueues, Users};
 use expandable::Growable;
 pub use sleep::CopyBlocks;
 
@@ -99,19 +99,6 @@ pub struct Allocation {
     pub stream: StreamId,
 }
 
-/// An event recorded when a block used on another stream was freed.
-struct PendingEvent<E> {
-    /// `None` once consumed by a stream wait.
-    event: Option<E>,
-    block: BlockId,
-}
-
-/// Events of one stream, in recording order (they complete in that order).
-struct StreamQueue<E> {
-    stream: StreamId,
-    events: VecDeque<PendingEvent<E>>,
-}
-
 /// The caching allocator.
 ///
 /// A block is reused only on the stream it was allocated for, unless the
@@ -145,11 +132,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     options: EngineOptions,
     /// Address of every allocated block.
     live: FxHashMap<u64, BlockId>,
-    /// Extra streams that used an allocated block (`record_stream`).
-    uses: FxHashMap<BlockId, SmallVec<[StreamId; 2]>>,
-    /// Outstanding event count of each block awaiting events.
-    awaiting: FxHashMap<BlockId, u32>,
-    queues: Vec<StreamQueue<S::Event>>,
+    /// Other streams that used allocated blocks, and the events freed
+    /// blocks await (`record_stream`).
+    events: EventQueues<S::Event>,
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
     /// Growable segments by (cache, pool), when expandable segments are on.
@@ -183,9 +168,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             heap,
             options,
             live: FxHashMap::default(),
-            uses: FxHashMap::default(),
-            awaiting: FxHashMap::default(),
-            queues: Vec::new(),
+            events: EventQueues::default(),
             limit: None,
             growable: FxHashMap::default(),
             expandable,
@@ -264,7 +247,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let mut found = self.policy.take_free(&self.heap, &req);
         if found.is_none()
             && self.options.stream_wait_reuse
-            && !self.awaiting.is_empty()
+            && self.events.any_awaiting()
             && !self.pools.capture_underway()
             && self.reuse_by_stream_wait(&req)?
         {
@@ -307,8 +290,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
-        if self.pools.capture_underway() && !self.uses.is_empty() {
-            if let Some(&id) = self.live.get(&addr).filter(|id| self.uses.contains_key(id)) {
+        if self.pools.capture_underway() && self.events.any_users() {
+            if let Some(&id) = self
+                .live
+                .get(&addr)
+                .filter(|&&id| self.events.has_users(id))
+            {
                 // Recording events on streams during a capture would put
                 // them in the graph: decide after the capture (or once the
                 // graph joins the streams that used it).
@@ -316,8 +303,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     return Err(AllocError::DoubleFree { addr });
                 }
                 let stream = self.heap.block(id).stream;
-                let uses = self.uses[&id].clone();
-                let markers = self.free_markers(id, stream, &uses);
+                let users: Users = self.events.users_of(id).into();
+                let markers = self.free_markers(id, stream, &users);
                 self.capture_frees.defer(addr, markers);
                 return Ok(());
             }
@@ -325,33 +312,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(id) = self.live.remove(&addr) else {
             return Err(self.bad_pointer(addr));
         };
-        let uses = if self.uses.is_empty() {
-            None
-        } else {
-            self.uses.remove(&id)
-        };
-        match uses {
+        match self.events.take_users(id) {
             None => self.release_to_cache(id),
-            Some(streams) => {
+            Some(users) => {
                 self.capture_frees.forget(id);
                 self.heap.set_state(id, BlockState::AwaitingEvents, 0);
-                let mut recorded = 0;
-                for s in streams {
-                    let event = match self.streams.record(s) {
-                        Ok(e) => e,
-                        Err(e) => {
-                            // Keep the block out of reuse (a leak, never a hazard).
-                            self.awaiting.insert(id, recorded);
-                            return Err(e.into());
-                        }
-                    };
-                    recorded += 1;
-                    self.queue_for(s).push_back(PendingEvent {
-                        event: Some(event),
-                        block: id,
-                    });
-                }
-                self.awaiting.insert(id, recorded);
+                self.events.await_users(&mut self.streams, id, users)?;
             }
         }
         Ok(())
@@ -370,11 +336,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.heap.block(id).stream == stream {
             return Ok(());
         }
-        let uses = self.uses.entry(id).or_default();
-        let first = uses.is_empty();
-        if !uses.contains(&stream) {
-            uses.push(stream);
-        }
+        let first = self.events.record_use(id, stream);
         self.note_capture_use(id, stream, first);
         Ok(())
     }
@@ -387,24 +349,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn poll_events(&mut self) -> Result<(), AllocError> {
-        if self.awaiting.is_empty() || self.pools.capture_underway() {
+        if !self.events.any_awaiting() || self.pools.capture_underway() {
             return Ok(());
         }
-        for qi in 0..self.queues.len() {
-            while let Some(front) = self.queues[qi].events.front() {
-                if let Some(ev) = &front.event {
-                    if !self.streams.is_complete(ev)? {
-                        break;
-                    }
-                }
-                let entry = self.queues[qi].events.pop_front().expect("front exists");
-                if let Some(ev) = entry.event {
-                    self.streams.release(ev);
-                    self.event_done(entry.block);
-                }
-            }
-        }
-        Ok(())
+        let mut done = Vec::new();
+        let polled = self.events.poll(&mut self.streams, &mut done);
+        self.release_all_to_cache(done);
+        Ok(polled?)
     }
 
     /// Returns every idle cached segment to the device, after waiting for all
@@ -597,7 +548,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Number of blocks awaiting stream events.
     pub fn awaiting_events(&self) -> usize {
-        self.awaiting.len()
+        self.events.awaiting_len()
     }
 
     /// The policy.
@@ -631,8 +582,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             &self.heap,
             &self.policy,
             &self.live,
-            &self.awaiting,
-            self.pending_events(),
+            self.events.awaiting(),
+            self.events.pending().map(|(_, block, _)| block),
         )?;
         self.check_unmapped_pages()
     }
@@ -649,15 +600,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
-    fn pending_events(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.queues.iter().flat_map(|q| {
-            q.events
-                .iter()
-                .filter(|e| e.event.is_some())
-                .map(|e| e.block)
-        })
-    }
-
     // ----- internals -----
 
     fn bad_pointer(&self, addr: u64) -> AllocError {
@@ -669,20 +611,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
-    fn queue_for(&mut self, stream: StreamId) -> &mut VecDeque<PendingEvent<S::Event>> {
-        let i = match self.queues.iter().position(|q| q.stream == stream) {
-            Some(i) => i,
-            None => {
-                self.queues.push(StreamQueue {
-                    stream,
-                    events: VecDeque::new(),
-                });
-                self.queues.len() - 1
-            }
-        };
-        &mut self.queues[i].events
-    }
-
     fn release_to_cache(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
@@ -691,12 +619,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.policy.insert_free(&mut self.heap, id);
     }
 
-    /// One event of `block` completed (or was waited for).
-    fn event_done(&mut self, block: BlockId) {
-        let left = self.awaiting.get_mut(&block).expect("awaiting block");
-        *left -= 1;
-        if *left == 0 {
-            self.awaiting.remove(&block);
+    /// Blocks whose events are all done go back to the cache, in order.
+    fn release_all_to_cache(&mut self, done: Vec<BlockId>) {
+        for block in done {
             self.release_to_cache(block);
         }
     }
@@ -704,23 +629,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Waits for every outstanding event on the host.
     fn synchronize_events(&mut self) -> Result<(), AllocError> {
         self.heap.stats.num_sync_all_streams += 1;
-        for qi in 0..self.queues.len() {
-            while let Some(entry) = self.queues[qi].events.pop_front() {
-                if let Some(ev) = entry.event {
-                    let synced = self.streams.synchronize(&ev);
-                    if let Err(e) = synced {
-                        self.queues[qi].events.push_front(PendingEvent {
-                            event: Some(ev),
-                            block: entry.block,
-                        });
-                        return Err(e.into());
-                    }
-                    self.streams.release(ev);
-                    self.event_done(entry.block);
-                }
-            }
-        }
-        Ok(())
+        let mut done = Vec::new();
+        let synced = self.events.synchronize(&mut self.streams, &mut done);
+        self.release_all_to_cache(done);
+        Ok(synced?)
     }
 
     /// Stream-wait reuse: hands blocks still awaiting events on other streams
@@ -730,7 +642,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// anything was converted.
     fn reuse_by_stream_wait(&mut self, req: &Request) -> Result<bool, AllocError> {
         let candidates: Vec<BlockId> = self
-            .awaiting
+            .events
+            .awaiting()
             .keys()
             .copied()
             .filter(|&id| {
@@ -748,22 +661,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             None => candidates,
         };
         for &block in &chosen {
-            for qi in 0..self.queues.len() {
-                for ei in 0..self.queues[qi].events.len() {
-                    let entry = &mut self.queues[qi].events[ei];
-                    if entry.block != block {
-                        continue;
-                    }
-                    if let Some(ev) = entry.event.take() {
-                        if let Err(e) = self.streams.make_stream_wait(req.key.stream, &ev) {
-                            self.queues[qi].events[ei].event = Some(ev);
-                            return Err(e.into());
-                        }
-                        self.streams.release(ev);
-                        self.event_done(block);
-                    }
-                }
-            }
+            let mut done = Vec::new();
+            let handed = self
+                .events
+                .hand_over(&mut self.streams, block, req.key.stream, &mut done);
+            self.release_all_to_cache(done);
+            handed?;
         }
         Ok(!chosen.is_empty())
     }

@@ -254,7 +254,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .unwrap_or_default();
         for addr in joined {
             let id = self.live.remove(&addr).expect("a deferred free is live");
-            self.uses.remove(&id);
+            self.events.take_users(id);
             self.capture_frees.forget(id);
             self.release_to_cache(id);
         }

@@ -182,7 +182,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             for id in self.heap.segment_blocks(seg_id) {
                 match self.heap.block(id).state {
                     BlockState::Free => {}
-                    BlockState::Allocated if !self.uses.contains_key(&id) => live.push(id),
+                    BlockState::Allocated if !self.events.has_users(id) => live.push(id),
                     _ => {
                         return Err(AllocError::InvalidArgument(format!(
                             "restore: block {:#x} of pool {pool:?} is used by another stream",

@@ -377,18 +377,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let mine = |heap: &crate::heap::Heap, id| segments.contains(&heap.block(id).segment);
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
-        for qi in 0..self.queues.len() {
-            let stream = self.queues[qi].stream;
-            for ei in 0..self.queues[qi].events.len() {
-                let entry = &self.queues[qi].events[ei];
-                if let Some(ev) = entry
-                    .event
-                    .as_ref()
-                    .filter(|_| mine(&self.heap, entry.block))
-                {
-                    self.streams.synchronize(ev)?;
-                    waited.insert(stream);
-                }
+        for (stream, block, event) in self.events.pending() {
+            if mine(&self.heap, block) {
+                self.streams.synchronize(event)?;
+                waited.insert(stream);
             }
         }
         // The events waited for complete in order: their blocks go back now.
@@ -403,9 +395,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             now.insert(key.0.stream);
         }
         let mut others: Vec<StreamId> = Vec::new();
-        for (id, uses) in &self.uses {
-            if mine(&self.heap, *id) {
-                others.extend(uses.iter().copied());
+        for (id, users) in self.events.users() {
+            if mine(&self.heap, id) {
+                others.extend(users.iter().copied());
             }
         }
         for stream in others {

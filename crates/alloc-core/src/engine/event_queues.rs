@@ -1,0 +1,385 @@
+//! `record_stream`: which streams other than its own used an allocated
+//! block, and for a block freed while they may still run, the events
+//! recorded on them, queued per stream in recording order. The block is
+//! reusable once every one of its events has completed, been waited for on
+//! the host, or been made the wait of the stream that takes it.
+//!
+//! The queues know blocks by id only; handing a block back to the cache is
+//! the engine's: every call that may finish a block's events returns it in
+//! `done`, in the order its last event was consumed.
+
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+
+use crate::backend::StreamBackend;
+use crate::error::BackendError;
+use crate::types::{BlockId, StreamId};
+
+/// The streams other than its own that used one block.
+pub(super) type Users = SmallVec<[StreamId; 2]>;
+
+/// An event recorded when a block used on another stream was freed.
+struct PendingEvent<E> {
+    /// `None` once consumed by a stream wait.
+    event: Option<E>,
+    block: BlockId,
+}
+
+/// Events of one stream, in recording order (they complete in that order).
+struct StreamQueue<E> {
+    stream: StreamId,
+    events: VecDeque<PendingEvent<E>>,
+}
+
+/// Streams that used allocated blocks, and events that freed blocks await
+/// (`E`: the stream backend's event).
+pub(super) struct EventQueues<E> {
+    /// Extra streams that used an allocated block (`record_stream`).
+    users: FxHashMap<BlockId, Users>,
+    /// Outstanding event count of each block awaiting events.
+    awaiting: FxHashMap<BlockId, u32>,
+    queues: Vec<StreamQueue<E>>,
+}
+
+impl<E> Default for EventQueues<E> {
+    fn default() -> Self {
+        EventQueues {
+            users: FxHashMap::default(),
+            awaiting: FxHashMap::default(),
+            queues: Vec::new(),
+        }
+    }
+}
+
+impl<E> EventQueues<E> {
+    /// `stream` used the allocated `block` too (once counts); returns
+    /// whether it is the block's first other stream.
+    pub(super) fn record_use(&mut self, block: BlockId, stream: StreamId) -> bool {
+        let users = self.users.entry(block).or_default();
+        let first = users.is_empty();
+        if !users.contains(&stream) {
+            users.push(stream);
+        }
+        first
+    }
+
+    /// The other streams that used the allocated `block` (none if none did).
+    pub(super) fn users_of(&self, block: BlockId) -> &[StreamId] {
+        self.users.get(&block).map_or(&[], |users| users.as_slice())
+    }
+
+    /// Whether any allocated block was used by another stream.
+    #[inline]
+    pub(super) fn any_users(&self) -> bool {
+        !self.users.is_empty()
+    }
+
+    /// Whether another stream used the allocated `block`.
+    #[inline]
+    pub(super) fn has_users(&self, block: BlockId) -> bool {
+        self.any_users() && self.users.contains_key(&block)
+    }
+
+    /// The allocated blocks used by other streams, with those streams.
+    pub(super) fn users(&self) -> impl Iterator<Item = (BlockId, &[StreamId])> + '_ {
+        self.users.iter().map(|(&id, users)| (id, users.as_slice()))
+    }
+
+    /// Forgets and returns the other streams that used `block` (it is being
+    /// freed).
+    #[inline]
+    pub(super) fn take_users(&mut self, block: BlockId) -> Option<Users> {
+        if self.any_users() {
+            self.users.remove(&block)
+        } else {
+            None
+        }
+    }
+
+    /// Whether any block awaits events.
+    #[inline]
+    pub(super) fn any_awaiting(&self) -> bool {
+        !self.awaiting.is_empty()
+    }
+
+    /// Number of blocks awaiting events.
+    pub(super) fn awaiting_len(&self) -> usize {
+        self.awaiting.len()
+    }
+
+    /// The blocks awaiting events, with their outstanding event counts.
+    pub(super) fn awaiting(&self) -> &FxHashMap<BlockId, u32> {
+        &self.awaiting
+    }
+
+    /// Every queued event not yet consumed: its stream, its block, itself.
+    pub(super) fn pending(&self) -> impl Iterator<Item = (StreamId, BlockId, &E)> + '_ {
+        self.queues.iter().flat_map(|q| {
+            q.events
+                .iter()
+                .filter_map(move |e| e.event.as_ref().map(|ev| (q.stream, e.block, ev)))
+        })
+    }
+
+    /// The freed `block` awaits the work queued so far on each of `users`:
+    /// an event is recorded on each and queued. If recording fails, the
+    /// block awaits the events recorded until then, so it is never reused
+    /// while the others run (at worst never reused: a leak, not a hazard).
+    pub(super) fn await_users<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+        block: BlockId,
+        users: Users,
+    ) -> Result<(), BackendError> {
+        let mut recorded = 0;
+        let mut result = Ok(());
+        for stream in users {
+            match streams.record(stream) {
+                Ok(event) => {
+                    recorded += 1;
+                    self.queue_of(stream).push_back(PendingEvent {
+                        event: Some(event),
+                        block,
+                    });
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.awaiting.insert(block, recorded);
+        result
+    }
+
+    /// The queue of `stream`, made on first use.
+    fn queue_of(&mut self, stream: StreamId) -> &mut VecDeque<PendingEvent<E>> {
+        let i = match self.queues.iter().position(|q| q.stream == stream) {
+            Some(i) => i,
+            None => {
+                self.queues.push(StreamQueue {
+                    stream,
+                    events: VecDeque::new(),
+                });
+                self.queues.len() - 1
+            }
+        };
+        &mut self.queues[i].events
+    }
+
+    /// One event of `block` was consumed; pushes it to `done` if it was the
+    /// last.
+    fn event_done(&mut self, block: BlockId, done: &mut Vec<BlockId>) {
+        let left = self.awaiting.get_mut(&block).expect("awaiting block");
+        *left -= 1;
+        if *left == 0 {
+            self.awaiting.remove(&block);
+            done.push(block);
+        }
+    }
+
+    /// Takes every completed event off the front of its stream's queue
+    /// (later ones cannot have completed before it).
+    pub(super) fn poll<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+        done: &mut Vec<BlockId>,
+    ) -> Result<(), BackendError> {
+        for qi in 0..self.queues.len() {
+            while let Some(front) = self.queues[qi].events.front() {
+                if let Some(ev) = &front.event {
+                    if !streams.is_complete(ev)? {
+                        break;
+                    }
+                }
+                let entry = self.queues[qi].events.pop_front().expect("front exists");
+                if let Some(ev) = entry.event {
+                    streams.release(ev);
+                    self.event_done(entry.block, done);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits on the host for every queued event.
+    pub(super) fn synchronize<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+        done: &mut Vec<BlockId>,
+    ) -> Result<(), BackendError> {
+        for qi in 0..self.queues.len() {
+            while let Some(entry) = self.queues[qi].events.pop_front() {
+                let Some(ev) = entry.event else { continue };
+                if let Err(e) = streams.synchronize(&ev) {
+                    self.queues[qi].events.push_front(PendingEvent {
+                        event: Some(ev),
+                        block: entry.block,
+                    });
+                    return Err(e);
+                }
+                streams.release(ev);
+                self.event_done(entry.block, done);
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands `block` to `waiter` without a host wait: `waiter` waits on
+    /// each of the block's queued events, which are consumed (their queue
+    /// entries stay until the stream's earlier events are polled).
+    pub(super) fn hand_over<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+        block: BlockId,
+        waiter: StreamId,
+        done: &mut Vec<BlockId>,
+    ) -> Result<(), BackendError> {
+        for qi in 0..self.queues.len() {
+            for ei in 0..self.queues[qi].events.len() {
+                let entry = &mut self.queues[qi].events[ei];
+                if entry.block != block {
+                    continue;
+                }
+                if let Some(ev) = entry.event.take() {
+                    if let Err(e) = streams.make_stream_wait(waiter, &ev) {
+                        self.queues[qi].events[ei].event = Some(ev);
+                        return Err(e);
+                    }
+                    streams.release(ev);
+                    self.event_done(block, done);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::{SimEvent, SimStreams};
+
+    fn block(n: usize) -> BlockId {
+        BlockId::from_index(n)
+    }
+
+    const A: StreamId = StreamId(1);
+    const B: StreamId = StreamId(2);
+    const C: StreamId = StreamId(3);
+
+    /// Frees `b` after `users` used it.
+    fn free(q: &mut EventQueues<SimEvent>, s: &mut SimStreams, b: BlockId, users: &[StreamId]) {
+        for &u in users {
+            q.record_use(b, u);
+        }
+        let users = q.take_users(b).expect("used elsewhere");
+        q.await_users(s, b, users).unwrap();
+    }
+
+    #[test]
+    fn a_block_is_done_once_every_stream_that_used_it_is() {
+        let (mut q, mut s) = (EventQueues::default(), SimStreams::new());
+        assert!(q.record_use(block(1), A), "its first other stream");
+        assert!(!q.record_use(block(1), A));
+        assert!(q.has_users(block(1)) && !q.has_users(block(2)));
+        assert_eq!(q.users_of(block(1)), &[A], "once");
+        assert!(q.users_of(block(2)).is_empty());
+        assert_eq!(q.users().count(), 1);
+        free(&mut q, &mut s, block(1), &[B]);
+        assert!(!q.any_users());
+        assert_eq!(q.awaiting().get(&block(1)), Some(&2));
+        assert_eq!(q.pending().count(), 2);
+        let mut done = Vec::new();
+        q.poll(&mut s, &mut done).unwrap();
+        assert!(done.is_empty(), "nothing completed");
+        s.complete_stream(A);
+        q.poll(&mut s, &mut done).unwrap();
+        assert!(done.is_empty(), "B may still run");
+        assert_eq!(q.awaiting().get(&block(1)), Some(&1));
+        s.complete_stream(B);
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(1)]);
+        assert!(!q.any_awaiting() && q.pending().next().is_none());
+        assert_eq!(s.outstanding, 0, "events go back to the backend");
+    }
+
+    #[test]
+    fn a_stream_queue_is_polled_in_recording_order() {
+        let (mut q, mut s) = (EventQueues::default(), SimStreams::new());
+        free(&mut q, &mut s, block(1), &[A]);
+        free(&mut q, &mut s, block(2), &[A]);
+        free(&mut q, &mut s, block(3), &[C]);
+        let second = *q.pending().nth(1).unwrap().2;
+        s.complete(second); // completes the first too: A runs in order
+        let mut done = Vec::new();
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(1), block(2)]);
+        assert_eq!(q.awaiting_len(), 1);
+        q.synchronize(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(1), block(2), block(3)]);
+        assert_eq!(s.synchronizations, 1);
+    }
+
+    #[test]
+    fn a_hand_over_makes_the_taker_wait_instead_of_the_host() {
+        let (mut q, mut s) = (EventQueues::default(), SimStreams::new());
+        free(&mut q, &mut s, block(1), &[A, B]);
+        free(&mut q, &mut s, block(2), &[A]);
+        let mut done = Vec::new();
+        q.hand_over(&mut s, block(2), C, &mut done).unwrap();
+        assert_eq!(done, vec![block(2)]);
+        assert_eq!(s.waits.len(), 1);
+        assert_eq!((s.waits[0].0, s.waits[0].2), (C, A), "C waits on A's event");
+        assert_eq!(q.pending().count(), 2, "block 1's events stay");
+        // The consumed entry stays queued behind block 1's event on A and
+        // is skipped once that one completes.
+        s.complete_stream(A);
+        s.complete_stream(B);
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(2), block(1)]);
+        assert_eq!(s.synchronizations, 0, "the host never waited");
+    }
+
+    /// Streams whose `record` fails on one stream.
+    struct FailingOn(SimStreams, StreamId);
+
+    impl StreamBackend for FailingOn {
+        type Event = SimEvent;
+        fn record(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
+            if stream == self.1 {
+                return Err(BackendError::Other("record failed".into()));
+            }
+            self.0.record(stream)
+        }
+        fn is_complete(&mut self, event: &SimEvent) -> Result<bool, BackendError> {
+            self.0.is_complete(event)
+        }
+        fn synchronize(&mut self, event: &SimEvent) -> Result<(), BackendError> {
+            self.0.synchronize(event)
+        }
+        fn make_stream_wait(&mut self, s: StreamId, e: &SimEvent) -> Result<(), BackendError> {
+            self.0.make_stream_wait(s, e)
+        }
+        fn release(&mut self, event: SimEvent) {
+            self.0.release(event)
+        }
+    }
+
+    #[test]
+    fn a_failed_record_leaves_the_block_awaiting_what_was_recorded() {
+        let mut q = EventQueues::default();
+        let mut s = FailingOn(SimStreams::new(), B);
+        let users: Users = [A, B, C].into_iter().collect();
+        assert!(q.await_users(&mut s, block(1), users).is_err());
+        assert_eq!(q.awaiting().get(&block(1)), Some(&1), "A's event only");
+        let mut done = Vec::new();
+        q.poll(&mut s, &mut done).unwrap();
+        assert!(done.is_empty(), "not reused while A may run");
+        s.0.complete_stream(A);
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(1)]);
+    }
+}
