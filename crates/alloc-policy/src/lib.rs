@@ -21,6 +21,11 @@ pub mod per_key;
 pub mod pytorch_bfc;
 #[cfg(feature = "size-class")]
 pub mod size_class;
+#[cfg(all(
+    feature = "testing",
+    any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")
+))]
+pub mod testing;
 
 #[cfg(feature = "buddy")]
 pub use buddy::{Buddy, BuddySettings};

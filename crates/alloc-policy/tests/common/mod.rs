@@ -1,18 +1,13 @@
 //! Shared helpers for the policy integration tests.
 #![allow(dead_code)]
 
-pub mod shadow;
-
-use alloc_core::{AllocatorConfig, Engine, PoolId, SimMemory, SimStreams, StreamId};
-use alloc_policy::AnyPolicy;
-
-/// The engine type used by the tests.
-pub type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
+use alloc_core::{PoolId, SimStreams, StreamId};
+pub use alloc_policy::testing::SimEngine;
 
 /// An engine on a simulated device of `capacity` bytes with the given config.
 pub fn engine(config: &str, capacity: u64) -> SimEngine {
-    let cfg = AllocatorConfig::parse(config).expect("test config parses");
-    AnyPolicy::engine(&cfg, SimMemory::new(capacity), SimStreams::new()).expect("policy builds")
+    alloc_policy::testing::engine_with(config, capacity, SimStreams::new())
+        .expect("test config builds an engine")
 }
 
 /// Frees `addrs`, empties the cache and checks that nothing stays on the
