@@ -5,11 +5,13 @@
 //!   a picture (SVG and PNG).
 //! - `advise`: which setting for one workload, from its PyTorch snapshot.
 //! - `test-gpu`: builds and runs (or bundles) alloc-cuda's GPU suite.
+//! - `fuzz`: runs a fuzz target of `fuzz/` (cargo-fuzz, nightly Rust).
 
 #![forbid(unsafe_code)]
 
 mod advise;
 mod figure;
+mod fuzz;
 mod replay;
 mod table;
 mod test_gpu;
@@ -41,7 +43,12 @@ commands:
       Builds alloc-cuda's GPU suite (tests run with --ignored --test-threads=1,
       the examples, the benchmark) and runs it here, or with --bundle packs it
       into DIR (git-ignored, e.g. gpu-bundle/) with a run.sh for a GPU machine
-      without Rust (adds compute-sanitizer memcheck).";
+      without Rust (adds compute-sanitizer memcheck).
+  fuzz TARGET [--seconds N] [-- LIBFUZZER_OPTION...] | fuzz --list
+      Runs a cargo-fuzz target of fuzz/ for N seconds (default 60) from its seeds
+      (fuzz/seeds/TARGET) and grown corpus (fuzz/corpus/TARGET); needs nightly Rust
+      and cargo-fuzz (`rustup toolchain install nightly`, `cargo install
+      cargo-fuzz`). --list: the targets.";
 
 /// Exit status of a bad command line, as clap and most tools use.
 const USAGE_ERROR: u8 = 2;
@@ -57,6 +64,7 @@ fn main() -> ExitCode {
         Some("replay") => replay::parse(&args[1..]).map(replay::run),
         Some("advise") => advise::parse(&args[1..]).map(advise::run),
         Some("test-gpu") => test_gpu::parse(&args[1..]).map(test_gpu::run),
+        Some("fuzz") => fuzz::parse(&args[1..]).map(fuzz::run),
         Some("help") => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
