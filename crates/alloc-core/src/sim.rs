@@ -96,11 +96,17 @@ impl SimMemory {
     }
 
     /// The planned address for a segment of `size`, if the plan has one and
-    /// it is free.
+    /// it is free. A recording comes from a file: an address whose segment
+    /// would reach into the fallback range (or past the end of the address
+    /// space) abandons the plan like any other mismatch.
     fn planned(&mut self, size: u64) -> Option<u64> {
         let &(want, addr) = self.plan.front()?;
         let clear = |(&start, &len): (&u64, &u64)| start + len <= addr;
-        let free = want == size && self.live.range(..addr + size).next_back().is_none_or(clear);
+        let free = want == size
+            && addr
+                .checked_add(size)
+                .filter(|&end| end <= PLAN_FALLBACK_BASE)
+                .is_some_and(|end| self.live.range(..end).next_back().is_none_or(clear));
         if free {
             self.plan.pop_front();
             Some(addr)
@@ -504,6 +510,20 @@ mod tests {
             SimMemory::with_address_plan(1 << 30, [(4 << 20, 0x9000_0000), (2 << 20, 0x9020_0000)]);
         m.allocate(4 << 20).unwrap();
         assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
+    }
+
+    #[test]
+    fn address_plan_from_a_corrupt_recording_is_abandoned() {
+        // A segment address at the top of the address space overflowed: a
+        // corrupt trace's replay panicked.
+        let mut m = SimMemory::with_address_plan(1 << 30, [(2 << 20, u64::MAX)]);
+        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
+        // One in the fallback range would collide with fallback segments.
+        let mut m = SimMemory::with_address_plan(1 << 30, [(2 << 20, PLAN_FALLBACK_BASE)]);
+        let planned_there = m.allocate(2 << 20).unwrap();
+        let next = m.allocate(2 << 20).unwrap();
+        assert_ne!(planned_there, next);
+        assert!(planned_there >= PLAN_FALLBACK_BASE && next > planned_there);
     }
 
     #[test]
