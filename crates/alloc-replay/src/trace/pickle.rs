@@ -13,6 +13,8 @@ use serde_pickle::{DeOptions, HashableValue, Value};
 
 use super::{Trace, TraceError, TraceEvent};
 
+mod preflight;
+
 /// Parses a PyTorch memory snapshot pickle, taking the trace of the first
 /// device that has events (a snapshot recorded on device 1 has an empty
 /// trace for device 0).
@@ -53,7 +55,8 @@ const NO_EVENTS: &str = "the snapshot has no allocation events: call \
 /// default stream) as 0. Python objects the reader cannot represent (class instances in
 /// `frames` or `user_metadata`, for example) are read as `None`.
 ///
-/// Errors: [`TraceError::Pickle`] when the bytes do not decode, [`TraceError::Snapshot`]
+/// Errors: [`TraceError::Pickle`] when the bytes do not decode (or would nest hundreds
+/// deep, take far more memory than their size, or make a set), [`TraceError::Snapshot`]
 /// when the structure is not that of a snapshot, `device` has no trace or an empty one, a
 /// used field is missing or not an integer, or an `alloc` names an address that is still
 /// live.
@@ -61,10 +64,14 @@ pub fn parse_pickle_device(name: &str, bytes: &[u8], device: usize) -> Result<Tr
     build(name, &decode(bytes)?, device)
 }
 
-/// The snapshot's top-level dict.
+/// The snapshot's top-level dict. What the decoder cannot take safely is
+/// refused first: nesting that would overflow its stack
+/// ([`nesting`](super::nesting)), and copies that would take far more memory
+/// than the input or sets it cannot order ([`preflight`]).
 fn decode(bytes: &[u8]) -> Result<BTreeMap<HashableValue, Value>, TraceError> {
     // The decoder recurses per level: refuse what would overflow the stack.
     super::nesting::check(bytes, super::nesting::MAX_DEPTH).map_err(TraceError::Pickle)?;
+    preflight::check(bytes).map_err(TraceError::Pickle)?;
     let options = DeOptions::new()
         .replace_unresolved_globals()
         .replace_recursive_structures();

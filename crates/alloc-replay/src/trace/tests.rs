@@ -476,3 +476,27 @@ fn deeply_nested_pickles_are_errors_not_stack_overflows() {
     let err = worker.join().expect("no stack overflow").unwrap_err();
     assert!(matches!(err, TraceError::Snapshot(_)), "{err}");
 }
+
+#[test]
+fn memoized_lists_chained_in_reverse_order_are_refused() {
+    // Memoized lists L0..Ln, each appended into the next from the last to
+    // the first: as parsed each holds one reference, resolved they nest n
+    // deep (the decoder would overflow its stack converting them).
+    let n: u32 = 50_000;
+    let mut p = vec![0x80, 4];
+    for _ in 0..n {
+        p.extend_from_slice(b"]\x94");
+    }
+    for k in (1..n).rev() {
+        p.push(b'j');
+        p.extend_from_slice(&k.to_le_bytes());
+        p.push(b'j');
+        p.extend_from_slice(&(k - 1).to_le_bytes());
+        p.extend_from_slice(b"a0");
+    }
+    p.push(b'j');
+    p.extend_from_slice(&(n - 1).to_le_bytes());
+    p.push(b'.');
+    let err = parse_pickle("chain", &p).unwrap_err();
+    assert!(matches!(err, TraceError::Pickle(_)), "{err}");
+}
