@@ -14,6 +14,7 @@ mod capture_reuse;
 mod checkpoint;
 mod event_queues;
 mod expandable;
+mod growable;
 mod idle_pages;
 mod settings;
 mod sleep;
@@ -22,10 +23,11 @@ use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 use crate::tags::Tags;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use event_queues::{EventQueues, Users};
-use expandable::Growable;
+use growable::Growable;
+pub(crate) use growable::SegmentKey;
 pub use sleep::CopyBlocks;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
@@ -138,7 +140,7 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
     /// Growable segments by (cache, pool), when expandable segments are on.
-    growable: FxHashMap<(CacheKey, PoolKind), Growable<S::Event>>,
+    growable: FxHashMap<SegmentKey, Growable<S::Event>>,
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,

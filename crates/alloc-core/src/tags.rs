@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::engine::SegmentKey;
 use crate::private_pool::PoolId;
-use crate::types::{CacheKey, PoolKind};
 
 /// Pool ids the engine picks for tags it creates: `(0, TAG_POOL_BASE + n)`.
 /// PyTorch numbers its own pools from 1 in one half of the pair, so these
@@ -46,10 +46,6 @@ impl Backup {
         }
     }
 }
-
-/// A growable segment of a tag's pool: the cache key and pool kind that
-/// name it in the engine.
-pub(crate) type SegmentKey = (CacheKey, PoolKind);
 
 /// What a paused tag gave back, to be taken again at resume.
 #[derive(Debug, Clone)]
@@ -200,6 +196,7 @@ pub struct ResumeReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::{CacheKey, PoolKind};
 
     #[test]
     fn registry_names_pools_and_paused_state() {

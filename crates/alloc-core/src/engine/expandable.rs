@@ -5,86 +5,26 @@
 
 use std::time::Instant;
 
-use super::idle_pages::IdlePages;
+use super::growable::{growth, growth_step, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
-use crate::page_set::PageSet;
 use crate::policy::{Policy, Request};
-use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::stats::PageMoves;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, PoolKind, StreamId};
 
 /// Nanoseconds since `started` (saturating).
 fn elapsed_ns(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Growth step of expandable segments per pool, as PyTorch's (2 MiB pages
-/// for the small pool, 20 MiB for the large).
-const GROWTH_STEP: [u64; 2] = [SMALL_BUFFER, LARGE_BUFFER];
-
-/// The growable segment of one stream and pool (`E`: the stream backend's
-/// event).
-#[derive(Debug)]
-pub(super) struct Growable<E> {
-    pub(super) segment: SegmentId,
-    /// Bytes of each physical page: maps and unmaps cover whole pages.
-    page: u64,
-    /// Size of the reserved address range.
-    pub(super) range: u64,
-    /// Pages inside the segment that are not mapped (`unmap_free_pages`).
-    pub(super) unmapped: PageSet,
-    /// Which free pages the GPU is done with (`unmap_free_pages`).
-    idle: IdlePages<E>,
-}
-
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Unmapped pages (`unmap_free_pages`) match the segments' counts and
-    /// lie only under free blocks.
+    /// Every growable segment's invariants ([`Growable::check`]).
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
         for g in self.growable.values() {
-            let granularity = g.page;
-            let seg = self.heap.segment(g.segment);
-            if seg.unmapped != g.unmapped.len() as u64 * granularity {
-                return Err(format!(
-                    "segment {:#x}: {} unmapped bytes counted, {} pages listed",
-                    seg.addr,
-                    seg.unmapped,
-                    g.unmapped.len()
-                ));
-            }
-            for (start, bytes) in g.idle.detached_runs() {
-                if !g
-                    .unmapped
-                    .gaps_in(start, start + bytes, granularity)
-                    .is_empty()
-                {
-                    return Err(format!(
-                        "detached pages at {start:#x} are counted as mapped"
-                    ));
-                }
-            }
-            if self.pools.is_paused_key(seg.key()) {
-                // A paused tag gave every page back, live blocks' included.
-                if seg.unmapped != seg.size {
-                    return Err(format!(
-                        "paused segment {:#x} still has {} bytes mapped",
-                        seg.addr,
-                        seg.size - seg.unmapped
-                    ));
-                }
-                continue;
-            }
-            for id in self.heap.segment_blocks(g.segment) {
-                let b = self.heap.block(id);
-                let lo = b.addr / granularity * granularity;
-                let hi = (b.addr + b.size).div_ceil(granularity) * granularity;
-                if b.state != BlockState::Free && g.unmapped.any_in(lo, hi) {
-                    return Err(format!("block {:#x} in use over an unmapped page", b.addr));
-                }
-            }
+            let paused = self.pools.is_paused_key(self.heap.segment(g.segment).key());
+            g.check(&self.heap, paused)?;
         }
         Ok(())
     }
@@ -94,13 +34,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
         let page = self.page_size(req);
-        let step = if page > self.granularity {
-            // Pages larger than the granularity (`unmap_free_pages`): grow
-            // by whole pages, not by PyTorch's step rounded up to them.
-            page
-        } else {
-            GROWTH_STEP[req.pool.index()]
-        };
+        let step = growth_step(req.pool, page, self.granularity);
         let grown = self
             .growable
             .get(&(req.key, req.pool))
@@ -113,7 +47,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 0
             }
         });
-        let extra = req.size.saturating_sub(free_tail).max(1).div_ceil(step) * step;
+        let extra = growth(req.size, free_tail, step);
         // The free tail grows into the new pages: keep it mapped.
         let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
         let mover = (req.key.stream, page);
@@ -134,18 +68,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
             self.heap.set_expandable(segment);
-            let mut idle = IdlePages::new(addr, page);
-            idle.mapped(addr, addr + extra, reused_busy);
-            self.growable.insert(
-                (req.key, req.pool),
-                Growable {
-                    segment,
-                    page,
-                    range,
-                    unmapped: PageSet::default(),
-                    idle,
-                },
-            );
+            let grown = Growable::new(segment, addr, page, range, extra, reused_busy);
+            self.growable.insert((req.key, req.pool), grown);
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
@@ -160,7 +84,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .growable
             .get_mut(&(req.key, req.pool))
             .expect("growable");
-        g.idle.mapped(end, end + extra, reused_busy);
+        g.pages_mapped(end, extra, reused_busy);
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -185,22 +109,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Unmaps the whole free chunks at the end of every growable segment.
     pub(super) fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let keys: Vec<(CacheKey, PoolKind)> = self.growable.keys().copied().collect();
+        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
         for key in keys {
-            let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
+            let g = &self.growable[&key];
+            let (seg_id, page) = (g.segment, g.page());
             let seg = self.heap.segment(seg_id);
-            let last = self.heap.block(seg.last);
-            if seg.is_idle() || last.state != BlockState::Free || !self.pools.releasable(seg.key())
-            {
+            if seg.is_idle() || !self.pools.releasable(seg.key()) {
                 continue; // idle ones go back whole with the other idle segments
             }
-            let end = seg.addr + seg.size;
-            let keep_to = (last.addr - seg.addr).div_ceil(granularity) * granularity + seg.addr;
-            let cut = end - keep_to;
-            let last_id = seg.last;
-            if cut == 0 {
+            let Some(keep_to) = g.trim_point(&self.heap) else {
                 continue;
-            }
+            };
+            let (end, last_id) = (seg.addr + seg.size, seg.last);
+            let cut = end - keep_to;
             self.settle_detached(&key, keep_to, end)?;
             self.unmap_mapped_runs(&key, keep_to, end)?;
             let unmapped = self
@@ -209,7 +130,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 .expect("growable")
                 .unmapped
                 .remove_in(keep_to, end)
-                * granularity;
+                * page;
             self.policy.remove_free(&self.heap, last_id);
             self.heap.shrink_segment(seg_id, cut, unmapped);
             let new_last = self.heap.segment(seg_id).last;
@@ -244,12 +165,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// a run per backend call (each counted as a device free).
     pub(super) fn unmap_mapped_runs(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
-        let g = &self.growable[key];
-        for (start, bytes) in g.unmapped.gaps_in(lo, hi, g.page) {
+        for (start, bytes) in self.growable[key].mapped_runs(lo, hi) {
             virtual_memory(&mut self.memory)?.unmap(start, bytes)?;
             self.heap.stats.num_device_free += 1;
         }
@@ -300,28 +220,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let keys: Vec<(CacheKey, PoolKind)> = self.growable.keys().copied().collect();
+        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
         for key in keys {
             if *budget == 0 {
                 break;
             }
-            let (seg_id, granularity) = (self.growable[&key].segment, self.growable[&key].page);
+            let g = &self.growable[&key];
+            let (seg_id, page) = (g.segment, g.page());
             let seg_key = self.heap.segment(seg_id).key();
             if !self.pools.releasable(seg_key) {
                 continue;
             }
-            let mut runs = Vec::new();
-            for id in self.heap.segment_blocks(seg_id) {
-                let b = self.heap.block(id);
-                if b.state != BlockState::Free || Some(id) == keep {
-                    continue;
-                }
-                let lo = b.addr.div_ceil(granularity) * granularity;
-                let hi = (b.addr + b.size) / granularity * granularity;
-                if lo < hi {
-                    runs.extend(self.growable[&key].unmapped.gaps_in(lo, hi, granularity));
-                }
-            }
+            let runs = g.free_mapped_runs(&self.heap, keep);
             if runs.is_empty() {
                 continue;
             }
@@ -333,7 +243,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
             self.unmap_runs(&key, idle, budget, false)?;
             if !busy.is_empty() {
-                let same_stream = mover == Some((seg_key.stream, granularity));
+                let same_stream = mover == Some((seg_key.stream, page));
                 if same_stream && self.can_detach() {
                     movable.push((key, busy));
                 } else {
@@ -367,7 +277,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// pages freed so far become idle once the GPU passes it. Called at
     /// unmap rounds and after mappings, the moments around which later
     /// rounds look for idle pages.
-    fn mark_epoch(&mut self, key: &(CacheKey, PoolKind)) -> Result<(), AllocError> {
+    fn mark_epoch(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
         if !self.options.unmap_free_pages || self.pools.capture_underway() {
             return Ok(());
         }
@@ -390,12 +300,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// old mapping stays until the GPU is done with it.
     fn unmap_runs(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         runs: Vec<(u64, u64)>,
         budget: &mut u64,
         detach: bool,
     ) -> Result<(), AllocError> {
-        let (seg_id, granularity) = (self.growable[key].segment, self.growable[key].page);
+        let (seg_id, granularity) = (self.growable[key].segment, self.growable[key].page());
         for (start, bytes) in runs.into_iter().rev() {
             if *budget == 0 {
                 break;
@@ -416,10 +326,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
-            if detach {
-                g.idle.detached(start, start + take);
-            }
-            g.unmapped.insert_run(start, take, granularity);
+            g.pages_unmapped(start, take, detach);
             self.heap.pages_unmapped(seg_id, take);
             *budget = budget.saturating_sub(take);
         }
@@ -428,7 +335,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
-    pub(super) fn drop_growable(&mut self, key: &(CacheKey, PoolKind)) {
+    pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
         if let Some(mut g) = self.growable.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
@@ -450,7 +357,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Retires the completed marks of the growable segment `key`, and drops
     /// the old mappings of detached pages the GPU is now done with.
-    fn poll_marks(&mut self, key: &(CacheKey, PoolKind)) -> Result<(), AllocError> {
+    fn poll_marks(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
         let g = self.growable.get_mut(key).expect("growable");
         while let Some(mark) = g.idle.oldest_mark() {
             if !self.streams.is_complete(mark)? {
@@ -473,7 +380,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// queue (the whole stream only when no mark covers it).
     pub(super) fn settle_detached(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
@@ -498,10 +405,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Waits on the host for the stream of the growable segment `key`: every
     /// page freed so far becomes idle, and its marks go back.
-    pub(super) fn wait_for_growable(
-        &mut self,
-        key: &(CacheKey, PoolKind),
-    ) -> Result<(), AllocError> {
+    pub(super) fn wait_for_growable(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
         let started = Instant::now();
         self.wait_for_stream(self.heap.segment(self.growable[key].segment).stream)?;
         self.count_move(started, |m| m.stream_waits += 1);
@@ -519,20 +423,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// that used the segment.
     pub(super) fn unmap_whole_segment(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), AllocError> {
         self.settle_detached(key, 0, u64::MAX)?;
-        let (seg_id, page) = (self.growable[key].segment, self.growable[key].page);
+        let seg_id = self.growable[key].segment;
         let seg = self.heap.segment(seg_id);
-        let runs = self.growable[key]
-            .unmapped
-            .gaps_in(seg.addr, seg.addr + seg.size, page);
+        let runs = self.growable[key].mapped_runs(seg.addr, seg.addr + seg.size);
         for (start, bytes) in runs {
             virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
             self.heap.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
-            g.unmapped.insert_run(start, bytes, page);
+            g.pages_unmapped(start, bytes, false);
             self.heap.pages_unmapped(seg_id, bytes);
             out.push((start, bytes));
         }
@@ -545,7 +447,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// no room.
     pub(super) fn map_run_again(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         start: u64,
         bytes: u64,
     ) -> Result<bool, AllocError> {
@@ -554,8 +456,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let seg_id = self.growable[key].segment;
         let g = self.growable.get_mut(key).expect("growable");
-        g.unmapped.remove_in(start, start + bytes);
-        g.idle.mapped(start, start + bytes, false);
+        g.pages_mapped(start, bytes, false);
         self.heap.pages_mapped(seg_id, bytes);
         Ok(true)
     }
@@ -564,14 +465,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// nothing ran on the pages since, so no wait.
     pub(super) fn unmap_run_again(
         &mut self,
-        key: &(CacheKey, PoolKind),
+        key: &SegmentKey,
         start: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
         virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
-        let (seg_id, page) = (self.growable[key].segment, self.growable[key].page);
         let g = self.growable.get_mut(key).expect("growable");
-        g.unmapped.insert_run(start, bytes, page);
+        let seg_id = g.segment;
+        g.pages_unmapped(start, bytes, false);
         self.heap.pages_unmapped(seg_id, bytes);
         Ok(())
     }
@@ -601,10 +502,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(true);
         }
         let (seg_id, key) = (b.segment, (seg.key(), seg.pool));
-        let granularity = self.growable[&key].page;
-        let lo = b.addr / granularity * granularity;
-        let hi = (b.addr + size).div_ceil(granularity) * granularity;
-        let runs = self.growable[&key].unmapped.runs_in(lo, hi, granularity);
+        let g = &self.growable[&key];
+        let granularity = g.page();
+        let (lo, hi) = g.covering(b.addr, size);
+        let runs = g.unmapped_runs(lo, hi);
         let needed = runs.iter().map(|r| r.1).sum();
         let runs_empty = runs.is_empty();
         if !runs_empty {
@@ -624,8 +525,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             self.count_move(started, |m| m.pages_mapped += bytes / granularity);
             let g = self.growable.get_mut(&key).expect("growable");
-            g.unmapped.remove_in(start, start + bytes);
-            g.idle.mapped(start, start + bytes, reused_busy);
+            g.pages_mapped(start, bytes, reused_busy);
             self.heap.pages_mapped(seg_id, bytes);
         }
         if !runs_empty {

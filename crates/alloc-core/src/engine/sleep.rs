@@ -17,6 +17,7 @@
 
 use rustc_hash::FxHashSet;
 
+use super::SegmentKey;
 use super::{virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
@@ -24,7 +25,7 @@ use crate::heap::BlockState;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
 use crate::snapshot::Snapshot;
-use crate::tags::{Backup, PauseReport, Paused, ResumeReport, SegmentKey, TagInfo};
+use crate::tags::{Backup, PauseReport, Paused, ResumeReport, TagInfo};
 use crate::types::{CacheKey, PoolKind, SegmentId, StreamId};
 
 /// Receives the live blocks `(addr, size)` of a tag to copy them somewhere

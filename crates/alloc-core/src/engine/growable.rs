@@ -1,0 +1,267 @@
+//! A growable segment (expandable segments): one per cache key and pool, an
+//! address range reserved the size of the device whose mapped prefix its
+//! blocks tile, mapped in whole pages, with holes of unmapped pages under
+//! free blocks (`unmap_free_pages`, sleep tags). This module keeps that
+//! bookkeeping and its page arithmetic; the engine (`expandable.rs`) drives
+//! the backend with it.
+
+use super::idle_pages::IdlePages;
+use crate::heap::{BlockState, Heap};
+use crate::page_set::PageSet;
+use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
+
+/// Names a growable segment: its cache key and pool.
+pub(crate) type SegmentKey = (CacheKey, PoolKind);
+
+/// The step in which a growable segment of `pool` with pages of `page`
+/// bytes grows: PyTorch's (2 MiB in the small pool, 20 MiB in the large),
+/// or whole pages when they are larger than the backend's `granularity`
+/// (`unmap_page_mb`), not PyTorch's step rounded up to them.
+pub(super) fn growth_step(pool: PoolKind, page: u64, granularity: u64) -> u64 {
+    if page > granularity {
+        page
+    } else {
+        [SMALL_BUFFER, LARGE_BUFFER][pool.index()]
+    }
+}
+
+/// Bytes to map at the end of a segment whose free tail has `free_tail`
+/// bytes so that the tail holds `size`: whole `step`s, at least one.
+pub(super) fn growth(size: u64, free_tail: u64, step: u64) -> u64 {
+    size.saturating_sub(free_tail).max(1).div_ceil(step) * step
+}
+
+/// The growable segment of one cache key and pool (`E`: the stream
+/// backend's event).
+#[derive(Debug)]
+pub(super) struct Growable<E> {
+    pub(super) segment: SegmentId,
+    /// Bytes of each physical page: maps and unmaps cover whole pages.
+    page: u64,
+    /// Size of the reserved address range.
+    pub(super) range: u64,
+    /// Pages inside the segment that are not mapped.
+    pub(super) unmapped: PageSet,
+    /// Which free pages the GPU is done with (`unmap_free_pages`).
+    pub(super) idle: IdlePages<E>,
+}
+
+impl<E> Growable<E> {
+    /// The segment `segment` at `base`, in a range of `range` bytes with
+    /// pages of `page` bytes, whose first `mapped` bytes were just mapped
+    /// (with memory the GPU may still use elsewhere if `reused_busy`).
+    pub(super) fn new(
+        segment: SegmentId,
+        base: u64,
+        page: u64,
+        range: u64,
+        mapped: u64,
+        reused_busy: bool,
+    ) -> Self {
+        let mut idle = IdlePages::new(base, page);
+        idle.mapped(base, base + mapped, reused_busy);
+        Growable {
+            segment,
+            page,
+            range,
+            unmapped: PageSet::default(),
+            idle,
+        }
+    }
+
+    /// Bytes of each page.
+    #[inline]
+    pub(super) fn page(&self) -> u64 {
+        self.page
+    }
+
+    /// The whole pages that `[addr, addr + size)` touches, as a range.
+    pub(super) fn covering(&self, addr: u64, size: u64) -> (u64, u64) {
+        let page = self.page;
+        (addr / page * page, (addr + size).div_ceil(page) * page)
+    }
+
+    /// Runs `(start, bytes)` of the mapped pages of `[lo, hi)`.
+    pub(super) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        self.unmapped.gaps_in(lo, hi, self.page)
+    }
+
+    /// Runs `(start, bytes)` of the unmapped pages of `[lo, hi)`.
+    pub(super) fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
+        self.unmapped.runs_in(lo, hi, self.page)
+    }
+
+    /// The unmapped pages of `[start, start + bytes)` were mapped (with
+    /// memory the GPU may still use elsewhere if `reused_busy`).
+    pub(super) fn pages_mapped(&mut self, start: u64, bytes: u64, reused_busy: bool) {
+        self.unmapped.remove_in(start, start + bytes);
+        self.idle.mapped(start, start + bytes, reused_busy);
+    }
+
+    /// The mapped pages of `[start, start + bytes)` were unmapped, or with
+    /// `detached` handed to the next mapping while they stay mapped for
+    /// work the GPU may still run on them.
+    pub(super) fn pages_unmapped(&mut self, start: u64, bytes: u64, detached: bool) {
+        if detached {
+            self.idle.detached(start, start + bytes);
+        }
+        self.unmapped.insert_run(start, bytes, self.page);
+    }
+
+    /// The mapped pages that lie wholly inside free blocks other than
+    /// `keep`, as runs in address order: what unmapping free pages may
+    /// take.
+    pub(super) fn free_mapped_runs(&self, heap: &Heap, keep: Option<BlockId>) -> Vec<(u64, u64)> {
+        let page = self.page;
+        let mut runs = Vec::new();
+        for id in heap.segment_blocks(self.segment) {
+            let b = heap.block(id);
+            if b.state != BlockState::Free || Some(id) == keep {
+                continue;
+            }
+            let lo = b.addr.div_ceil(page) * page;
+            let hi = (b.addr + b.size) / page * page;
+            if lo < hi {
+                runs.extend(self.unmapped.gaps_in(lo, hi, page));
+            }
+        }
+        runs
+    }
+
+    /// Where trimming cuts the segment's free tail: the first page boundary
+    /// at or after the start of its last block, when that block is free and
+    /// whole pages lie beyond it; `None` otherwise.
+    pub(super) fn trim_point(&self, heap: &Heap) -> Option<u64> {
+        let seg = heap.segment(self.segment);
+        let last = heap.block(seg.last);
+        if last.state != BlockState::Free {
+            return None;
+        }
+        let keep_to = (last.addr - seg.addr).div_ceil(self.page) * self.page + seg.addr;
+        (keep_to < seg.addr + seg.size).then_some(keep_to)
+    }
+
+    /// Its invariants against the heap: the segment counts the unmapped
+    /// pages listed here; detached pages are counted unmapped; a `paused`
+    /// segment (a sleep tag's) has every page unmapped, and any other only
+    /// pages under free blocks.
+    pub(super) fn check(&self, heap: &Heap, paused: bool) -> Result<(), String> {
+        let page = self.page;
+        let seg = heap.segment(self.segment);
+        if seg.unmapped != self.unmapped.len() as u64 * page {
+            return Err(format!(
+                "segment {:#x}: {} unmapped bytes counted, {} pages listed",
+                seg.addr,
+                seg.unmapped,
+                self.unmapped.len()
+            ));
+        }
+        for (start, bytes) in self.idle.detached_runs() {
+            if !self.mapped_runs(start, start + bytes).is_empty() {
+                return Err(format!(
+                    "detached pages at {start:#x} are counted as mapped"
+                ));
+            }
+        }
+        if paused {
+            // A paused tag gave every page back, live blocks' included.
+            if seg.unmapped != seg.size {
+                return Err(format!(
+                    "paused segment {:#x} still has {} bytes mapped",
+                    seg.addr,
+                    seg.size - seg.unmapped
+                ));
+            }
+            return Ok(());
+        }
+        for id in heap.segment_blocks(self.segment) {
+            let b = heap.block(id);
+            let (lo, hi) = self.covering(b.addr, b.size);
+            if b.state != BlockState::Free && self.unmapped.any_in(lo, hi) {
+                return Err(format!("block {:#x} in use over an unmapped page", b.addr));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{StreamId, MIB};
+
+    const BASE: u64 = 0x1000_0000;
+
+    /// A growable segment of eight 1 MiB pages: [0, 2.5 MiB) allocated,
+    /// [2.5, 7 MiB) free, [7, 8 MiB) allocated.
+    fn segment() -> (Heap, Growable<u32>, [BlockId; 3]) {
+        let mut heap = Heap::new(u64::MAX);
+        let key = CacheKey::shared(StreamId(0));
+        let (seg, a) = heap.add_segment(BASE, 8 * MIB, PoolKind::Large, key);
+        heap.set_expandable(seg);
+        let free = heap.split(a, 5 * MIB / 2);
+        let c = heap.split(free, 9 * MIB / 2);
+        heap.set_state(a, BlockState::Allocated, MIB);
+        heap.set_state(c, BlockState::Allocated, MIB);
+        let g = Growable::new(seg, BASE, MIB, 64 * MIB, 8 * MIB, false);
+        (heap, g, [a, free, c])
+    }
+
+    #[test]
+    fn growth_is_whole_steps_past_the_free_tail() {
+        assert_eq!(growth_step(PoolKind::Small, 2 * MIB, 2 * MIB), SMALL_BUFFER);
+        assert_eq!(growth_step(PoolKind::Large, 2 * MIB, 2 * MIB), LARGE_BUFFER);
+        assert_eq!(growth_step(PoolKind::Large, 16 * MIB, 2 * MIB), 16 * MIB);
+        assert_eq!(growth(5 * MIB, MIB, 2 * MIB), 4 * MIB);
+        assert_eq!(growth(5 * MIB, 0, 20 * MIB), 20 * MIB);
+        assert_eq!(growth(MIB, 3 * MIB, 2 * MIB), 2 * MIB, "at least a step");
+    }
+
+    #[test]
+    fn free_pages_are_the_whole_mapped_pages_inside_free_blocks() {
+        let (mut heap, mut g, [_, free, _]) = segment();
+        assert_eq!(
+            g.free_mapped_runs(&heap, None),
+            vec![(BASE + 3 * MIB, 4 * MIB)]
+        );
+        assert!(g.free_mapped_runs(&heap, Some(free)).is_empty(), "kept");
+        g.pages_unmapped(BASE + 4 * MIB, MIB, false);
+        heap.pages_unmapped(g.segment, MIB);
+        assert_eq!(
+            g.free_mapped_runs(&heap, None),
+            vec![(BASE + 3 * MIB, MIB), (BASE + 5 * MIB, 2 * MIB)]
+        );
+        assert_eq!(
+            g.unmapped_runs(BASE, BASE + 8 * MIB),
+            vec![(BASE + 4 * MIB, MIB)]
+        );
+        assert_eq!(g.covering(BASE + MIB / 2, MIB), (BASE, BASE + 2 * MIB));
+        g.check(&heap, false).unwrap();
+        g.pages_mapped(BASE + 4 * MIB, MIB, false);
+        heap.pages_mapped(g.segment, MIB);
+        assert_eq!(g.mapped_runs(BASE, BASE + 8 * MIB), vec![(BASE, 8 * MIB)]);
+        g.check(&heap, false).unwrap();
+    }
+
+    #[test]
+    fn the_free_tail_is_trimmed_from_its_first_page_boundary() {
+        let (mut heap, g, [_, free, c]) = segment();
+        assert_eq!(g.trim_point(&heap), None, "the last block is allocated");
+        heap.set_state(c, BlockState::Free, 0);
+        heap.merge_next(free);
+        assert_eq!(g.trim_point(&heap), Some(BASE + 3 * MIB));
+    }
+
+    #[test]
+    fn check_finds_pages_unmapped_under_busy_blocks_and_miscounts() {
+        let (mut heap, mut g, _) = segment();
+        g.pages_unmapped(BASE + 7 * MIB, MIB, false); // under the last, allocated block
+        heap.pages_unmapped(g.segment, MIB);
+        let err = g.check(&heap, false).unwrap_err();
+        assert!(err.contains("in use over an unmapped page"), "{err}");
+        assert!(g.check(&heap, true).unwrap_err().contains("still has"));
+        g.pages_unmapped(BASE + 3 * MIB, MIB, true); // detached: still mapped
+        assert!(g.check(&heap, false).unwrap_err().contains("pages listed"));
+    }
+}
