@@ -604,9 +604,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     // ----- internals -----
 
+    /// The error for `addr`, which is not a live allocation: a double free
+    /// if a block handed out at `addr` was freed and still starts there, an
+    /// unknown pointer otherwise (a free block never handed out, such as a
+    /// split's remainder, included).
     fn bad_pointer(&self, addr: u64) -> AllocError {
-        match self.heap.block_at(addr) {
-            Some(id) if self.heap.block(id).state != BlockState::Allocated => {
+        match self.heap.block_at(addr).map(|id| self.heap.block(id)) {
+            Some(b) if b.state != BlockState::Allocated && b.handed_out => {
                 AllocError::DoubleFree { addr }
             }
             _ => AllocError::UnknownPointer { addr },

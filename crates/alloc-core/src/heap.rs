@@ -57,6 +57,10 @@ pub struct Block {
     pub tag: u32,
     /// Per-pool allocator clock value when the block last became free.
     pub freed_at: u64,
+    /// Whether the block was handed out since it was made (by a split or a
+    /// segment's growth): a free block with it set was freed by the
+    /// caller, so freeing it again is a double free, not an unknown pointer.
+    pub handed_out: bool,
 }
 
 impl Block {
@@ -170,6 +174,7 @@ const VACANT: Block = Block {
     pool: PoolKind::Small,
     tag: 0,
     freed_at: 0,
+    handed_out: false,
 };
 
 /// Adds (`sign = 1`) or removes (`sign = -1`) the contribution of one block
@@ -357,6 +362,7 @@ impl Heap {
             pool,
             tag: 0,
             freed_at: self.clock[pool.index()],
+            handed_out: false,
         });
         let inserted = self.segments.insert(Segment {
             addr,
@@ -445,6 +451,7 @@ impl Heap {
             requested: 0,
             prev: Some(id),
             tag: 0,
+            handed_out: false,
             ..*b
         };
         let (whole, seg, pool) = (b.size, b.segment, b.pool);
@@ -530,6 +537,7 @@ impl Heap {
                 state: BlockState::Free,
                 tag: 0,
                 freed_at: self.clock[pool.index()],
+                handed_out: false,
                 ..self.blocks[last.index()]
             };
             let id = self.alloc_slot(tail);
@@ -626,6 +634,7 @@ impl Heap {
         let (sign, requested) = match (b.state, state) {
             (BlockState::Free, BlockState::Allocated) => {
                 b.requested = requested;
+                b.handed_out = true;
                 seg.busy += 1;
                 (1, requested as i64)
             }
@@ -671,6 +680,7 @@ impl Heap {
         b.state = state;
         if state == BlockState::Allocated {
             b.requested = requested;
+            b.handed_out = true;
         }
         let was_free = old == BlockState::Free;
         let now_free = state == BlockState::Free;

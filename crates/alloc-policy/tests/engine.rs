@@ -6,6 +6,7 @@
 mod common;
 
 use alloc_core::{AllocError, SnapshotState, StreamId, MIB};
+use alloc_policy::policy_names;
 use common::engine;
 
 const GIB: u64 = 1 << 30;
@@ -72,6 +73,30 @@ fn stats_follow_pytorch_model() {
     assert_eq!(e.stats().num_device_free, 1);
     let flat = e.stats().to_flat_map();
     assert_eq!(flat["reserved_bytes.all.peak"], 20 * MIB as i64);
+}
+
+/// The start of a free block that was never handed out (what carving left
+/// after a block) is an unknown pointer, for `free` and `record_stream`
+/// alike; a block freed twice is a double free. Every policy.
+#[test]
+fn a_free_remainder_is_unknown_and_a_second_free_double() {
+    for name in policy_names() {
+        let mut e = engine(&format!("policy:{name}"), 8 * GIB);
+        let a = e.malloc(4096, StreamId(0)).unwrap();
+        let heap = e.heap();
+        let next = heap.block(heap.block_at(a.addr).unwrap()).next.unwrap();
+        let rest = heap.block(next);
+        assert_eq!(rest.state, alloc_core::BlockState::Free, "{name}");
+        let rest = rest.addr;
+        let unknown = Err(AllocError::UnknownPointer { addr: rest });
+        assert_eq!(e.free(rest), unknown, "{name}");
+        assert_eq!(e.record_stream(rest, StreamId(1)), unknown, "{name}");
+        e.free(a.addr).unwrap();
+        let double = Err(AllocError::DoubleFree { addr: a.addr });
+        assert_eq!(e.free(a.addr), double, "{name}");
+        assert_eq!(e.record_stream(a.addr, StreamId(1)), double, "{name}");
+        e.assert_valid();
+    }
 }
 
 #[test]
