@@ -131,8 +131,12 @@ class Rollout:
     def generate(self, seed):
         """Greedy tokens [gen, batch] for a random prompt of `seed`."""
         torch, a = self.torch, self.a
+        # The cache region is resumed without backup: its bytes are undefined, so
+        # everything in it is initialised again (the caches, and the positions the
+        # graph's mask reads).
         for c in self.k + self.v:
-            c.zero_()  # a cache resumed without backup holds undefined bytes
+            c.zero_()
+        torch.arange(a.max_len, out=self.positions)
         g = torch.Generator().manual_seed(seed)
         prompt = torch.randint(0, a.vocab, (a.batch, a.prompt), generator=g).cuda()
         out = []
