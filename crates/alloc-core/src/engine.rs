@@ -18,6 +18,7 @@ mod growable;
 mod idle_pages;
 mod settings;
 mod sleep;
+mod streams_in_use;
 use crate::policy::{Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;

@@ -13,6 +13,7 @@
 //! `cargo run --release -p alloc-cuda --example vmm_while_busy` (needs a GPU).
 
 use std::error::Error;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alloc_cuda::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
@@ -107,7 +108,7 @@ fn main() -> BoxResult<()> {
 /// Times a growth, then an unmap round, each right after `start_kernel`.
 fn scenario(
     alloc: &CudaAllocator,
-    a: &CudaStream,
+    a: &Arc<CudaStream>,
     start_kernel: impl Fn() -> BoxResult<()>,
     busy: &CudaStream,
 ) -> BoxResult<(Timed, Timed)> {

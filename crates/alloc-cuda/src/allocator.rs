@@ -1,21 +1,23 @@
 //! The thread-safe allocator handle: one engine per device behind a mutex.
 
-use alloc_core::MemoryBackend;
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
-    Allocation, AllocatorConfig, Engine, EngineOptions, PoolCheckpoint, PoolId, RestoreOutcome,
-    SegmentSource, Snapshot, Stats, StreamId,
+    Allocation, AllocatorConfig, ConfigError, Engine, EngineOptions, MemoryBackend, Policy,
+    PoolCheckpoint, PoolId, RestoreOutcome, SegmentSource, Snapshot, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
 
+use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats};
 use crate::memory::CudaMemory;
 use crate::observer::{ObserverSlot, SegmentObserver};
-use crate::{stream_id, CudaEngine};
+use crate::stream::{stream_ref, AsStream, StreamRef};
+use crate::CudaEngine;
 
 /// Highest number of devices [`CudaAllocator::global`] serves.
 pub const MAX_DEVICES: usize = 64;
@@ -24,23 +26,81 @@ static GLOBALS: [OnceLock<CudaAllocator>; MAX_DEVICES] = [const { OnceLock::new(
 /// Serialises the creation of global allocators and their configuration.
 static GLOBAL_CONFIG: Mutex<Option<AllocatorConfig>> = Mutex::new(None);
 
-pub(crate) struct Inner {
+pub(crate) struct Inner<P: Policy> {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     /// The configuration in effect (settings may change at run time).
     config: Mutex<AllocatorConfig>,
-    engine: Mutex<CudaEngine>,
+    state: Mutex<State<P>>,
     observer: ObserverSlot,
     /// Host backups of paused sleep tags, and the stream that copies them.
     pub(crate) sleep: crate::sleep::SleepState,
 }
 
-impl Drop for Inner {
+/// The engine and the blocks of live typed buffers, under one lock.
+struct State<P: Policy> {
+    engine: CudaEngine<P>,
+    buffers: BufferRanges,
+}
+
+impl<P: Policy> State<P> {
+    /// Registers `stream` with the stream backend (so that the engine may
+    /// hand its id to the driver); first lets go of the streams the engine
+    /// no longer uses, once enough were registered since the last time.
+    fn register(&mut self, stream: StreamRef<'_>) -> Result<StreamId, CudaError> {
+        if self.engine.streams().wants_pruning() {
+            self.prune_streams();
+        }
+        self.engine.streams_mut().register_ref(stream)
+    }
+
+    /// Lets go of every registered stream the engine no longer uses.
+    fn prune_streams(&mut self) {
+        let in_use = self.engine.streams_in_use();
+        self.engine.streams_mut().retain(|id| in_use.contains(&id));
+    }
+
+    /// The engine's `malloc_in`; while a capture is underway, driver
+    /// allocations run in relaxed capture mode so that a graph captured in
+    /// global mode stays valid.
+    fn malloc(
+        &mut self,
+        size: u64,
+        stream: StreamRef<'_>,
+        pool: Option<PoolId>,
+    ) -> Result<Allocation, CudaError> {
+        let id = self.register(stream)?;
+        let _relaxed = if self.engine.capture_underway() {
+            Some(driver::RelaxedCaptureMode::enter()?)
+        } else {
+            None
+        };
+        Ok(self.engine.malloc_in(size, id, pool)?)
+    }
+}
+
+/// The engine of a locked allocator.
+pub(crate) struct EngineGuard<'a, P: Policy>(MutexGuard<'a, State<P>>);
+
+impl<P: Policy> Deref for EngineGuard<'_, P> {
+    type Target = CudaEngine<P>;
+    fn deref(&self) -> &CudaEngine<P> {
+        &self.0.engine
+    }
+}
+
+impl<P: Policy> DerefMut for EngineGuard<'_, P> {
+    fn deref_mut(&mut self) -> &mut CudaEngine<P> {
+        &mut self.0.engine
+    }
+}
+
+impl<P: Policy> Drop for Inner<P> {
     fn drop(&mut self) {
         // Give every idle segment back to the driver; segments that still
         // hold live raw allocations stay (a leak, never a hazard).
-        let engine = self.engine.get_mut().unwrap_or_else(|p| p.into_inner());
-        let _ = engine.empty_cache();
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = state.engine.empty_cache();
     }
 }
 
@@ -48,10 +108,13 @@ impl Drop for Inner {
 /// (clones share the allocator). Every call takes the allocator's lock only
 /// for the engine operation itself.
 ///
-/// Addresses are `CUdeviceptr` values; streams are cudarc streams of the
-/// device's primary context ([`CudaAllocator::context`]), or raw `CUstream`
-/// values ([`StreamId`], `0` = legacy default stream) in the `unsafe`
-/// `*_stream_id` variants meant for foreign callers.
+/// Addresses are `CUdeviceptr` values. Streams are cudarc streams of the
+/// device's primary context (`&Arc<CudaStream>`, kept alive by the
+/// allocator while it may use them) or [`crate::StreamHandle`]s, which wrap
+/// a raw `CUstream` only through an `unsafe` constructor.
+///
+/// The policy is [`AnyPolicy`] (chosen by the configuration's `policy:`
+/// key) unless one of your own is given to [`CudaAllocator::with_policy`].
 ///
 /// ```no_run
 /// use alloc_cuda::CudaAllocator;
@@ -65,12 +128,19 @@ impl Drop for Inner {
 /// assert_eq!(alloc.reserved_bytes()?, 0);
 /// # Ok::<(), alloc_cuda::CudaError>(())
 /// ```
-#[derive(Clone)]
-pub struct CudaAllocator {
-    pub(crate) inner: Arc<Inner>,
+pub struct CudaAllocator<P: Policy = AnyPolicy> {
+    pub(crate) inner: Arc<Inner<P>>,
 }
 
-impl std::fmt::Debug for CudaAllocator {
+impl<P: Policy> Clone for CudaAllocator<P> {
+    fn clone(&self) -> Self {
+        CudaAllocator {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<P: Policy> std::fmt::Debug for CudaAllocator<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaAllocator")
             .field("ordinal", &self.inner.ordinal)
@@ -85,39 +155,41 @@ fn policy_for(config: &AllocatorConfig) -> Result<AnyPolicy, CudaError> {
     Ok(AnyPolicy::from_config(config)?)
 }
 
+/// Refuses a configuration that a policy of the caller's own cannot
+/// honour: one naming a policy, or asking for expandable segments from a
+/// policy that cannot grow segments. No driver call.
+fn check_own_policy<P: Policy>(policy: &P, config: &AllocatorConfig) -> Result<(), CudaError> {
+    if let Some(name) = &config.policy {
+        return Err(ConfigError::InvalidValue {
+            key: "policy".into(),
+            value: name.clone(),
+            reason: format!(
+                "the allocator is given a policy of its own (`{}`)",
+                policy.name()
+            ),
+        }
+        .into());
+    }
+    if config.expandable_segments && !policy.supports_growth() {
+        return Err(ConfigError::InvalidValue {
+            key: "expandable_segments".into(),
+            value: "true".into(),
+            reason: format!(
+                "policy `{}` does not support growable segments",
+                policy.name()
+            ),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 impl CudaAllocator {
     /// A new, independent allocator for device `ordinal` (in its primary
-    /// context). Prefer [`CudaAllocator::global`] for the process-wide one.
+    /// context) with the policy the configuration names. Prefer
+    /// [`CudaAllocator::global`] for the process-wide one.
     pub fn new(ordinal: usize, config: &AllocatorConfig) -> Result<Self, CudaError> {
-        let policy = policy_for(config)?;
-        let count = driver::device_count()?;
-        if ordinal >= count {
-            return Err(CudaError::InvalidDevice { ordinal, count });
-        }
-        let ctx =
-            CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
-        let observer = ObserverSlot::default();
-        let mut memory = CudaMemory::new(ctx.clone(), observer.clone())?;
-        if config.expandable_segments && memory.virtual_memory().is_none() {
-            return Err(CudaError::Unsupported(
-                "expandable_segments:true needs virtual memory management, which this device lacks",
-            ));
-        }
-        let streams = CudaStreams::new(ctx.clone());
-        let mut engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
-        if let Some(fraction) = config.per_process_memory_fraction {
-            engine.set_memory_fraction(fraction)?;
-        }
-        Ok(CudaAllocator {
-            inner: Arc::new(Inner {
-                ordinal,
-                ctx,
-                config: Mutex::new(config.clone()),
-                engine: Mutex::new(engine),
-                observer,
-                sleep: crate::sleep::SleepState::default(),
-            }),
-        })
+        Self::build(ordinal, policy_for(config)?, config)
     }
 
     /// [`CudaAllocator::new`] with a configuration string in the syntax of
@@ -158,6 +230,74 @@ impl CudaAllocator {
         }
         *slot = Some(parsed);
         Ok(())
+    }
+
+    /// [`CudaAllocator::update_settings`] for the process-wide allocators:
+    /// every one that exists, and the configuration later ones are made
+    /// with. Stops at the first allocator that refuses (earlier ones keep
+    /// the change).
+    pub fn update_global_settings(settings: &str) -> Result<(), CudaError> {
+        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        let wanted = slot.clone().unwrap_or_default().with_settings(settings)?;
+        policy_for(&wanted)?;
+        for alloc in GLOBALS.iter().filter_map(|g| g.get()) {
+            alloc.update_settings(settings)?;
+        }
+        *slot = Some(wanted);
+        Ok(())
+    }
+}
+
+impl<P: Policy> CudaAllocator<P> {
+    /// A new allocator for device `ordinal` (in its primary context) that
+    /// runs `policy`, a policy of your own (see `examples/custom_policy.rs`).
+    /// The configuration's engine settings apply (`expandable_segments`,
+    /// which the policy must support, `stream_wait_reuse`,
+    /// `unmap_free_pages`, `garbage_collection_threshold`,
+    /// `per_process_memory_fraction`); it must not name a `policy:`, and the
+    /// settings of this crate's policies (`max_split_size_mb`, ...) are the
+    /// policy's to read ([`Policy::reconfigure`]) or ignore.
+    pub fn with_policy(
+        ordinal: usize,
+        policy: P,
+        config: &AllocatorConfig,
+    ) -> Result<Self, CudaError> {
+        check_own_policy(&policy, config)?;
+        Self::build(ordinal, policy, config)
+    }
+
+    fn build(ordinal: usize, policy: P, config: &AllocatorConfig) -> Result<Self, CudaError> {
+        let count = driver::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::InvalidDevice { ordinal, count });
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
+        let observer = ObserverSlot::default();
+        let mut memory = CudaMemory::with_observer(ctx.clone(), observer.clone())?;
+        if config.expandable_segments && memory.virtual_memory().is_none() {
+            return Err(CudaError::Unsupported(
+                "expandable_segments:true needs virtual memory management, which this device lacks",
+            ));
+        }
+        let streams = CudaStreams::new(ctx.clone());
+        let mut engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        if let Some(fraction) = config.per_process_memory_fraction {
+            engine.set_memory_fraction(fraction)?;
+        }
+        Ok(CudaAllocator {
+            inner: Arc::new(Inner {
+                ordinal,
+                ctx,
+                config: Mutex::new(config.clone()),
+                state: Mutex::new(State {
+                    engine,
+                    buffers: BufferRanges::default(),
+                }),
+                observer,
+                sleep: crate::sleep::SleepState::default(),
+            }),
+        })
     }
 
     /// The device ordinal.
@@ -209,106 +349,95 @@ impl CudaAllocator {
         Ok(())
     }
 
-    /// [`CudaAllocator::update_settings`] for the process-wide allocators:
-    /// every one that exists, and the configuration later ones are made
-    /// with. Stops at the first allocator that refuses (earlier ones keep
-    /// the change).
-    pub fn update_global_settings(settings: &str) -> Result<(), CudaError> {
-        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
-        let wanted = slot.clone().unwrap_or_default().with_settings(settings)?;
-        policy_for(&wanted)?;
-        for alloc in GLOBALS.iter().filter_map(|g| g.get()) {
-            alloc.update_settings(settings)?;
-        }
-        *slot = Some(wanted);
-        Ok(())
-    }
-
     /// Whether two handles share one allocator.
-    pub fn same_allocator(&self, other: &CudaAllocator) -> bool {
+    pub fn same_allocator(&self, other: &CudaAllocator<P>) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Runs `f` on the engine, read-only, under the allocator's lock (its
     /// heap, statistics, snapshot, backends). Keep `f` short: every other
     /// thread using this device's allocator waits for it.
-    pub fn inspect<R>(&self, f: impl FnOnce(&CudaEngine) -> R) -> Result<R, CudaError> {
+    pub fn inspect<R>(&self, f: impl FnOnce(&CudaEngine<P>) -> R) -> Result<R, CudaError> {
         Ok(f(&*self.engine()?))
     }
 
-    /// Runs `f` on the engine, mutably, under the allocator's lock.
+    /// Runs `f` on the engine, mutably, under the allocator's lock. Stream
+    /// ids reach the driver only once registered with the stream backend
+    /// (`f` may register [`crate::StreamHandle`]s there); unregistered ones
+    /// make the engine's calls fail instead.
     ///
     /// # Safety
-    /// Stream ids `f` gives the engine (`malloc`, `malloc_in`,
-    /// `record_stream`, `streams_mut`) reach the driver as raw `CUstream`
-    /// values: each must be `0` or a live stream of this device's primary
-    /// context, as for [`CudaAllocator::malloc_on_stream_id`].
+    /// `f` must not free a block that a live [`crate::DeviceBuffer`] of
+    /// this allocator owns (`Engine::free` of its address): the buffer
+    /// would go on using memory handed out again.
     pub unsafe fn with_engine<R>(
         &self,
-        f: impl FnOnce(&mut CudaEngine) -> R,
+        f: impl FnOnce(&mut CudaEngine<P>) -> R,
     ) -> Result<R, CudaError> {
         Ok(f(&mut *self.engine()?))
     }
 
-    pub(crate) fn engine(&self) -> Result<MutexGuard<'_, CudaEngine>, CudaError> {
-        self.inner.engine.lock().map_err(|_| CudaError::Poisoned)
+    fn state(&self) -> Result<MutexGuard<'_, State<P>>, CudaError> {
+        self.inner.state.lock().map_err(|_| CudaError::Poisoned)
     }
 
-    /// The stream id of `stream`, checked to belong to this device's context.
-    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<StreamId, CudaError> {
-        if stream.context().cu_ctx() != self.inner.ctx.cu_ctx() {
-            return Err(CudaError::WrongContext {
-                ordinal: self.inner.ordinal,
-            });
-        }
-        Ok(stream_id(stream))
+    /// The engine, locked.
+    pub(crate) fn engine(&self) -> Result<EngineGuard<'_, P>, CudaError> {
+        Ok(EngineGuard(self.state()?))
     }
 
-    /// Allocates at least `size` bytes for use on `stream`; returns the
-    /// device address. Out of memory (after freeing the cache) is an
+    /// Allocates at least `size` bytes for use on `stream` (a cudarc
+    /// stream, or a [`crate::StreamHandle`]); returns the device address.
+    /// Out of memory (after freeing the cache) is an
     /// [`alloc_core::AllocError::OutOfMemory`] with the device's capacity and
-    /// free bytes.
-    pub fn malloc(&self, size: u64, stream: &CudaStream) -> Result<u64, CudaError> {
-        let id = self.check_stream(stream)?;
-        // SAFETY: `stream` is a live cudarc stream of this device's context.
-        unsafe { self.malloc_in_pool_on_stream_id(size, id, None) }
+    /// free bytes; a cudarc stream of another context is
+    /// [`CudaError::WrongContext`].
+    pub fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
+        self.malloc_in_pool(size, stream, None)
     }
 
-    /// [`CudaAllocator::malloc`] on a raw `CUstream`.
-    ///
-    /// # Safety
-    /// `stream` must be `0`, a per-thread default stream handle, or a live
-    /// stream of this device's primary context (with `stream_wait_reuse` the
-    /// allocator may make it wait on events).
-    pub unsafe fn malloc_on_stream_id(
+    /// [`CudaAllocator::malloc`] from the private `pool` when one is given
+    /// (see [`CudaAllocator::begin_allocate_to_pool`]). While a capture is
+    /// underway, driver allocations run in relaxed capture mode so that a
+    /// graph captured in global mode stays valid.
+    pub fn malloc_in_pool<S: AsStream + ?Sized>(
         &self,
         size: u64,
-        stream: StreamId,
-    ) -> Result<u64, CudaError> {
-        // SAFETY: the caller upholds this function's contract, the same.
-        unsafe { self.malloc_in_pool_on_stream_id(size, stream, None) }
-    }
-
-    /// [`CudaAllocator::malloc_on_stream_id`] from the private `pool` when
-    /// one is given (see [`CudaAllocator::begin_allocate_to_pool`]). While a
-    /// capture is underway, driver allocations run in relaxed capture mode so
-    /// that a graph captured in global mode stays valid.
-    ///
-    /// # Safety
-    /// As for [`CudaAllocator::malloc_on_stream_id`].
-    pub unsafe fn malloc_in_pool_on_stream_id(
-        &self,
-        size: u64,
-        stream: StreamId,
+        stream: &S,
         pool: Option<PoolId>,
     ) -> Result<u64, CudaError> {
-        let mut engine = self.engine()?;
-        let _relaxed = if engine.capture_underway() {
-            Some(driver::RelaxedCaptureMode::enter()?)
-        } else {
-            None
-        };
-        Ok(engine.malloc_in(size, stream, pool)?.addr)
+        let allocation = self.state()?.malloc(size, stream_ref(stream), pool)?;
+        Ok(allocation.addr)
+    }
+
+    /// A block for a typed buffer on `stream` (from `pool` if one is
+    /// given), claimed as the buffer's: the policy's block must not overlap
+    /// another live buffer's, and only [`CudaAllocator::free_buffer`] frees
+    /// it.
+    pub(crate) fn malloc_buffer(
+        &self,
+        size: u64,
+        stream: &Arc<CudaStream>,
+        pool: Option<PoolId>,
+    ) -> Result<u64, CudaError> {
+        let mut state = self.state()?;
+        let block = state.malloc(size, StreamRef::Cudarc(stream), pool)?;
+        if !state.buffers.claim(block.addr, block.size, pool) {
+            // Left allocated: handing it back to a policy that gives blocks
+            // out twice would only spread the damage.
+            return Err(CudaError::OverlappingBlock {
+                addr: block.addr,
+                size: block.size,
+            });
+        }
+        Ok(block.addr)
+    }
+
+    /// Frees the block of a typed buffer being dropped.
+    pub(crate) fn free_buffer(&self, ptr: u64) -> Result<(), CudaError> {
+        let mut state = self.state()?;
+        state.buffers.release(ptr);
+        Ok(state.engine.free(ptr)?)
     }
 
     /// Starts routing allocations that name `pool` to that private pool (a
@@ -377,9 +506,20 @@ impl CudaAllocator {
     }
 
     /// Puts a private pool back into a checkpointed layout; see
-    /// [`alloc_core::Engine::restore_pool`].
+    /// [`alloc_core::Engine::restore_pool`]. A pool holding a live
+    /// [`crate::DeviceBuffer`]'s block (a sleep tag's) is refused: the
+    /// restore would free it under the buffer.
     pub fn restore_pool(&self, checkpoint: &PoolCheckpoint) -> Result<RestoreOutcome, CudaError> {
-        Ok(self.engine()?.restore_pool(checkpoint)?)
+        let mut state = self.state()?;
+        if state.buffers.in_pool(checkpoint.pool) {
+            return Err(CudaError::Alloc(alloc_core::AllocError::InvalidArgument(
+                format!(
+                    "restore_pool of pool {:?}: a live DeviceBuffer holds a block of it",
+                    checkpoint.pool
+                ),
+            )));
+        }
+        Ok(state.engine.restore_pool(checkpoint)?)
     }
 
     /// Whether the blocks allocated in `pool` are exactly `expected`.
@@ -391,22 +531,31 @@ impl CudaAllocator {
         Ok(self.engine()?.pool_live_allocations_are(pool, expected))
     }
 
-    /// Frees a block. If other streams used it (`record_stream`), it becomes
-    /// reusable once events recorded on them now have completed.
+    /// Frees a block from [`CudaAllocator::malloc`]. If other streams used
+    /// it (`record_stream`), it becomes reusable once events recorded on
+    /// them now have completed. A block a live [`crate::DeviceBuffer`]
+    /// owns is refused ([`CudaError::OwnedByBuffer`]): dropping the buffer
+    /// frees it.
     pub fn free(&self, ptr: u64) -> Result<(), CudaError> {
-        Ok(self.engine()?.free(ptr)?)
+        let mut state = self.state()?;
+        if state.buffers.owns(ptr) {
+            return Err(CudaError::OwnedByBuffer { addr: ptr });
+        }
+        Ok(state.engine.free(ptr)?)
     }
 
-    /// Marks the block at `ptr` as used by the raw stream `stream` too: its
-    /// free will record an event there and defer reuse until it completes.
-    ///
-    /// # Safety
-    /// `stream` must be `0`, a per-thread default stream handle, or a stream
-    /// of this device's primary context that stays alive until the block is
-    /// freed (the free records an event on it). [`crate::DeviceBuffer::record_stream`]
-    /// is the safe form.
-    pub unsafe fn record_stream_id(&self, ptr: u64, stream: StreamId) -> Result<(), CudaError> {
-        Ok(self.engine()?.record_stream(ptr, stream)?)
+    /// Marks the block at `ptr` as used by `stream` too (PyTorch's
+    /// `Tensor.record_stream`): its free records an event there and defers
+    /// reuse until that event completes. The allocator keeps a cudarc
+    /// stream alive until then.
+    pub fn record_stream<S: AsStream + ?Sized>(
+        &self,
+        ptr: u64,
+        stream: &S,
+    ) -> Result<(), CudaError> {
+        let mut state = self.state()?;
+        let id = state.register(stream_ref(stream))?;
+        Ok(state.engine.record_stream(ptr, id)?)
     }
 
     /// Polls pending events now (`malloc` does it too).
@@ -415,9 +564,13 @@ impl CudaAllocator {
     }
 
     /// Waits for every pending event, then returns every unused cached
-    /// segment to the driver.
+    /// segment to the driver, and lets go of the streams the allocator no
+    /// longer uses (a cudarc stream its owner dropped is destroyed now).
     pub fn empty_cache(&self) -> Result<(), CudaError> {
-        Ok(self.engine()?.empty_cache()?)
+        let mut state = self.state()?;
+        let emptied = state.engine.empty_cache();
+        state.prune_streams();
+        Ok(emptied?)
     }
 
     /// Limits reserved memory to `fraction` [0, 1] of the device's capacity.
@@ -484,7 +637,6 @@ impl CudaAllocator {
 
     /// The policy's name.
     pub fn policy_name(&self) -> Result<String, CudaError> {
-        use alloc_core::Policy;
         Ok(self.engine()?.policy().name().to_string())
     }
 
@@ -515,6 +667,27 @@ mod tests {
             CudaAllocator::with_config_str(0, "policy:buddy,expandable_segments:True").unwrap_err();
         assert!(matches!(e, CudaError::Config(_)), "{e}");
         assert!(e.to_string().contains("expandable_segments"));
+    }
+
+    #[test]
+    fn a_policy_of_ones_own_refuses_what_it_cannot_honour() {
+        let buddy = AllocatorConfig::parse("policy:buddy").unwrap();
+        let own = || AnyPolicy::from_config(&buddy).unwrap();
+        // The configuration may not name another policy...
+        let e = CudaAllocator::with_policy(0, own(), &buddy).unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
+        assert!(
+            e.to_string().contains("a policy of its own (`buddy`)"),
+            "{e}"
+        );
+        // ...nor ask for growable segments from a policy without them.
+        let grow = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let e = CudaAllocator::with_policy(0, own(), &grow).unwrap_err();
+        assert!(matches!(e, CudaError::Config(_)), "{e}");
+        assert!(
+            e.to_string().contains("does not support growable segments"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@ use cudarc::driver::{
     SyncOnDrop, ValidAsZeroBits,
 };
 
-use alloc_core::PoolId;
+use alloc_core::{Policy, PoolId};
+use alloc_policy::AnyPolicy;
 
 use crate::allocator::CudaAllocator;
 use crate::driver;
@@ -58,18 +59,15 @@ plain!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64)
 /// assert_eq!(out, [1.0, 2.0, 3.0]);
 /// # Ok::<(), alloc_cuda::CudaError>(())
 /// ```
-pub struct DeviceBuffer<T> {
+pub struct DeviceBuffer<T, P: Policy = AnyPolicy> {
     ptr: sys::CUdeviceptr,
     len: usize,
     stream: Arc<CudaStream>,
-    /// Other streams that used the buffer; kept alive until the free has
-    /// recorded its events on them.
-    users: Vec<Arc<CudaStream>>,
-    alloc: CudaAllocator,
+    alloc: CudaAllocator<P>,
     _elem: PhantomData<T>,
 }
 
-impl<T> std::fmt::Debug for DeviceBuffer<T> {
+impl<T, P: Policy> std::fmt::Debug for DeviceBuffer<T, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceBuffer")
             .field("ptr", &format_args!("{:#x}", self.ptr))
@@ -82,7 +80,7 @@ impl<T> std::fmt::Debug for DeviceBuffer<T> {
     }
 }
 
-impl CudaAllocator {
+impl<P: Policy> CudaAllocator<P> {
     /// A buffer of `len` elements on `stream` from the private `pool` if
     /// one is given (a sleep tag's), contents unspecified.
     pub(crate) fn alloc_block<T>(
@@ -90,21 +88,17 @@ impl CudaAllocator {
         len: usize,
         stream: &Arc<CudaStream>,
         pool: Option<PoolId>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         let elem_size = std::mem::size_of::<T>();
         let bytes = len
             .checked_mul(elem_size)
             .and_then(|b| u64::try_from(b).ok())
             .ok_or(CudaError::SizeOverflow { len, elem_size })?;
-        let id = self.check_stream(stream)?;
-        // SAFETY: `stream` is a live cudarc stream of this device's context,
-        // kept alive by the buffer until its free.
-        let ptr = unsafe { self.malloc_in_pool_on_stream_id(bytes, id, pool) }?;
+        let ptr = self.malloc_buffer(bytes, stream, pool)?;
         Ok(DeviceBuffer {
             ptr,
             len,
             stream: stream.clone(),
-            users: Vec::new(),
             alloc: self.clone(),
             _elem: PhantomData,
         })
@@ -116,7 +110,7 @@ impl CudaAllocator {
         len: usize,
         stream: &Arc<CudaStream>,
         pool: Option<PoolId>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         let buf = self.alloc_block::<T>(len, stream, pool)?;
         buf.memset_own_stream(0)?;
         Ok(buf)
@@ -128,7 +122,7 @@ impl CudaAllocator {
         data: &[T],
         stream: &Arc<CudaStream>,
         pool: Option<PoolId>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         let mut buf = self.alloc_block::<T>(data.len(), stream, pool)?;
         buf.copy_from_host(data)?;
         Ok(buf)
@@ -140,7 +134,7 @@ impl CudaAllocator {
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc_block(len, stream, None)
     }
 
@@ -149,7 +143,7 @@ impl CudaAllocator {
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc_zeros_in(len, stream, None)
     }
 
@@ -158,12 +152,12 @@ impl CudaAllocator {
         &self,
         data: &[T],
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc_from_host_in(data, stream, None)
     }
 }
 
-impl<T> DeviceBuffer<T> {
+impl<T, P: Policy> DeviceBuffer<T, P> {
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.len
@@ -191,28 +185,16 @@ impl<T> DeviceBuffer<T> {
     }
 
     /// The allocator owning the block.
-    pub fn allocator(&self) -> &CudaAllocator {
+    pub fn allocator(&self) -> &CudaAllocator<P> {
         &self.alloc
     }
 
     /// Declares that work on `stream` uses the buffer: when the buffer is
     /// dropped, an event is recorded on `stream` and the block is reused
-    /// only after that work (PyTorch's `Tensor.record_stream`). The stream is
-    /// kept alive until then.
+    /// only after that work (PyTorch's `Tensor.record_stream`). The
+    /// allocator keeps the stream alive until then.
     pub fn record_stream(&mut self, stream: &Arc<CudaStream>) -> Result<(), CudaError> {
-        let id = self.alloc.check_stream(stream)?;
-        if Arc::ptr_eq(stream, &self.stream)
-            || id == crate::stream_id(&self.stream)
-            || self.users.iter().any(|s| Arc::ptr_eq(s, stream))
-        {
-            return Ok(());
-        }
-        // SAFETY: the stream is a live stream of the allocator's context
-        // (checked above) and `self.users` keeps it alive until `drop` has
-        // freed the block, which records the event on it.
-        unsafe { self.alloc.record_stream_id(self.ptr, id) }?;
-        self.users.push(stream.clone());
-        Ok(())
+        self.alloc.record_stream(self.ptr, stream)
     }
 
     /// Copies `data` into the buffer on its stream (lengths must match).
@@ -250,9 +232,10 @@ impl<T> DeviceBuffer<T> {
     fn memset_own_stream(&self, value: u8) -> Result<(), CudaError> {
         driver::bind(self.alloc.context())?;
         // SAFETY: the range is exactly this buffer's block, which stays
-        // allocated until the buffer is dropped, and is then reused only in
-        // stream order after this memset (same stream) or after events;
-        // the stream is alive (held by `self`). Callers ensure `value`
+        // allocated until the buffer is dropped (the allocator refuses to
+        // free it otherwise) and overlaps no other live buffer; it is then
+        // reused only in stream order after this memset (same stream) or
+        // after events; the stream is alive (held by `self`). Callers ensure `value`
         // repeated is valid for `T` (zero for `ValidAsZeroBits`, any byte
         // for `Plain`).
         unsafe {
@@ -261,23 +244,23 @@ impl<T> DeviceBuffer<T> {
     }
 }
 
-impl<T: Plain> DeviceBuffer<T> {
+impl<T: Plain, P: Policy> DeviceBuffer<T, P> {
     /// Sets every byte to `value` (`cuMemsetD8Async` on the buffer's stream).
     pub fn fill_bytes(&mut self, value: u8) -> Result<(), CudaError> {
         self.memset_own_stream(value)
     }
 }
 
-impl<T> Drop for DeviceBuffer<T> {
+impl<T, P: Policy> Drop for DeviceBuffer<T, P> {
     fn drop(&mut self) {
         // Cannot fail for a block this buffer owns, except on a driver error
         // while recording events; the engine then keeps the block out of
         // reuse (a leak, never a hazard).
-        let _ = self.alloc.free(self.ptr);
+        let _ = self.alloc.free_buffer(self.ptr);
     }
 }
 
-impl<T> DeviceSlice<T> for DeviceBuffer<T> {
+impl<T, P: Policy> DeviceSlice<T> for DeviceBuffer<T, P> {
     fn len(&self) -> usize {
         self.len
     }
@@ -287,13 +270,13 @@ impl<T> DeviceSlice<T> for DeviceBuffer<T> {
     }
 }
 
-impl<T> DevicePtr<T> for DeviceBuffer<T> {
+impl<T, P: Policy> DevicePtr<T> for DeviceBuffer<T, P> {
     fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
     }
 }
 
-impl<T> DevicePtrMut<T> for DeviceBuffer<T> {
+impl<T, P: Policy> DevicePtrMut<T> for DeviceBuffer<T, P> {
     fn device_ptr_mut<'a>(
         &'a mut self,
         _stream: &'a CudaStream,
@@ -305,17 +288,17 @@ impl<T> DevicePtrMut<T> for DeviceBuffer<T> {
 // SAFETY: the kernel receives the buffer's `CUdeviceptr` (a `DeviceRepr`
 // u64) by reference to the field, which lives as long as the `'b` borrow of
 // the buffer, itself outliving the launch arguments (`'b: 'a`).
-unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, T, P: Policy> PushKernelArg<&'b DeviceBuffer<T, P>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b DeviceBuffer<T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b DeviceBuffer<T, P>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }
 
 // SAFETY: as for the shared reference above.
-unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
+unsafe impl<'a, 'b: 'a, T, P: Policy> PushKernelArg<&'b mut DeviceBuffer<T, P>> for LaunchArgs<'a> {
     #[inline(always)]
-    fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T, P>) -> &mut Self {
         self.arg(&arg.ptr)
     }
 }

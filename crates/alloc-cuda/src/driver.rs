@@ -64,10 +64,9 @@ pub(crate) fn mem_alloc(size: u64) -> Result<u64, CudaError> {
 
 /// `cuMemFree` of a segment obtained from [`mem_alloc`].
 pub(crate) fn mem_free(addr: u64) -> Result<(), CudaError> {
-    // SAFETY: the engine frees only segments it obtained from `mem_alloc`,
-    // each exactly once, and only when no block of the segment is allocated
-    // or awaiting events; an address the driver does not know is reported as
-    // an error, not undefined behaviour.
+    // SAFETY: `CudaMemory` frees only segments it obtained from `mem_alloc`
+    // and has not freed yet (it keeps their addresses), and the engine frees
+    // a segment only when no block of it is allocated or awaiting events.
     unsafe { result::free_sync(addr) }.map_err(|e| driver_error("cuMemFree_v2", e.0))
 }
 

@@ -39,6 +39,36 @@ pub enum CudaError {
         /// The allocator's device.
         ordinal: usize,
     },
+    /// A stream id given to the engine that was never registered with its
+    /// stream backend (see [`crate::StreamHandle`]): it never reaches the
+    /// driver.
+    #[error(
+        "stream {stream:#x} is not registered with this allocator: streams reach the driver \
+         only through a StreamHandle (a cudarc stream, or StreamHandle::from_raw)"
+    )]
+    UnregisteredStream {
+        /// The raw id.
+        stream: alloc_core::StreamId,
+    },
+    /// `free` of a block that a live [`crate::DeviceBuffer`] owns.
+    #[error("pointer {addr:#x} is owned by a DeviceBuffer: drop the buffer to free it")]
+    OwnedByBuffer {
+        /// The block's address.
+        addr: u64,
+    },
+    /// The policy handed out a block overlapping a live
+    /// [`crate::DeviceBuffer`]'s (a broken policy); the block stays
+    /// allocated, out of use.
+    #[error(
+        "the policy handed out {size} bytes at {addr:#x}, overlapping a live DeviceBuffer: \
+         the policy gives a block out twice"
+    )]
+    OverlappingBlock {
+        /// The block's address.
+        addr: u64,
+        /// Its size.
+        size: u64,
+    },
     /// A typed buffer whose byte size does not fit in 64 bits.
     #[error("a buffer of {len} elements of {elem_size} bytes is too large")]
     SizeOverflow {

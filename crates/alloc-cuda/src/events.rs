@@ -6,9 +6,12 @@
 use std::sync::Arc;
 
 use alloc_core::{BackendError, CaptureFrontier, CaptureGraph, GraphNode, StreamBackend, StreamId};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, CudaStream};
+use rustc_hash::FxHashMap;
 
 use crate::driver::{self, RawEvent};
+use crate::error::CudaError;
+use crate::stream::{stream_ref, AsStream, StreamRef, StreamTable};
 
 /// Counters of an [`EventPool`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,27 +93,112 @@ impl<H> EventPool<H> {
 pub struct PooledEvent(RawEvent);
 
 /// [`StreamBackend`] over CUDA events of one device's primary context.
-/// `StreamId`s are raw `CUstream` values (`0`: legacy default stream).
+/// `StreamId`s are raw `CUstream` values (`0`: legacy default stream), and
+/// only those registered with [`CudaStreams::register`] reach the driver:
+/// recording on or waiting with any other id is an error, so no safe call
+/// can hand the driver a bogus stream. A registered cudarc stream is kept
+/// alive (its `Arc` held) until [`CudaStreams::retain`] lets it go.
+///
+/// ```no_run
+/// use alloc_core::{StreamBackend, StreamId};
+/// use alloc_cuda::{cudarc::driver::CudaContext, CudaStreams};
+///
+/// let ctx = CudaContext::new(0)?;
+/// let stream = ctx.new_stream()?;
+/// let mut streams = CudaStreams::new(ctx);
+/// assert!(streams.record(StreamId(0xdead_beef)).is_err()); // never registered: no driver call
+/// let id = streams.register(&stream)?;
+/// let event = streams.record(id)?; // cuEventRecord on `stream`
+/// streams.synchronize(&event)?;
+/// streams.release(event);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
     pool: EventPool<RawEvent>,
+    streams: StreamTable<Arc<CudaStream>>,
     /// Node handles read from the driver, before they become `GraphNode`s.
     nodes: Vec<u64>,
+    /// Every graph node handed out by [`CaptureGraph`], with the stream and
+    /// the capture it was read from: only those reach the driver again.
+    known_nodes: FxHashMap<u64, (StreamId, u64)>,
 }
 
 impl CudaStreams {
-    pub(crate) fn new(ctx: Arc<CudaContext>) -> Self {
+    /// The stream backend of `ctx`'s device, with no stream registered.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
         CudaStreams {
             ctx,
             pool: EventPool::new(),
+            streams: StreamTable::default(),
             nodes: Vec::new(),
+            known_nodes: FxHashMap::default(),
         }
+    }
+
+    /// Registers `stream` so that the engine may use its id; returns the
+    /// id. A cudarc stream is kept alive from now on (until
+    /// [`CudaStreams::retain`] drops it) and must belong to this backend's
+    /// context ([`CudaError::WrongContext`] otherwise).
+    pub fn register<S: AsStream + ?Sized>(&mut self, stream: &S) -> Result<StreamId, CudaError> {
+        self.register_ref(stream_ref(stream))
+    }
+
+    pub(crate) fn register_ref(&mut self, stream: StreamRef<'_>) -> Result<StreamId, CudaError> {
+        let id = stream.id();
+        match stream {
+            StreamRef::Cudarc(s) => {
+                if s.context().cu_ctx() != self.ctx.cu_ctx() {
+                    return Err(CudaError::WrongContext {
+                        ordinal: self.ctx.ordinal(),
+                    });
+                }
+                self.streams.register(id, Some(|| s.clone()));
+            }
+            StreamRef::Raw(_) => self.streams.register(id, None::<fn() -> Arc<CudaStream>>),
+        }
+        Ok(id)
+    }
+
+    /// Whether `id` was registered (and not let go since).
+    pub fn is_registered(&self, id: StreamId) -> bool {
+        self.streams.contains(id)
+    }
+
+    /// Streams registered now.
+    pub fn registered(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// Lets go of every registered stream `keep` refuses (dropping the
+    /// `Arc`s held for them). Give it the engine's
+    /// [`alloc_core::Engine::streams_in_use`]: a stream the engine still
+    /// uses must stay, or its later events fail (the block concerned is
+    /// kept out of reuse) and a new stream may take its handle value and be
+    /// served its cached blocks.
+    pub fn retain(&mut self, keep: impl FnMut(StreamId) -> bool) {
+        self.streams.retain(keep);
+    }
+
+    /// Whether enough streams were registered since the last
+    /// [`CudaStreams::retain`] for another one to be worth its cost.
+    pub(crate) fn wants_pruning(&self) -> bool {
+        self.streams.wants_pruning()
     }
 
     /// Counters of the event pool.
     pub fn pool_stats(&self) -> EventPoolStats {
         self.pool.stats()
+    }
+
+    /// `stream` if registered, else the error the engine reports.
+    fn registered_stream(&self, stream: StreamId) -> Result<StreamId, CudaError> {
+        if self.streams.contains(stream) {
+            Ok(stream)
+        } else {
+            Err(CudaError::UnregisteredStream { stream })
+        }
     }
 }
 
@@ -118,12 +206,12 @@ impl StreamBackend for CudaStreams {
     type Event = PooledEvent;
 
     fn record(&mut self, stream: StreamId) -> Result<PooledEvent, BackendError> {
+        let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
         let event = self.pool.acquire(driver::event_create)?;
-        // SAFETY: stream ids reach the engine only from `&CudaStream`s kept
-        // alive by their owners (`DeviceBuffer` holds an `Arc`) or from the
-        // `unsafe` raw-stream entry points of `CudaAllocator`, whose callers
-        // promise the stream lives until the block is freed.
+        // SAFETY: `stream` is registered: a cudarc stream of this context
+        // that the table keeps alive, or a raw handle whose creator vouched
+        // (`StreamHandle::from_raw`) that it lives while the engine uses it.
         match unsafe { driver::event_record(&event, stream.0) } {
             Ok(()) => Ok(PooledEvent(event)),
             Err(e) => {
@@ -148,9 +236,9 @@ impl StreamBackend for CudaStreams {
         stream: StreamId,
         event: &PooledEvent,
     ) -> Result<(), BackendError> {
+        let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
-        // SAFETY: `stream` is the allocating stream of the `malloc` in
-        // progress: a live `&CudaStream`, or a raw id its caller vouched for.
+        // SAFETY: `stream` is registered (see `record`).
         Ok(unsafe { driver::stream_wait_event(stream.0, &event.0) }?)
     }
 
@@ -167,15 +255,32 @@ impl StreamBackend for CudaStreams {
     }
 }
 
-impl CaptureGraph for CudaStreams {
-    fn frontier(&mut self, stream: StreamId) -> Result<Option<CaptureFrontier>, BackendError> {
+impl CudaStreams {
+    /// The capture `stream` takes part in, with the nodes its next work will
+    /// depend on in `self.nodes`; `None` when it is not capturing.
+    fn read_capture(&mut self, stream: StreamId) -> Result<Option<u64>, BackendError> {
+        let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
         self.nodes.clear();
-        // SAFETY: the engine asks about its callers' streams: the stream of
-        // an allocation, or one given to `record_stream`, each vouched for
-        // as in `record`.
-        let capture = unsafe { driver::stream_capture_info(stream.0, &mut self.nodes) }?;
-        Ok(capture.map(|capture| CaptureFrontier {
+        // SAFETY: `stream` is registered (see `record`).
+        Ok(unsafe { driver::stream_capture_info(stream.0, &mut self.nodes) }?)
+    }
+}
+
+/// The graph of a capture is read only through nodes this backend handed
+/// out, and only while their capture is still underway on the stream they
+/// were read from (checked before every read): a node of an ended capture,
+/// whose graph its owner may have destroyed, or any other value, is an
+/// error before any driver call.
+impl CaptureGraph for CudaStreams {
+    fn frontier(&mut self, stream: StreamId) -> Result<Option<CaptureFrontier>, BackendError> {
+        let Some(capture) = self.read_capture(stream)? else {
+            return Ok(None);
+        };
+        for &n in &self.nodes {
+            self.known_nodes.insert(n, (stream, capture));
+        }
+        Ok(Some(CaptureFrontier {
             capture,
             nodes: self.nodes.iter().map(|&n| GraphNode(n)).collect(),
         }))
@@ -186,13 +291,29 @@ impl CaptureGraph for CudaStreams {
         node: GraphNode,
         out: &mut Vec<GraphNode>,
     ) -> Result<(), BackendError> {
+        let Some(&(stream, capture)) = self.known_nodes.get(&node.0) else {
+            return Err(BackendError::Other(format!(
+                "graph node {:#x} was not read from a capture by this backend",
+                node.0
+            )));
+        };
+        if self.read_capture(stream)? != Some(capture) {
+            // The capture ended: its graph may be gone, and its nodes with it.
+            self.known_nodes.retain(|_, &mut (_, c)| c != capture);
+            return Err(BackendError::Other(format!(
+                "graph node {:#x} belongs to capture {capture}, which has ended",
+                node.0
+            )));
+        }
         driver::bind(&self.ctx)?;
         self.nodes.clear();
-        // SAFETY: the engine asks only about nodes of a capture underway:
-        // a frontier `frontier` just returned, or a dependency of one; the
-        // capture's graph lives until the capture ends, after which no node
-        // of it is asked about (the engine forgets them with the capture).
+        // SAFETY: `node` was read from capture `capture`, which is still
+        // underway on `stream` (checked just above), and a capturing graph
+        // keeps its nodes until the capture ends.
         unsafe { driver::graph_node_dependencies(node.0, &mut self.nodes) }?;
+        for &n in &self.nodes {
+            self.known_nodes.insert(n, (stream, capture));
+        }
         out.extend(self.nodes.iter().map(|&n| GraphNode(n)));
         Ok(())
     }

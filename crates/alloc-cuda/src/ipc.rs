@@ -11,7 +11,7 @@
 //!   of a segment has the same size, so one page size describes them, as
 //!   PyTorch's `'e'` handle requires.
 
-use alloc_core::{AllocError, BlockState};
+use alloc_core::{AllocError, BlockState, Policy};
 
 use crate::allocator::CudaAllocator;
 use crate::error::CudaError;
@@ -64,7 +64,10 @@ impl SharedRange {
 /// The live block containing `ptr` in `engine`: `(address, size)`, `None`
 /// when no segment of this allocator contains `ptr`, an error when the
 /// memory there is not allocated.
-fn live_block(engine: &crate::CudaEngine, ptr: u64) -> Result<Option<(u64, u64, bool)>, CudaError> {
+fn live_block<P: Policy>(
+    engine: &crate::CudaEngine<P>,
+    ptr: u64,
+) -> Result<Option<(u64, u64, bool)>, CudaError> {
     let heap = engine.heap();
     let Some(seg) = heap.segment_containing(ptr) else {
         return Ok(None);
@@ -84,7 +87,7 @@ fn live_block(engine: &crate::CudaEngine, ptr: u64) -> Result<Option<(u64, u64, 
     }
 }
 
-impl CudaAllocator {
+impl<P: Policy> CudaAllocator<P> {
     /// The memory shared with another process for the live block that
     /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
     /// in memory of this allocator.

@@ -2,27 +2,37 @@
 //!
 //! ## Items
 //!
-//! Nothing here loads `libcuda` until an allocator is created.
+//! Nothing here loads `libcuda` until an allocator or backend is created.
 //!
 //! - [`CudaMemory`]: segments from `cuMemAlloc` / `cuMemFree` in the primary
-//!   context of a device; capacity and free bytes from `cuMemGetInfo`.
+//!   context of a device; capacity and free bytes from `cuMemGetInfo`. It
+//!   frees, unmaps and releases only what it allocated, mapped or reserved.
 //! - [`CudaStreams`]: the engine's stream backend over CUDA events, taken from
 //!   a pool ([`EventPool`]) of `CU_EVENT_DISABLE_TIMING` events; `synchronize`
 //!   is `cuEventSynchronize`, `make_stream_wait` is `cuStreamWaitEvent`.
-//! - [`CudaAllocator`]: the thread-safe handle (`Send + Sync`, cheap to clone):
-//!   a `Mutex<Engine>` per allocator, held only for the engine call. One
-//!   process-wide allocator per device is created on first use by
+//!   Only streams registered with it reach the driver.
+//! - [`StreamHandle`]: a stream the allocator may use, from a cudarc stream
+//!   (an `Arc` the allocator holds while it may use the stream) or from a raw
+//!   `CUstream` through the `unsafe` [`StreamHandle::from_raw`]. Stream
+//!   arguments accept `&Arc<CudaStream>` or `&StreamHandle` ([`AsStream`]).
+//! - [`CudaAllocator<P>`]: the thread-safe handle (`Send + Sync`, cheap to
+//!   clone): a `Mutex` around the engine per allocator, held only for the
+//!   engine call. The policy `P` is [`AnyPolicy`] (chosen by `policy:`) or
+//!   one of your own ([`CudaAllocator::with_policy`]). One process-wide
+//!   allocator per device is created on first use by
 //!   [`CudaAllocator::global`]; independent ones by [`CudaAllocator::new`].
 //! - [`DeviceBuffer<T>`]: a typed buffer owning one block, freed back to the
-//!   allocator when dropped; it implements cudarc's `DeviceSlice`,
-//!   `DevicePtr` and `DevicePtrMut` (so `CudaStream::memcpy_htod` / `dtoh`
-//!   take it) and is a kernel argument of `LaunchArgs`.
+//!   allocator when dropped (and only then: [`CudaAllocator::free`] refuses
+//!   its block, and no two live buffers overlap); it implements cudarc's
+//!   `DeviceSlice`, `DevicePtr` and `DevicePtrMut` (so
+//!   `CudaStream::memcpy_htod` / `dtoh` take it) and is a kernel argument of
+//!   `LaunchArgs`.
 //!
-//! Streams are identified by the raw `CUstream` value ([`StreamId`]; `0` is
-//! the legacy default stream). A block is reused only on its allocation
-//! stream, unless the streams recorded with `record_stream` are proven done
-//! (event polled at the next `malloc`) or, with `stream_wait_reuse:true`,
-//! made to wait on those events.
+//! The engine names streams by their raw `CUstream` value ([`StreamId`];
+//! `0` is the legacy default stream). A block is reused only on its
+//! allocation stream, unless the streams recorded with `record_stream` are
+//! proven done (event polled at the next `malloc`) or, with
+//! `stream_wait_reuse:true`, made to wait on those events.
 //!
 //! Expandable segments (`expandable_segments:True`) grow one segment per
 //! stream and pool on the driver's virtual-memory API: see [`vmm`].
@@ -39,16 +49,35 @@
 //! [`CudaAllocator::export_pages`] exports those pages as POSIX file
 //! descriptors.
 //!
-//! All `unsafe` code sits at the CUDA boundary, each block with its
-//! `// SAFETY:` reason: the driver calls of the private `driver` module; the
-//! cudarc trait implementations of [`DeviceBuffer`] (`buffer.rs`); event
-//! records, stream waits and capture-graph reads on raw streams and graph
-//! nodes (`events.rs`); and the raw-stream
-//! entry points of [`CudaAllocator`] (`malloc_on_stream_id`,
-//! `malloc_in_pool_on_stream_id`, `record_stream_id`), `unsafe fn`s whose
-//! callers vouch that the stream is a live stream of the device; the
-//! pinned host blocks' byte views (`pinned.rs`) and the backup copies of
-//! sleep tags (`sleep.rs`).
+//! ## Where `unsafe` is
+//!
+//! All of it sits at the CUDA boundary, each block with its `// SAFETY:`
+//! reason. No safe call hands the driver a stream that was not registered
+//! from a [`StreamHandle`], nor frees memory the crate did not allocate:
+//!
+//! - the private `driver` module (`driver.rs`): every raw driver call, each
+//!   in a small function (those taking a raw stream, graph node or memory,
+//!   `event_record`, `stream_wait_event`, `stream_capture_info`,
+//!   `graph_node_dependencies`, `memset_d8_async` and the host/device
+//!   copies, are `unsafe fn`s themselves), the look-up of the driver's
+//!   capture-graph symbols, and `Send` for the event and pinned-memory
+//!   handles;
+//! - `events.rs`: [`CudaStreams`] records events on, makes wait and reads
+//!   the captures of streams it checked to be registered, and reads the
+//!   dependencies of graph nodes it read itself from a capture it checked
+//!   to be still underway;
+//! - `pinned.rs`: [`PinnedBuffer`]'s byte views of its own pinned block, the
+//!   zeroing of a new block, and events recorded on the streams it holds
+//!   handles of;
+//! - `sleep.rs`: the copies of a pausing or resuming tag's live blocks to
+//!   and from pinned host memory;
+//! - `buffer.rs`: [`DeviceBuffer`]'s memset on its own block and stream,
+//!   and its `PushKernelArg` implementations for cudarc's launch builder;
+//! - `unsafe fn`s of the API, whose callers vouch for what the crate cannot
+//!   check: [`StreamHandle::from_raw`] (a raw stream's context and lifetime),
+//!   [`CudaAllocator::with_engine`] (no block of a live [`DeviceBuffer`]
+//!   freed through the engine) and [`CudaAllocator::set_pool_source`] (a
+//!   pool's segments are device memory of the device).
 
 #![warn(missing_docs)]
 
@@ -64,6 +93,7 @@ compile_error!(
 
 mod allocator;
 mod buffer;
+mod buffer_ranges;
 mod driver;
 mod error;
 mod events;
@@ -72,6 +102,7 @@ mod memory;
 mod observer;
 mod pinned;
 mod sleep;
+mod stream;
 pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
@@ -83,16 +114,20 @@ pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
 pub use pinned::{pinned_block_size, HostCache, PinnedBuffer, PinnedPool, PinnedStats};
 pub use sleep::Tag;
+pub use stream::{AsStream, StreamHandle};
 pub use vmm::SharedPages;
 
+/// The engine and its seams, for writing a policy of one's own.
+pub use alloc_core;
 pub use alloc_core::{
     Allocation, AllocatorConfig, Backup, PauseReport, ResumeReport, Snapshot, Stats, StreamId,
     TagInfo,
 };
+pub use alloc_policy::AnyPolicy;
 pub use cudarc;
 
-/// The engine type behind a [`CudaAllocator`].
-pub type CudaEngine = alloc_core::Engine<alloc_policy::AnyPolicy, CudaMemory, CudaStreams>;
+/// The engine type behind a [`CudaAllocator`] running policy `P`.
+pub type CudaEngine<P = AnyPolicy> = alloc_core::Engine<P, CudaMemory, CudaStreams>;
 
 /// The raw stream id of a cudarc stream (the `CUstream` pointer value).
 pub fn stream_id(stream: &cudarc::driver::CudaStream) -> StreamId {

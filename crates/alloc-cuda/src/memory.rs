@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use alloc_core::{BackendError, DetachPages, MemoryBackend, VirtualMemory};
 use cudarc::driver::CudaContext;
+use rustc_hash::FxHashMap;
 
 use crate::driver;
 use crate::error::CudaError;
@@ -13,16 +14,44 @@ use crate::vmm::{SharedPages, VmmMappings};
 /// Segments of one device's primary context. Capacity is read once
 /// (`cuMemGetInfo`'s total); free bytes are read on demand (OOM reports).
 /// Growable ranges for expandable segments go through [`VmmMappings`].
+///
+/// The backend frees, unmaps and releases only memory it allocated, mapped
+/// or reserved itself (anything else is an error before any driver call),
+/// so driving it from safe code cannot free memory it does not own.
+///
+/// ```no_run
+/// use alloc_core::{MemoryBackend, MIB};
+/// use alloc_cuda::{cudarc::driver::CudaContext, CudaMemory};
+///
+/// let ctx = CudaContext::new(0)?;
+/// let mut memory = CudaMemory::new(ctx)?;
+/// let segment = memory.allocate(2 * MIB)?; // cuMemAlloc
+/// assert!(memory.free(segment + 512, 2 * MIB).is_err()); // not a segment of it
+/// memory.free(segment, 2 * MIB)?; // cuMemFree
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct CudaMemory {
     ctx: Arc<CudaContext>,
     capacity: u64,
+    /// Segments from `cuMemAlloc`: address -> size.
+    segments: FxHashMap<u64, u64>,
     vmm: VmmMappings,
     observer: ObserverSlot,
 }
 
 impl CudaMemory {
-    pub(crate) fn new(ctx: Arc<CudaContext>, observer: ObserverSlot) -> Result<Self, CudaError> {
+    /// The memory backend of `ctx`'s device (one `cuMemGetInfo` and the
+    /// virtual-memory granularity are read now).
+    pub fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
+        Self::with_observer(ctx, ObserverSlot::default())
+    }
+
+    /// [`CudaMemory::new`] reporting its segment events to `observer`.
+    pub(crate) fn with_observer(
+        ctx: Arc<CudaContext>,
+        observer: ObserverSlot,
+    ) -> Result<Self, CudaError> {
         driver::bind(&ctx)?;
         let (_, total) = driver::mem_get_info()?;
         let device = ctx.ordinal() as i32;
@@ -42,6 +71,7 @@ impl CudaMemory {
         Ok(CudaMemory {
             ctx,
             capacity: total,
+            segments: FxHashMap::default(),
             vmm: VmmMappings::new(device, granularity, shareable),
             observer,
         })
@@ -84,13 +114,20 @@ impl MemoryBackend for CudaMemory {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
         let addr = driver::mem_alloc(size)?;
+        self.segments.insert(addr, size);
         self.report(SegmentAction::Alloc, addr, size);
         Ok(addr)
     }
 
     fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
+        if self.segments.get(&addr) != Some(&size) {
+            return Err(BackendError::Other(format!(
+                "free of {size} bytes at {addr:#x}: not a segment of this backend"
+            )));
+        }
         driver::bind(&self.ctx)?;
         driver::mem_free(addr)?;
+        self.segments.remove(&addr);
         self.report(SegmentAction::Free, addr, size);
         Ok(())
     }

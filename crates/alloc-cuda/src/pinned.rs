@@ -13,12 +13,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use alloc_core::StreamId;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaContext;
 
 use crate::driver::{self, HostPtr, RawEvent};
 use crate::error::{driver_error, CudaError};
 use crate::events::EventPool;
+use crate::stream::{stream_ref, AsStream, StreamHandle};
 
 const MIB: u64 = 1 << 20;
 
@@ -284,20 +284,20 @@ impl PinnedPool {
     /// Takes a block back, reusable once events recorded now on `users`
     /// complete. A failed record keeps the block out of reuse (a leak, never
     /// a hazard).
-    fn give_back(&self, ptr: HostPtr, bytes: u64, users: &[StreamId]) {
+    fn give_back(&self, ptr: HostPtr, bytes: u64, users: &[StreamHandle]) {
         let Ok(mut st) = self.state() else { return };
         let mut recorded = Vec::with_capacity(users.len());
         if !users.is_empty() && driver::bind(&self.ctx).is_err() {
             return;
         }
-        for &stream in users {
+        for stream in users {
             let Ok(event) = st.events.acquire(driver::event_create) else {
                 return;
             };
-            // SAFETY: `stream` was given by a `&CudaStream` kept alive by
-            // the buffer, or vouched for by the caller of
-            // `record_stream_id`, until this free.
-            match unsafe { driver::event_record(&event, stream.0) } {
+            // SAFETY: the handle holds a cudarc stream alive, or its
+            // creator vouched (`StreamHandle::from_raw`) that the raw stream
+            // lives while it is used.
+            match unsafe { driver::event_record(&event, stream.id().0) } {
                 Ok(()) => recorded.push(event),
                 Err(_) => {
                     st.events.release(event);
@@ -330,9 +330,10 @@ pub struct PinnedBuffer {
     ptr: Option<HostPtr>,
     len: usize,
     bytes: u64,
-    /// Streams that used it: its reuse waits for their work queued before
-    /// the drop.
-    users: Vec<StreamId>,
+    /// Streams that used it (kept alive until the drop has recorded its
+    /// events on them): its reuse waits for their work queued before the
+    /// drop.
+    users: Vec<StreamHandle>,
     pool: Arc<PinnedPool>,
 }
 
@@ -382,24 +383,13 @@ impl PinnedBuffer {
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), len) }
     }
 
-    /// Declares that work queued on `stream` uses the buffer (an async
-    /// copy): its reuse after the drop waits for that work.
-    pub fn record_stream(&mut self, stream: &CudaStream) {
-        self.record_stream_raw(crate::stream_id(stream));
-    }
-
-    /// [`PinnedBuffer::record_stream`] for a raw `CUstream`.
-    ///
-    /// # Safety
-    /// `stream` is `0` or a live stream that outlives the buffer's drop
-    /// (an event is recorded on it then).
-    pub unsafe fn record_stream_id(&mut self, stream: StreamId) {
-        self.record_stream_raw(stream);
-    }
-
-    fn record_stream_raw(&mut self, stream: StreamId) {
-        if !self.users.contains(&stream) {
-            self.users.push(stream);
+    /// Declares that work queued on `stream` (a cudarc stream, kept alive
+    /// until the drop, or a [`StreamHandle`]) uses the buffer, an async copy
+    /// for instance: its reuse after the drop waits for that work.
+    pub fn record_stream<S: AsStream + ?Sized>(&mut self, stream: &S) {
+        let stream = stream_ref(stream);
+        if !self.users.iter().any(|u| u.id() == stream.id()) {
+            self.users.push(stream.to_handle());
         }
     }
 }

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use alloc_core::{BackendError, Backup, PauseReport, PoolId, ResumeReport, TagInfo};
+use alloc_core::{BackendError, Backup, PauseReport, Policy, PoolId, ResumeReport, TagInfo};
+use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 
 use crate::allocator::CudaAllocator;
@@ -17,6 +18,7 @@ use crate::buffer::{DeviceBuffer, Plain};
 use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::pinned::{PinnedBuffer, PinnedPool};
+use crate::stream::AsStream;
 
 /// The host copy of a paused tag: one pinned buffer with every saved block
 /// at its offset (one host allocation per pause, reused from the pinned
@@ -59,14 +61,23 @@ pub(crate) struct SleepState {
 /// assert_eq!(cache.device_address(), addr);
 /// # Ok::<(), alloc_cuda::CudaError>(())
 /// ```
-#[derive(Clone)]
-pub struct Tag {
-    alloc: CudaAllocator,
+pub struct Tag<P: Policy = AnyPolicy> {
+    alloc: CudaAllocator<P>,
     name: Arc<str>,
     pool: PoolId,
 }
 
-impl std::fmt::Debug for Tag {
+impl<P: Policy> Clone for Tag<P> {
+    fn clone(&self) -> Self {
+        Tag {
+            alloc: self.alloc.clone(),
+            name: self.name.clone(),
+            pool: self.pool,
+        }
+    }
+}
+
+impl<P: Policy> std::fmt::Debug for Tag<P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tag")
             .field("name", &self.name)
@@ -75,7 +86,7 @@ impl std::fmt::Debug for Tag {
     }
 }
 
-impl Tag {
+impl<P: Policy> Tag<P> {
     /// The tag's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -87,18 +98,13 @@ impl Tag {
     }
 
     /// The allocator.
-    pub fn allocator(&self) -> &CudaAllocator {
+    pub fn allocator(&self) -> &CudaAllocator<P> {
         &self.alloc
     }
 
     /// [`CudaAllocator::malloc`] from the tag's pool; fails while paused.
-    pub fn malloc(&self, size: u64, stream: &CudaStream) -> Result<u64, CudaError> {
-        let id = self.alloc.check_stream(stream)?;
-        // SAFETY: `stream` is a live cudarc stream of this device's context.
-        unsafe {
-            self.alloc
-                .malloc_in_pool_on_stream_id(size, id, Some(self.pool))
-        }
+    pub fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
+        self.alloc.malloc_in_pool(size, stream, Some(self.pool))
     }
 
     /// [`CudaAllocator::alloc`] from the tag's pool.
@@ -106,7 +112,7 @@ impl Tag {
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc.alloc_block(len, stream, Some(self.pool))
     }
 
@@ -115,7 +121,7 @@ impl Tag {
         &self,
         len: usize,
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc.alloc_zeros_in(len, stream, Some(self.pool))
     }
 
@@ -124,7 +130,7 @@ impl Tag {
         &self,
         data: &[T],
         stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T>, CudaError> {
+    ) -> Result<DeviceBuffer<T, P>, CudaError> {
         self.alloc.alloc_from_host_in(data, stream, Some(self.pool))
     }
 
@@ -153,11 +159,11 @@ fn copy_failed(e: CudaError) -> BackendError {
     BackendError::Other(format!("backup copy: {e}"))
 }
 
-impl CudaAllocator {
+impl<P: Policy> CudaAllocator<P> {
     /// The sleep tag `name`, created on first use: allocations through the
     /// returned handle go to its private pool (growable segments on the
     /// driver's virtual-memory API, whatever `expandable_segments` says).
-    pub fn tag(&self, name: &str) -> Result<Tag, CudaError> {
+    pub fn tag(&self, name: &str) -> Result<Tag<P>, CudaError> {
         let pool = self.engine()?.tag_pool(name)?;
         Ok(Tag {
             alloc: self.clone(),

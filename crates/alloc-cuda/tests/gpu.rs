@@ -3,50 +3,20 @@
 //! libcuda. Run them with `cargo xtask test-gpu` (or its `--bundle` on the
 //! GPU machine): `--ignored --test-threads=1`.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
 
 use alloc_core::{human_bytes, AllocError, GIB, KIB, MIB};
-use alloc_cuda::cudarc::driver::CudaStream;
 use alloc_cuda::{CudaAllocator, CudaError, DeviceBuffer};
 use common::{
-    allocator, launch_spin_copy, new_stream, spin_copy_kernel, under_sanitizer, word_pattern,
+    allocator, assert_drained, launch_spin_copy, new_stream, pattern, spin_copy_kernel,
+    under_sanitizer, word_pattern,
 };
 
 /// How long the cross-stream kernel spins before it reads its input.
 const SPIN: Duration = Duration::from_millis(100);
-
-/// Everything freed, cache emptied, nothing reserved, invariants hold.
-fn assert_drained(alloc: &CudaAllocator) {
-    assert_eq!(
-        alloc.allocated_bytes().unwrap(),
-        0,
-        "blocks still allocated"
-    );
-    alloc.empty_cache().unwrap();
-    assert_eq!(alloc.awaiting_events().unwrap(), 0);
-    assert_eq!(
-        alloc.reserved_bytes().unwrap(),
-        0,
-        "segments still reserved"
-    );
-    alloc.validate().unwrap().unwrap();
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 32) as u8
-        })
-        .collect()
-}
 
 const SIZES: &[usize] = &[
     1,
@@ -379,76 +349,6 @@ fn out_of_memory_reports_capacity_and_memory_fraction_limits_reserved() {
         free0.abs_diff(free1) <= 8 * MIB,
         "device free bytes not back to the start: {free0} -> {free1}"
     );
-}
-
-#[test]
-#[ignore = "needs a GPU: cargo xtask test-gpu"]
-fn eight_threads_allocate_and_free_concurrently_on_several_streams() {
-    const THREADS: usize = 8;
-    const ITERS: usize = if cfg!(debug_assertions) { 100 } else { 300 };
-    let alloc = allocator("");
-    let streams: Vec<Arc<CudaStream>> = (0..4).map(|_| new_stream(&alloc)).collect();
-    let t0 = Instant::now();
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let alloc = alloc.clone();
-            let streams = &streams;
-            scope.spawn(move || {
-                let stream = &streams[t % streams.len()];
-                let other = &streams[(t + 1) % streams.len()];
-                let mut rng = (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                let mut live: VecDeque<(DeviceBuffer<u8>, u8)> = VecDeque::new();
-                let check = |buf: &DeviceBuffer<u8>, value: u8| {
-                    let back = buf.copy_to_host().unwrap();
-                    if let Some(i) = back.iter().position(|&b| b != value) {
-                        panic!(
-                            "thread {t}: byte {i} of {} is {:#x}, expected {value:#x}",
-                            back.len(),
-                            back[i]
-                        );
-                    }
-                };
-                for i in 0..ITERS {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    let u = (rng >> 11) as f64 / (1u64 << 53) as f64;
-                    // log-uniform 512 B .. 2 MiB
-                    let size =
-                        (512f64.ln() + u * ((2u64 << 20) as f64 / 512.0).ln()).exp() as usize;
-                    let value = ((t * 37 + i) % 255) as u8 + 1;
-                    let mut buf = alloc.alloc::<u8>(size, stream).unwrap();
-                    buf.fill_bytes(value).unwrap(); // cuMemsetD8Async on this thread's stream
-                    if i % 7 == 0 {
-                        buf.record_stream(other).unwrap();
-                    }
-                    live.push_back((buf, value));
-                    if live.len() > 8 {
-                        let (old, v) = live.pop_front().unwrap();
-                        check(&old, v);
-                    }
-                }
-                for (buf, v) in live {
-                    check(&buf, v);
-                }
-            });
-        }
-    });
-    let stats = alloc.stats().unwrap();
-    println!(
-        "{THREADS} threads x {ITERS} allocations on {} streams in {:.2} s: peak allocated {}, \
-         peak reserved {}, device allocs {}, events {:?}",
-        streams.len(),
-        t0.elapsed().as_secs_f64(),
-        human_bytes(stats.allocated_bytes.all.peak as u64),
-        human_bytes(stats.reserved_bytes.all.peak as u64),
-        stats.num_device_alloc,
-        alloc.event_pool_stats().unwrap()
-    );
-    for s in &streams {
-        s.synchronize().unwrap();
-    }
-    assert_drained(&alloc);
 }
 
 #[test]

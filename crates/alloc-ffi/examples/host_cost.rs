@@ -7,7 +7,7 @@
 //! Rows: the engine on the simulated device (no lock), the same behind a
 //! `Mutex` (one lock per call), the engine of a real `CudaAllocator` driven
 //! inside one `with_engine` lock (real addresses and CUDA backends, no
-//! per-call lock), `CudaAllocator::malloc_on_stream_id` / `free` (one lock
+//! per-call lock), `CudaAllocator::malloc` / `free` (one lock
 //! per call), and the C entry points `gpualloc_malloc` / `gpualloc_free`.
 
 use std::hint::black_box;
@@ -138,12 +138,14 @@ fn main() {
     }
     CudaAllocator::configure_global(&conf).unwrap();
     let a = CudaAllocator::global(0).unwrap();
-    // SAFETY: the engine only gets stream 0, the legacy default stream.
+    let stream = a.context().default_stream(); // the legacy default stream, id 0
+                                               // SAFETY: `f` frees only blocks it allocated itself (no DeviceBuffer's).
     let row = unsafe {
         a.with_engine(|eng| {
+            let id = eng.streams_mut().register(&stream).unwrap();
             let eng = std::cell::RefCell::new(eng);
             measure(
-                &mut |s| eng.borrow_mut().malloc(s, StreamId(0)).unwrap().addr,
+                &mut |s| eng.borrow_mut().malloc(s, id).unwrap().addr,
                 &mut |p| eng.borrow_mut().free(p).unwrap(),
             )
         })
@@ -152,11 +154,9 @@ fn main() {
     print("CUDA engine, one lock around all", &row);
     print(
         "CudaAllocator (lock per call)",
-        &measure(
-            // SAFETY: stream 0, the legacy default stream.
-            &mut |s| unsafe { a.malloc_on_stream_id(s, StreamId(0)) }.unwrap(),
-            &mut |p| a.free(p).unwrap(),
-        ),
+        &measure(&mut |s| a.malloc(s, &stream).unwrap(), &mut |p| {
+            a.free(p).unwrap()
+        }),
     );
     print(
         "C entry points gpualloc_malloc/free",

@@ -55,7 +55,10 @@ extern "C" {
  * of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the
  * message in gpualloc_last_error(); size 0 returns NULL with no error (the block
  * would have no address; PyTorch never frees a NULL data pointer). The first call
- * on a device creates its allocator, with GPUALLOC_CONF read once per process. */
+ * on a device creates its allocator, with GPUALLOC_CONF read once per process.
+ * `stream` (NULL: the legacy default stream) must be a stream of `device` that
+ * lives as long as the allocator holds blocks allocated on it, cached ones included
+ * (until gpualloc_empty_cache); PyTorch's streams always do. */
 void* gpualloc_malloc(ssize_t size, int device, cudaStream_t stream);
 
 /* Frees a block from gpualloc_malloc (the free function of CUDAPluggableAllocator).

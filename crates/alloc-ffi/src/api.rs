@@ -74,7 +74,10 @@ pub const API: &[ApiFn] = &[
               of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the\n\
               message in gpualloc_last_error(); size 0 returns NULL with no error (the block\n\
               would have no address; PyTorch never frees a NULL data pointer). The first call\n\
-              on a device creates its allocator, with GPUALLOC_CONF read once per process.",
+              on a device creates its allocator, with GPUALLOC_CONF read once per process.\n\
+              `stream` (NULL: the legacy default stream) must be a stream of `device` that\n\
+              lives as long as the allocator holds blocks allocated on it, cached ones included\n\
+              (until gpualloc_empty_cache); PyTorch's streams always do.",
     },
     ApiFn {
         ret: "void",

@@ -62,8 +62,8 @@ mod state;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use alloc_core::{AllocError, PoolId, StreamId};
-use alloc_cuda::{CudaAllocator, CudaError};
+use alloc_core::{AllocError, PoolId};
+use alloc_cuda::{CudaAllocator, CudaError, StreamHandle};
 
 pub use advise::gpualloc_advise;
 pub use checkpoint::{
@@ -185,11 +185,13 @@ fn malloc_in(
         )));
     }
     let alloc = state::allocator(device)?;
-    let stream = StreamId(stream as usize as u64);
     // SAFETY: the stream comes from the caller (PyTorch's current stream of
-    // `device`, or 0): a live stream of the device's primary context, as the
-    // pluggable-allocator contract implies.
-    match unsafe { alloc.malloc_in_pool_on_stream_id(size as u64, stream, pool) } {
+    // `device`, or 0): a stream of the device's primary context that lives
+    // as long as the allocator holds anything of it, as the header demands
+    // (PyTorch never destroys the streams of its pools).
+    let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
+    let stream = handle.id();
+    match alloc.malloc_in_pool(size as u64, &handle, pool) {
         Ok(addr) => {
             if snapshot::recording() {
                 snapshot::record(device as usize, "alloc", addr, size as u64, stream.0, None);
@@ -497,7 +499,8 @@ pub extern "C" fn gpualloc_record_stream(
         };
         // SAFETY: the caller promises the stream outlives the block's free
         // (documented in the header), as with Tensor.record_stream.
-        Ok(unsafe { alloc.record_stream_id(addr, StreamId(stream as usize as u64)) }?)
+        let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
+        Ok(alloc.record_stream(addr, &handle)?)
     })
 }
 

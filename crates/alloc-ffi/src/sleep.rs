@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::{Mutex, MutexGuard};
 
 use alloc_core::{AllocError, Backup, TagInfo};
-use alloc_cuda::{CudaAllocator, CudaError, PinnedBuffer, PinnedPool};
+use alloc_cuda::{CudaAllocator, CudaError, PinnedBuffer, PinnedPool, StreamHandle};
 
 use crate::state::{self, CtxGuard, FfiError, FfiResult};
 use crate::{c_str, call_int, call_ptr, named_pool, CudaStream};
@@ -261,7 +261,7 @@ pub extern "C" fn gpualloc_host_record_stream(ptr: *mut c_void, stream: CudaStre
         };
         // SAFETY: the caller promises the stream outlives the buffer's free
         // (documented in the header), as with Tensor.record_stream.
-        unsafe { buf.record_stream_id(alloc_core::StreamId(stream as usize as u64)) };
+        buf.record_stream(&unsafe { StreamHandle::from_raw(stream.cast()) });
         Ok(())
     })
 }

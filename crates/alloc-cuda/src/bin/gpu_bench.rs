@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use alloc_core::{human_bytes, KIB, MIB};
 use alloc_cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
-use alloc_cuda::{stream_id, CudaAllocator};
+use alloc_cuda::CudaAllocator;
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
@@ -52,9 +52,7 @@ impl Backend for OursCrossStream {
     #[inline]
     fn alloc(&mut self, size: usize) -> BoxResult<u64> {
         let p = self.alloc.malloc(size as u64, &self.stream)?;
-        // SAFETY: `other` is a live stream of the allocator's context, kept
-        // alive by `self` beyond every free of this benchmark.
-        unsafe { self.alloc.record_stream_id(p, stream_id(&self.other)) }?;
+        self.alloc.record_stream(p, &self.other)?;
         Ok(p)
     }
     #[inline]

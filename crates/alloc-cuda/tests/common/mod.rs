@@ -2,10 +2,11 @@
 //! loaded with cuModuleLoadData), patterns, allocators and streams.
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::ffi::c_void;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use alloc_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use alloc_cuda::cudarc::driver::{result, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use alloc_cuda::cudarc::nvrtc::Ptx;
 use alloc_cuda::{CudaAllocator, DeviceBuffer};
 
@@ -137,4 +138,120 @@ pub fn spin_copy_kernel(alloc: &CudaAllocator) -> CudaFunction {
         .load_module(Ptx::from_src(SPIN_COPY_PTX))
         .expect("loading the spin_copy PTX");
     module.load_function("spin_copy").expect("spin_copy")
+}
+
+/// Everything freed, cache emptied, nothing reserved, invariants hold, and
+/// no stream held any more.
+pub fn assert_drained(alloc: &CudaAllocator) {
+    assert_eq!(
+        alloc.allocated_bytes().unwrap(),
+        0,
+        "blocks still allocated"
+    );
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(
+        alloc.reserved_bytes().unwrap(),
+        0,
+        "segments still reserved"
+    );
+    alloc.validate().unwrap().unwrap();
+    assert_eq!(
+        alloc.inspect(|e| e.streams().registered()).unwrap(),
+        0,
+        "streams still held with nothing of them cached"
+    );
+}
+
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 32) as u8
+        })
+        .collect()
+}
+
+/// A gate in a stream's queue: work queued on the stream after
+/// [`StreamGate::close`] waits until [`StreamGate::open`] (or the gate is
+/// dropped). Deterministic where a spinning kernel is only likely to be
+/// still running (compute-sanitizer may serialise launches). While it is
+/// closed, nothing may wait on the host for the stream (a stream or event
+/// synchronize, a `cuMemFree`): such a wait ends only when the gate gives
+/// up after [`GATE_LIMIT`], which [`StreamGate::open`] reports as a failure.
+pub struct StreamGate {
+    state: Arc<GateState>,
+}
+
+/// How long a closed gate holds its stream at most.
+pub const GATE_LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct GateState {
+    /// (opened, gave up waiting)
+    flags: Mutex<(bool, bool)>,
+    changed: Condvar,
+}
+
+/// The host function [`StreamGate::close`] queues: blocks its stream until
+/// the gate opens, or [`GATE_LIMIT`] has passed.
+unsafe extern "C" fn wait_for_gate(arg: *mut c_void) {
+    // SAFETY: `arg` is the `Arc` that `close` leaked with `Arc::into_raw`
+    // for this one call, taken back here once.
+    let gate = unsafe { Arc::from_raw(arg as *const GateState) };
+    let deadline = std::time::Instant::now() + GATE_LIMIT;
+    let mut flags = gate.flags.lock().unwrap_or_else(|p| p.into_inner());
+    while !flags.0 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            flags.1 = true;
+            return;
+        }
+        flags = gate
+            .changed
+            .wait_timeout(flags, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+}
+
+impl StreamGate {
+    /// Queues a closed gate on `stream`.
+    pub fn close(stream: &CudaStream) -> Self {
+        let state = Arc::new(GateState::default());
+        let arg = Arc::into_raw(state.clone()) as *mut c_void;
+        stream.context().bind_to_thread().expect("cuCtxSetCurrent");
+        // SAFETY: the stream is live (borrowed); the host function makes no
+        // CUDA call and takes back the `Arc` it is given, once.
+        unsafe { result::stream::launch_host_function(stream.cu_stream(), wait_for_gate, arg) }
+            .expect("cuLaunchHostFunc");
+        StreamGate { state }
+    }
+
+    /// Lets the stream's queue run on; fails if the gate had already given
+    /// up (something waited on the host for the gated stream).
+    pub fn open(&self) {
+        let gave_up = self.release();
+        assert!(
+            !gave_up,
+            "the gate gave up after {GATE_LIMIT:?}: something waited for the gated stream"
+        );
+    }
+
+    /// Opens the gate; whether it had given up.
+    fn release(&self) -> bool {
+        let mut flags = self.state.flags.lock().unwrap_or_else(|p| p.into_inner());
+        flags.0 = true;
+        self.state.changed.notify_all();
+        flags.1
+    }
+}
+
+impl Drop for StreamGate {
+    fn drop(&mut self) {
+        self.release(); // never leave a stream blocked, even on a failed assertion
+    }
 }

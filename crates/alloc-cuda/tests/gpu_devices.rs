@@ -1,0 +1,219 @@
+//! GPU tests of several allocators in one process: two per device (on a
+//! machine with one GPU, the second instance on device 0 stands in for a
+//! second device), used at once from their own threads, each refusing the
+//! others' pointers and streams; device ordinals out of range; streams of
+//! another context. `#[ignore]`d like the rest of the GPU suite:
+//! `cargo xtask test-gpu` runs them (`--ignored --test-threads=1`).
+
+mod common;
+
+use std::sync::Arc;
+
+use alloc_core::{AllocError, AllocatorConfig, KIB, MIB};
+use alloc_cuda::cudarc::driver::{CudaContext, CudaStream};
+use alloc_cuda::{AnyPolicy, CudaAllocator, CudaError, DeviceBuffer, MAX_DEVICES};
+use common::{assert_drained, new_stream, pattern};
+
+fn device_count() -> usize {
+    CudaContext::device_count().expect("cuDeviceGetCount") as usize
+}
+
+/// Whether `e` is the engine's unknown-pointer error.
+fn unknown_pointer(e: &CudaError) -> bool {
+    matches!(e, CudaError::Alloc(AllocError::UnknownPointer { .. }))
+}
+
+/// One allocator with its stream, a typed buffer holding `data` and a raw
+/// block.
+struct Instance {
+    alloc: CudaAllocator,
+    stream: Arc<CudaStream>,
+    buf: DeviceBuffer<u8>,
+    data: Vec<u8>,
+    raw: u64,
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn allocators_of_one_process_keep_their_blocks_apart() {
+    let count = device_count();
+    // Two independent allocators per device.
+    let allocs: Vec<CudaAllocator> = (0..count)
+        .flat_map(|d| [d, d])
+        .map(|d| CudaAllocator::new(d, &AllocatorConfig::default()).unwrap())
+        .collect();
+    println!("{count} device(s): {} allocators", allocs.len());
+    assert!(!allocs[0].same_allocator(&allocs[1]));
+
+    // All at once, each from its own thread: allocate, fill, check, free.
+    std::thread::scope(|scope| {
+        for (i, alloc) in allocs.iter().enumerate() {
+            scope.spawn(move || {
+                let stream = new_stream(alloc);
+                for k in 0..100usize {
+                    let data = pattern(64 * KIB as usize * (1 + k % 8) + k, (i * 1000 + k) as u64);
+                    let buf = alloc.alloc_from_host(&data, &stream).unwrap();
+                    assert_eq!(
+                        buf.copy_to_host().unwrap(),
+                        data,
+                        "allocator {i}, round {k}"
+                    );
+                }
+            });
+        }
+    });
+
+    // Then side by side: a buffer and a raw block in each.
+    let instances: Vec<Instance> = allocs
+        .iter()
+        .enumerate()
+        .map(|(i, alloc)| {
+            let stream = new_stream(alloc);
+            let data = pattern(3 * MIB as usize, 77 + i as u64);
+            let buf = alloc.alloc_from_host(&data, &stream).unwrap();
+            let raw = alloc.malloc(MIB, &stream).unwrap();
+            Instance {
+                alloc: alloc.clone(),
+                stream,
+                buf,
+                data,
+                raw,
+            }
+        })
+        .collect();
+    for (i, a) in instances.iter().enumerate() {
+        let own = a.buf.device_address();
+        // Its own buffer's block: only dropping the buffer frees it.
+        let e = a.alloc.free(own).unwrap_err();
+        assert!(matches!(e, CudaError::OwnedByBuffer { .. }), "{e}");
+        for (j, b) in instances.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            // Unified addressing: no two allocators' blocks overlap.
+            let (b_lo, b_hi) = (b.buf.device_address(), b.buf.device_address() + 3 * MIB);
+            assert!(
+                own + 3 * MIB <= b_lo || b_hi <= own,
+                "allocators {i} and {j} overlap"
+            );
+            // The other allocator knows none of this one's pointers.
+            for ptr in [own, a.raw] {
+                assert!(b.alloc.allocation(ptr).unwrap().is_none());
+                assert!(unknown_pointer(&b.alloc.free(ptr).unwrap_err()));
+                let e = b.alloc.record_stream(ptr, &b.stream).unwrap_err();
+                assert!(unknown_pointer(&e), "{e}");
+            }
+            // A stream of another device is refused (none on one GPU).
+            if a.alloc.ordinal() != b.alloc.ordinal() {
+                let e = b.alloc.malloc(MIB, &a.stream).unwrap_err();
+                assert!(matches!(e, CudaError::WrongContext { .. }), "{e}");
+                let e = b.alloc.record_stream(b.raw, &a.stream).unwrap_err();
+                assert!(matches!(e, CudaError::WrongContext { .. }), "{e}");
+            }
+        }
+        assert!(a.alloc.allocation(a.raw).unwrap().is_some());
+        assert_eq!(
+            a.buf.copy_to_host().unwrap(),
+            a.data,
+            "allocator {i}'s data"
+        );
+        assert_eq!(
+            a.alloc.allocated_bytes().unwrap(),
+            4 * MIB,
+            "allocator {i} counts its own blocks only"
+        );
+    }
+    println!("cross-allocator frees and record_stream refused; every buffer intact");
+    for Instance {
+        alloc, buf, raw, ..
+    } in instances
+    {
+        drop(buf);
+        alloc.free(raw).unwrap();
+        assert_drained(&alloc);
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn device_ordinals_out_of_range_are_errors() {
+    let count = device_count();
+    let default = AllocatorConfig::default();
+    let out_of_range = |e: CudaError, ordinal: usize| {
+        assert!(
+            matches!(e, CudaError::InvalidDevice { ordinal: o, count: c } if o == ordinal && c == count),
+            "device {ordinal}: {e}"
+        );
+    };
+    out_of_range(CudaAllocator::new(count, &default).unwrap_err(), count);
+    out_of_range(
+        CudaAllocator::with_config_str(count + 7, "expandable_segments:True").unwrap_err(),
+        count + 7,
+    );
+    let policy = AnyPolicy::from_config(&default).unwrap();
+    out_of_range(
+        CudaAllocator::with_policy(count, policy, &default).unwrap_err(),
+        count,
+    );
+    if count < MAX_DEVICES {
+        out_of_range(CudaAllocator::global(count).unwrap_err(), count);
+    }
+    out_of_range(CudaAllocator::global(MAX_DEVICES).unwrap_err(), MAX_DEVICES);
+    out_of_range(CudaAllocator::global(usize::MAX).unwrap_err(), usize::MAX);
+    println!(
+        "{count} device(s): ordinals {count}, {}, {MAX_DEVICES} and usize::MAX refused",
+        count + 7
+    );
+}
+
+/// cudarc binds `cuCtxCreate` (non-primary contexts) up to CUDA 13.1.
+#[cfg(not(any(
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040",
+    feature = "cuda-version-from-build-system"
+)))]
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn streams_of_another_context_are_refused() {
+    use alloc_cuda::{CudaStreams, StreamHandle};
+
+    let alloc = CudaAllocator::with_config_str(0, "").unwrap();
+    let stream = new_stream(&alloc);
+    let mut buf = alloc.alloc::<u8>(4096, &stream).unwrap();
+    buf.fill_bytes(9).unwrap();
+    let raw = alloc.malloc(MIB, &stream).unwrap();
+
+    let foreign_ctx = CudaContext::new_non_primary(0, 0).unwrap();
+    let foreign = foreign_ctx.new_stream().unwrap();
+    let wrong = |e: CudaError| {
+        assert!(
+            matches!(e, CudaError::WrongContext { ordinal: 0 }),
+            "expected WrongContext, got {e}"
+        );
+    };
+    wrong(alloc.malloc(MIB, &foreign).unwrap_err());
+    wrong(alloc.alloc::<u8>(16, &foreign).unwrap_err());
+    wrong(buf.record_stream(&foreign).unwrap_err());
+    wrong(
+        alloc
+            .record_stream(raw, &StreamHandle::new(&foreign))
+            .unwrap_err(),
+    );
+    let mut streams = CudaStreams::new(alloc.context().clone());
+    wrong(streams.register(&foreign).unwrap_err());
+    assert_eq!(streams.registered(), 0);
+    assert_eq!(
+        alloc.allocated_bytes().unwrap(),
+        MIB + 4096,
+        "nothing allocated by the refused calls"
+    );
+    drop((foreign, foreign_ctx));
+
+    // The allocator is unharmed.
+    assert!(buf.copy_to_host().unwrap().iter().all(|&b| b == 9));
+    drop(buf);
+    alloc.free(raw).unwrap();
+    println!("a stream of a non-primary context on device 0: WrongContext on every path");
+    assert_drained(&alloc);
+}
