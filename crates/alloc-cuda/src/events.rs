@@ -274,7 +274,12 @@ impl CudaStreams {
 /// error before any driver call.
 impl CaptureGraph for CudaStreams {
     fn frontier(&mut self, stream: StreamId) -> Result<Option<CaptureFrontier>, BackendError> {
-        let Some(capture) = self.read_capture(stream)? else {
+        let capture = self.read_capture(stream)?;
+        // A stream takes part in one capture at a time: nodes read from it
+        // for another capture belong to one that ended.
+        self.known_nodes
+            .retain(|_, &mut (s, c)| s != stream || Some(c) == capture);
+        let Some(capture) = capture else {
             return Ok(None);
         };
         for &n in &self.nodes {

@@ -11,9 +11,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use alloc_core::{PoolId, StreamId};
+use alloc_core::PoolId;
 use alloc_cuda::cudarc::driver::{result, sys, CudaFunction, CudaStream};
 use alloc_cuda::CudaAllocator;
 use common::{allocator, launch_spin_copy_raw, new_stream, spin_copy_kernel, word_pattern};
@@ -24,13 +25,8 @@ const BYTES: u64 = (WORDS * 4) as u64;
 const GRAPH: PoolId = (41, 0);
 
 /// Allocates a block for `stream` in the graph's pool.
-fn empty(alloc: &CudaAllocator, stream: &CudaStream) -> u64 {
-    // SAFETY: the stream outlives every block of the test (it is dropped
-    // after they are freed).
-    unsafe {
-        alloc.malloc_in_pool_on_stream_id(BYTES, StreamId(stream.cu_stream() as u64), Some(GRAPH))
-    }
-    .unwrap()
+fn empty(alloc: &CudaAllocator, stream: &Arc<CudaStream>) -> u64 {
+    alloc.malloc_in_pool(BYTES, stream, Some(GRAPH)).unwrap()
 }
 
 /// Copies `src` to `dst` on `stream`, after spinning for `spin`.
@@ -85,8 +81,7 @@ fn a_block_freed_during_a_capture_is_reused_after_the_join_never_before() {
         s2.join(&s1).unwrap();
         let buf2 = empty(&alloc, &s2);
         copy(&s2, &kernel, data1, buf2, Duration::from_millis(20));
-        // SAFETY: s2 outlives the block.
-        unsafe { alloc.record_stream_id(data1, StreamId(s2.cu_stream() as u64)) }.unwrap();
+        alloc.record_stream(data1, &s2).unwrap();
         alloc.free(data1).unwrap();
         // Before the join: written on s1 while s2 may still read data1.
         let data2 = empty(&alloc, &s1);

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use alloc_core::{AllocatorConfig, MemoryBackend, StreamBackend, StreamId, MIB};
+use alloc_core::{AllocatorConfig, GraphNode, MemoryBackend, StreamBackend, StreamId, MIB};
 use alloc_cuda::cudarc::driver::{CudaContext, CudaStream};
 use alloc_cuda::{stream_id, CudaAllocator, CudaMemory, CudaStreams, DeviceBuffer, StreamHandle};
 use alloc_policy::AnyPolicy;
@@ -202,6 +202,18 @@ fn only_registered_streams_reach_the_driver() {
     streams.make_stream_wait(id, &event).unwrap();
     streams.synchronize(&event).unwrap();
     streams.release(event);
+    // Capture graphs: only registered streams, and only graph nodes read
+    // from a capture still underway, reach the driver.
+    let graph = streams
+        .capture_graph()
+        .expect("this driver reads capture graphs (CUDA 12.3 and later)");
+    let e = graph.frontier(BOGUS).unwrap_err();
+    assert!(e.to_string().contains("not registered"), "{e}");
+    assert_eq!(graph.frontier(id).unwrap(), None, "S is not capturing");
+    let e = graph
+        .dependencies(GraphNode(0xdead_beef), &mut Vec::new())
+        .unwrap_err();
+    assert!(e.to_string().contains("was not read from a capture"), "{e}");
 
     // The memory backend frees only its own segments.
     let mut memory = CudaMemory::new(ctx.clone()).unwrap();

@@ -36,7 +36,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// ```
     pub fn streams_in_use(&self) -> BTreeSet<StreamId> {
         let segments = self.heap.segments().map(|(_, seg)| seg.stream);
-        let recorded = self.uses.values().flatten().copied();
+        let recorded = self
+            .events
+            .users()
+            .flat_map(|(_, users)| users.iter().copied());
         segments.chain(recorded).collect()
     }
 }
