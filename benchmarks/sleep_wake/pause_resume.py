@@ -2,10 +2,12 @@
 machine's pinned copy bandwidth measured in the same run, and the memory given back and taken
 again as cuMemGetInfo sees it. For gpualloc (gpu_alloc.region / pause / resume through the C++
 bridge) and, when importable, torch_memory_saver (its region / pause / resume, hook_mode
-"torch"), each case in a process of its own (an allocator is chosen once per process).
+"torch"; "tms_retain" with its retain_cpu_backup, host backup only), each case in a process of
+its own (an allocator is chosen once per process).
 
     GPUALLOC_SO=gpu-bundle/lib/liballoc_ffi.so python3 benchmarks/sleep_wake/pause_resume.py \\
-        [--sizes-gib 1,4,16] [--cycles 5] [--impls gpualloc,tms] [--tms-path DIR] [--out FILE]
+        [--sizes-gib 1,4,16] [--cycles 5] [--impls gpualloc,tms,tms_retain] [--tms-path DIR] \\
+        [--out FILE]
 
 Each case allocates SIZE GiB in one tag as tensors of 256 MiB and 1 MiB + 4 KiB (a KV cache
 and weights of assorted sizes), fills them, then pauses and resumes CYCLES times, timing each
@@ -91,18 +93,30 @@ class Gpualloc:
         t = [t for t in self.g.tags() if t["name"] == "bench"][0]
         return {"tag": t, "pinned_pool": self.g.host_stats()}
 
+    def leave(self):
+        """The process ends normally."""
+
 
 class TorchMemorySaver:
-    """torch_memory_saver, hook_mode "torch" (a CUDAPluggableAllocator in a MemPool)."""
+    """torch_memory_saver, hook_mode "torch": its region() routes allocations to a MemPool of
+    its own whose CUDAPluggableAllocator maps each segment with cuMemCreate + cuMemMap; pause and
+    resume are the same C++ calls (TorchMemorySaver::pause / resume) as in hook_mode "preload",
+    which instead needs LD_PRELOAD set before the process starts (and, in 0.0.10, the directory
+    of pip's libcudart.so.13 on LD_LIBRARY_PATH: its hook library has no RUNPATH)."""
 
     name = "tms"
 
-    def __init__(self, backup):
+    def __init__(self, backup, retain_cpu_backup=False):
         from torch_memory_saver import torch_memory_saver
 
-        torch_memory_saver.hook_mode = "torch"
+        torch_memory_saver.hook_mode = "torch"  # before the first region: it builds the hook
+        if retain_cpu_backup:
+            # The host copies outlive resume and serve the next pause, instead of a
+            # cudaMallocHost per allocation at every pause and a cudaFreeHost at every resume.
+            torch_memory_saver.retain_cpu_backup = True
         self.t = torch_memory_saver
         self.backup = backup
+        self.retain_cpu_backup = retain_cpu_backup
 
     def region(self):
         return self.t.region(tag="bench", enable_cpu_backup=self.backup == "host")
@@ -114,12 +128,41 @@ class TorchMemorySaver:
         self.t.resume("bench")
 
     def details(self):
-        import torch_memory_saver
+        from importlib.metadata import version
 
-        return {"version": getattr(torch_memory_saver, "__version__", "unknown")}
+        return {"version": version("torch_memory_saver"), "hook_mode": "torch",
+                "retain_cpu_backup": self.retain_cpu_backup}
+
+    def leave(self):
+        """Ends the process without tearing the interpreter down. The region's MemPool lives in
+        torch_memory_saver's singleton until then, and its destructor gives the pool's segments
+        back through tms_torch_free outside any region, which torch_memory_saver refuses with
+        exit(1) ("only support interesting region", csrc/entrypoint.cpp), after the result was
+        printed; its own tests judge hook_mode "torch" runs by their result, not the exit
+        status, for that reason."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
-IMPLS = {"gpualloc": Gpualloc, "tms": TorchMemorySaver}
+IMPLS = {
+    "gpualloc": Gpualloc,
+    "tms": TorchMemorySaver,
+    "tms_retain": lambda backup: TorchMemorySaver(backup, retain_cpu_backup=True),
+}
+# Implementations that only differ from another one with a host backup.
+HOST_BACKUP_ONLY = {"tms_retain"}
+
+
+def cases(impls, backups, sizes_gib):
+    """The (implementation, backup, GiB) cases of a run, in order; an unknown implementation
+    is an error, and a host-backup-only one skips the other backups."""
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        raise ValueError("unknown implementation %s (known: %s)"
+                         % (", ".join(unknown), ", ".join(IMPLS)))
+    return [(impl, backup, gib) for impl in impls for backup in backups for gib in sizes_gib
+            if backup == "host" or impl not in HOST_BACKUP_ONLY]
 
 
 def child(impl_name, backup, size_gib, cycles):
@@ -176,6 +219,7 @@ def child(impl_name, backup, size_gib, cycles):
     }
     result.update(impl.details())
     print("RESULT " + json.dumps(result), flush=True)
+    impl.leave()
 
 
 def summarize(r):
@@ -205,7 +249,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-gib", default="1,4,16")
     ap.add_argument("--cycles", type=int, default=5)
-    ap.add_argument("--impls", default="gpualloc,tms")
+    ap.add_argument("--impls", default="gpualloc,tms",
+                    help="from %s" % ",".join(IMPLS))
     ap.add_argument("--backups", default="none,host")
     ap.add_argument("--tms-path", default=os.path.join(HERE, "site"),
                     help="a folder with torch_memory_saver installed (pip install --target)")
@@ -219,24 +264,28 @@ def main():
     env = dict(os.environ)
     if os.path.isdir(args.tms_path):
         env["PYTHONPATH"] = args.tms_path + os.pathsep + env.get("PYTHONPATH", "")
+    try:
+        todo = cases(args.impls.split(","), args.backups.split(","), args.sizes_gib.split(","))
+    except ValueError as e:
+        ap.error(str(e))
     results, summary = [], []
-    for impl in args.impls.split(","):
-        for backup in args.backups.split(","):
-            for gib in args.sizes_gib.split(","):
-                cmd = [sys.executable, __file__, "--child", impl, backup, gib, str(args.cycles)]
-                r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
-                lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-                if r.returncode != 0 or not lines:
-                    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-                    out = {"impl": impl, "backup": backup, "gib": float(gib),
-                           "failed": "exit %d: %s" % (r.returncode, " | ".join(tail))}
-                    print(json.dumps(out), flush=True)
-                    results.append(out)
-                    continue
-                res = json.loads(lines[-1][len("RESULT "):])
-                print(json.dumps(res), flush=True)
-                results.append(res)
-                summary.append(summarize(res))
+    for impl, backup, gib in todo:
+        cmd = [sys.executable, __file__, "--child", impl, backup, gib, str(args.cycles)]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1200)
+        lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+        res = json.loads(lines[-1][len("RESULT "):]) if lines else None
+        if r.returncode != 0 or res is None:
+            tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+            # A failure after the result (in the process's teardown) still fails the case.
+            when = " after its result" if res is not None else ""
+            out = {"impl": impl, "backup": backup, "gib": float(gib),
+                   "failed": "exit %d%s: %s" % (r.returncode, when, " | ".join(tail))}
+            print(json.dumps(out), flush=True)
+            results.append(out)
+            continue
+        print(json.dumps(res), flush=True)
+        results.append(res)
+        summary.append(summarize(res))
     print(json.dumps({"summary": summary}, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -38,6 +38,20 @@ class PauseResume(unittest.TestCase):
         r["backup"] = "none"
         self.assertNotIn("pause_vs_pinned_d2h", pause_resume.summarize(r))
 
+    def test_cases_in_order_with_the_retaining_variant_only_under_host_backup(self):
+        todo = pause_resume.cases(["gpualloc", "tms_retain", "tms"], ["none", "host"], ["1", "4"])
+        self.assertEqual(todo, [
+            ("gpualloc", "none", "1"), ("gpualloc", "none", "4"),
+            ("gpualloc", "host", "1"), ("gpualloc", "host", "4"),
+            ("tms_retain", "host", "1"), ("tms_retain", "host", "4"),
+            ("tms", "none", "1"), ("tms", "none", "4"),
+            ("tms", "host", "1"), ("tms", "host", "4"),
+        ])
+
+    def test_an_unknown_implementation_is_refused_before_any_case_runs(self):
+        with self.assertRaisesRegex(ValueError, "unknown implementation vllm"):
+            pause_resume.cases(["gpualloc", "vllm"], ["none"], ["1"])
+
 
 class Colocation(unittest.TestCase):
     def run_of(self, mode, peak, tokens, losses):
