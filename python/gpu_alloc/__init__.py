@@ -366,12 +366,14 @@ def build_bridge(verbose=False):
 
 
 def _torch_backend_requested():
-    """The allocator backend PYTORCH_CUDA_ALLOC_CONF names (``backend:cudaMallocAsync``),
-    or None."""
-    for option in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").split(","):
-        key, _, value = option.partition(":")
-        if key.strip() == "backend" and value.strip() and value.strip() != "native":
-            return value.strip()
+    """(variable, backend) when PyTorch's allocator configuration (PYTORCH_ALLOC_CONF or
+    PYTORCH_CUDA_ALLOC_CONF) names another backend (``backend:cudaMallocAsync``), else
+    None."""
+    for var in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        for option in os.environ.get(var, "").split(","):
+            key, _, value = option.partition(":")
+            if key.strip() == "backend" and value.strip() and value.strip() != "native":
+                return var, value.strip()
     return None
 
 
@@ -408,12 +410,12 @@ def enable(config=None, so_path=None, bridge=None):
             % (_enabled_with[1],)
         )
 
-    backend = _torch_backend_requested()
-    if backend is not None:
+    requested = _torch_backend_requested()
+    if requested is not None:
+        var, backend = requested
         raise GpuAllocError(
-            "PYTORCH_CUDA_ALLOC_CONF asks for PyTorch's %r allocator backend, which "
-            "gpu_alloc.enable() would replace: remove backend:%s from it to use gpualloc"
-            % (backend, backend)
+            "%s asks for PyTorch's %r allocator backend, which gpu_alloc.enable() would "
+            "replace: remove backend:%s from it to use gpualloc" % (var, backend, backend)
         )
 
     import torch

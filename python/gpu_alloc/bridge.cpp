@@ -88,6 +88,7 @@ struct Api {
   int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
   int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
   int (*update_settings)(const char*);
+  int (*empty_pool_cache)(int, uint64_t, uint64_t);
   char* (*settings_text)();
 };
 
@@ -353,8 +354,12 @@ class Bridge : public CUDAAllocator {
   // While an allocation routing is open (a capture, or use_mem_pool on any
   // thread) the library frees nothing; PyTorch calls this from destructors
   // too, so that case is a warning, not an exception.
-  void emptyCache(MempoolId_t /*mempool_id*/) override {
-    int code = api.empty_cache(-1);
+  // A pool's id (a MemPool being destroyed) empties that pool's cache only,
+  // as PyTorch does; {0, 0} empties everything.
+  void emptyCache(MempoolId_t mempool_id) override {
+    const bool whole = mempool_id.first == 0 && mempool_id.second == 0;
+    int code = whole ? api.empty_cache(-1)
+                     : api.empty_pool_cache(-1, mempool_id.first, mempool_id.second);
     if (code == kErrInvalid) {
       TORCH_WARN_ONCE("gpu_alloc: empty_cache freed nothing: ", last_error());
       return;
@@ -956,6 +961,7 @@ void install(const std::string& library_path) {
   resolve(lib, "gpualloc_block_segment", api.block_segment);
   resolve(lib, "gpualloc_export_pages", api.export_pages);
   resolve(lib, "gpualloc_update_settings", api.update_settings);
+  resolve(lib, "gpualloc_empty_pool_cache", api.empty_pool_cache);
   resolve(lib, "gpualloc_settings_text", api.settings_text);
   check(api.set_segment_callback(&on_segment_event), "set_segment_callback");
   // PyTorch's settings are parsed (and an invalid PYTORCH_CUDA_ALLOC_CONF

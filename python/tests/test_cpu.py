@@ -366,6 +366,10 @@ class Library(unittest.TestCase):
                 with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
                     gpu_alloc.enable()
                 self.assertIn("backend:cudaMallocAsync", str(cm.exception))
+            with mock.patch.dict(os.environ, {"PYTORCH_ALLOC_CONF": "backend:cudaMallocAsync"}):
+                with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
+                    gpu_alloc.enable()
+                self.assertIn("PYTORCH_ALLOC_CONF", str(cm.exception))
             self.assertEqual(calls, [])
             with mock.patch.dict(os.environ, {"PYTORCH_CUDA_ALLOC_CONF": "backend:native"}):
                 gpu_alloc.enable()

@@ -378,6 +378,31 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         result
     }
 
+    /// Returns the idle segments of the private pool `pool` to the device,
+    /// after waiting for all outstanding events, and nothing else: PyTorch's
+    /// `emptyCache(mempool_id)`, which a `MemPool` calls as it is destroyed.
+    /// A pool still held (a graph replays into it) keeps its segments.
+    pub fn empty_pool_cache(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        if self.pools.capture_underway() {
+            return Err(AllocError::InvalidArgument(
+                "empty_cache of a pool during a CUDA graph capture (or while allocations go \
+                 to a private pool): it would free device memory and wait on streams"
+                    .into(),
+            ));
+        }
+        let result = self.synchronize_events().and_then(|()| {
+            let idle: Vec<SegmentId> = self
+                .heap
+                .segments()
+                .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
+                .map(|(id, _)| id)
+                .collect();
+            self.release_segments(&idle)
+        });
+        self.heap.settle();
+        result
+    }
+
     /// Limits reserved memory to `fraction` of the device capacity (0: no
     /// new segment at all, as PyTorch allows).
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {

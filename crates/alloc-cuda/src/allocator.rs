@@ -466,6 +466,12 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(self.engine()?.release_pool(pool)?)
     }
 
+    /// Returns the idle segments of the private pool `pool` to the driver,
+    /// and nothing else (see [`alloc_core::Engine::empty_pool_cache`]).
+    pub fn empty_pool_cache(&self, pool: PoolId) -> Result<(), CudaError> {
+        Ok(self.engine()?.empty_pool_cache(pool)?)
+    }
+
     /// Reports every later segment allocation, free, mapping and unmapping
     /// of this allocator to `observer` (`None` stops it). The observer runs
     /// with the allocator's lock held and must not call back into it.

@@ -159,6 +159,12 @@ int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second)
  * returns NULL when out of memory. */
 int gpualloc_set_pool_allocator(int device, uint64_t first, uint64_t second, gpualloc_pool_alloc_fn alloc, gpualloc_pool_free_fn free, void* ctx);
 
+/* Waits for pending cross-stream events, then returns the idle segments of this
+ * private pool, and only those, to the driver (PyTorch's emptyCache(mempool_id),
+ * called as a MemPool is destroyed). A pool still held keeps them. device -1:
+ * every device in use. */
+int gpualloc_empty_pool_cache(int device, uint64_t pool_first, uint64_t pool_second);
+
 /* Makes a private pool hand out whole blocks, never split (MemPool(no_split=True)):
  * each allocation takes a whole cached block or a new segment. Refused with
  * expandable segments and with policy:size-class. */

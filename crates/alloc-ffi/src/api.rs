@@ -279,6 +279,19 @@ pub const API: &[ApiFn] = &[
     },
     ApiFn {
         ret: "int",
+        name: "gpualloc_empty_pool_cache",
+        params: &[
+            ("int", "device"),
+            ("uint64_t", "pool_first"),
+            ("uint64_t", "pool_second"),
+        ],
+        doc: "Waits for pending cross-stream events, then returns the idle segments of this\n\
+              private pool, and only those, to the driver (PyTorch's emptyCache(mempool_id),\n\
+              called as a MemPool is destroyed). A pool still held keeps them. device -1:\n\
+              every device in use.",
+    },
+    ApiFn {
+        ret: "int",
         name: "gpualloc_set_pool_no_split",
         params: &[
             ("int", "device"),

@@ -386,6 +386,20 @@ pub extern "C" fn gpualloc_release_pool(device: c_int, first: u64, second: u64) 
     on_pool(device, first, second, CudaAllocator::release_pool)
 }
 
+/// Returns one private pool's idle segments to the driver; see
+/// `include/gpualloc.h`.
+#[no_mangle]
+pub extern "C" fn gpualloc_empty_pool_cache(device: c_int, first: u64, second: u64) -> c_int {
+    call_int(|| {
+        let pool = named_pool(first, second)?;
+        let _ctx = CtxGuard::save_if_driver_loaded();
+        for (_, alloc) in state::targets(device)? {
+            alloc.empty_pool_cache(pool)?;
+        }
+        Ok(())
+    })
+}
+
 /// Makes a private pool hand out whole blocks, never split.
 #[no_mangle]
 pub extern "C" fn gpualloc_set_pool_no_split(device: c_int, first: u64, second: u64) -> c_int {
