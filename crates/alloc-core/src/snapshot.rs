@@ -63,6 +63,10 @@ pub struct SegmentSnapshot {
     pub requested_size: u64,
     /// Blocks in address order.
     pub blocks: Vec<BlockSnapshot>,
+    /// Whether the segment grows on the virtual-memory API (expandable
+    /// segments, a sleep tag's pool); a segment from a pool's own source or
+    /// from before expandable segments were turned on does not.
+    pub is_expandable: bool,
     /// The private pool (CUDA graph, `MemPool`) owning the segment, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub private_pool: Option<PoolId>,
@@ -134,6 +138,7 @@ impl Snapshot {
                         |b| b.requested_size,
                     ),
                     blocks,
+                    is_expandable: seg.expandable,
                     private_pool: pools.pool_of(seg.key()),
                     tag: None,
                     paused: false,

@@ -613,8 +613,7 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
     let conf_text = state::config_text();
     for (d, alloc) in &targets {
         let snap = alloc.snapshot()?;
-        let expandable = alloc.inspect(|e| e.expandable())?;
-        segments.extend(snapshot::segments_of(*d, &snap, expandable));
+        segments.extend(snapshot::segments_of(*d, &snap));
         if settings.is_none() {
             let policy = alloc.policy_name()?;
             settings = Some(snapshot::settings_of(&conf_text, &alloc.config(), &policy));

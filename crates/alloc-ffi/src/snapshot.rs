@@ -133,7 +133,7 @@ fn state_name(s: SnapshotState) -> &'static str {
 }
 
 /// The segments of one device's engine snapshot in PyTorch's layout.
-pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySegment> {
+pub fn segments_of(device: usize, snap: &Snapshot) -> Vec<PySegment> {
     snap.segments
         .iter()
         .map(|s| PySegment {
@@ -146,8 +146,7 @@ pub fn segments_of(device: usize, snap: &Snapshot, expandable: bool) -> Vec<PySe
             stream: s.stream.0,
             segment_type: pool_name(s.segment_type),
             segment_pool_id: s.private_pool.map_or((0, 0), |(a, b)| (a as i64, b as i64)),
-            // A sleep tag's segments always grow.
-            is_expandable: expandable || s.tag.is_some(),
+            is_expandable: s.is_expandable,
             frames: Vec::new(),
             blocks: s
                 .blocks

@@ -107,7 +107,7 @@ fn snapshot_pickle_loads_in_python_with_pytorchs_structure() {
         device_free,
     };
     let py = PySnapshot {
-        segments: segments_of(0, &snap, false),
+        segments: segments_of(0, &snap),
         device_traces: vec![vec![
             entry("alloc", 512, None),
             entry("free_requested", 512, None),
@@ -151,7 +151,7 @@ fn snapshot_text_for_the_bridge_lists_every_segment_block_and_event() {
     e.end_allocate_to_pool((7, 0)).unwrap();
     let snap = e.snapshot();
     let py = PySnapshot {
-        segments: segments_of(0, &snap, false),
+        segments: segments_of(0, &snap),
         device_traces: vec![vec![TraceEntry {
             action: "alloc",
             addr: a.addr,

@@ -71,7 +71,13 @@ fn expandable_segments_turn_on_and_off() {
     assert!(e.expandable());
     let grown = e.malloc(30 * MIB, StreamId(1)).unwrap();
     let kinds = |e: &SimEngine| {
-        let mut k: Vec<bool> = e.heap().segments().map(|(_, s)| s.expandable).collect();
+        // As snapshots report them (PyTorch's `is_expandable`), per segment.
+        let mut k: Vec<bool> = e
+            .snapshot()
+            .segments
+            .iter()
+            .map(|s| s.is_expandable)
+            .collect();
         k.sort();
         k
     };
