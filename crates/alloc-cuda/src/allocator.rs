@@ -368,8 +368,11 @@ impl<P: Policy> CudaAllocator<P> {
     ///
     /// # Safety
     /// `f` must not free a block that a live [`crate::DeviceBuffer`] of
-    /// this allocator owns (`Engine::free` of its address): the buffer
-    /// would go on using memory handed out again.
+    /// this allocator owns (`Engine::free` of its address, or
+    /// `Engine::restore_pool` of its sleep tag's pool): the buffer would go
+    /// on using memory handed out again. A segment source it sets
+    /// (`Engine::set_pool_source`) must meet the contract of
+    /// [`CudaAllocator::set_pool_source`].
     pub unsafe fn with_engine<R>(
         &self,
         f: impl FnOnce(&mut CudaEngine<P>) -> R,

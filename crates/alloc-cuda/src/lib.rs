@@ -76,8 +76,9 @@
 //! - `unsafe fn`s of the API, whose callers vouch for what the crate cannot
 //!   check: [`StreamHandle::from_raw`] (a raw stream's context and lifetime),
 //!   [`CudaAllocator::with_engine`] (no block of a live [`DeviceBuffer`]
-//!   freed through the engine) and [`CudaAllocator::set_pool_source`] (a
-//!   pool's segments are device memory of the device).
+//!   freed through the engine, segment sources as below) and
+//!   [`CudaAllocator::set_pool_source`] (a pool's segments are device memory
+//!   of the device).
 
 #![warn(missing_docs)]
 
