@@ -206,6 +206,10 @@ impl Policy for PytorchBfc {
         allocation_size(req.size)
     }
 
+    // take_free, carve and insert_free run on every malloc and free: inlined
+    // into the engine through AnyPolicy, they save a call and its spills
+    // (2-4% of the instructions of a malloc+free, cachegrind, 2026-11-24).
+    #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         let max_split = self.settings.max_split_size;
         let max_rounding = self.settings.max_non_split_rounding;
@@ -230,6 +234,7 @@ impl Policy for PytorchBfc {
             .map(|e| e.id)
     }
 
+    #[inline]
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         if self.should_split(req.pool, heap.block(block).size, req.size) {
             let rest = heap.split(block, req.size);
@@ -238,6 +243,7 @@ impl Policy for PytorchBfc {
         block
     }
 
+    #[inline]
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         let free = &mut self.free;
         let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
