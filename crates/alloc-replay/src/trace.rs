@@ -190,13 +190,33 @@ pub fn parse_bytes_of(
     device: Option<usize>,
 ) -> Result<Trace, TraceError> {
     if bytes.starts_with(&GZIP_MAGIC) {
+        let limit = max_inflated(bytes.len());
         let mut plain = Vec::new();
         flate2::read::MultiGzDecoder::new(bytes)
+            .take(limit + 1)
             .read_to_end(&mut plain)
             .map_err(TraceError::Gzip)?;
+        if plain.len() as u64 > limit {
+            return Err(TraceError::Gzip(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} bytes inflate to more than {} MiB: a decompression bomb, not a trace",
+                    bytes.len(),
+                    limit >> 20
+                ),
+            )));
+        }
         return parse_plain(name, &plain, device);
     }
     parse_plain(name, bytes, device)
+}
+
+/// Most bytes `len` gzip'd bytes may inflate to: 64 times as many, and
+/// 16 MiB. Traces and snapshots compress about 4:1; far more is a
+/// decompression bomb (deflate reaches 1032:1), which would take memory out
+/// of all proportion to the file.
+fn max_inflated(len: usize) -> u64 {
+    (len as u64).saturating_mul(64).saturating_add(16 << 20)
 }
 
 /// Dispatches uncompressed content to the pickle or the text reader.
@@ -286,7 +306,8 @@ pub fn parse_text(name: &str, text: &str) -> Result<Trace, TraceError> {
             }
             op => {
                 return Err(err(format!(
-                    "unknown operation {op:?} (expected 'a', 'f' or a '#' comment)"
+                    "unknown operation {} (expected 'a', 'f' or a '#' comment)",
+                    quoted(op)
                 )))
             }
         }
@@ -329,11 +350,26 @@ fn expect_fields(fields: &[&str], want: usize, form: &str) -> Result<(), String>
     }
 }
 
+/// Longest part of a field an error message quotes.
+const QUOTED_CHARS: usize = 40;
+
+/// `field` quoted for an error message, cut after [`QUOTED_CHARS`]
+/// characters: a line of a binary file can be megabytes long.
+fn quoted(field: &str) -> String {
+    match field.char_indices().nth(QUOTED_CHARS) {
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &field[..cut], field.len()),
+        None => format!("{field:?}"),
+    }
+}
+
 /// Parses one non-negative integer field.
 fn parse_u64(field: &str, what: &str) -> Result<u64, String> {
-    field
-        .parse::<u64>()
-        .map_err(|e| format!("{what} {field:?} is not a non-negative integer ({e})"))
+    field.parse::<u64>().map_err(|e| {
+        format!(
+            "{what} {} is not a non-negative integer ({e})",
+            quoted(field)
+        )
+    })
 }
 
 #[cfg(test)]

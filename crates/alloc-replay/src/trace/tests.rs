@@ -500,3 +500,32 @@ fn memoized_lists_chained_in_reverse_order_are_refused() {
     let err = parse_pickle("chain", &p).unwrap_err();
     assert!(matches!(err, TraceError::Pickle(_)), "{err}");
 }
+
+#[test]
+fn a_gzip_bomb_is_refused_before_it_is_inflated() {
+    // 24 MiB of zeros in 24 KB: far past what any trace compresses to.
+    let bomb = gzip(&vec![0u8; 24 << 20]);
+    assert!(bomb.len() < 64 << 10);
+    let err = parse_bytes("bomb", &bomb).unwrap_err().to_string();
+    assert!(
+        err.contains("decompression bomb"),
+        "{}",
+        &err[..err.len().min(200)]
+    );
+    // The bundled traces inflate about 4:1.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../traces");
+    let small = std::fs::read(format!("{dir}/small_mlp.trace.gz")).unwrap();
+    assert!(parse_bytes("small_mlp", &small).is_ok());
+}
+
+#[test]
+fn errors_quote_at_most_the_start_of_a_long_field() {
+    // A megabyte-long first field (a binary file read as text) was quoted
+    // whole in the error.
+    let long = "x".repeat(1 << 20);
+    for text in [format!("{long} 1 2 3\n"), format!("a {long} 1 0\n")] {
+        let err = parse_text("t", &text).unwrap_err().to_string();
+        assert!(err.len() < 200, "{} bytes", err.len());
+        assert!(err.contains("(1048576 bytes)"), "{err}");
+    }
+}
