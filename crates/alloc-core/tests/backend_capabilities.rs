@@ -9,60 +9,59 @@ use alloc_core::{
 };
 use alloc_policy::AnyPolicy;
 
-/// The simulated device's segments without its virtual memory.
-struct PlainMemory(SimMemory);
+/// The simulated device with only some of its capabilities: virtual
+/// memory if `virtual_memory`, never page detaching.
+struct Restricted {
+    sim: SimMemory,
+    virtual_memory: bool,
+}
 
-impl MemoryBackend for PlainMemory {
-    fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        self.0.allocate(size)
-    }
-    fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.0.free(addr, size)
-    }
-    fn capacity(&self) -> u64 {
-        self.0.capacity()
-    }
-    fn free_bytes(&self) -> u64 {
-        self.0.free_bytes()
+impl Restricted {
+    fn new(virtual_memory: bool) -> Self {
+        Restricted {
+            sim: SimMemory::new(GIB),
+            virtual_memory,
+        }
     }
 }
 
-/// The simulated device with virtual memory but no page detaching.
-struct NoDetach(SimMemory);
-
-impl MemoryBackend for NoDetach {
+impl MemoryBackend for Restricted {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        self.0.allocate(size)
+        self.sim.allocate(size)
     }
     fn free(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.0.free(addr, size)
+        self.sim.free(addr, size)
     }
     fn capacity(&self) -> u64 {
-        self.0.capacity()
+        self.sim.capacity()
     }
     fn free_bytes(&self) -> u64 {
-        self.0.free_bytes()
+        self.sim.free_bytes()
     }
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
-        Some(self)
+        if self.virtual_memory {
+            Some(self)
+        } else {
+            None
+        }
     }
 }
 
-impl VirtualMemory for NoDetach {
+impl VirtualMemory for Restricted {
     fn granularity(&self) -> u64 {
-        self.0.granularity()
+        self.sim.granularity()
     }
     fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        self.0.reserve(size, page)
+        self.sim.reserve(size, page)
     }
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.0.map(addr, size)
+        self.sim.map(addr, size)
     }
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.0.unmap(addr, size)
+        self.sim.unmap(addr, size)
     }
     fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.0.release(addr, size)
+        self.sim.release(addr, size)
     }
 }
 
@@ -80,21 +79,21 @@ fn a_device_without_virtual_memory_gets_plain_segments() {
     let s = StreamId(0);
     let mut e = engine(
         "expandable_segments:True",
-        PlainMemory(SimMemory::new(GIB)),
+        Restricted::new(false),
         SimStreams::new(),
     );
     assert!(!e.expandable(), "no virtual memory: segments cannot grow");
     let a = e.malloc(3 * MIB, s).unwrap();
     // PyTorch's plain rule: a request below 10 MiB takes a 20 MiB segment.
     assert_eq!(e.stats().reserved_bytes.all.current, 20 * MIB as i64);
-    assert_eq!(e.memory().0.allocs, 1);
+    assert_eq!(e.memory().sim.allocs, 1);
     assert!(matches!(
         e.tag_pool("kv_cache"),
         Err(AllocError::InvalidArgument(msg)) if msg.contains("virtual memory")
     ));
     e.free(a.addr).unwrap();
     e.empty_cache().unwrap();
-    assert_eq!(e.memory().0.used(), 0);
+    assert_eq!(e.memory().sim.used(), 0);
     e.assert_valid();
 }
 
@@ -130,7 +129,7 @@ fn grow_over_busy_pages<M: MemoryBackend>(memory: M) -> (u64, i64) {
 fn busy_pages_move_only_where_the_backend_detaches_them() {
     let (moved, peak_detaching) = grow_over_busy_pages(SimMemory::new(GIB));
     assert!(moved > 0, "the simulated device detaches busy pages");
-    let (kept, peak_without) = grow_over_busy_pages(NoDetach(SimMemory::new(GIB)));
+    let (kept, peak_without) = grow_over_busy_pages(Restricted::new(true));
     assert_eq!(kept, 0, "no detaching: busy pages stay mapped");
     assert!(
         peak_without > peak_detaching,

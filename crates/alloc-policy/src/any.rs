@@ -82,16 +82,7 @@ impl AnyPolicy {
             "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
             other => return Err(refuse(other, &ALL_BASE_POLICIES)),
         };
-        if cfg.expandable_segments && !base.supports_growth() {
-            return Err(ConfigError::InvalidValue {
-                key: "expandable_segments".into(),
-                value: "true".into(),
-                reason: format!(
-                    "policy `{}` does not support growable segments",
-                    base.name()
-                ),
-            });
-        }
+        base.check_growth(cfg)?;
         #[cfg(feature = "size-class")]
         let slabs = matches!(base, AnyPolicy::SizeClass(_));
         #[cfg(not(feature = "size-class"))]
@@ -144,6 +135,23 @@ impl AnyPolicy {
     }
 }
 
+impl AnyPolicy {
+    /// Refuses `expandable_segments` for a policy without growable segments.
+    fn check_growth(&self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        if cfg.expandable_segments && !self.supports_growth() {
+            return Err(ConfigError::InvalidValue {
+                key: "expandable_segments".into(),
+                value: "true".into(),
+                reason: format!(
+                    "policy `{}` does not support growable segments",
+                    self.name()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Reaches whichever policy is inside, for [`forward_policy!`] (`ref` and
 /// `mut` calls alike: the match borrows as `self` is borrowed).
 macro_rules! dispatch {
@@ -165,16 +173,7 @@ impl Policy for AnyPolicy {
     /// Refuses growable segments for a policy without them, then hands the
     /// settings to the policy inside.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        if cfg.expandable_segments && !self.supports_growth() {
-            return Err(ConfigError::InvalidValue {
-                key: "expandable_segments".into(),
-                value: "true".into(),
-                reason: format!(
-                    "policy `{}` does not support growable segments",
-                    self.name()
-                ),
-            });
-        }
+        self.check_growth(cfg)?;
         dispatch!(mut self, p => p.reconfigure(cfg))
     }
     forward_policy!(dispatch; name, plan, segment_size, take_free, carve, insert_free,
