@@ -297,6 +297,19 @@ impl Heap {
         }
     }
 
+    /// A free arena slot for a block the caller writes; returns its id.
+    #[inline]
+    fn take_slot(&mut self) -> BlockId {
+        self.live_blocks += 1;
+        match self.vacant {
+            Some(id) => {
+                self.vacant = self.blocks[id.index()].next;
+                id
+            }
+            None => self.push_slot(VACANT),
+        }
+    }
+
     #[inline(never)]
     fn push_slot(&mut self, block: Block) -> BlockId {
         if self.blocks.is_empty() {
@@ -307,16 +320,16 @@ impl Heap {
         id
     }
 
-    /// Retires a block's slot; returns the block it held.
+    /// Retires a block's slot: its size becomes 0 (the mark of a retired
+    /// slot) and `next` links the retired slots; the other fields are left
+    /// as they were, never read again.
     #[inline]
-    fn retire_slot(&mut self, id: BlockId) -> Block {
+    fn retire_slot(&mut self, id: BlockId) {
         self.live_blocks -= 1;
-        let vacant = Block {
-            next: self.vacant,
-            ..VACANT
-        };
+        let slot = &mut self.blocks[id.index()];
+        slot.size = 0;
+        slot.next = self.vacant;
         self.vacant = Some(id);
-        std::mem::replace(&mut self.blocks[id.index()], vacant)
     }
 
     /// The tally of `pool`, marked as changed.
@@ -442,25 +455,34 @@ impl Heap {
 
     /// Splits a free block: it keeps its first `first_size` bytes and a new free
     /// block takes the rest; returns the new block.
+    #[inline]
     pub fn split(&mut self, id: BlockId, first_size: u64) -> BlockId {
+        let rest_id = self.take_slot();
+        // Field by field: a block copied whole right after some of its
+        // fields were written stalls on store forwarding.
         let b = &self.blocks[id.index()];
         debug_assert!(b.state == BlockState::Free && first_size > 0 && first_size < b.size);
-        let rest = Block {
-            addr: b.addr + first_size,
-            size: b.size - first_size,
-            requested: 0,
-            prev: Some(id),
-            tag: 0,
-            handed_out: false,
-            ..*b
-        };
-        let (whole, seg, pool) = (b.size, b.segment, b.pool);
-        let rest_id = self.alloc_slot(rest);
+        let (addr, whole, segment, next) = (b.addr, b.size, b.segment, b.next);
+        let (stream, private_pool, pool, freed_at) = (b.stream, b.private_pool, b.pool, b.freed_at);
+        let rest = &mut self.blocks[rest_id.index()];
+        rest.addr = addr + first_size;
+        rest.size = whole - first_size;
+        rest.requested = 0;
+        rest.segment = segment;
+        rest.prev = Some(id);
+        rest.next = next;
+        rest.state = BlockState::Free;
+        rest.stream = stream;
+        rest.private_pool = private_pool;
+        rest.pool = pool;
+        rest.tag = 0;
+        rest.freed_at = freed_at;
+        rest.handed_out = false;
         let b = &mut self.blocks[id.index()];
-        let old_next = b.next.replace(rest_id);
         b.size = first_size;
-        let segment = &mut self.segments[seg.index()];
-        match old_next {
+        b.next = Some(rest_id);
+        let segment = &mut self.segments[segment.index()];
+        match next {
             Some(n) => self.blocks[n.index()].prev = Some(rest_id),
             None => segment.last = rest_id,
         }
@@ -480,20 +502,23 @@ impl Heap {
 
     /// Merges the free block `id` with its free successor; the successor's id
     /// is retired and `id` grows to cover both.
+    #[inline]
     pub fn merge_next(&mut self, id: BlockId) {
         let next = self.blocks[id.index()]
             .next
             .expect("merge_next without successor");
         debug_assert!(self.block(id).state == BlockState::Free);
         debug_assert!(self.block(next).state == BlockState::Free);
-        let absorbed = self.retire_slot(next);
+        let absorbed = &self.blocks[next.index()];
+        let (size, after, freed_at) = (absorbed.size, absorbed.next, absorbed.freed_at);
+        self.retire_slot(next);
         let b = &mut self.blocks[id.index()];
-        b.size += absorbed.size;
-        b.next = absorbed.next;
-        b.freed_at = b.freed_at.max(absorbed.freed_at);
+        b.size += size;
+        b.next = after;
+        b.freed_at = b.freed_at.max(freed_at);
         let (merged, seg, pool) = (b.size, b.segment, b.pool);
         let segment = &mut self.segments[seg.index()];
-        match absorbed.next {
+        match after {
             Some(n) => self.blocks[n.index()].prev = Some(id),
             None => segment.last = id,
         }
