@@ -23,7 +23,9 @@ pub struct Entry {
     pub id: BlockId,
 }
 
-const SUB_BITS: u32 = 4;
+const SUB_BITS: u32 = 6;
+/// A second-level bitmap: one bit per sub-bin.
+type SubMask = u64;
 const SUBS: usize = 1 << SUB_BITS;
 /// Sizes below this share the first level (bins of 512 bytes).
 const LINEAR_LIMIT: u64 = 512 << SUB_BITS;
@@ -64,7 +66,7 @@ struct Bins {
     /// Bit `fl` set: some bin of first level `fl` is non-empty.
     first: u64,
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
-    second: [u16; LEVELS],
+    second: [SubMask; LEVELS],
     /// Entries of each bin, sorted by (size, address).
     bins: Box<[Vec<Entry>]>,
     len: usize,
@@ -87,7 +89,7 @@ impl Bins {
         if fl >= LEVELS {
             return None;
         }
-        let here = self.second[fl] & (u16::MAX << sl);
+        let here = self.second[fl] & (SubMask::MAX << sl);
         if here != 0 {
             return Some(fl * SUBS + here.trailing_zeros() as usize);
         }
@@ -192,7 +194,53 @@ pub struct FreeIndex {
     /// Bins per cache key.
     keys: PerKey<Bins>,
     /// The most recently inserted block, not in `keys`.
-    recent: Option<(CacheKey, Entry)>,
+    recent: Recent,
+}
+
+/// The one-entry cache of [`FreeIndex`], read and written field by field:
+/// emptying it writes the id alone, and a copy of the whole slot read right
+/// after such a narrow write waits for the store to drain (a
+/// store-forwarding stall on every alloc+free pair).
+#[derive(Debug, Clone, Copy, Default)]
+struct Recent {
+    /// The block, `None` when the slot is empty.
+    id: Option<BlockId>,
+    key: CacheKey,
+    size: u64,
+    addr: u64,
+}
+
+impl Recent {
+    #[inline(always)]
+    fn get(&self) -> Option<(CacheKey, Entry)> {
+        let id = self.id?;
+        Some((
+            self.key,
+            Entry {
+                size: self.size,
+                addr: self.addr,
+                id,
+            },
+        ))
+    }
+
+    #[inline(always)]
+    fn set(&mut self, key: CacheKey, size: u64, addr: u64, id: BlockId) {
+        self.id = Some(id);
+        self.key = key;
+        self.size = size;
+        self.addr = addr;
+    }
+
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.id = None;
+    }
+
+    #[inline(always)]
+    fn is_some(&self) -> bool {
+        self.id.is_some()
+    }
 }
 
 /// The order of the index within one cache key.
@@ -206,7 +254,7 @@ impl FreeIndex {
     /// `size` bytes.
     #[inline(always)]
     fn recent_fit(&self, key: CacheKey, size: u64) -> Option<Entry> {
-        match self.recent {
+        match self.recent.get() {
             Some((s, e)) if s == key && e.size >= size => Some(e),
             _ => None,
         }
@@ -215,17 +263,21 @@ impl FreeIndex {
     /// Adds a free block.
     #[inline]
     pub fn insert(&mut self, key: CacheKey, size: u64, addr: u64, id: BlockId) {
-        if let Some((s, older)) = self.recent.replace((key, Entry { size, addr, id })) {
-            self.keys.get_or_insert_with(s, Bins::new).insert(older);
+        if self.recent.is_some() {
+            self.keys
+                .get_or_insert_with(key, Bins::new)
+                .insert(Entry { size, addr, id });
+        } else {
+            self.recent.set(key, size, addr, id);
         }
     }
 
     /// Removes the block with this (key, size, address); returns it.
     #[inline]
     pub fn remove(&mut self, key: CacheKey, size: u64, addr: u64) -> Option<Entry> {
-        if let Some((s, e)) = self.recent {
+        if let Some((s, e)) = self.recent.get() {
             if s == key && rank(&e) == (size, addr) {
-                self.recent = None;
+                self.recent.clear();
                 return Some(e);
             }
         }
@@ -274,7 +326,7 @@ impl FreeIndex {
                 if !accept(&r) {
                     return None;
                 }
-                self.recent = None;
+                self.recent.clear();
                 Some(r)
             }
             (_, None) => None,
@@ -291,7 +343,7 @@ impl FreeIndex {
             .filter(|e| e.size < size)
             .copied()
             .collect();
-        if let Some((s, e)) = self.recent {
+        if let Some((s, e)) = self.recent.get() {
             if s == key && e.size < size {
                 let at = below.partition_point(|x| rank(x) > rank(&e));
                 below.insert(at, e);
@@ -307,7 +359,7 @@ impl FreeIndex {
             .iter()
             .flat_map(|(key, bins)| bins.iter().map(move |e| (key, *e)))
             .collect();
-        if let Some((s, e)) = self.recent {
+        if let Some((s, e)) = self.recent.get() {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
             all.insert(at, (s, e));
         }
