@@ -89,6 +89,21 @@ fn detach_pages<M: MemoryBackend>(memory: &mut M) -> Result<&mut dyn DetachPages
         .ok_or_else(|| BackendError::Other("the memory backend no longer detaches pages".into()))
 }
 
+/// The error for a request of `size` bytes, zero or larger than
+/// [`MAX_REQUEST`].
+#[cold]
+#[inline(never)]
+fn invalid_size(size: u64) -> AllocError {
+    AllocError::InvalidSize {
+        size,
+        reason: if size == 0 {
+            "zero-byte allocations have no address"
+        } else {
+            "larger than any device (1 PiB)"
+        },
+    }
+}
+
 /// A block handed out by [`Engine::malloc`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Allocation {
@@ -196,43 +211,48 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Allocates at least `size` bytes for use on `stream`, from the private
     /// `pool` if one is given (see [`Engine::begin_allocate_to_pool`]).
+    #[inline]
     pub fn malloc_in(
         &mut self,
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Allocation, AllocError> {
-        let result = self.malloc_unsettled(size, stream, pool);
+        let placed = self.malloc_unsettled(size, stream, pool);
         self.heap.settle();
         if self.options.unmap_free_pages {
-            // Physical pages unmapped for this call and not mapped again go
-            // back now. A failure leaves them to the next call (or to
-            // empty_cache, which reports it): the allocation's own outcome
-            // is what the caller gets.
-            if let Some(vm) = self.memory.virtual_memory() {
-                let _ = vm.release_spare();
-            }
+            self.release_spare_pages();
         }
-        result
+        let b = self.heap.block(placed?);
+        Ok(Allocation {
+            addr: b.addr,
+            size: b.size,
+            requested: size,
+            stream,
+        })
     }
 
+    /// Physical pages unmapped for the call that ends and not mapped again
+    /// go back now. A failure leaves them to the next call (or to
+    /// empty_cache, which reports it): the allocation's own outcome is what
+    /// the caller gets.
+    #[inline(never)]
+    fn release_spare_pages(&mut self) {
+        if let Some(vm) = self.memory.virtual_memory() {
+            let _ = vm.release_spare();
+        }
+    }
+
+    /// The block handed out for a request, before the statistics settle.
+    #[inline]
     fn malloc_unsettled(
         &mut self,
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
-    ) -> Result<Allocation, AllocError> {
-        if size == 0 {
-            return Err(AllocError::InvalidSize {
-                size,
-                reason: "zero-byte allocations have no address",
-            });
-        }
-        if size > MAX_REQUEST {
-            return Err(AllocError::InvalidSize {
-                size,
-                reason: "larger than any device (1 PiB)",
-            });
+    ) -> Result<BlockId, AllocError> {
+        if size.wrapping_sub(1) >= MAX_REQUEST {
+            return Err(invalid_size(size));
         }
         if let Some(pool) = pool {
             self.refuse_paused(pool)?;
@@ -273,25 +293,20 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(self.out_of_memory(&req));
         }
         self.heap.set_state(piece, BlockState::Allocated, size);
-        let b = self.heap.block(piece);
-        let alloc = Allocation {
-            addr: b.addr,
-            size: b.size,
-            requested: size,
-            stream,
-        };
-        self.live.insert(alloc.addr, piece);
-        Ok(alloc)
+        self.live.insert(self.heap.block(piece).addr, piece);
+        Ok(piece)
     }
 
     /// Frees a block. If other streams used it (`record_stream`), it becomes
     /// reusable only once events recorded on them now have completed.
+    #[inline]
     pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
         let result = self.free_unsettled(addr);
         self.heap.settle();
         result
     }
 
+    #[inline]
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
         if self.pools.capture_underway() && self.events.any_users() {
             if let Some(&id) = self
@@ -634,6 +649,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// if a block handed out at `addr` was freed and still starts there, an
     /// unknown pointer otherwise (a free block never handed out, such as a
     /// split's remainder, included).
+    #[cold]
+    #[inline(never)]
     fn bad_pointer(&self, addr: u64) -> AllocError {
         match self.heap.block_at(addr).map(|id| self.heap.block(id)) {
             Some(b) if b.state != BlockState::Allocated && b.handed_out => {
@@ -643,6 +660,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
+    #[inline]
     fn release_to_cache(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
