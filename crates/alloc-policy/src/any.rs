@@ -18,6 +18,10 @@ use crate::{SizeClass, SizeClassSettings};
 
 /// One of the compiled-in policies, chosen at run time.
 #[derive(Debug)]
+// An explicit tag byte: read with one load. Without it the variant is
+// decoded from a niche in the first policy's fields, a few instructions on
+// every forwarded call.
+#[repr(u8)]
 pub enum AnyPolicy {
     /// PyTorch's best fit with coalescing.
     #[cfg(feature = "pytorch-bfc")]
