@@ -15,263 +15,31 @@
 //!   untimed, and a first pass runs untimed before measuring (the C++ times
 //!   the second pass).
 //!
+//! Times are the benchmark thread's CPU time by default
+//! (`ALLOC_BENCH_CLOCK=wall` for criterion's wall clock): on a box shared
+//! with other work, wall time also counts the waits for a core.
+//!
 //! Run: `cargo bench -p alloc-policy --bench alloc` (add `-- mixed` etc. to
 //! filter). Results and their reading are in `docs/benchmarks.md`.
 
-use std::alloc::Layout;
+mod common;
+
 use std::hint::black_box;
-use std::mem::MaybeUninit;
-use std::ptr::NonNull;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams, StreamId, KIB, MIB};
-use alloc_policy::{policy_names, AnyPolicy};
-use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
-
-/// Simulated device size: bookkeeping only, so it can be far larger than the
-/// live set of any workload here.
-const DEVICE: u64 = 1 << 40;
-/// Seed and length of the mixed workloads (as `baseline.py` calls `mixed_ns`).
-const SEED: u64 = 42;
-const MIXED_OPS: usize = 400_000;
-/// `offset-allocator` counts in `u32` units; 256-byte units let it address
-/// 1 TiB (the wide workload's live set can exceed 4 GiB).
-const OA_UNIT: u64 = 256;
-/// rlsf alignment: its natural granularity (the cheapest case for it).
-const RLSF_ALIGN: usize = 16;
-
-// ---------------------------------------------------------------- allocators
-
-/// The two calls every contender offers to the loops.
-trait Contender {
-    type Handle: Copy;
-    fn alloc(&mut self, size: u64) -> Self::Handle;
-    fn free(&mut self, handle: Self::Handle);
-}
-
-type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
-
-fn engine(policy: &str) -> SimEngine {
-    let mut cfg = AllocatorConfig::default();
-    cfg.policy = Some(policy.to_string());
-    AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new()).expect("policy builds")
-}
-
-impl Contender for SimEngine {
-    type Handle = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> u64 {
-        self.malloc(size, StreamId(0)).expect("engine malloc").addr
-    }
-    #[inline]
-    fn free(&mut self, addr: u64) {
-        Engine::free(self, addr).expect("engine free")
-    }
-}
-
-/// `offset_allocator` 0.2: two-level bins, metadata outside the memory.
-struct OffsetAlloc(offset_allocator::Allocator);
-
-impl OffsetAlloc {
-    fn new() -> Self {
-        OffsetAlloc(offset_allocator::Allocator::new(u32::MAX))
-    }
-}
-
-impl Contender for OffsetAlloc {
-    type Handle = offset_allocator::Allocation;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> Self::Handle {
-        let units = size.div_ceil(OA_UNIT) as u32;
-        self.0.allocate(units).expect("offset-allocator allocate")
-    }
-    #[inline]
-    fn free(&mut self, a: Self::Handle) {
-        self.0.free(a)
-    }
-}
-
-/// `rlsf` 0.2 TLSF: blocks of up to 8 GiB (32 B << 28), headers inside the
-/// pool, so it needs real (here lazily committed) memory.
-struct Rlsf<'p>(rlsf::Tlsf<'p, u32, u32, 28, 32>);
-
-impl<'p> Rlsf<'p> {
-    fn new(pool: &'p mut [MaybeUninit<u8>]) -> Self {
-        let mut t = rlsf::Tlsf::new();
-        t.insert_free_block(pool);
-        Rlsf(t)
-    }
-}
-
-impl Contender for Rlsf<'_> {
-    type Handle = NonNull<u8>;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> NonNull<u8> {
-        let layout = Layout::from_size_align(size as usize, RLSF_ALIGN).unwrap();
-        self.0.allocate(layout).expect("rlsf pool too small")
-    }
-    #[inline]
-    fn free(&mut self, p: NonNull<u8>) {
-        // Safety: `p` came from `allocate` of this Tlsf with this alignment
-        // and is freed once (the loops free each live handle exactly once).
-        unsafe { self.0.deallocate(p, RLSF_ALIGN) }
-    }
-}
-
-/// A pool for rlsf: reserved address space only; pages are committed when
-/// rlsf first writes a block header into them.
-fn rlsf_pool(bytes: u64) -> Vec<u8> {
-    Vec::with_capacity(bytes as usize)
-}
-
-/// The loop alone: the size goes through `black_box` and nothing is allocated.
-struct Empty;
-
-impl Contender for Empty {
-    type Handle = u64;
-    #[inline]
-    fn alloc(&mut self, size: u64) -> u64 {
-        black_box(size)
-    }
-    #[inline]
-    fn free(&mut self, h: u64) {
-        black_box(h);
-    }
-}
-
-// ---------------------------------------------------------------- workloads
-
-/// xorshift64* (Vigna), a small deterministic RNG.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Op {
-    Alloc(u64),
-    /// Swap-remove this index of the live list and free it.
-    Free(u32),
-}
-
-/// A pre-generated mixed workload.
-struct Mixed {
-    ops: Vec<Op>,
-    max_live: usize,
-    /// Largest sum of live requested bytes during the sequence.
-    peak_bytes: u64,
-}
-
-/// The op sequence of `mixed_ns` in `alloc_bench.cpp`: alloc when nothing is
-/// live or (below `max_live` and a coin < 0.5), with a log-uniform size in
-/// [lo, hi]; else free the live block at a uniform random index.
-fn mixed(seed: u64, n_ops: usize, max_live: usize, lo: u64, hi: u64) -> Mixed {
-    let mut rng = XorShift(seed);
-    let (llo, lhi) = ((lo as f64).ln(), (hi as f64).ln());
-    let mut ops = Vec::with_capacity(n_ops);
-    let mut live: Vec<u64> = Vec::with_capacity(max_live);
-    let (mut bytes, mut peak_bytes) = (0u64, 0u64);
-    for _ in 0..n_ops {
-        let do_alloc = live.is_empty() || (live.len() < max_live && rng.unit() < 0.5);
-        if do_alloc {
-            let n = (llo + rng.unit() * (lhi - llo)).exp() as u64;
-            ops.push(Op::Alloc(n));
-            live.push(n);
-            bytes += n;
-            peak_bytes = peak_bytes.max(bytes);
-        } else {
-            let j = (rng.unit() * live.len() as f64) as usize;
-            ops.push(Op::Free(j as u32));
-            bytes -= live.swap_remove(j);
-        }
-    }
-    Mixed {
-        ops,
-        max_live,
-        peak_bytes,
-    }
-}
-
-/// Replays a mixed sequence; `pos` and `live` carry over between calls.
-struct Replay<'w, H> {
-    w: &'w Mixed,
-    pos: usize,
-    live: Vec<H>,
-    warmed: bool,
-}
-
-impl<'w, H: Copy> Replay<'w, H> {
-    fn new(w: &'w Mixed) -> Self {
-        Replay {
-            w,
-            pos: 0,
-            live: Vec::with_capacity(w.max_live),
-            warmed: false,
-        }
-    }
-
-    /// Frees what is live and rewinds to the start of the sequence.
-    fn rewind<C: Contender<Handle = H>>(&mut self, a: &mut C) {
-        for h in self.live.drain(..) {
-            a.free(h);
-        }
-        self.pos = 0;
-    }
-
-    /// One untimed pass, leaving the contender warm and the replay rewound.
-    fn warm<C: Contender<Handle = H>>(&mut self, a: &mut C) {
-        self.run(a, self.w.ops.len() as u64);
-        self.rewind(a);
-        self.warmed = true;
-    }
-
-    /// Runs `iters` ops, rewinding (untimed) at the end of the sequence;
-    /// returns the time spent in ops.
-    #[inline(never)]
-    fn run<C: Contender<Handle = H>>(&mut self, a: &mut C, iters: u64) -> Duration {
-        let ops = &self.w.ops;
-        let mut left = iters as usize;
-        let mut spent = Duration::ZERO;
-        while left > 0 {
-            if self.pos == ops.len() {
-                self.rewind(a);
-            }
-            let end = ops.len().min(self.pos + left);
-            let t0 = Instant::now();
-            for op in &ops[self.pos..end] {
-                match *op {
-                    Op::Alloc(n) => self.live.push(a.alloc(n)),
-                    Op::Free(j) => {
-                        let h = self.live.swap_remove(j as usize);
-                        a.free(h);
-                    }
-                }
-            }
-            spent += t0.elapsed();
-            left -= end - self.pos;
-            self.pos = end;
-        }
-        spent
-    }
-}
+use alloc_core::{KIB, MIB};
+use alloc_policy::policy_names;
+use common::{
+    engine, mixed, rlsf_pool, Contender, Empty, Mixed, OffsetAlloc, Replay, Rlsf, ThreadCpuTime,
+    MIXED_OPS, SEED,
+};
+use criterion::measurement::{Measurement, WallTime};
+use criterion::{BenchmarkGroup, Criterion, Throughput};
 
 // ---------------------------------------------------------------- benches
 
-fn bench_pair<C: Contender>(
-    g: &mut BenchmarkGroup<'_, WallTime>,
+fn bench_pair<C: Contender, M: Measurement>(
+    g: &mut BenchmarkGroup<'_, M>,
     name: &str,
     a: &mut C,
     size: u64,
@@ -287,8 +55,9 @@ fn bench_pair<C: Contender>(
     });
 }
 
-fn bench_mixed<C: Contender>(
-    g: &mut BenchmarkGroup<'_, WallTime>,
+fn bench_mixed<C: Contender, M: Measurement<Value = Duration>>(
+    g: &mut BenchmarkGroup<'_, M>,
+    clock: &M,
     name: &str,
     a: &mut C,
     w: &Mixed,
@@ -301,11 +70,11 @@ fn bench_mixed<C: Contender>(
         if !r.warmed {
             r.warm(a);
         }
-        b.iter_custom(|iters| r.run(a, iters))
+        b.iter_custom(|iters| r.run(a, iters, clock))
     });
 }
 
-fn pairs(c: &mut Criterion) {
+fn pairs<M: Measurement>(c: &mut Criterion<M>) {
     let sizes: [(u64, &str); 5] = [
         (512, "512B"),
         (64 * KIB, "64KiB"),
@@ -327,7 +96,7 @@ fn pairs(c: &mut Criterion) {
     }
 }
 
-fn mixed_workloads(c: &mut Criterion) {
+fn mixed_workloads<M: Measurement<Value = Duration>>(c: &mut Criterion<M>, clock: &M) {
     let workloads = [
         ("mixed_small", mixed(SEED, MIXED_OPS, 1000, 512, MIB)),
         ("mixed_wide", mixed(SEED, MIXED_OPS, 200, 512, 64 * MIB)),
@@ -335,14 +104,21 @@ fn mixed_workloads(c: &mut Criterion) {
     for (label, w) in &workloads {
         let mut g = configure_group(c, label);
         for p in policy_names() {
-            bench_mixed(&mut g, &p, &mut engine(p.as_str()), w);
+            bench_mixed(&mut g, clock, &p, &mut engine(p.as_str()), w);
         }
-        bench_mixed(&mut g, "offset-allocator", &mut OffsetAlloc::new(), w);
+        bench_mixed(
+            &mut g,
+            clock,
+            "offset-allocator",
+            &mut OffsetAlloc::new(),
+            w,
+        );
         // Twice the peak live bytes plus slack: TLSF's good fit stays well
         // within that; only the pages that hold block headers get committed.
         let mut pool = rlsf_pool(2 * w.peak_bytes + 256 * MIB);
-        bench_mixed(&mut g, "rlsf", &mut Rlsf::new(pool.spare_capacity_mut()), w);
-        bench_mixed(&mut g, "empty_loop", &mut Empty, w);
+        let mut tlsf = Rlsf::new(pool.spare_capacity_mut());
+        bench_mixed(&mut g, clock, "rlsf", &mut tlsf, w);
+        bench_mixed(&mut g, clock, "empty_loop", &mut Empty, w);
         g.finish();
     }
 }
@@ -357,7 +133,10 @@ fn measurement_time() -> Duration {
     Duration::from_millis(budget_ms.clamp(1000, 2000) as u64)
 }
 
-fn configure_group<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, WallTime> {
+fn configure_group<'c, M: Measurement>(
+    c: &'c mut Criterion<M>,
+    name: &str,
+) -> BenchmarkGroup<'c, M> {
     let mut g = c.benchmark_group(name);
     g.measurement_time(measurement_time());
     // One iteration is one pair or one op: the reported time reads per pair /
@@ -366,12 +145,26 @@ fn configure_group<'c>(c: &'c mut Criterion, name: &str) -> BenchmarkGroup<'c, W
     g
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default()
+/// Every group under `clock`, with the settings of this benchmark (the
+/// command line's criterion options override them).
+fn run<M: Measurement<Value = Duration> + 'static>(clock: M, again: M) {
+    let mut c = Criterion::default()
+        .with_measurement(clock)
         .sample_size(20)
         .measurement_time(Duration::from_secs(2))
-        .warm_up_time(Duration::from_millis(500));
-    targets = pairs, mixed_workloads
+        .warm_up_time(Duration::from_millis(500))
+        .configure_from_args();
+    pairs(&mut c);
+    mixed_workloads(&mut c, &again);
+    c.final_summary();
 }
-criterion_main!(benches);
+
+/// Thread CPU time unless `ALLOC_BENCH_CLOCK=wall` asks for criterion's
+/// wall clock.
+fn main() {
+    match std::env::var("ALLOC_BENCH_CLOCK").as_deref() {
+        Ok("wall") => run(WallTime, WallTime),
+        Ok("cpu") | Err(_) => run(ThreadCpuTime, ThreadCpuTime),
+        Ok(other) => panic!("ALLOC_BENCH_CLOCK={other}: expected `cpu` or `wall`"),
+    }
+}
