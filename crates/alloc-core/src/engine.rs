@@ -405,15 +405,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     .into(),
             ));
         }
-        let result = self.synchronize_events().and_then(|()| {
-            let idle: Vec<SegmentId> = self
-                .heap
-                .segments()
-                .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
-                .map(|(id, _)| id)
-                .collect();
-            self.release_segments(&idle)
-        });
+        let result = self
+            .synchronize_events()
+            .and_then(|()| self.release_idle_pool_segments(pool));
         self.heap.settle();
         result
     }
@@ -506,13 +500,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.pools.use_count(pool) > 0 || self.pools.capture_underway() {
             return Ok(());
         }
-        let idle: Vec<SegmentId> = self
-            .heap
-            .segments()
-            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
-            .map(|(id, _)| id)
-            .collect();
-        let result = self.release_segments(&idle);
+        let result = self.release_idle_pool_segments(pool);
         self.heap.settle();
         result
     }
@@ -828,6 +816,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .heap
             .segments()
             .filter(|(_, s)| s.is_idle() && self.pools.releasable(s.key()))
+            .map(|(id, _)| id)
+            .collect();
+        self.release_segments(&idle)
+    }
+
+    /// Gives the idle segments of the private pool `pool` back.
+    fn release_idle_pool_segments(&mut self, pool: PoolId) -> Result<(), AllocError> {
+        let idle: Vec<SegmentId> = self
+            .heap
+            .segments()
+            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
             .map(|(id, _)| id)
             .collect();
         self.release_segments(&idle)

@@ -327,12 +327,12 @@ impl Machine<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// `[[[...]]]`, `depth` lists deep, built as Python's pickler would
     /// (outer list first, each inner one appended when complete).
-    fn nested_lists(depth: usize) -> Vec<u8> {
+    pub(crate) fn nested_lists(depth: usize) -> Vec<u8> {
         let mut p = vec![0x80, 2];
         p.extend(std::iter::repeat_n(b']', depth));
         p.extend(std::iter::repeat_n(b'a', depth - 1));

@@ -452,26 +452,22 @@ fn segment_markers_carry_an_optional_address() {
     assert!(parse_text("m", "# segment_alloc 1 x\n").is_err());
 }
 
-/// A list nested `depth` levels deep, as Python's pickler writes it.
-fn nested_list_pickle(depth: usize) -> Vec<u8> {
-    let mut p = vec![0x80, 2];
-    p.extend(std::iter::repeat_n(b']', depth));
-    p.extend(std::iter::repeat_n(b'a', depth - 1));
-    p.push(b'.');
-    p
-}
-
 #[test]
 fn deeply_nested_pickles_are_errors_not_stack_overflows() {
     // 100,000 levels overflowed the decoder's stack (an abort, not a panic).
-    let err = parse_pickle("deep", &nested_list_pickle(100_000)).unwrap_err();
+    let err = parse_pickle("deep", &nesting::tests::nested_lists(100_000)).unwrap_err();
     assert!(matches!(err, TraceError::Pickle(_)), "{err}");
     assert!(err.to_string().contains("nested"), "{err}");
     // The deepest accepted nesting decodes on a thread with a 2 MiB stack
     // (a Rust thread's default) and is then refused for its shape.
     let worker = std::thread::Builder::new()
         .stack_size(2 << 20)
-        .spawn(|| parse_pickle("deepest", &nested_list_pickle(nesting::MAX_DEPTH as usize)))
+        .spawn(|| {
+            parse_pickle(
+                "deepest",
+                &nesting::tests::nested_lists(nesting::MAX_DEPTH as usize),
+            )
+        })
         .unwrap();
     let err = worker.join().expect("no stack overflow").unwrap_err();
     assert!(matches!(err, TraceError::Snapshot(_)), "{err}");
