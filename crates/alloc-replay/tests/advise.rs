@@ -2,31 +2,11 @@
 //! loops, and the recommendation is the one the rule of `docs/advise.md`
 //! picks, recomputed here from each setting's own replay.
 
-use std::path::{Path, PathBuf};
+mod common;
 
 use alloc_replay::advise::MOVE_WEIGHT;
-use alloc_replay::{
-    advise, estimate_steps, load_trace, replay, settings_for, ReplayOptions, Trace,
-};
-
-fn traces_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces")
-}
-
-fn trace(name: &str) -> Trace {
-    let path = ["trace.gz", "snapshot.pickle"]
-        .iter()
-        .map(|ext| traces_dir().join(format!("{name}.{ext}")))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no trace file for {name}"));
-    load_trace(&path).unwrap()
-}
-
-fn opts() -> ReplayOptions {
-    let mut opts = ReplayOptions::default();
-    opts.timed_runs = 0;
-    opts
-}
+use alloc_replay::{advise, estimate_steps, replay, settings_for};
+use common::{bundled_trace, untimed};
 
 /// Steps of each bundled workload as recorded (`traces/README.md`): training
 /// steps, ConvNeXt's requests, GPT-2's generated tokens (3 rounds x 256).
@@ -45,7 +25,8 @@ const RECORDED_STEPS: &[(&str, u64)] = &[
 #[test]
 fn steps_found_match_the_recorded_loops() {
     for &(name, recorded) in RECORDED_STEPS {
-        let found = estimate_steps(&trace(name)).unwrap_or_else(|| panic!("{name}: no steps"));
+        let found =
+            estimate_steps(&bundled_trace(name)).unwrap_or_else(|| panic!("{name}: no steps"));
         println!("{name}: {found:?} (recorded {recorded})");
         let error = (found.steps as f64 - recorded as f64).abs() / recorded as f64;
         assert!(
@@ -72,8 +53,8 @@ const RECOMMENDED: &[(&str, &str)] = &[
 #[test]
 fn the_recommendation_follows_the_rule_on_every_bundled_trace() {
     for &(name, expected) in RECOMMENDED {
-        let trace = trace(name);
-        let advice = advise(&trace, &opts()).unwrap();
+        let trace = bundled_trace(name);
+        let advice = advise(&trace, &untimed()).unwrap();
         print!("{}", advice.to_text());
 
         // The rule, from the settings' own replays.
@@ -83,7 +64,9 @@ fn the_recommendation_follows_the_rule_on_every_bundled_trace() {
             .map(|s| {
                 (
                     s,
-                    replay(&trace, s.engine_config(), &opts()).unwrap().report,
+                    replay(&trace, s.engine_config(), &untimed())
+                        .unwrap()
+                        .report,
                 )
             })
             .collect();

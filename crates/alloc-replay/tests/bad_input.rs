@@ -3,15 +3,12 @@
 //! bytes that are no snapshot at all. What still parses after a flip must
 //! replay and be advised on without a panic too.
 
-use alloc_replay::{advise, parse_bytes, ReplayOptions, TraceError};
+mod common;
+
+use alloc_replay::{advise, parse_bytes, TraceError};
+use common::untimed;
 
 const SNAPSHOT: &[u8] = include_bytes!("../../../traces/small_mlp.snapshot.pickle");
-
-fn opts() -> ReplayOptions {
-    let mut opts = ReplayOptions::default();
-    opts.timed_runs = 0;
-    opts
-}
 
 /// xorshift64: reproducible noise without a dependency.
 fn noise(seed: u64) -> impl FnMut() -> u64 {
@@ -58,7 +55,7 @@ fn flipped_bytes_give_an_error_or_a_trace_that_replays() {
             Ok(trace) => {
                 parsed += 1;
                 // An absurd size is the engine's error, not a panic.
-                let _ = advise(&trace, &opts());
+                let _ = advise(&trace, &untimed());
             }
         }
     }
@@ -92,7 +89,7 @@ fn bytes_that_are_no_snapshot_are_errors() {
             // Empty text is an empty trace: advising on it is the error.
             Ok(trace) if trace.events.is_empty() => {
                 assert!(bytes.is_empty());
-                let e = advise(&trace, &opts()).unwrap_err().to_string();
+                let e = advise(&trace, &untimed()).unwrap_err().to_string();
                 assert!(e.contains("no allocations"), "{e}");
             }
             Ok(trace) => panic!("{i}: parsed as {} events", trace.events.len()),

@@ -4,18 +4,15 @@
 //! with `expandable_segments:true`, the peak reserved bytes of PyTorch's own
 //! runs with expandable segments.
 
-use std::path::{Path, PathBuf};
+mod common;
 
-use alloc_replay::{load_trace, replay, ReplayOptions};
+use alloc_replay::replay;
+use common::{bundled_trace, traces_dir, untimed};
 use serde_json::Value;
 
 const TOLERANCE: f64 = 0.005;
 /// Published GiB figures carry two decimals: allow their rounding too.
 const GIB_ROUNDING: f64 = 0.005 * (1u64 << 30) as f64;
-
-fn traces_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../traces")
-}
 
 fn within(actual: f64, expected: f64, slack: f64) -> bool {
     (actual - expected).abs() <= expected * TOLERANCE + slack
@@ -26,22 +23,6 @@ fn measured() -> serde_json::Map<String, Value> {
         &std::fs::read_to_string(traces_dir().join("measured.json")).expect("traces/measured.json"),
     )
     .expect("measured.json is a JSON object")
-}
-
-fn trace_of(name: &str) -> alloc_replay::Trace {
-    let path = ["trace.gz", "snapshot.pickle"]
-        .iter()
-        .map(|ext| traces_dir().join(format!("{name}.{ext}")))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| panic!("no trace file for {name}"));
-    load_trace(&path).unwrap()
-}
-
-/// One untimed pass.
-fn opts() -> ReplayOptions {
-    let mut opts = ReplayOptions::default();
-    opts.timed_runs = 0;
-    opts
 }
 
 /// A measured figure in bytes (`<key>_bytes`, exact) or GiB (`<key>_gib`,
@@ -61,9 +42,9 @@ fn expandable_segments_reproduce_pytorchs_expandable_runs() {
         let Some((expected, slack)) = figure(m, "peak_reserved_expandable") else {
             continue;
         };
-        let trace = trace_of(name);
+        let trace = bundled_trace(name);
         let config = "policy:pytorch-bfc,expandable_segments:true";
-        let report = replay(&trace, config, &opts()).unwrap().report;
+        let report = replay(&trace, config, &untimed()).unwrap().report;
         println!(
             "{name}: expandable reserved {} vs PyTorch {expected:.0}, device allocs {} vs {:?}",
             report.peak_reserved_bytes,
@@ -89,10 +70,10 @@ fn expandable_segments_reproduce_pytorchs_expandable_runs() {
 
 #[test]
 fn pytorch_bfc_reproduces_pytorch_measurements() {
-    let opts = opts();
+    let opts = untimed();
     let mut checked = 0;
     for (name, m) in &measured() {
-        let trace = trace_of(name);
+        let trace = bundled_trace(name);
         let report = replay(&trace, "policy:pytorch-bfc", &opts).unwrap().report;
         // PyTorch's count includes segments made before recording began; the
         // replay makes their equivalents itself.
