@@ -292,7 +292,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.policy.insert_free(&mut self.heap, piece);
             return Err(self.out_of_memory(&req));
         }
-        self.heap.set_state(piece, BlockState::Allocated, size);
+        // The one block-state change of a malloc (blocks released above by
+        // events are tallied, and then so is this).
+        self.heap
+            .set_state_alone(piece, BlockState::Allocated, size);
         self.live.insert(self.heap.block(piece).addr, piece);
         Ok(piece)
     }
@@ -331,7 +334,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(self.bad_pointer(addr));
         };
         match self.events.take_users(id) {
-            None => self.release_to_cache(id),
+            // A free changes no other block's state, and several frees in
+            // one call (the end of a capture) all lower the counts.
+            None => self.recache::<true>(id),
             Some(users) => {
                 self.capture_frees.forget(id);
                 self.heap.set_state(id, BlockState::AwaitingEvents, 0);
@@ -650,10 +655,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     #[inline]
     fn release_to_cache(&mut self, id: BlockId) {
+        self.recache::<false>(id);
+    }
+
+    /// Puts a block back in the cache; `ALONE`: its statistics change
+    /// applies at once ([`Heap::set_state_alone`]).
+    #[inline]
+    fn recache<const ALONE: bool>(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
         }
-        self.heap.set_state(id, BlockState::Free, 0);
+        if ALONE {
+            self.heap.set_state_alone(id, BlockState::Free, 0);
+        } else {
+            self.heap.set_state(id, BlockState::Free, 0);
+        }
         self.policy.insert_free(&mut self.heap, id);
     }
 

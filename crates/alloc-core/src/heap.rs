@@ -146,6 +146,16 @@ pub struct Heap {
     tally: [Tally; 2],
     /// Which pools' tallies are non-empty.
     dirty: [bool; 2],
+    /// Whether a tally holds block-state changes (anything but the inactive
+    /// split counts) since the last settle: changes that would apply at once
+    /// ([`Heap::set_state_alone`]) are tallied too, so that the operation's
+    /// net change is what counts.
+    states_tallied: bool,
+    /// Direction (1 or -1, 0 for none) of the block-state changes applied
+    /// at once since the last settle, to check that no tallied change of
+    /// the same operation goes the other way.
+    #[cfg(debug_assertions)]
+    applied_sign: i64,
 }
 
 /// Net change of the block-derived statistics of one pool since the last
@@ -426,6 +436,7 @@ impl Heap {
                 let p = b.pool.index();
                 self.tally[p][T_OVERSIZE] += delta;
                 self.dirty[p] = true;
+                self.states_tallied = true;
             }
         }
         self.settle();
@@ -650,18 +661,35 @@ impl Heap {
     /// becomes allocated.
     #[inline]
     pub(crate) fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
+        self.transition::<false>(id, state, requested);
+    }
+
+    /// [`Heap::set_state`] for the block a `malloc` hands out or a `free`
+    /// gives back: its statistics change applies at once instead of at the
+    /// settle. The caller's operation changes no other block's state the
+    /// other way (only the inactive split counts, which are tallied), so
+    /// the totals and peaks are those of the operation's net change; if
+    /// block-state changes are already tallied, this one is tallied too.
+    #[inline]
+    pub(crate) fn set_state_alone(&mut self, id: BlockId, state: BlockState, requested: u64) {
+        self.transition::<true>(id, state, requested);
+    }
+
+    #[inline(always)]
+    fn transition<const ALONE: bool>(&mut self, id: BlockId, state: BlockState, requested: u64) {
         let b = &mut self.blocks[id.index()];
         let seg = &mut self.segments[b.segment.index()];
-        let p = b.pool.index();
-        let size = b.size as i64;
-        let oversize = i64::from(b.size >= self.oversize_threshold);
-        // The two transitions of every malloc and free, tallied directly.
+        let pool = b.pool;
+        let p = pool.index();
+        let size = b.size;
+        let oversize = b.size >= self.oversize_threshold;
+        // The two transitions of every malloc and free.
         let (sign, requested) = match (b.state, state) {
             (BlockState::Free, BlockState::Allocated) => {
                 b.requested = requested;
                 b.handed_out = true;
                 seg.busy += 1;
-                (1, requested as i64)
+                (1, requested)
             }
             (BlockState::Allocated, BlockState::Free) => {
                 seg.busy -= 1;
@@ -669,24 +697,71 @@ impl Heap {
                     seg.idle_since = self.clock[p];
                 }
                 b.freed_at = self.clock[p];
-                (-1, std::mem::replace(&mut b.requested, 0) as i64)
+                (-1, std::mem::replace(&mut b.requested, 0))
             }
             _ => return self.set_state_slow(id, state, requested),
         };
         b.state = state;
-        let split = seg.blocks > 1;
-        self.dirty[p] = true;
-        let t = &mut self.tally[p];
-        if split {
+        if seg.blocks > 1 {
+            // A free block of a split segment counts as inactive split.
+            let t = self.tally_mut(pool);
             t[T_INACTIVE_SPLIT] -= sign;
-            t[T_INACTIVE_SPLIT_BYTES] -= sign * size;
+            t[T_INACTIVE_SPLIT_BYTES] -= sign * size as i64;
         }
+        if ALONE && !self.states_tallied {
+            self.apply_states(pool, sign, size, requested, oversize);
+            return;
+        }
+        self.states_tallied = true;
+        let (size, requested) = (size as i64, requested as i64);
+        let t = self.tally_mut(pool);
         t[T_ACTIVE] += sign;
         t[T_ACTIVE_BYTES] += sign * size;
         t[T_REQUESTED_BYTES] += sign * requested;
         t[T_ALLOCATION] += sign;
         t[T_ALLOCATED_BYTES] += sign * size;
-        t[T_OVERSIZE] += sign * oversize;
+        t[T_OVERSIZE] += sign * i64::from(oversize);
+    }
+
+    /// Applies the statistics change of one block becoming allocated
+    /// (`sign = 1`) or free (`sign = -1`) now.
+    #[inline(always)]
+    fn apply_states(
+        &mut self,
+        pool: PoolKind,
+        sign: i64,
+        size: u64,
+        requested: u64,
+        oversize: bool,
+    ) {
+        #[cfg(debug_assertions)]
+        {
+            debug_assert!(
+                self.applied_sign != -sign,
+                "opposite changes in one operation"
+            );
+            self.applied_sign = sign;
+        }
+        let s = &mut self.stats;
+        if sign > 0 {
+            s.allocation.increase(pool, 1);
+            s.allocated_bytes.increase(pool, size);
+            s.active.increase(pool, 1);
+            s.active_bytes.increase(pool, size);
+            s.requested_bytes.increase(pool, requested);
+            if oversize {
+                s.oversize_allocations.increase(1);
+            }
+        } else {
+            s.allocation.decrease(pool, 1);
+            s.allocated_bytes.decrease(pool, size);
+            s.active.decrease(pool, 1);
+            s.active_bytes.decrease(pool, size);
+            s.requested_bytes.decrease(pool, requested);
+            if oversize {
+                s.oversize_allocations.decrease(1);
+            }
+        }
     }
 
     /// [`Heap::set_state`] for transitions other than free <-> allocated.
@@ -700,6 +775,7 @@ impl Heap {
         let split = seg.blocks > 1;
         let p = b.pool.index();
         self.dirty[p] = true;
+        self.states_tallied = true;
         let t = &mut self.tally[p];
         contribute(t, -1, old, split, b.size, b.requested, threshold);
         b.state = state;
@@ -732,6 +808,7 @@ impl Heap {
         let split = self.segments[b.segment.index()].blocks > 1;
         let p = b.pool.index();
         self.dirty[p] = true;
+        self.states_tallied |= b.state != BlockState::Free;
         contribute(
             &mut self.tally[p],
             sign,
@@ -754,6 +831,11 @@ impl Heap {
         if self.dirty[PoolKind::Large.index()] {
             self.settle_pool::<false>();
         }
+        self.states_tallied = false;
+        #[cfg(debug_assertions)]
+        {
+            self.applied_sign = 0;
+        }
     }
 
     // Kept out of line: inlined into the caller, the compiler keeps every
@@ -770,14 +852,31 @@ impl Heap {
         self.dirty[p] = false;
         let t = std::mem::take(&mut self.tally[p]);
         let s = &mut self.stats;
+        s.inactive_split.apply(pool, t[T_INACTIVE_SPLIT]);
+        s.inactive_split_bytes
+            .apply(pool, t[T_INACTIVE_SPLIT_BYTES]);
+        if !self.states_tallied {
+            return;
+        }
+        #[cfg(debug_assertions)]
+        for q in [
+            T_ALLOCATION,
+            T_ALLOCATED_BYTES,
+            T_ACTIVE,
+            T_ACTIVE_BYTES,
+            T_REQUESTED_BYTES,
+            T_OVERSIZE,
+        ] {
+            debug_assert!(
+                t[q] * self.applied_sign >= 0,
+                "a tallied change goes against one applied at once"
+            );
+        }
         s.allocation.apply(pool, t[T_ALLOCATION]);
         s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);
         s.active.apply(pool, t[T_ACTIVE]);
         s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
         s.requested_bytes.apply(pool, t[T_REQUESTED_BYTES]);
-        s.inactive_split.apply(pool, t[T_INACTIVE_SPLIT]);
-        s.inactive_split_bytes
-            .apply(pool, t[T_INACTIVE_SPLIT_BYTES]);
         s.oversize_allocations.apply(t[T_OVERSIZE]);
     }
 
@@ -858,6 +957,50 @@ mod tests {
         assert_eq!(heap.stats.allocated_bytes.all.current, 300);
         assert_eq!(heap.stats.requested_bytes.all.current, 250);
         assert_eq!(heap.segment(seg).busy, 1);
+    }
+
+    #[test]
+    fn changes_applied_at_once_equal_settled_ones() {
+        let run = |alone: bool| {
+            let (mut heap, _, a) = heap_with_segment(1000);
+            let b = heap.split(a, 300);
+            heap.settle();
+            for (id, state, requested) in [
+                (a, BlockState::Allocated, 250),
+                (b, BlockState::Allocated, 700),
+                (a, BlockState::Free, 0),
+                (a, BlockState::Allocated, 10),
+                (b, BlockState::Free, 0),
+            ] {
+                if alone {
+                    heap.set_state_alone(id, state, requested);
+                } else {
+                    heap.set_state(id, state, requested);
+                }
+                heap.settle();
+            }
+            heap.stats
+        };
+        assert_eq!(run(true), run(false));
+        assert_eq!(run(true).allocation.all.allocated, 3);
+    }
+
+    #[test]
+    fn a_change_after_tallied_ones_is_tallied_with_them() {
+        // One operation releases a block awaiting events and hands another
+        // out: the active count does not move, so neither does its total.
+        let (mut heap, _, a) = heap_with_segment(1000);
+        let b = heap.split(a, 500);
+        heap.set_state(a, BlockState::Allocated, 500);
+        heap.settle();
+        heap.set_state(a, BlockState::AwaitingEvents, 0);
+        heap.settle();
+        let before = heap.stats.active;
+        heap.set_state(a, BlockState::Free, 0);
+        heap.set_state_alone(b, BlockState::Allocated, 500);
+        heap.settle();
+        assert_eq!(heap.stats.active, before);
+        assert_eq!(heap.stats.allocation.all.allocated, 2);
     }
 
     #[test]
