@@ -850,14 +850,16 @@ impl Heap {
         };
         let p = pool.index();
         self.dirty[p] = false;
-        let t = std::mem::take(&mut self.tally[p]);
+        let t = &mut self.tally[p];
+        let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
+        let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
         let s = &mut self.stats;
-        s.inactive_split.apply(pool, t[T_INACTIVE_SPLIT]);
-        s.inactive_split_bytes
-            .apply(pool, t[T_INACTIVE_SPLIT_BYTES]);
+        s.inactive_split.apply(pool, split);
+        s.inactive_split_bytes.apply(pool, split_bytes);
         if !self.states_tallied {
             return;
         }
+        let t = std::mem::take(&mut self.tally[p]);
         #[cfg(debug_assertions)]
         for q in [
             T_ALLOCATION,
