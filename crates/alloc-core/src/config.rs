@@ -95,6 +95,12 @@ pub struct AllocatorConfig {
     /// [`DEFAULT_UNMAP_PAGE`]). Larger pages make each moved byte cheaper
     /// and leave free holes smaller than a page mapped.
     pub unmap_page: u64,
+    /// With expandable segments and `policy:pytorch-bfc`: learn the layout
+    /// of a repeating step and place later steps' blocks as planned, so that
+    /// the same addresses serve the same requests every step and, with
+    /// `unmap_free_pages`, no page moves once the plan is followed
+    /// (`plan_layout`, ours; `alloc_policy::layout_plan`).
+    pub plan_layout: bool,
     /// With `policy:size-class`: bytes of wholly idle slabs kept cached
     /// (`idle_slab_limit_mb`, ours). Set, the policy runs bounded: idle slabs
     /// keep their classes and the oldest go back to the device whenever a new
@@ -129,6 +135,7 @@ impl Default for AllocatorConfig {
             stream_wait_reuse: false,
             unmap_free_pages: false,
             unmap_page: DEFAULT_UNMAP_PAGE,
+            plan_layout: false,
             idle_slab_limit: None,
             policy: None,
             graph_capture_record_stream_reuse: false,
@@ -147,7 +154,7 @@ pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, unmap_page_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, unmap_page_mb, plan_layout, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
 per_process_memory_fraction";
 
@@ -210,6 +217,7 @@ impl AllocatorConfig {
                         })?
                         << 20;
                 }
+                "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
                 "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
                 "policy" => cfg.policy = Some(p.value(&key)?),
                 "backend" => {
@@ -269,6 +277,13 @@ impl AllocatorConfig {
                 "unmap_free_pages",
                 "true",
                 "needs expandable_segments:True (only growable segments map pages)",
+            ));
+        }
+        if cfg.plan_layout && !cfg.expandable_segments {
+            return Err(invalid(
+                "plan_layout",
+                "true",
+                "needs expandable_segments:True (the plan lays blocks out in a growable segment)",
             ));
         }
         if page_set && !cfg.unmap_free_pages {

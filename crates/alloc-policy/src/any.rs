@@ -86,6 +86,20 @@ impl AnyPolicy {
             "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
             other => return Err(refuse(other, &ALL_BASE_POLICIES)),
         };
+        #[cfg(feature = "pytorch-bfc")]
+        let planner = matches!(base, AnyPolicy::PytorchBfc(_));
+        #[cfg(not(feature = "pytorch-bfc"))]
+        let planner = false;
+        if cfg.plan_layout && !planner {
+            return Err(ConfigError::InvalidValue {
+                key: "plan_layout".into(),
+                value: "true".into(),
+                reason: format!(
+                    "applies to policy `pytorch-bfc` only, not `{}`",
+                    base.name()
+                ),
+            });
+        }
         base.check_growth(cfg)?;
         #[cfg(feature = "size-class")]
         let slabs = matches!(base, AnyPolicy::SizeClass(_));
@@ -106,6 +120,19 @@ impl AnyPolicy {
                 GcAgeSettings::from(cfg),
             )))),
             Some(other) => Err(refuse(other, &[GC_AGE])),
+        }
+    }
+
+    /// What `plan_layout` did so far: `None` unless the policy is
+    /// `pytorch-bfc` (alone or inside `gc-age`) with `plan_layout` on.
+    pub fn plan_stats(&self) -> Option<crate::layout_plan::PlanStats> {
+        match self {
+            #[cfg(feature = "pytorch-bfc")]
+            AnyPolicy::PytorchBfc(p) => p.plan_stats(),
+            #[cfg(feature = "gc-age")]
+            AnyPolicy::GcAge(g) => g.inner().plan_stats(),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 

@@ -16,6 +16,8 @@ pub mod free_index;
 #[cfg(feature = "gc-age")]
 pub mod gc_age;
 pub mod idle;
+#[cfg(feature = "pytorch-bfc")]
+pub mod layout_plan;
 pub mod per_key;
 #[cfg(feature = "pytorch-bfc")]
 pub mod pytorch_bfc;

@@ -5,6 +5,7 @@
 //! `max_split_size_mb` oversize handling, and garbage collection by age.
 
 use crate::free_index::{Entry, FreeIndex};
+use crate::layout_plan::{LayoutPlan, PlanStats};
 use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
 use alloc_core::pytorch::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
@@ -27,6 +28,9 @@ pub struct BfcSettings {
     /// `expandable_segments`: split any remainder of at least 512 bytes, in
     /// both pools, since growable segments are not rounded to 20 MiB.
     pub expandable: bool,
+    /// `plan_layout`: follow a layout learned from the repeating steps
+    /// ([`crate::layout_plan`]).
+    pub plan_layout: bool,
 }
 
 impl Default for BfcSettings {
@@ -42,6 +46,7 @@ impl From<&AllocatorConfig> for BfcSettings {
             max_non_split_rounding: cfg.max_non_split_rounding,
             divisions: cfg.roundup_power2_divisions,
             expandable: cfg.expandable_segments,
+            plan_layout: cfg.plan_layout,
         }
     }
 }
@@ -144,15 +149,23 @@ pub struct PytorchBfc {
     settings: BfcSettings,
     /// Free blocks per pool, ordered as PyTorch's `BlockComparatorSize`.
     free: [FreeIndex; 2],
+    /// With `plan_layout`: the layout learned from the repeating steps.
+    plan: Option<Box<LayoutPlan>>,
 }
 
 impl PytorchBfc {
     /// A policy with the given settings.
     pub fn new(settings: BfcSettings) -> Self {
         PytorchBfc {
+            plan: settings.plan_layout.then(Box::default),
             settings,
             free: Default::default(),
         }
+    }
+
+    /// What `plan_layout` did so far (`None` when it is off).
+    pub fn plan_stats(&self) -> Option<PlanStats> {
+        self.plan.as_ref().map(|p| p.stats())
     }
 
     /// The settings in use.
@@ -167,6 +180,16 @@ impl PytorchBfc {
         } else {
             size < self.settings.max_split_size && remaining > SMALL_SIZE
         }
+    }
+
+    /// PyTorch's carve: the block's front, the rest indexed if worth a block.
+    #[inline]
+    fn carve_front(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        if self.should_split(req.pool, heap.block(block).size, req.size) {
+            let rest = heap.split(block, req.size);
+            index(&mut self.free, heap, rest);
+        }
+        block
     }
 
     /// Smallest free block of `stream` in `pool` with size >= `size`.
@@ -184,6 +207,9 @@ impl Policy for PytorchBfc {
     /// reads its configuration at each decision.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
         self.settings = BfcSettings::from(cfg);
+        if self.settings.plan_layout != self.plan.is_some() {
+            self.plan = self.settings.plan_layout.then(Box::default);
+        }
         Ok(())
     }
 
@@ -211,6 +237,12 @@ impl Policy for PytorchBfc {
     // (2-4% of the instructions of a malloc+free, cachegrind, 2026-11-24).
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        if let Some(plan) = self.plan.as_deref_mut() {
+            let planned = plan.take(heap, &mut self.free[req.pool.index()], req);
+            if planned.is_some() {
+                return planned;
+            }
+        }
         let max_split = self.settings.max_split_size;
         let max_rounding = self.settings.max_non_split_rounding;
         // Do not hand an oversize block to a small request, nor one much
@@ -236,18 +268,30 @@ impl Policy for PytorchBfc {
 
     #[inline]
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        if self.should_split(req.pool, heap.block(block).size, req.size) {
-            let rest = heap.split(block, req.size);
-            index(&mut self.free, heap, rest);
+        let Some(plan) = self.plan.as_deref_mut() else {
+            return self.carve_front(heap, block, req);
+        };
+        let piece = match plan.carve(heap, &mut self.free[req.pool.index()], block, req) {
+            Some(piece) => piece,
+            None => self.carve_front(heap, block, req),
+        };
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.carved(heap, piece, req);
         }
-        block
+        piece
     }
 
     #[inline]
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.freeing(block);
+        }
         let free = &mut self.free;
         let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
         index(&mut self.free, heap, survivor);
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.freed(heap, survivor);
+        }
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {
@@ -359,7 +403,10 @@ impl Policy for PytorchBfc {
                 }
             }
         }
-        Ok(())
+        match &self.plan {
+            Some(plan) => plan.check(&self.free[PoolKind::Large.index()]),
+            None => Ok(()),
+        }
     }
 }
 

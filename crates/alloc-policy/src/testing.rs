@@ -68,6 +68,10 @@ pub fn configs() -> Vec<String> {
                 .into(),
         );
         all.push("policy:pytorch-bfc,expandable_segments:true,max_split_size_mb:64".into());
+        all.push(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,plan_layout:true"
+                .into(),
+        );
         // Reuse during captures once the graph joins the other streams.
         all.push("policy:pytorch-bfc,graph_capture_record_stream_reuse:true".into());
     }

@@ -72,4 +72,37 @@ proptest! {
     fn every_policy_survives_small_capacity(ops in proptest::collection::vec(op(), 1..120)) {
         every_config(600 * MIB, &ops)?;
     }
+
+    /// A random step repeated: the layout plan learns it, plans it and
+    /// places later steps by the plan, under the same checks.
+    #[test]
+    fn a_planned_layout_keeps_invariants(step in proptest::collection::vec(step_op(), 4..60)) {
+        let ops: Vec<Op> = (0..12).flat_map(|_| step.clone()).collect();
+        for config in PLANNED {
+            run(config, 64 << 30, &ops).map_err(TestCaseError::fail)?;
+        }
+    }
 }
+
+/// The operations of a training step: allocations (mostly in the large
+/// pool), frees, other streams' use and their completion.
+fn step_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (20.0f64..28.0, stream())
+            .prop_map(|(log2, stream)| Op::Alloc { size: log_size(log2), stream }),
+        1 => (0.0f64..20.0).prop_map(|log2| Op::Alloc { size: log_size(log2), stream: STREAMS[0] }),
+        5 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => (any::<usize>(), stream())
+            .prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+        1 => stream().prop_map(|stream| Op::CompleteStream { stream }),
+        1 => Just(Op::ProcessEvents),
+        1 => stream().prop_map(|stream| Op::Launch { stream }),
+    ]
+}
+
+/// The `plan_layout` settings the repeated steps run under.
+const PLANNED: [&str; 2] = [
+    "policy:pytorch-bfc,expandable_segments:true,plan_layout:true",
+    "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2,\
+     plan_layout:true",
+];

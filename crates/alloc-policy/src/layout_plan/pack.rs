@@ -1,0 +1,263 @@
+//! Laying out one period of blocks offline: each block at the lowest address
+//! free during its whole life, largest first, where lives wrap around the
+//! period (a block allocated late in a step and freed early in the next).
+
+/// A block to place: its size and when it lives, in requests counted from
+/// the start of the period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Life {
+    /// Bytes.
+    pub size: u64,
+    /// The request that allocates it, `0..period`.
+    pub start: u64,
+    /// Requests it stays allocated for, `1..=period`: it is free again
+    /// before request `start + length` (modulo the period).
+    pub length: u64,
+}
+
+impl Life {
+    /// The requests it is allocated over, as at most two ranges within
+    /// `0..period`.
+    fn ranges(&self, period: u64) -> [(u64, u64); 2] {
+        let end = self.start + self.length;
+        if end <= period {
+            [(self.start, end), (0, 0)]
+        } else {
+            [(self.start, period), (0, end - period)]
+        }
+    }
+
+    /// Whether two blocks are allocated at the same time in a period.
+    fn overlaps(&self, other: &Life, period: u64) -> bool {
+        let (a, b) = (self.ranges(period), other.ranges(period));
+        a.iter().any(|&(s0, e0)| {
+            b.iter()
+                .any(|&(s1, e1)| s0 < e0 && s1 < e1 && s0 < e1 && s1 < e0)
+        })
+    }
+}
+
+/// Places every block of `lives` (one period of `period` requests) in the
+/// addresses from `base` up, around the `fixed` ranges `(addr, bytes)` taken
+/// the whole time; returns each block's address, a multiple of `align` from
+/// `base`. Two blocks alive at the same time never overlap.
+///
+/// ```
+/// use alloc_policy::layout_plan::{pack, Life};
+///
+/// // A and B live together, C after both: C reuses A's place.
+/// let lives = [
+///     Life { size: 4096, start: 0, length: 2 },
+///     Life { size: 1024, start: 1, length: 1 },
+///     Life { size: 4096, start: 2, length: 1 },
+/// ];
+/// assert_eq!(pack(&lives, 3, 0, &[], 512), vec![0, 4096, 0]);
+/// ```
+pub fn pack(lives: &[Life], period: u64, base: u64, fixed: &[(u64, u64)], align: u64) -> Vec<u64> {
+    pack_around(lives, &vec![None; lives.len()], period, base, fixed, align)
+}
+
+/// [`pack`], with some blocks already at an address (`pinned[i]`): they stay
+/// there and the others are placed around them.
+///
+/// Blocks go one by one, each to the lowest address free during its whole
+/// life. The order matters when fixed ranges cut the space into holes: the
+/// layout is made for each of [`ORDERS`] and the one spanning the fewest
+/// bytes is kept (on GPT-2 training's step, with the optimizer state
+/// scattered below, the longest-lived first spans 3% less than the largest
+/// first).
+pub fn pack_around(
+    lives: &[Life],
+    pinned: &[Option<u64>],
+    period: u64,
+    base: u64,
+    fixed: &[(u64, u64)],
+    align: u64,
+) -> Vec<u64> {
+    let space = Space {
+        period,
+        base,
+        fixed,
+        align,
+    };
+    let span = |addr: &[u64]| lives.iter().zip(addr).map(|(l, a)| a + l.size).max();
+    ORDERS
+        .iter()
+        .map(|&order| space.place(lives, pinned, order))
+        .min_by_key(|addr| span(addr))
+        .unwrap_or_default()
+}
+
+/// An order to place blocks in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Largest first.
+    Largest,
+    /// Longest-lived first, then largest.
+    LongestLived,
+    /// Largest size x lifetime first.
+    LargestArea,
+}
+
+/// The orders [`pack_around`] tries.
+pub const ORDERS: [Order; 3] = [Order::Largest, Order::LongestLived, Order::LargestArea];
+
+/// Where blocks go: addresses from `base` (multiples of `align` from it),
+/// around `fixed` ranges, over a period of `period` requests.
+struct Space<'a> {
+    period: u64,
+    base: u64,
+    fixed: &'a [(u64, u64)],
+    align: u64,
+}
+
+impl Space<'_> {
+    /// Places the blocks not `pinned` in `order`, each at the lowest address
+    /// free during its life.
+    fn place(&self, lives: &[Life], pinned: &[Option<u64>], order_by: Order) -> Vec<u64> {
+        let mut addr: Vec<u64> = pinned.iter().map(|p| p.unwrap_or(0)).collect();
+        let mut placed: Vec<usize> = (0..lives.len()).filter(|&i| pinned[i].is_some()).collect();
+        let mut order: Vec<usize> = (0..lives.len()).filter(|&i| pinned[i].is_none()).collect();
+        let desc = std::cmp::Reverse;
+        match order_by {
+            Order::Largest => order.sort_by_key(|&i| (desc(lives[i].size), lives[i].start)),
+            Order::LongestLived => {
+                order.sort_by_key(|&i| (desc(lives[i].length), desc(lives[i].size), lives[i].start))
+            }
+            Order::LargestArea => {
+                order.sort_by_key(|&i| (desc(lives[i].size * lives[i].length), lives[i].start))
+            }
+        }
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        for i in order {
+            taken.clear();
+            taken.extend(self.fixed.iter().map(|&(a, bytes)| (a, a + bytes)));
+            taken.extend(
+                placed
+                    .iter()
+                    .filter(|&&j| lives[i].overlaps(&lives[j], self.period))
+                    .map(|&j| (addr[j], addr[j] + lives[j].size)),
+            );
+            addr[i] = lowest_gap(&mut taken, self.base, lives[i].size, self.align);
+            placed.push(i);
+        }
+        addr
+    }
+}
+
+/// The lowest address from `base` (a multiple of `align` from it) where
+/// `size` bytes overlap none of the `taken` ranges `[start, end)`.
+fn lowest_gap(taken: &mut [(u64, u64)], base: u64, size: u64, align: u64) -> u64 {
+    taken.sort_unstable();
+    let up = |a: u64| base + (a - base).div_ceil(align) * align;
+    let mut at = base;
+    for &(start, end) in taken.iter() {
+        if end <= at {
+            continue;
+        }
+        if start >= at + size {
+            break;
+        }
+        at = up(end.max(base));
+    }
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn life(size: u64, start: u64, length: u64) -> Life {
+        Life {
+            size,
+            start,
+            length,
+        }
+    }
+
+    /// No two blocks alive together overlap, and none overlaps a fixed range.
+    fn check(lives: &[Life], period: u64, fixed: &[(u64, u64)], addr: &[u64]) {
+        for i in 0..lives.len() {
+            for &(a, bytes) in fixed {
+                assert!(
+                    addr[i] + lives[i].size <= a || a + bytes <= addr[i],
+                    "block {i} on fixed"
+                );
+            }
+            for j in 0..i {
+                if lives[i].overlaps(&lives[j], period) {
+                    let apart =
+                        addr[i] + lives[i].size <= addr[j] || addr[j] + lives[j].size <= addr[i];
+                    assert!(apart, "blocks {i} and {j} overlap");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pinned_blocks_stay_and_the_others_go_around_them() {
+        let lives = [life(1024, 0, 2), life(1024, 1, 1), life(1024, 0, 1)];
+        let pinned = [Some(1024), None, None];
+        let addr = pack_around(&lives, &pinned, 2, 0, &[], 512);
+        assert_eq!(addr[0], 1024);
+        check(&lives, 2, &[], &addr);
+        assert_eq!(addr[1..], [0, 0]); // below the pinned block, one after the other
+    }
+
+    #[test]
+    fn lives_that_wrap_around_the_period_conflict_with_the_start() {
+        let a = life(100, 8, 4); // 8..10 and 0..2 of a period of 10
+        assert!(a.overlaps(&life(100, 1, 1), 10));
+        assert!(!a.overlaps(&life(100, 2, 6), 10));
+        assert!(a.overlaps(&life(100, 9, 1), 10));
+    }
+
+    #[test]
+    fn fixed_ranges_are_avoided_and_gaps_between_them_used() {
+        let lives = [life(1024, 0, 1), life(512, 0, 1)];
+        let fixed = [(0, 512), (1536, 1024)];
+        let addr = pack(&lives, 1, 0, &fixed, 512);
+        assert_eq!(addr, vec![512, 2560]); // the larger first, into the gap it fills
+        check(&lives, 1, &fixed, &addr);
+    }
+
+    #[test]
+    fn a_random_period_packs_without_overlap_and_near_its_peak() {
+        let period = 300;
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let lives: Vec<Life> = (0..period)
+            .map(|start| life(512 * (1 + next() % 64), start, 1 + next() % 40))
+            .collect();
+        let addr = pack(&lives, period, 1 << 20, &[], 512);
+        check(&lives, period, &[], &addr);
+        // The span is at least the peak of live bytes, and not far above.
+        let peak = (0..period)
+            .map(|t| {
+                let at = life(0, t, 1);
+                lives
+                    .iter()
+                    .filter(|l| l.overlaps(&at, period))
+                    .map(|l| l.size)
+                    .sum::<u64>()
+            })
+            .max()
+            .unwrap();
+        let span = lives
+            .iter()
+            .zip(&addr)
+            .map(|(l, a)| a + l.size)
+            .max()
+            .unwrap()
+            - (1 << 20);
+        assert!(
+            span >= peak && span <= peak * 13 / 10,
+            "span {span} peak {peak}"
+        );
+    }
+}
