@@ -4,8 +4,16 @@
 //! as `shared/device/alloc_bench.cpp`: steady-state alloc+free pairs of one
 //! size, and a random mixed workload (log-uniform sizes, bounded live set,
 //! second pass of the same sequence timed). Prints a markdown table of ns.
+//! Then the same engine through its Rust API and through the C library
+//! (`liballoc_ffi.so`, found as [`paths::find_library`] says), interleaved
+//! (see `paths.rs`): the cost each path adds to the engine.
 //!
-//! `gpu_bench [--quick]` (needs a GPU).
+//! `gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH]` (needs a
+//! GPU, or the null driver of `null-driver/` for `--paths`). `--paths`: only
+//! the comparison of the Rust and C paths; `--only`: of those, one path and
+//! no table (for a profiler's counts); `--so`: the C library to load.
+
+mod paths;
 
 use std::error::Error;
 use std::sync::Arc;
@@ -13,7 +21,7 @@ use std::time::Instant;
 
 use alloc_core::{human_bytes, KIB, MIB};
 use alloc_cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
-use alloc_cuda::CudaAllocator;
+use alloc_cuda::{AsStream, CudaAllocator};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
@@ -23,13 +31,13 @@ trait Backend {
     fn release(&mut self, ptr: u64, size: usize) -> BoxResult<()>;
 }
 
-/// Our allocator on one stream.
-struct Ours {
+/// Our allocator on one stream (a cudarc stream unless said otherwise).
+struct Ours<S: AsStream = Arc<CudaStream>> {
     alloc: CudaAllocator,
-    stream: Arc<CudaStream>,
+    stream: S,
 }
 
-impl Backend for Ours {
+impl<S: AsStream> Backend for Ours<S> {
     #[inline]
     fn alloc(&mut self, size: usize) -> BoxResult<u64> {
         Ok(self.alloc.malloc(size as u64, &self.stream)?)
@@ -110,7 +118,9 @@ impl Rng {
     }
 }
 
-/// ns per alloc+free pair of one size, after a warm pair.
+/// ns per alloc+free pair of one size, after a warm pair. (Never inlined:
+/// a profiler's `--toggle-collect=gpu_bench::pair_ns` counts the pairs alone.)
+#[inline(never)]
 fn pair_ns(b: &mut dyn Backend, size: usize, iters: u64) -> BoxResult<f64> {
     let w = b.alloc(size)?;
     b.release(w, size)?;
@@ -124,6 +134,8 @@ fn pair_ns(b: &mut dyn Backend, size: usize, iters: u64) -> BoxResult<f64> {
 
 /// ns per operation of the random workload: log-uniform sizes in [lo, hi],
 /// at most `max_live` live blocks; second pass of the same sequence timed.
+/// (Never inlined, as `pair_ns`.)
+#[inline(never)]
 fn mixed_ns(
     b: &mut dyn Backend,
     seed: u64,
@@ -190,8 +202,19 @@ impl Workload {
         }
     }
 
-    /// Median ns over `reps` runs with `scale` (iterations for pairs, ops for
-    /// the mixed workload).
+    /// ns per pair or operation of run number `run` with `scale`
+    /// (iterations for pairs, ops for the mixed workload, whose sequence
+    /// depends on `run`).
+    fn run(&self, b: &mut dyn Backend, scale: u64, run: usize) -> BoxResult<f64> {
+        match *self {
+            Workload::Pair(size) => pair_ns(b, size, scale),
+            Workload::Mixed { max_live, lo, hi } => {
+                mixed_ns(b, 1234 + run as u64, scale, max_live, lo, hi)
+            }
+        }
+    }
+
+    /// Median ns over `reps` runs with `scale`.
     fn measure(
         &self,
         b: &mut dyn Backend,
@@ -201,12 +224,7 @@ impl Workload {
     ) -> BoxResult<f64> {
         let mut v = Vec::with_capacity(reps);
         for r in 0..reps {
-            v.push(match *self {
-                Workload::Pair(size) => pair_ns(b, size, scale)?,
-                Workload::Mixed { max_live, lo, hi } => {
-                    mixed_ns(b, 1234 + r as u64, scale, max_live, lo, hi)?
-                }
-            });
+            v.push(self.run(b, scale, r)?);
             ctx.synchronize()?;
         }
         Ok(median(v))
@@ -229,8 +247,88 @@ fn keep_default_pool(ctx: &CudaContext, release_threshold: u64) -> BoxResult<sys
     Ok(pool)
 }
 
+/// The configuration of both paths in the comparison of `paths.rs`.
+const PATHS_CONFIG: &str = "policy:pytorch-bfc";
+
+/// The command line.
+struct Args {
+    quick: bool,
+    /// Only the comparison of the Rust and C paths.
+    paths_only: bool,
+    /// The C library to load.
+    so: Option<String>,
+    /// The one path to run (an index into `paths::PATH_NAMES`).
+    only: Option<usize>,
+}
+
+impl Args {
+    fn parse() -> BoxResult<Self> {
+        let mut args = Args {
+            quick: false,
+            paths_only: false,
+            so: None,
+            only: None,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--quick" => args.quick = true,
+                "--paths" => args.paths_only = true,
+                "--so" => args.so = Some(it.next().ok_or("--so needs a path")?),
+                "--only" => {
+                    let name = it.next().unwrap_or_default();
+                    let i = paths::PATH_NAMES.iter().position(|&n| n == name);
+                    args.only = Some(i.ok_or("--only takes cudarc, raw or c")?);
+                    args.paths_only = true;
+                }
+                other => {
+                    return Err(format!(
+                        "unknown argument {other}: \
+                         gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH]"
+                    )
+                    .into())
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// The comparison of the Rust and C paths, or why it was left out.
+fn compare_paths(
+    args: &Args,
+    ctx: &Arc<CudaContext>,
+    stream: &Arc<CudaStream>,
+    workloads: &[Workload],
+    scale: (u64, u64),
+    rounds: usize,
+) -> BoxResult<()> {
+    let Some(path) = paths::find_library(args.so.as_deref()) else {
+        let why = "no liballoc_ffi.so beside this program or in ../lib (--so PATH names one)";
+        if args.paths_only {
+            return Err(why.into());
+        }
+        println!("\nRust path / C library path: left out ({why})");
+        return Ok(());
+    };
+    let lib = paths::CLibrary::load(&path, PATHS_CONFIG)
+        .map_err(|e| format!("loading {}: {e}", path.display()))?;
+    println!("\nC library: {}", path.display());
+    paths::compare(
+        args.only,
+        &lib,
+        PATHS_CONFIG,
+        ctx,
+        stream,
+        workloads,
+        scale,
+        rounds,
+    )
+}
+
 fn main() -> BoxResult<()> {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args = Args::parse()?;
+    let quick = args.quick;
     let (pair_iters, mixed_ops, sync_pair_iters, sync_mixed_ops, reps) = if quick {
         (20_000, 20_000, 50, 2_000, 3)
     } else {
@@ -271,6 +369,16 @@ fn main() -> BoxResult<()> {
         },
     ];
     let stream = ctx.new_stream()?;
+    if args.paths_only {
+        return compare_paths(
+            &args,
+            &ctx,
+            &stream,
+            &workloads,
+            (pair_iters, mixed_ops),
+            reps,
+        );
+    }
     let other = ctx.new_stream()?;
 
     // Columns: each compiled-in policy, then the driver's allocators.
@@ -364,5 +472,12 @@ fn main() -> BoxResult<()> {
         events.created + events.reused
     );
     alloc.empty_cache()?;
-    Ok(())
+    compare_paths(
+        &args,
+        &ctx,
+        &stream,
+        &workloads,
+        (pair_iters, mixed_ops),
+        reps,
+    )
 }

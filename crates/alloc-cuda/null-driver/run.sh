@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The CUDA layer on a machine without a GPU, over the null driver
+# (null_cuda.c: a libcuda.so whose calls do no device work).
+#
+#   bash crates/alloc-cuda/null-driver/run.sh [--callgrind]
+#     Host cost of the allocator's Rust path and C library path over one
+#     engine: builds gpu_bench and liballoc_ffi.so and runs `gpu_bench
+#     --paths`. With --callgrind, also counts the instructions per alloc+free
+#     pair and per mixed operation of each path under valgrind
+#     (deterministic, unlike the clock on a shared machine).
+#   bash crates/alloc-cuda/null-driver/run.sh --tests
+#     The GPU-suite tests of stream registration that need no device work
+#     (.ci/run runs them).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$root/target}"
+drv="$target/null-driver"
+mkdir -p "$drv"
+cc -O2 -Wall -shared -fPIC -o "$drv/libcuda.so.1" "$here/null_cuda.c"
+ln -sf libcuda.so.1 "$drv/libcuda.so"
+export LD_LIBRARY_PATH="$drv${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+if [ "${1:-}" = "--tests" ]; then
+  # Built as `cargo test --workspace` builds them (no rebuild after it).
+  cd "$root"
+  cargo test --workspace --test gpu_streams --test gpu_devices -- --ignored --exact \
+    streams_created_and_dropped_by_the_hundred_are_let_go \
+    a_stream_in_the_place_of_one_let_go_is_checked_again
+  exit 0
+fi
+
+# Both with every policy, as the GPU bundle and the C library are built.
+(cd "$root" && cargo build --release -p alloc-cuda --features all-policies --bin gpu_bench \
+  && cargo build --release -p alloc-ffi)
+bench="$target/release/gpu_bench"
+"$bench" --paths
+if [ "${1:-}" = "--callgrind" ]; then
+  # --quick: 3 rounds x 5 pair sizes x (20000 pairs + 1 warm pair), and
+  # 3 rounds x 2 mixed workloads x 2 passes x 20000 ops (plus, counted in
+  # the total, the frees of the blocks live at the end of each pass).
+  pairs=300015
+  ops=240000
+  echo
+  echo "| path | instructions per alloc+free pair | per mixed op |"
+  echo "|---|---:|---:|"
+  for only in cudarc raw c; do
+    out="$drv/callgrind.$only"
+    valgrind --tool=callgrind --callgrind-out-file="$out" \
+      --toggle-collect=gpu_bench::pair_ns --toggle-collect=gpu_bench::mixed_ns \
+      "$bench" --paths --quick --only "$only" 2>"$out.log" >/dev/null
+    inclusive() {
+      callgrind_annotate --inclusive=yes --show-percs=no "$out" \
+        | awk -v f="gpu_bench::$1 " '$0 ~ f { gsub(",", "", $1); print $1; exit }'
+    }
+    echo "| $only | $(( $(inclusive pair_ns) / pairs )) | $(( $(inclusive mixed_ns) / ops )) |"
+  done
+fi
