@@ -118,6 +118,13 @@ pub struct CudaStreams {
     ctx: Arc<CudaContext>,
     pool: EventPool<RawEvent>,
     streams: StreamTable<Arc<CudaStream>>,
+    /// The cudarc stream whose `Arc` the table holds for the entry
+    /// registered last through a cudarc stream: the address of its
+    /// `CudaStream` and its id. While the table holds that `Arc` no other
+    /// stream can live at that address, so a cudarc stream found there is
+    /// this one, of this context (checked when it was registered): the
+    /// next registration of it is one comparison. Cleared by `retain`.
+    last_cudarc: Option<(usize, StreamId)>,
     /// Node handles read from the driver, before they become `GraphNode`s.
     nodes: Vec<u64>,
     /// Every graph node handed out by [`CaptureGraph`], with the stream and
@@ -132,6 +139,7 @@ impl CudaStreams {
             ctx,
             pool: EventPool::new(),
             streams: StreamTable::default(),
+            last_cudarc: None,
             nodes: Vec::new(),
             known_nodes: FxHashMap::default(),
         }
@@ -145,19 +153,37 @@ impl CudaStreams {
         self.register_ref(stream_ref(stream))
     }
 
+    #[inline]
     pub(crate) fn register_ref(&mut self, stream: StreamRef<'_>) -> Result<StreamId, CudaError> {
-        let id = stream.id();
         match stream {
-            StreamRef::Cudarc(s) => {
-                if s.context().cu_ctx() != self.ctx.cu_ctx() {
-                    return Err(CudaError::WrongContext {
-                        ordinal: self.ctx.ordinal(),
-                    });
-                }
-                self.streams.register(id, Some(|| s.clone()));
+            StreamRef::Cudarc(s) => match self.last_cudarc {
+                Some((addr, id)) if addr == Arc::as_ptr(s) as usize => Ok(id),
+                _ => self.register_cudarc(s),
+            },
+            StreamRef::Raw(id) => {
+                self.streams.register(id, None::<fn() -> Arc<CudaStream>>);
+                Ok(id)
             }
-            StreamRef::Raw(_) => self.streams.register(id, None::<fn() -> Arc<CudaStream>>),
         }
+    }
+
+    /// Registers a cudarc stream other than the one registered last: checks
+    /// its context, holds an `Arc` of it, and remembers the stream the
+    /// table holds for its id (the first one registered with that id) as
+    /// the last one.
+    #[inline(never)]
+    fn register_cudarc(&mut self, s: &Arc<CudaStream>) -> Result<StreamId, CudaError> {
+        if s.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(CudaError::WrongContext {
+                ordinal: self.ctx.ordinal(),
+            });
+        }
+        let id = crate::stream_id(s);
+        self.streams.register(id, Some(|| s.clone()));
+        self.last_cudarc = self
+            .streams
+            .owner(id)
+            .map(|held| (Arc::as_ptr(held) as usize, id));
         Ok(id)
     }
 
@@ -178,6 +204,9 @@ impl CudaStreams {
     /// kept out of reuse) and a new stream may take its handle value and be
     /// served its cached blocks.
     pub fn retain(&mut self, keep: impl FnMut(StreamId) -> bool) {
+        // The stream registered last may be let go: its address may then
+        // be taken by a stream of another context.
+        self.last_cudarc = None;
         self.streams.retain(keep);
     }
 

@@ -224,6 +224,12 @@ impl<O> StreamTable<O> {
         self.last_owned = entry.is_some();
     }
 
+    /// What keeps `id` alive: `None` when it is not registered or was
+    /// registered raw only.
+    pub(crate) fn owner(&self, id: StreamId) -> Option<&O> {
+        self.entries.get(&id)?.as_ref()
+    }
+
     /// Whether `id` is registered.
     pub(crate) fn contains(&self, id: StreamId) -> bool {
         self.entries.contains_key(&id)
@@ -296,12 +302,27 @@ mod tests {
         table.register(StreamId(3), RAW);
         table.register(StreamId(3), RAW); // the fast path
         assert_eq!(table.len(), 1);
+        assert!(
+            table.owner(StreamId(3)).is_none(),
+            "a raw entry has no owner"
+        );
         table.register(StreamId(3), Some(|| owner.clone()));
         assert_eq!(Rc::strong_count(&owner), 2, "upgraded to an owned entry");
+        assert!(table
+            .owner(StreamId(3))
+            .is_some_and(|o| Rc::ptr_eq(o, &owner)));
         table.register(StreamId(4), RAW);
         table.register(StreamId(3), RAW); // a raw registration keeps the owner
         assert_eq!(Rc::strong_count(&owner), 2);
         assert_eq!(table.len(), 2);
+        // A second owner of a registered id is not taken: the first stays.
+        let other = Rc::new(());
+        table.register(StreamId(3), Some(|| other.clone()));
+        assert!(table
+            .owner(StreamId(3))
+            .is_some_and(|o| Rc::ptr_eq(o, &owner)));
+        assert_eq!(Rc::strong_count(&other), 1);
+        assert!(table.owner(StreamId(9)).is_none(), "never registered");
     }
 
     #[test]

@@ -217,3 +217,38 @@ fn streams_of_another_context_are_refused() {
     println!("a stream of a non-primary context on device 0: WrongContext on every path");
     assert_drained(&alloc);
 }
+
+/// The allocator checks a cudarc stream's context once and then knows it by
+/// the address of its `CudaStream`, while it holds the stream. Once the
+/// stream is let go (`empty_cache`) and destroyed, a stream of another
+/// context made in its place (at the same address, as the heap mostly
+/// hands it out) is checked again and refused.
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn a_stream_in_the_place_of_one_let_go_is_checked_again() {
+    let alloc = CudaAllocator::with_config_str(0, "").unwrap();
+    let foreign_ctx = CudaContext::new_non_primary(0, 0).unwrap();
+    let rounds = 16;
+    let mut same_place = 0;
+    for _ in 0..rounds {
+        let stream = new_stream(&alloc);
+        let place = Arc::as_ptr(&stream) as usize;
+        let p = alloc.malloc(MIB, &stream).unwrap();
+        alloc.free(alloc.malloc(MIB, &stream).unwrap()).unwrap(); // known now
+        alloc.free(p).unwrap();
+        drop(stream);
+        alloc.empty_cache().unwrap(); // lets the stream go: destroyed here
+        let foreign = foreign_ctx.new_stream().unwrap();
+        same_place += usize::from(Arc::as_ptr(&foreign) as usize == place);
+        let e = alloc.malloc(MIB, &foreign).unwrap_err();
+        assert!(
+            matches!(e, CudaError::WrongContext { ordinal: 0 }),
+            "expected WrongContext, got {e}"
+        );
+    }
+    println!(
+        "{same_place} of {rounds} streams of another context took the place of a stream let go: \
+         all refused"
+    );
+    assert_drained(&alloc);
+}
