@@ -16,6 +16,7 @@ mod event_queues;
 mod expandable;
 mod growable;
 mod idle_pages;
+mod live_table;
 mod settings;
 mod sleep;
 mod streams_in_use;
@@ -29,6 +30,7 @@ pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentChe
 use event_queues::{EventQueues, Users};
 use growable::Growable;
 pub(crate) use growable::SegmentKey;
+pub(crate) use live_table::LiveTable;
 pub use sleep::CopyBlocks;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
@@ -149,7 +151,7 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     heap: Heap,
     options: EngineOptions,
     /// Address of every allocated block.
-    live: FxHashMap<u64, BlockId>,
+    live: LiveTable,
     /// Other streams that used allocated blocks, and the events freed
     /// blocks await (`record_stream`).
     events: EventQueues<S::Event>,
@@ -185,7 +187,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             streams,
             heap,
             options,
-            live: FxHashMap::default(),
+            live: LiveTable::default(),
             events: EventQueues::default(),
             limit: None,
             growable: FxHashMap::default(),
@@ -312,11 +314,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline]
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
         if self.pools.capture_underway() && self.events.any_users() {
-            if let Some(&id) = self
-                .live
-                .get(&addr)
-                .filter(|&&id| self.events.has_users(id))
-            {
+            if let Some(id) = self.live.get(addr).filter(|&id| self.events.has_users(id)) {
                 // Recording events on streams during a capture would put
                 // them in the graph: decide after the capture (or once the
                 // graph joins the streams that used it).
@@ -330,7 +328,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 return Ok(());
             }
         }
-        let Some(id) = self.live.remove(&addr) else {
+        let Some(id) = self.live.remove(addr) else {
             return Err(self.bad_pointer(addr));
         };
         match self.events.take_users(id) {
@@ -349,7 +347,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Marks an allocated block as used by `stream` too, so that a later free
     /// defers its reuse until `stream`'s work queued before the free is done.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), AllocError> {
-        let Some(&id) = self.live.get(&addr) else {
+        let Some(id) = self.live.get(addr) else {
             return Err(self.bad_pointer(addr));
         };
         if self.capture_frees.is_deferred(addr) {
@@ -573,7 +571,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// The block sizes handed out for `addr`, if it is allocated.
     pub fn allocation(&self, addr: u64) -> Option<Allocation> {
-        let b = self.heap.block(*self.live.get(&addr)?);
+        let b = self.heap.block(self.live.get(addr)?);
         Some(Allocation {
             addr,
             size: b.size,

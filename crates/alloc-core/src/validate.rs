@@ -4,6 +4,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use crate::engine::LiveTable;
 use crate::heap::{BlockState, Heap};
 use crate::policy::Policy;
 use crate::stats::{Stat, StatArray, Stats};
@@ -13,7 +14,7 @@ use crate::types::{BlockId, PoolKind};
 pub(crate) fn check<P: Policy>(
     heap: &Heap,
     policy: &P,
-    live: &FxHashMap<u64, BlockId>,
+    live: &LiveTable,
     awaiting: &FxHashMap<BlockId, u32>,
     pending: impl Iterator<Item = BlockId>,
 ) -> Result<(), String> {
@@ -117,8 +118,8 @@ fn check_index<P: Policy>(heap: &Heap, policy: &P) -> Result<(), String> {
     Ok(())
 }
 
-fn check_live(heap: &Heap, live: &FxHashMap<u64, BlockId>) -> Result<(), String> {
-    for (&addr, &id) in live {
+fn check_live(heap: &Heap, live: &LiveTable) -> Result<(), String> {
+    for (addr, id) in live.iter() {
         let b = heap.block(id);
         if b.addr != addr || b.state != BlockState::Allocated {
             return Err(format!("pointer table entry {addr:#x} is stale"));

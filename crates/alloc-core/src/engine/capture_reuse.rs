@@ -253,7 +253,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .take_joined(graph, stream)
             .unwrap_or_default();
         for addr in joined {
-            let id = self.live.remove(&addr).expect("a deferred free is live");
+            let id = self.live.remove(addr).expect("a deferred free is live");
             self.events.take_users(id);
             self.capture_frees.forget(id);
             self.release_to_cache(id);

@@ -205,7 +205,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let mut outcome = RestoreOutcome::default();
         for id in live {
             let addr = self.heap.block(id).addr;
-            self.live.remove(&addr);
+            self.live.remove(addr);
             self.release_to_cache(id);
             outcome.freed.push(addr);
         }

@@ -284,8 +284,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .copied()
             .filter(|&(addr, size)| {
                 self.live
-                    .get(&addr)
-                    .is_some_and(|&id| self.heap.block(id).size == size)
+                    .get(addr)
+                    .is_some_and(|id| self.heap.block(id).size == size)
             })
             .collect();
         if !restored.is_empty() {

@@ -1,0 +1,239 @@
+//! The pointer table: the block handed out at each live address.
+//!
+//! Open addressing with linear probing, Fibonacci hashing (the high bits of
+//! the address times 2^64 / phi, so addresses that differ only above their
+//! alignment still spread) and deletion by shifting later entries back
+//! (no tombstones, so runs stay short under the malloc/free churn of a
+//! caching allocator). Beside the 16-byte slots, one byte a slot holds 1 +
+//! the entry's distance from its home slot (0: empty): probes read these
+//! bytes (2 KiB for 2048 slots, which stay in the L1 cache) and read a slot
+//! only where an entry of the same home lies, inserts find the empty slot
+//! without reading slots, and deletions shift entries back by their
+//! distances (entries are not kept in Robin Hood order, so a deletion scans
+//! to the next empty slot). Kept at most a quarter full: 68 to 136 bytes a
+//! live allocation.
+
+use crate::types::BlockId;
+
+/// Slots of the first table.
+const FIRST_CAPACITY: usize = 64;
+/// The largest distance a probe byte holds; an insert that would go
+/// further doubles the table instead.
+const MAX_DISTANCE: usize = 250;
+
+/// One slot: an address and its block.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    addr: u64,
+    block: BlockId,
+}
+
+const VACANT: Slot = Slot {
+    addr: 0,
+    block: BlockId::MIN,
+};
+
+/// Live allocations by address.
+#[derive(Debug, Default)]
+pub(crate) struct LiveTable {
+    /// A power of two of slots (or none before the first insert), at most
+    /// a quarter full: at half full, the probe loop's length varies enough
+    /// from op to op to be mispredicted (the ops bench's mixed small
+    /// workload, 1000 live blocks, was 4 ns an op slower than a general
+    /// map, and as fast at a quarter).
+    slots: Vec<Slot>,
+    /// Per slot: 0 when empty, else 1 + its entry's distance from home.
+    probes: Vec<u8>,
+    /// 64 - log2(number of slots): the hash is the top bits of a product.
+    shift: u32,
+    len: usize,
+}
+
+impl LiveTable {
+    /// Number of live addresses.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    fn home(&self, addr: u64) -> usize {
+        (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The slot holding `addr`, if any.
+    #[inline]
+    fn find(&self, addr: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.mask();
+        let home = self.home(addr);
+        let mut distance = 0;
+        loop {
+            let i = (home + distance) & mask;
+            let probe = self.probes[i] as usize;
+            if probe == 0 {
+                return None;
+            }
+            if probe == distance + 1 && self.slots[i].addr == addr {
+                return Some(i);
+            }
+            distance += 1;
+        }
+    }
+
+    /// The block at `addr`, if live.
+    #[inline]
+    pub(crate) fn get(&self, addr: u64) -> Option<BlockId> {
+        self.find(addr).map(|i| self.slots[i].block)
+    }
+
+    /// Records `block` at `addr` (replacing any block recorded there).
+    #[inline]
+    pub(crate) fn insert(&mut self, addr: u64, block: BlockId) {
+        if 4 * (self.len + 1) > self.slots.len() {
+            self.grow();
+        }
+        loop {
+            let mask = self.mask();
+            let home = self.home(addr);
+            for distance in 0..=MAX_DISTANCE {
+                let i = (home + distance) & mask;
+                let probe = self.probes[i] as usize;
+                if probe == 0 {
+                    self.slots[i] = Slot { addr, block };
+                    self.probes[i] = (distance + 1) as u8;
+                    self.len += 1;
+                    return;
+                }
+                if probe == distance + 1 && self.slots[i].addr == addr {
+                    self.slots[i].block = block;
+                    return;
+                }
+            }
+            self.grow();
+        }
+    }
+
+    /// Removes `addr`; returns its block if it was live.
+    #[inline]
+    pub(crate) fn remove(&mut self, addr: u64) -> Option<BlockId> {
+        let mut hole = self.find(addr)?;
+        let block = self.slots[hole].block;
+        self.len -= 1;
+        // Up to the next empty slot, an entry that may sit in the hole (its
+        // home is not past the hole) moves into it, leaving a hole there.
+        let mask = self.mask();
+        let (mut next, mut gap) = (hole, 0);
+        loop {
+            next = (next + 1) & mask;
+            gap += 1;
+            let probe = self.probes[next];
+            if probe == 0 {
+                break;
+            }
+            if probe as usize > gap {
+                self.slots[hole] = self.slots[next];
+                self.probes[hole] = probe - gap as u8;
+                (hole, gap) = (next, 0);
+            }
+        }
+        self.probes[hole] = 0;
+        Some(block)
+    }
+
+    /// Every (address, block) pair, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        self.slots
+            .iter()
+            .zip(&self.probes)
+            .filter(|(_, &p)| p != 0)
+            .map(|(s, _)| (s.addr, s.block))
+    }
+
+    /// Doubles the slots (kept out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        let capacity = (self.slots.len() * 2).max(FIRST_CAPACITY);
+        let old: Vec<Slot> = self
+            .iter()
+            .map(|(addr, block)| Slot { addr, block })
+            .collect();
+        self.slots = vec![VACANT; capacity];
+        self.probes = vec![0; capacity];
+        self.shift = 64 - capacity.trailing_zeros();
+        self.len = 0;
+        for slot in old {
+            self.insert(slot.addr, slot.block);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn id(n: u32) -> BlockId {
+        BlockId::from_index(n as usize)
+    }
+
+    #[test]
+    fn insert_get_remove() {
+        let mut t = LiveTable::default();
+        assert_eq!(t.get(0x1000), None);
+        t.insert(0x1000, id(1));
+        t.insert(0x1200, id(2));
+        t.insert(0, id(3));
+        t.insert(u64::MAX, id(4));
+        assert_eq!(t.get(u64::MAX), Some(id(4)));
+        assert_eq!(t.remove(u64::MAX), Some(id(4)));
+        assert_eq!(
+            (t.get(0x1000), t.get(0x1200), t.get(0)),
+            (Some(id(1)), Some(id(2)), Some(id(3)))
+        );
+        assert_eq!(t.remove(0x1000), Some(id(1)));
+        assert_eq!(t.remove(0x1000), None);
+        assert_eq!(t.get(0x1200), Some(id(2)));
+        assert_eq!(t.len(), 2);
+    }
+
+    proptest! {
+        /// The table answers as a map under any mix of inserts and removes
+        /// of addresses that collide (all multiples of 512 in a small range,
+        /// so runs wrap around and grow).
+        #[test]
+        fn behaves_as_a_map(ops in prop::collection::vec((any::<bool>(), 0u64..300), 1..2000)) {
+            let mut t = LiveTable::default();
+            let mut m = HashMap::new();
+            for (n, (insert, k)) in ops.into_iter().enumerate() {
+                let addr = k * 512;
+                if insert {
+                    let b = id(n as u32 + 1);
+                    t.insert(addr, b);
+                    m.insert(addr, b);
+                } else {
+                    prop_assert_eq!(t.remove(addr), m.remove(&addr));
+                }
+                prop_assert_eq!(t.len(), m.len());
+            }
+            for (&addr, &b) in &m {
+                prop_assert_eq!(t.get(addr), Some(b));
+            }
+            let mut all: Vec<_> = t.iter().collect();
+            all.sort();
+            let mut want: Vec<_> = m.into_iter().collect();
+            want.sort();
+            prop_assert_eq!(all, want);
+        }
+    }
+}
