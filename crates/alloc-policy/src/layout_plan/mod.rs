@@ -5,9 +5,9 @@
 //! With `unmap_free_pages`, a best fit places a step's blocks a little
 //! differently each time, and every difference moves pages: with 2 MiB pages
 //! GPT-2 training moved over 1,000 pages a step. A layout planned from one
-//! step (each block at the lowest address free during its whole life,
-//! largest first: [`pack`]) spans the step's peak of live bytes, so once it
-//! is followed, the pages it covers stay mapped and nothing moves.
+//! step ([`pack_around`]) is the same every step, so once it is followed the
+//! pages it covers stay mapped; what still moves comes from a plan spanning
+//! more than the peak (docs/policies.md, "Planned layout").
 //!
 //! How (for the large pool of the first stream that asks for it; private
 //! pools and other streams keep the best fit):
@@ -15,16 +15,18 @@
 //!    [`PeriodDetector`] until a period is confirmed.
 //! 2. Learn: record one period of requests (size, and how many requests
 //!    later each block is freed), and the next period's frees.
-//! 3. Plan: [`pack`] the recorded blocks freed within a period around the
+//! 3. Plan, at the period's quietest place (fewest bytes alive across it):
+//!    [`pack_around`] the recorded blocks freed within a period around the
 //!    blocks that stay (weights, optimizer state), from the start of the
-//!    stream's growable segment.
+//!    stream's growable segment; blocks of the last period still allocated
+//!    keep their addresses, so the first period followed meets none of them.
 //! 4. Follow: each request whose size is the plan's for its place in the
-//!    period gets its planned address if that range is free (the first
-//!    period after planning meets the blocks of the last unplanned one);
-//!    otherwise best fit. Requests that depart from the plan (another size)
-//!    beyond a few per period drop the plan and go back to 1; a period
-//!    found inside a step (repeated layers) fails that way and is not
-//!    proposed again.
+//!    period gets its planned address if that range is free; one that
+//!    outlives a period goes above the plan; otherwise best fit. Requests
+//!    that depart from the plan (another size) beyond a few per period, or
+//!    planned places still taken after the first period, drop the plan and
+//!    go back to 1; a period found inside a step (repeated layers) fails that
+//!    way and is not proposed again.
 
 pub mod pack;
 pub mod period;

@@ -57,7 +57,7 @@ pub fn pack(lives: &[Life], period: u64, base: u64, fixed: &[(u64, u64)], align:
     pack_around(lives, &vec![None; lives.len()], period, base, fixed, align)
 }
 
-/// [`pack`], with some blocks already at an address (`pinned[i]`): they stay
+/// [`pack()`], with some blocks already at an address (`pinned[i]`): they stay
 /// there and the others are placed around them.
 ///
 /// Blocks go one by one, each to the lowest address free during its whole

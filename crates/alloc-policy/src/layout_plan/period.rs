@@ -15,8 +15,8 @@ const MIN_STREAK: usize = 16;
 /// Proposes and confirms the period of a sequence fed one value at a time.
 ///
 /// The candidate is the distance back to the last time the current window
-/// of [`WINDOW`] values was seen; it is confirmed once every value for a whole
-/// period (and at least [`MIN_STREAK`]) equals the value one period earlier.
+/// of four values was seen; it is confirmed once every value for a whole
+/// period (and at least sixteen) equals the value one period earlier.
 /// A period found inside a step (a model's repeated layers) is confirmed
 /// too, fails later when the step leaves the layers, and is then
 /// [banned](PeriodDetector::ban): only windows met once a step (the loss,
