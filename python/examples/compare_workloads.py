@@ -680,6 +680,9 @@ def child(workload, alloc, deterministic=False):
         # What unmap_free_pages moved, and the host time it took (ours only).
         res["page_moves"] = {k.split(".", 1)[1]: v for k, v in ours.items()
                              if k.startswith("page_moves.")}
+        # What plan_layout did (with it on).
+        res["plan_layout"] = {k.split(".", 1)[1]: v for k, v in ours.items()
+                              if k.startswith("plan_layout.")}
     print("RESULT " + json.dumps(res), flush=True)
     sys.stderr.flush()
     os._exit(0)  # skips the interpreter's and CUDA's teardown (a second per run)
@@ -853,6 +856,13 @@ def main(argv=None):
                           % (w, a, moves["rounds"], moves.get("pages_unmapped"),
                              moves.get("busy_pages_reused"), moves.get("pages_mapped"),
                              moves.get("stream_waits"), (moves.get("host_ns") or 0) / 1e6),
+                          flush=True)
+                plan = res.get("plan_layout") or {}
+                if plan:
+                    print("%-20s %-36s plan_layout: %s plans (%s dropped), period %s, %s placed, "
+                          "%s conflicts, %s mismatches"
+                          % (w, a, plan.get("plans"), plan.get("dropped"), plan.get("period"),
+                             plan.get("placed"), plan.get("conflicts"), plan.get("mismatches")),
                           flush=True)
             write_outputs(results, args.out)
     print("\n%d runs in %.0f s; wrote %s/compare_workloads.{json,md}\n" % (

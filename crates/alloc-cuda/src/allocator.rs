@@ -192,6 +192,12 @@ impl CudaAllocator {
         Self::build(ordinal, policy_for(config)?, config)
     }
 
+    /// What `plan_layout` did so far (`None` unless it is on, with
+    /// `pytorch-bfc`).
+    pub fn plan_stats(&self) -> Result<Option<alloc_policy::layout_plan::PlanStats>, CudaError> {
+        Ok(self.engine()?.policy().plan_stats())
+    }
+
     /// [`CudaAllocator::new`] with a configuration string in the syntax of
     /// `PYTORCH_CUDA_ALLOC_CONF` (e.g. `policy:buddy,stream_wait_reuse:true`).
     pub fn with_config_str(ordinal: usize, config: &str) -> Result<Self, CudaError> {

@@ -16,7 +16,6 @@ pub mod free_index;
 #[cfg(feature = "gc-age")]
 pub mod gc_age;
 pub mod idle;
-#[cfg(feature = "pytorch-bfc")]
 pub mod layout_plan;
 pub mod per_key;
 #[cfg(feature = "pytorch-bfc")]

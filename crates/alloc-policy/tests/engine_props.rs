@@ -75,6 +75,7 @@ proptest! {
 
     /// A random step repeated: the layout plan learns it, plans it and
     /// places later steps by the plan, under the same checks.
+    #[cfg(feature = "pytorch-bfc")]
     #[test]
     fn a_planned_layout_keeps_invariants(step in proptest::collection::vec(step_op(), 4..60)) {
         let ops: Vec<Op> = (0..12).flat_map(|_| step.clone()).collect();
@@ -86,6 +87,7 @@ proptest! {
 
 /// The operations of a training step: allocations (mostly in the large
 /// pool), frees, other streams' use and their completion.
+#[cfg(feature = "pytorch-bfc")]
 fn step_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (20.0f64..28.0, stream())
@@ -101,6 +103,7 @@ fn step_op() -> impl Strategy<Value = Op> {
 }
 
 /// The `plan_layout` settings the repeated steps run under.
+#[cfg(feature = "pytorch-bfc")]
 const PLANNED: [&str; 2] = [
     "policy:pytorch-bfc,expandable_segments:true,plan_layout:true",
     "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2,\

@@ -1,3 +1,4 @@
+#![cfg(feature = "pytorch-bfc")]
 //! `plan_layout` on the simulated device: a training-like loop (weights,
 //! then steps whose activations live part of a step and gradients until the
 //! next step) is learned, planned and then laid out the same way every

@@ -1,0 +1,493 @@
+//! Following a plan: detecting the period, learning it, laying it out and
+//! placing requests by it, inside [`PytorchBfc`](crate::PytorchBfc)'s
+//! calls (see the parent module).
+
+use std::collections::{BTreeMap, HashMap};
+
+use alloc_core::pytorch::MIN_BLOCK_SIZE;
+use alloc_core::{BlockId, BlockState, CacheKey, Heap, PoolKind, Request};
+
+use super::{pack_around, Life, PeriodDetector, PlanStats};
+use crate::free_index::FreeIndex;
+
+/// A block of the learned period.
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    size: u64,
+    /// Requests since the start of the learned period when it was freed.
+    freed: Option<u64>,
+}
+
+/// A block allocated while learning: of the recorded period, or the same
+/// place in a later one.
+#[derive(Debug, Clone, Copy)]
+enum Learned {
+    First(usize),
+    Second(usize),
+}
+
+#[derive(Debug, Clone)]
+enum Phase {
+    Detecting,
+    Learning {
+        origin: u64,
+        period: u64,
+        recorded: Vec<Recorded>,
+        live: HashMap<BlockId, Learned>,
+        /// The request to switch to the plan at, once the recorded
+        /// lifetimes are known: the quietest place of the period.
+        switch_at: Option<u64>,
+    },
+    Following {
+        origin: u64,
+        /// (size, planned address) per place in the period.
+        slots: Vec<(u64, Option<u64>)>,
+        /// The end of the highest planned block.
+        top: u64,
+        /// Mismatched sizes and conflicts in the current period.
+        mismatches: u64,
+        conflicts: u64,
+        /// Whole periods followed.
+        periods: u64,
+    },
+}
+
+/// The place in the period where the fewest bytes of the recorded blocks
+/// are allocated across it (between steps, where activations are gone):
+/// switching to the plan there leaves the fewest blocks of the last
+/// unplanned period where they are, kept there by the plan.
+fn quietest_place(recorded: &[Recorded], period: u64) -> u64 {
+    // Bytes of blocks allocated before place p and freed after request p
+    // (a block lives over places start + 1 .. freed, wrapping around the
+    // period), as a sum of differences.
+    let mut delta = vec![0i128; period as usize + 1];
+    for (start, r) in recorded.iter().enumerate() {
+        let Some(freed) = r.freed.filter(|&f| f - start as u64 <= period) else {
+            continue;
+        };
+        let (from, to) = (start as u64 + 1, freed);
+        let size = i128::from(r.size);
+        let wrapped = (from.saturating_sub(period), to.saturating_sub(period));
+        for (a, b) in [(from, to.min(period)), wrapped] {
+            if a < b {
+                delta[a as usize] += size;
+                delta[b as usize] -= size;
+            }
+        }
+    }
+    let mut live = 0i128;
+    let mut best = (i128::MAX, 0);
+    for (place, d) in delta.iter().take(period as usize).enumerate() {
+        live += d;
+        if live < best.0 {
+            best = (live, place as u64);
+        }
+    }
+    best.1
+}
+
+/// The layout planner of one [`PytorchBfc`](crate::PytorchBfc) (see the
+/// module docs).
+#[derive(Debug, Clone)]
+pub struct LayoutPlan {
+    /// The stream whose large pool is planned: the first to ask.
+    key: Option<CacheKey>,
+    detector: PeriodDetector,
+    phase: Phase,
+    /// Requests of `key` in the large pool served so far.
+    clock: u64,
+    /// Start address -> block, for every free block of `key`'s large pool
+    /// while following (and stale entries, checked when read).
+    starts: BTreeMap<u64, BlockId>,
+    /// The free block `take` chose and the address to carve it at.
+    pending: Option<(BlockId, u64)>,
+    stats: PlanStats,
+}
+
+impl Default for LayoutPlan {
+    fn default() -> Self {
+        LayoutPlan {
+            key: None,
+            detector: PeriodDetector::default(),
+            phase: Phase::Detecting,
+            clock: 0,
+            starts: BTreeMap::new(),
+            pending: None,
+            stats: PlanStats::default(),
+        }
+    }
+}
+
+impl LayoutPlan {
+    /// What the plan did so far.
+    pub fn stats(&self) -> PlanStats {
+        self.stats
+    }
+
+    /// Whether `req` is one the plan follows.
+    fn follows(&mut self, key: CacheKey, pool: PoolKind) -> bool {
+        if pool != PoolKind::Large || key.private_pool.is_some() {
+            return false;
+        }
+        *self.key.get_or_insert(key) == key
+    }
+
+    /// The free block to carve `req` from at its planned address, taken out
+    /// of `free`; makes the plan first when the learned periods are over.
+    pub(crate) fn take(
+        &mut self,
+        heap: &Heap,
+        free: &mut FreeIndex,
+        req: &Request,
+    ) -> Option<BlockId> {
+        self.pending = None;
+        if !self.follows(req.key, req.pool) {
+            return None;
+        }
+        if let Phase::Learning {
+            origin,
+            period,
+            ref recorded,
+            ref mut switch_at,
+            ..
+        } = self.phase
+        {
+            if self.clock == origin + 2 * period {
+                *switch_at = Some(self.clock + quietest_place(recorded, period));
+            }
+            if *switch_at == Some(self.clock) {
+                self.make_plan(heap, free);
+            }
+        }
+        let Phase::Following {
+            origin, slots, top, ..
+        } = &self.phase
+        else {
+            return None;
+        };
+        let top = *top;
+        let (size, addr) = slots[((self.clock - origin) % slots.len() as u64) as usize];
+        if size == req.size && addr.is_none() {
+            // Unplanned (it outlives a period): above the plan, where it
+            // takes no planned block's place.
+            let (id, at) = self.free_block_above(heap, top, size)?;
+            let b = heap.block(id);
+            free.remove(b.key(), b.size, b.addr)?;
+            self.pending = Some((id, at));
+            return Some(id);
+        }
+        // Off the plan (another size), unplanned, or its place still taken:
+        // best fit.
+        let addr = addr.filter(|_| size == req.size)?;
+        let id = self.free_block_over(heap, addr, size)?;
+        let b = heap.block(id);
+        free.remove(b.key(), b.size, b.addr)?;
+        self.pending = Some((id, addr));
+        Some(id)
+    }
+
+    /// A free block of the planned stream that holds `size` bytes at or
+    /// above `top`, and the address to carve them at.
+    fn free_block_above(&mut self, heap: &Heap, top: u64, size: u64) -> Option<(BlockId, u64)> {
+        if let Some(id) = self.free_block_over(heap, top, size) {
+            return Some((id, top));
+        }
+        let mut from = top;
+        while let Some((&start, &id)) = self.starts.range(from..).next() {
+            if !self.is_free_start(heap, start, id) {
+                self.starts.remove(&start);
+                continue;
+            }
+            if heap.block(id).size >= size {
+                return Some((id, start));
+            }
+            from = start + 1;
+        }
+        None
+    }
+
+    /// Whether `id` is a free block of the planned stream starting at `start`.
+    fn is_free_start(&self, heap: &Heap, start: u64, id: BlockId) -> bool {
+        let b = heap.block(id);
+        b.addr == start
+            && b.size > 0
+            && b.state == BlockState::Free
+            && b.pool == PoolKind::Large
+            && Some(b.key()) == self.key
+    }
+
+    /// The free block of the planned stream covering `[addr, addr + size)`,
+    /// dropping stale entries met on the way.
+    fn free_block_over(&mut self, heap: &Heap, addr: u64, size: u64) -> Option<BlockId> {
+        while let Some((&start, &id)) = self.starts.range(..=addr).next_back() {
+            if self.is_free_start(heap, start, id) {
+                return (start + heap.block(id).size >= addr + size).then_some(id);
+            }
+            self.starts.remove(&start);
+        }
+        None
+    }
+
+    /// Carves `block` at the address `take` chose for it, indexing the free
+    /// pieces before and after in `free`; `None` when `block` is not the
+    /// one `take` chose.
+    pub(crate) fn carve(
+        &mut self,
+        heap: &mut Heap,
+        free: &mut FreeIndex,
+        block: BlockId,
+        req: &Request,
+    ) -> Option<BlockId> {
+        let (chosen, addr) = self.pending.take()?;
+        if chosen != block {
+            return None;
+        }
+        let start = heap.block(block).addr;
+        let piece = if addr > start {
+            let piece = heap.split(block, addr - start);
+            let front = heap.block(block);
+            free.insert(front.key(), front.size, front.addr, block);
+            self.starts.insert(start, block);
+            piece
+        } else {
+            block
+        };
+        if heap.block(piece).size - req.size >= MIN_BLOCK_SIZE {
+            let rest = heap.split(piece, req.size);
+            let r = heap.block(rest);
+            free.insert(r.key(), r.size, r.addr, rest);
+        }
+        Some(piece)
+    }
+
+    /// A request of the large pool was served with `piece` (by the plan or
+    /// by best fit): advances the clock, and detects, learns or checks.
+    pub(crate) fn carved(&mut self, heap: &Heap, piece: BlockId, req: &Request) {
+        if !self.follows(req.key, req.pool) {
+            return;
+        }
+        let t = self.clock;
+        self.clock += 1;
+        // Fed in every phase, so that when a plan fails the detector has
+        // followed the sequence (a period inside a step gives way to the
+        // step's as soon as the step leaves it).
+        let found = self.detector.push(req.size);
+        match &mut self.phase {
+            Phase::Detecting => {
+                if let Some(period) = found {
+                    self.phase = Phase::Learning {
+                        origin: self.clock,
+                        period: period as u64,
+                        recorded: Vec::with_capacity(period),
+                        live: HashMap::new(),
+                        switch_at: None,
+                    };
+                }
+            }
+            Phase::Learning {
+                origin,
+                period,
+                recorded,
+                live,
+                ..
+            } => {
+                let at = t - *origin;
+                let place = (at % *period) as usize;
+                if at < *period {
+                    live.insert(piece, Learned::First(recorded.len()));
+                    recorded.push(Recorded {
+                        size: req.size,
+                        freed: None,
+                    });
+                } else if recorded[place].size == req.size {
+                    // A later period's block (until the switch).
+                    live.insert(piece, Learned::Second(place));
+                } else {
+                    // Not periodic after all: detect again.
+                    self.phase = Phase::Detecting;
+                }
+            }
+            Phase::Following {
+                origin,
+                slots,
+                mismatches,
+                conflicts,
+                periods,
+                ..
+            } => {
+                let period = slots.len() as u64;
+                let place = ((t - *origin) % period) as usize;
+                let (size, addr) = slots[place];
+                if size != req.size {
+                    *mismatches += 1;
+                    self.stats.mismatches += 1;
+                } else if addr == Some(heap.block(piece).addr) {
+                    self.stats.placed += 1;
+                } else if addr.is_some() {
+                    *conflicts += 1;
+                    self.stats.conflicts += 1;
+                }
+                // A few stray requests are tolerated; more mean the steps
+                // changed (or the period was a part of a step).
+                let failed = *mismatches > 2.max(period / 16);
+                let ended = place + 1 == slots.len();
+                // Past the first period (which meets the blocks of the last
+                // unplanned one), planned places must be free: the steps
+                // changed how long blocks live, so learn them again.
+                let blocked = ended && *periods >= 1 && *conflicts > 2.max(period / 32);
+                if failed || blocked {
+                    // A plan that never lasted two periods was made from a
+                    // part of a step: do not propose that period again.
+                    if failed && *periods < 2 {
+                        self.detector.ban(period as usize);
+                    }
+                    self.drop_plan();
+                    return;
+                }
+                if ended {
+                    *periods += 1;
+                    *mismatches = 0;
+                    *conflicts = 0;
+                }
+                // A best-fit carve may have split off a free remainder.
+                if let Some(next) = heap.block(piece).next {
+                    let n = heap.block(next);
+                    if n.state == BlockState::Free {
+                        self.starts.insert(n.addr, next);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `block` of the planned stream is about to become free (before it
+    /// merges with its neighbours).
+    pub(crate) fn freeing(&mut self, block: BlockId) {
+        if let Phase::Learning {
+            recorded,
+            live,
+            origin,
+            ..
+        } = &mut self.phase
+        {
+            if let Some(Learned::First(i)) = live.remove(&block) {
+                recorded[i].freed = Some(self.clock - *origin);
+            }
+        }
+    }
+
+    /// `survivor` is the free block that `freeing`'s block became part of.
+    pub(crate) fn freed(&mut self, heap: &Heap, survivor: BlockId) {
+        if matches!(self.phase, Phase::Following { .. }) {
+            let b = heap.block(survivor);
+            if Some(b.key()) == self.key && b.pool == PoolKind::Large {
+                self.starts.insert(b.addr, survivor);
+            }
+        }
+    }
+
+    fn drop_plan(&mut self) {
+        self.stats.dropped += 1;
+        self.stats.period = 0;
+        self.starts.clear();
+        self.phase = Phase::Detecting;
+    }
+
+    /// Lays out the learned period and starts following it.
+    fn make_plan(&mut self, heap: &Heap, free: &FreeIndex) {
+        let Phase::Learning {
+            origin,
+            period,
+            recorded,
+            live,
+            ..
+        } = std::mem::replace(&mut self.phase, Phase::Detecting)
+        else {
+            return;
+        };
+        let key = self.key.expect("a learned stream");
+        let Some(segment) = heap
+            .segments()
+            .find(|(_, s)| s.key() == key && s.pool == PoolKind::Large && s.expandable)
+            .map(|(id, _)| id)
+        else {
+            self.detector.ban(period as usize);
+            return;
+        };
+        // Blocks freed within a period of their request are planned.
+        let plannable = |r: &Recorded, start: u64| r.freed.filter(|&f| f - start <= period);
+        // The blocks of the second period still allocated now, by place:
+        // the first period followed frees them where they are, so their
+        // places keep those addresses in the plan (no conflict at the switch).
+        let mut crossing: HashMap<usize, BlockId> = HashMap::new();
+        for (&id, l) in &live {
+            if let Learned::Second(i) = *l {
+                crossing.insert(i, id);
+            }
+        }
+        let (mut lives, mut pinned, mut places) = (Vec::new(), Vec::new(), Vec::new());
+        let mut replaced = Vec::new();
+        for (start, r) in recorded.iter().enumerate() {
+            if let Some(freed) = plannable(r, start as u64) {
+                lives.push(Life {
+                    size: r.size,
+                    start: start as u64,
+                    length: freed - start as u64,
+                });
+                let now = crossing.get(&start).copied();
+                pinned.push(now.map(|id| heap.block(id).addr));
+                replaced.extend(now);
+                places.push(start);
+            }
+        }
+        // Everything else allocated in the segment stays where it is.
+        let fixed: Vec<(u64, u64)> = heap
+            .segment_blocks(segment)
+            .filter(|&id| heap.block(id).state != BlockState::Free && !replaced.contains(&id))
+            .map(|id| (heap.block(id).addr, heap.block(id).size))
+            .collect();
+        let base = heap.segment(segment).addr;
+        // The blocks still allocated keep their addresses in the plan, so
+        // that the first period followed meets none of them.
+        let addrs = pack_around(&lives, &pinned, period, base, &fixed, MIN_BLOCK_SIZE);
+        let top = lives
+            .iter()
+            .zip(&addrs)
+            .map(|(l, a)| a + l.size)
+            .max()
+            .unwrap_or(base);
+        let mut slots: Vec<(u64, Option<u64>)> = recorded.iter().map(|r| (r.size, None)).collect();
+        for (place, addr) in places.into_iter().zip(addrs) {
+            slots[place].1 = Some(addr);
+        }
+        self.starts = free
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, e)| (e.addr, e.id))
+            .collect();
+        self.stats.plans += 1;
+        self.stats.period = period;
+        self.phase = Phase::Following {
+            origin,
+            slots,
+            top,
+            mismatches: 0,
+            conflicts: 0,
+            periods: 0,
+        };
+    }
+
+    /// Every free block of the planned stream's large pool in `free` has its
+    /// start recorded (while following).
+    pub(crate) fn check(&self, free: &FreeIndex) -> Result<(), String> {
+        if !matches!(self.phase, Phase::Following { .. }) {
+            return Ok(());
+        }
+        for (k, e) in free.iter() {
+            if Some(k) == self.key && self.starts.get(&e.addr) != Some(&e.id) {
+                return Err(format!("plan_layout lost the free block at {:#x}", e.addr));
+            }
+        }
+        Ok(())
+    }
+}
