@@ -52,6 +52,17 @@ enum Phase {
     },
 }
 
+/// Whether `id` is a free large-pool block of stream `key` starting at
+/// `start`.
+fn is_free_start(heap: &Heap, key: Option<CacheKey>, start: u64, id: BlockId) -> bool {
+    let b = heap.block(id);
+    b.addr == start
+        && b.size > 0
+        && b.state == BlockState::Free
+        && b.pool == PoolKind::Large
+        && Some(b.key()) == key
+}
+
 /// The place in the period where the fewest bytes of the recorded blocks
 /// are allocated across it (between steps, where activations are gone):
 /// switching to the plan there leaves the fewest blocks of the last
@@ -206,14 +217,20 @@ impl LayoutPlan {
         None
     }
 
+    /// Drops the stale start entries once they outnumber the heap's blocks
+    /// (lookups drop only those they meet), so that the map stays the size
+    /// of the heap over a long run.
+    fn prune_starts(&mut self, heap: &Heap) {
+        if self.starts.len() > 2 * heap.block_count() + 64 {
+            let key = self.key;
+            self.starts
+                .retain(|&start, &mut id| is_free_start(heap, key, start, id));
+        }
+    }
+
     /// Whether `id` is a free block of the planned stream starting at `start`.
     fn is_free_start(&self, heap: &Heap, start: u64, id: BlockId) -> bool {
-        let b = heap.block(id);
-        b.addr == start
-            && b.size > 0
-            && b.state == BlockState::Free
-            && b.pool == PoolKind::Large
-            && Some(b.key()) == self.key
+        is_free_start(heap, self.key, start, id)
     }
 
     /// The free block of the planned stream covering `[addr, addr + size)`,
@@ -348,6 +365,7 @@ impl LayoutPlan {
                     *periods += 1;
                     *mismatches = 0;
                     *conflicts = 0;
+                    self.prune_starts(heap);
                 }
                 // A best-fit carve may have split off a free remainder.
                 if let Some(next) = heap.block(piece).next {
