@@ -163,10 +163,14 @@ impl LayoutPlan {
             ..
         } = self.phase
         {
-            if self.clock == origin + 2 * period {
-                *switch_at = Some(self.clock + quietest_place(recorded, period));
+            // `>=`: a request carved without a `take` (none of this stream's
+            // today) must not leave the plan unmade for ever.
+            if switch_at.is_none() && self.clock >= origin + 2 * period {
+                let place = quietest_place(recorded, period);
+                let now = (self.clock - origin) % period;
+                *switch_at = Some(self.clock + (place + period - now) % period);
             }
-            if *switch_at == Some(self.clock) {
+            if switch_at.is_some_and(|at| self.clock >= at) {
                 self.make_plan(heap, free);
             }
         }
