@@ -513,3 +513,33 @@ impl LayoutPlan {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(size: u64, freed: u64) -> Recorded {
+        Recorded {
+            size,
+            freed: Some(freed),
+        }
+    }
+
+    /// A block wrapping around the period counts at both ends; blocks that
+    /// outlive a period or were never freed do not count.
+    #[test]
+    fn the_quietest_place_has_the_fewest_bytes_across_it() {
+        let unfreed = Recorded {
+            size: 1 << 30,
+            freed: None,
+        };
+        let mut recorded = vec![unfreed; 10];
+        recorded[3] = block(10, 6); // across places 4 and 5
+        recorded[8] = block(100, 13); // across 9, 0, 1 and 2
+        recorded[5] = block(1 << 30, 16); // outlives the period
+        assert_eq!(quietest_place(&recorded, 10), 3);
+        // Fill place 3 and the quietest moves to the first empty place after.
+        recorded[2] = block(1000, 4); // across place 3
+        assert_eq!(quietest_place(&recorded, 10), 6);
+    }
+}
