@@ -1,7 +1,7 @@
 //! An exact best-fit index of free blocks: per cache key (a stream's blocks,
 //! device-wide or in one private pool), a two-level bitmap of
-//! size bins (16 sub-bins per power of two, as TLSF) whose bins are vectors
-//! sorted by (size, address).
+//! size bins (64 sub-bins per power of two, exact 512-byte bins below
+//! 32 KiB) whose bins are short unsorted vectors, searched by a scan.
 //!
 //! It answers the same query as PyTorch's `std::set` ordered by (stream,
 //! size, address) — the smallest block of the stream with size >= n, lowest
@@ -45,19 +45,33 @@ fn bin_of(size: u64) -> usize {
     }
 }
 
-/// Inserts `e` before the last entry of a sorted bin (the uncommon case).
-#[cold]
-#[inline(never)]
-fn insert_sorted(entries: &mut Vec<Entry>, e: Entry) {
-    let at = entries.partition_point(|x| (x.size, x.addr) < (e.size, e.addr));
-    entries.insert(at, e);
+/// The order of the index within one cache key, as one comparable number:
+/// size, then address.
+#[inline(always)]
+fn rank_key(e: &Entry) -> u128 {
+    (u128::from(e.size) << 64) | u128::from(e.addr)
 }
 
-/// Removes an entry other than the last of a bin (the uncommon case).
-#[cold]
-#[inline(never)]
-fn remove_inner(entries: &mut Vec<Entry>, at: usize) -> Entry {
-    entries.remove(at)
+/// Position of the smallest entry (by size, then address) of `entries`
+/// with size >= `size`. Bins are short, so a scan costs less than keeping
+/// them sorted (a binary search and a `memmove` at every insert and
+/// removal); the scan has no data-dependent branch but the running minimum.
+#[inline]
+fn min_position(entries: &[Entry], size: u64) -> Option<usize> {
+    let mut best = u128::MAX;
+    let mut at = usize::MAX;
+    for (i, e) in entries.iter().enumerate() {
+        let key = if e.size >= size {
+            rank_key(e)
+        } else {
+            u128::MAX
+        };
+        if key < best {
+            best = key;
+            at = i;
+        }
+    }
+    (at != usize::MAX).then_some(at)
 }
 
 /// Size bins of one cache key.
@@ -67,7 +81,7 @@ struct Bins {
     first: u64,
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
     second: [SubMask; LEVELS],
-    /// Entries of each bin, sorted by (size, address).
+    /// Entries of each bin, in no particular order.
     bins: Box<[Vec<Entry>]>,
     len: usize,
 }
@@ -106,34 +120,22 @@ impl Bins {
     fn insert(&mut self, e: Entry) {
         let bin = bin_of(e.size);
         let entries = &mut self.bins[bin];
-        match entries.last() {
-            None => {
-                entries.push(e);
-                let (fl, sl) = (bin / SUBS, bin % SUBS);
-                self.second[fl] |= 1 << sl;
-                self.first |= 1 << fl;
-            }
-            Some(last) if (last.size, last.addr) < (e.size, e.addr) => entries.push(e),
-            Some(_) => insert_sorted(entries, e),
+        if entries.is_empty() {
+            let (fl, sl) = (bin / SUBS, bin % SUBS);
+            self.second[fl] |= 1 << sl;
+            self.first |= 1 << fl;
         }
+        entries.push(e);
         self.len += 1;
     }
 
     #[inline]
     fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
         let bin = bin_of(size);
-        let entries = &self.bins[bin];
-        let at = match entries.last() {
-            // Bins are short: the block is most often the last entry.
-            Some(last) if (last.size, last.addr) == (size, addr) => entries.len() - 1,
-            _ => entries.partition_point(|x| (x.size, x.addr) < (size, addr)),
-        };
-        if entries
-            .get(at)
-            .is_none_or(|x| (x.size, x.addr) != (size, addr))
-        {
-            return None;
-        }
+        // From the end: a block merged away was often indexed lately.
+        let at = self.bins[bin]
+            .iter()
+            .rposition(|x| x.addr == addr && x.size == size)?;
         Some(self.remove_at(bin, at))
     }
 
@@ -148,22 +150,19 @@ impl Bins {
     #[inline]
     fn lower_bound_position(&self, size: u64) -> Option<(usize, usize)> {
         let bin = bin_of(size);
-        let entries = &self.bins[bin];
-        if entries.last().is_some_and(|last| last.size >= size) {
-            return Some((bin, entries.partition_point(|x| x.size < size)));
+        if let Some(at) = min_position(&self.bins[bin], size) {
+            return Some((bin, at));
         }
-        self.next_nonempty(bin + 1).map(|b| (b, 0))
+        let bin = self.next_nonempty(bin + 1)?;
+        // Every entry of a later bin is large enough.
+        min_position(&self.bins[bin], 0).map(|at| (bin, at))
     }
 
     /// Removes the entry at a position found by `lower_bound_position`.
     #[inline]
     fn remove_at(&mut self, bin: usize, at: usize) -> Entry {
         let entries = &mut self.bins[bin];
-        let e = if at + 1 == entries.len() {
-            entries.pop().expect("position in range")
-        } else {
-            remove_inner(entries, at)
-        };
+        let e = entries.swap_remove(at);
         if entries.is_empty() {
             let (fl, sl) = (bin / SUBS, bin % SUBS);
             self.second[fl] &= !(1 << sl);
@@ -175,8 +174,15 @@ impl Bins {
         e
     }
 
-    fn iter(&self) -> impl DoubleEndedIterator<Item = &Entry> + '_ {
-        self.bins.iter().flatten()
+    /// Every entry in (size, address) order.
+    fn sorted(&self) -> Vec<Entry> {
+        let mut all = Vec::with_capacity(self.len);
+        for entries in self.bins.iter().filter(|b| !b.is_empty()) {
+            let from = all.len();
+            all.extend_from_slice(entries);
+            all[from..].sort_unstable_by_key(rank_key);
+        }
+        all
     }
 }
 
@@ -339,9 +345,8 @@ impl FreeIndex {
             .keys
             .get(key)
             .into_iter()
-            .flat_map(|b| b.iter().rev())
+            .flat_map(|b| b.sorted().into_iter().rev())
             .filter(|e| e.size < size)
-            .copied()
             .collect();
         if let Some((s, e)) = self.recent.get() {
             if s == key && e.size < size {
@@ -357,7 +362,7 @@ impl FreeIndex {
         let mut all: Vec<(CacheKey, Entry)> = self
             .keys
             .iter()
-            .flat_map(|(key, bins)| bins.iter().map(move |e| (key, *e)))
+            .flat_map(|(key, bins)| bins.sorted().into_iter().map(move |e| (key, e)))
             .collect();
         if let Some((s, e)) = self.recent.get() {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
@@ -434,45 +439,93 @@ mod tests {
         assert_eq!(index.len(), 1);
     }
 
+    /// Runs `ops` (operation, stream, size, address) on the index and on an
+    /// ordered set of (stream, size, address), and checks that every answer
+    /// is the same.
+    fn check_against_ordered_set(
+        ops: Vec<(u8, u64, u64, u64)>,
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        let mut index = FreeIndex::default();
+        let mut model: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
+        for (op, stream, size, addr) in ops {
+            match op {
+                0 => {
+                    if model.insert((stream, size, addr)) {
+                        index.insert(k(stream), size, addr, BlockId::MIN);
+                    }
+                }
+                1 if addr % 2 == 0 => {
+                    let removed = index.remove(k(stream), size, addr).is_some();
+                    prop_assert_eq!(removed, model.remove(&(stream, size, addr)));
+                }
+                1 => {
+                    let want = model
+                        .range((stream, size, 0)..)
+                        .next()
+                        .filter(|k| k.0 == stream)
+                        .copied();
+                    let got = index
+                        .take_lower_bound(k(stream), size, |_| true)
+                        .map(|e| (stream, e.size, e.addr));
+                    prop_assert_eq!(got, want);
+                    if let Some(k) = want {
+                        model.remove(&k);
+                    }
+                }
+                _ => {
+                    let want = model
+                        .range((stream, size, 0)..)
+                        .next()
+                        .filter(|k| k.0 == stream)
+                        .map(|k| (k.1, k.2));
+                    let got = index.lower_bound(k(stream), size).map(|e| (e.size, e.addr));
+                    prop_assert_eq!(got, want);
+                    let below: Vec<_> = index
+                        .below_descending(k(stream), size)
+                        .map(|e| (e.size, e.addr))
+                        .collect();
+                    let want_below: Vec<_> = model
+                        .range((stream, 0, 0)..(stream, size, 0))
+                        .rev()
+                        .map(|k| (k.1, k.2))
+                        .collect();
+                    prop_assert_eq!(below, want_below);
+                }
+            }
+            prop_assert_eq!(index.len(), model.len());
+        }
+        let all: Vec<_> = index
+            .iter()
+            .map(|(s, e)| (s.stream.0, e.size, e.addr))
+            .collect();
+        prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+        Ok(())
+    }
+
     proptest! {
         /// The index answers exactly like an ordered set of (stream, size, addr).
         #[test]
         fn matches_an_ordered_set(ops in proptest::collection::vec((0u8..3, 0u64..3, 1u64..100_000, 0u64..64), 1..400)) {
-            let mut index = FreeIndex::default();
-            let mut model: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
-            for (op, stream, size_units, addr) in ops {
-                let size = size_units * 512 * if size_units % 7 == 0 { 4096 } else { 1 };
-                match op {
-                    0 => {
-                        if model.insert((stream, size, addr)) {
-                            index.insert(k(stream), size, addr, BlockId::MIN);
-                        }
-                    }
-                    1 if addr % 2 == 0 => {
-                        let removed = index.remove(k(stream), size, addr).is_some();
-                        prop_assert_eq!(removed, model.remove(&(stream, size, addr)));
-                    }
-                    1 => {
-                        let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).copied();
-                        let got = index.take_lower_bound(k(stream), size, |_| true).map(|e| (stream, e.size, e.addr));
-                        prop_assert_eq!(got, want);
-                        if let Some(k) = want {
-                            model.remove(&k);
-                        }
-                    }
-                    _ => {
-                        let want = model.range((stream, size, 0)..).next().filter(|k| k.0 == stream).map(|k| (k.1, k.2));
-                        let got = index.lower_bound(k(stream), size).map(|e| (e.size, e.addr));
-                        prop_assert_eq!(got, want);
-                        let below: Vec<_> = index.below_descending(k(stream), size).map(|e| (e.size, e.addr)).collect();
-                        let want_below: Vec<_> = model.range((stream, 0, 0)..(stream, size, 0)).rev().map(|k| (k.1, k.2)).collect();
-                        prop_assert_eq!(below, want_below);
-                    }
-                }
-                prop_assert_eq!(index.len(), model.len());
-            }
-            let all: Vec<_> = index.iter().map(|(s, e)| (s.stream.0, e.size, e.addr)).collect();
-            prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
+            let ops = ops
+                .into_iter()
+                .map(|(op, stream, units, addr)| {
+                    (op, stream, units * 512 * if units % 7 == 0 { 4096 } else { 1 }, addr)
+                })
+                .collect();
+            check_against_ordered_set(ops)?;
+        }
+
+        /// Many blocks of one bin (sizes 1 MiB .. 1 MiB + 7.5 KiB, all in the
+        /// 16 KiB sub-bin of 1 MiB, many of them equal): the best fit within a
+        /// bin is the smallest size, then the lowest address, whatever the
+        /// insertion order.
+        #[test]
+        fn matches_an_ordered_set_within_one_bin(ops in proptest::collection::vec((0u8..3, 0u64..2, 0u64..16, 0u64..48), 1..600)) {
+            let ops = ops
+                .into_iter()
+                .map(|(op, stream, units, addr)| (op, stream, (1 << 20) + units * 512, addr))
+                .collect();
+            check_against_ordered_set(ops)?;
         }
     }
 }
