@@ -677,12 +677,11 @@ def child(workload, alloc, deterministic=False):
     if ours is not None and source != "gpu_alloc.memory_stats":
         res["gpu_alloc_stats"] = {k: ours.get(k) for k in STAT_KEYS}
     if ours is not None:
-        # What unmap_free_pages moved, and the host time it took (ours only).
-        res["page_moves"] = {k.split(".", 1)[1]: v for k, v in ours.items()
-                             if k.startswith("page_moves.")}
-        # What plan_layout did (with it on).
-        res["plan_layout"] = {k.split(".", 1)[1]: v for k, v in ours.items()
-                              if k.startswith("plan_layout.")}
+        # Our own counters, by group: what unmap_free_pages moved and the host
+        # time it took; what plan_layout did (with it on).
+        for group in ("page_moves", "plan_layout"):
+            res[group] = {k.split(".", 1)[1]: v for k, v in ours.items()
+                          if k.startswith(group + ".")}
     print("RESULT " + json.dumps(res), flush=True)
     sys.stderr.flush()
     os._exit(0)  # skips the interpreter's and CUDA's teardown (a second per run)

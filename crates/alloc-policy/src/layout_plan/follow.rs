@@ -209,7 +209,7 @@ impl LayoutPlan {
         }
         let mut from = top;
         while let Some((&start, &id)) = self.starts.range(from..).next() {
-            if !self.is_free_start(heap, start, id) {
+            if !is_free_start(heap, self.key, start, id) {
                 self.starts.remove(&start);
                 continue;
             }
@@ -232,16 +232,11 @@ impl LayoutPlan {
         }
     }
 
-    /// Whether `id` is a free block of the planned stream starting at `start`.
-    fn is_free_start(&self, heap: &Heap, start: u64, id: BlockId) -> bool {
-        is_free_start(heap, self.key, start, id)
-    }
-
     /// The free block of the planned stream covering `[addr, addr + size)`,
     /// dropping stale entries met on the way.
     fn free_block_over(&mut self, heap: &Heap, addr: u64, size: u64) -> Option<BlockId> {
         while let Some((&start, &id)) = self.starts.range(..=addr).next_back() {
-            if self.is_free_start(heap, start, id) {
+            if is_free_start(heap, self.key, start, id) {
                 return (start + heap.block(id).size >= addr + size).then_some(id);
             }
             self.starts.remove(&start);
