@@ -35,6 +35,7 @@ import gzip
 import sys
 
 MIB = 1 << 20
+ZONED_RATIO = 512
 GRANULE = 2 * MIB
 
 
@@ -72,6 +73,18 @@ def granules(addr, size):
     return range(addr // GRANULE, (addr + size - 1) // GRANULE + 1)
 
 
+ZONE_ALIGN = 16 << 30  # growable segments' ranges start on such a boundary in replay
+
+
+def zoned_granules(g, ratio, largest):
+    """Granules per page at granule `g` in `zoned` mode: the largest power of
+    two of 2 MiB granules at most 1/`ratio` of the segment below the page,
+    at least one, at most `largest` granules."""
+    below = g * GRANULE % ZONE_ALIGN
+    n = max(1, below // ratio // GRANULE)
+    return min(1 << (n.bit_length() - 1), largest)
+
+
 def rounds(events, mode, page):
     """Peak mapped bytes and pages unmapped under the engine's round rule."""
     per = page // GRANULE
@@ -88,8 +101,10 @@ def rounds(events, mode, page):
         need = []
         g = span.start
         while g < span.stop:
+            if mode == "zoned":
+                per = zoned_granules(g, ZONED_RATIO, page // GRANULE)
             start = g // per * per
-            if mode == "uniform":
+            if mode in ("uniform", "zoned"):
                 if start not in pages:
                     need.append((start, per))
                 g = start + per

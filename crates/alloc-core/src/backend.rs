@@ -5,6 +5,7 @@
 
 use crate::capture::CaptureGraph;
 use crate::error::BackendError;
+use crate::page_layout::PageLayout;
 use crate::types::StreamId;
 
 /// Where the segments of one private pool come from instead of the device
@@ -52,13 +53,13 @@ pub trait VirtualMemory {
     fn granularity(&self) -> u64;
 
     /// Reserves `size` bytes of address space with no memory behind it,
-    /// aligned to `page`: the size of each physical allocation that
-    /// [`VirtualMemory::map`] puts in it (a power-of-two multiple of the
-    /// granularity, and a divisor of `size`). The driver cannot unmap part
-    /// of a physical allocation, and moving a page costs about the same
-    /// whatever its size, so large pages make moving memory cheaper per
-    /// byte.
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError>;
+    /// aligned to `pages.largest()`, cut into the pages of `pages`: each
+    /// page one physical allocation that [`VirtualMemory::map`] puts in it
+    /// (every page a power-of-two multiple of the granularity; `size` a
+    /// multiple of the largest). The driver cannot unmap part of a physical
+    /// allocation, and moving a page costs about the same whatever its
+    /// size, so large pages make moving memory cheaper per byte.
+    fn reserve(&mut self, size: u64, pages: PageLayout) -> Result<u64, BackendError>;
 
     /// Backs `[addr, addr + size)` of a reserved range with memory (whole
     /// pages of the range). [`BackendError::OutOfMemory`] when the device is

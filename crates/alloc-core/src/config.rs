@@ -4,6 +4,7 @@
 
 use thiserror::Error;
 
+use crate::page_layout::PageLayout;
 use crate::pytorch::LARGE_BUFFER;
 use crate::types::MIB;
 
@@ -89,12 +90,13 @@ pub struct AllocatorConfig {
     /// pages inside growable segments, and map pages again when a block over
     /// them is handed out (`unmap_free_pages`, ours).
     pub unmap_free_pages: bool,
-    /// With `unmap_free_pages`: bytes of each physical page of the large
-    /// pool's growable segments (`unmap_page_mb`, ours; a power of two,
-    /// rounded up to the driver's granularity; default
-    /// [`DEFAULT_UNMAP_PAGE`]). Larger pages make each moved byte cheaper
-    /// and leave free holes smaller than a page mapped.
-    pub unmap_page: u64,
+    /// With `unmap_free_pages`: the physical pages of the large pool's
+    /// growable segments (`unmap_page_mb`, ours: a power of two of MiB for
+    /// pages of one size, rounded up to the driver's granularity, default
+    /// [`DEFAULT_UNMAP_PAGE`]; or `auto` for [`SCALED_UNMAP_PAGES`], pages
+    /// that grow with the heap beneath them). Larger pages make each moved
+    /// byte cheaper and leave free holes smaller than a page mapped.
+    pub unmap_pages: PageLayout,
     /// With expandable segments and `policy:pytorch-bfc`: learn the layout
     /// of a repeating step and place later steps' blocks as planned, so that
     /// the same addresses serve the same requests every step and, with
@@ -134,7 +136,7 @@ impl Default for AllocatorConfig {
             expandable_segments: false,
             stream_wait_reuse: false,
             unmap_free_pages: false,
-            unmap_page: DEFAULT_UNMAP_PAGE,
+            unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             plan_layout: false,
             idle_slab_limit: None,
             policy: None,
@@ -151,6 +153,23 @@ impl Default for AllocatorConfig {
 /// little less (also below PyTorch on GPT-2 generation) at 1.03-1.3x the
 /// training step (docs/policies.md, "Page size").
 pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
+
+/// The pages of `unmap_page_mb:auto`: 2 MiB pages up to 2 GiB into a
+/// growable segment, then pages of at most 1/512 of the offset below them
+/// (4 MiB from 2 GiB, 8 MiB from 4 GiB), at most 16 MiB (from 8 GiB). Memory
+/// held under free holes stays about the same share of a small heap as of a
+/// large one, while a large heap moves few, large pages (docs/policies.md,
+/// "Pages that grow with the heap").
+pub const SCALED_UNMAP_PAGES: PageLayout = PageLayout::scaled_const(2 * MIB, 16 * MIB, 512);
+
+/// The `unmap_page_mb` value that gives `pages`: `auto` or MiB.
+pub fn unmap_page_value(pages: &PageLayout) -> String {
+    if *pages == SCALED_UNMAP_PAGES {
+        "auto".to_string()
+    } else {
+        (pages.smallest() >> 20).to_string()
+    }
+}
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
@@ -208,14 +227,22 @@ impl AllocatorConfig {
                 "unmap_page_mb" => {
                     page_set = true;
                     let v = p.value(&key)?;
-                    cfg.unmap_page = v
-                        .parse::<u64>()
-                        .ok()
-                        .filter(|mb| mb.is_power_of_two() && *mb <= 1 << 20)
-                        .ok_or_else(|| {
-                            invalid(&key, &v, "expected a power of two from 1 to 1048576 (MiB)")
-                        })?
-                        << 20;
+                    cfg.unmap_pages = if v.eq_ignore_ascii_case("auto") {
+                        SCALED_UNMAP_PAGES
+                    } else {
+                        let mb = v
+                            .parse::<u64>()
+                            .ok()
+                            .filter(|mb| mb.is_power_of_two() && *mb <= 1 << 20)
+                            .ok_or_else(|| {
+                                invalid(
+                                    &key,
+                                    &v,
+                                    "expected auto or a power of two from 1 to 1048576 (MiB)",
+                                )
+                            })?;
+                        PageLayout::uniform(mb << 20)
+                    };
                 }
                 "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
                 "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
@@ -289,7 +316,7 @@ impl AllocatorConfig {
         if page_set && !cfg.unmap_free_pages {
             return Err(invalid(
                 "unmap_page_mb",
-                &(cfg.unmap_page >> 20).to_string(),
+                &unmap_page_value(&cfg.unmap_pages),
                 "needs unmap_free_pages:True (it sizes the pages that mode moves)",
             ));
         }
@@ -541,9 +568,16 @@ mod tests {
             "expandable_segments:true,unmap_free_pages:true,unmap_page_mb:64",
         )
         .unwrap();
-        assert_eq!(c.unmap_page, 64 * MIB);
+        assert_eq!(c.unmap_pages, PageLayout::uniform(64 * MIB));
         let c = AllocatorConfig::parse("expandable_segments:true,unmap_free_pages:true").unwrap();
-        assert_eq!(c.unmap_page, DEFAULT_UNMAP_PAGE);
+        assert_eq!(c.unmap_pages, PageLayout::uniform(DEFAULT_UNMAP_PAGE));
+        let c = AllocatorConfig::parse(
+            "expandable_segments:true,unmap_free_pages:true,unmap_page_mb:auto",
+        )
+        .unwrap();
+        assert_eq!(c.unmap_pages, SCALED_UNMAP_PAGES);
+        assert_eq!(unmap_page_value(&c.unmap_pages), "auto");
+        assert_eq!(SCALED_UNMAP_PAGES.size_at(8 << 30), 16 * MIB);
         let e = AllocatorConfig::parse("expandable_segments:true,unmap_page_mb:8").unwrap_err();
         assert!(e.to_string().contains("unmap_free_pages"), "{e}");
     }

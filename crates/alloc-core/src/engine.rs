@@ -9,6 +9,7 @@ use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, V
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
+use crate::page_layout::PageLayout;
 
 mod capture_reuse;
 mod checkpoint;
@@ -50,9 +51,9 @@ pub struct EngineOptions {
     pub expandable_segments: bool,
     /// With expandable segments, unmap free pages before mapping more.
     pub unmap_free_pages: bool,
-    /// With `unmap_free_pages`, the large pool's page size (rounded up to
-    /// the backend's granularity).
-    pub unmap_page: u64,
+    /// With `unmap_free_pages`, the large pool's pages (rounded up to the
+    /// backend's granularity).
+    pub unmap_pages: PageLayout,
     /// During a capture, reuse a block freed while other streams used it
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
@@ -66,7 +67,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             stream_wait_reuse: cfg.stream_wait_reuse,
             expandable_segments: cfg.expandable_segments,
             unmap_free_pages: cfg.unmap_free_pages,
-            unmap_page: cfg.unmap_page,
+            unmap_pages: cfg.unmap_pages,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
         }
     }

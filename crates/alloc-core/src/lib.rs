@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 mod forward;
 pub mod heap;
+pub mod page_layout;
 mod page_set;
 pub mod policy;
 pub mod private_pool;
@@ -32,13 +33,16 @@ mod validate;
 
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
-pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE};
+pub use config::{
+    unmap_page_value, AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES,
+};
 pub use engine::{
     Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
     SegmentCheckpoint, MAX_REQUEST,
 };
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};
+pub use page_layout::{PageLayout, RangePages};
 pub use policy::{OomRelease, Policy, Pressure, Request};
 pub use private_pool::PoolId;
 pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeSet;
 
-/// Page-aligned addresses of unmapped pages, all of one page size.
+use crate::page_layout::RangePages;
+
+/// Start addresses of unmapped pages of one range (whose [`RangePages`]
+/// the queries take).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PageSet {
     pages: BTreeSet<u64>,
@@ -16,6 +19,11 @@ impl PageSet {
         self.pages.len()
     }
 
+    /// Bytes of the pages in the set.
+    pub(crate) fn bytes(&self, layout: &RangePages) -> u64 {
+        self.pages.iter().map(|&p| layout.size_at(p)).sum()
+    }
+
     /// Whether any page of `[lo, hi)` is in the set.
     pub(crate) fn any_in(&self, lo: u64, hi: u64) -> bool {
         self.pages.range(lo..hi).next().is_some()
@@ -23,64 +31,114 @@ impl PageSet {
 
     /// Pages of `[lo, hi)` (page-aligned bounds) in the set, as maximal runs
     /// `(start, bytes)`.
-    pub(crate) fn runs_in(&self, lo: u64, hi: u64, page: u64) -> Vec<(u64, u64)> {
-        runs(self.pages.range(lo..hi).copied(), page)
+    pub(crate) fn runs_in(&self, lo: u64, hi: u64, layout: &RangePages) -> Vec<(u64, u64)> {
+        runs(self.pages.range(lo..hi).map(|&p| (p, layout.size_at(p))))
     }
 
     /// Pages of `[lo, hi)` (page-aligned bounds) not in the set, as maximal
     /// runs `(start, bytes)`.
-    pub(crate) fn gaps_in(&self, lo: u64, hi: u64, page: u64) -> Vec<(u64, u64)> {
+    pub(crate) fn gaps_in(&self, lo: u64, hi: u64, layout: &RangePages) -> Vec<(u64, u64)> {
         runs(
-            (lo..hi)
-                .step_by(page as usize)
-                .filter(|p| !self.pages.contains(p)),
-            page,
+            layout
+                .pages(lo, hi)
+                .filter(|(p, _)| !self.pages.contains(p)),
         )
     }
 
     /// Adds the pages of the run `[start, start + bytes)`.
-    pub(crate) fn insert_run(&mut self, start: u64, bytes: u64, page: u64) {
+    pub(crate) fn insert_run(&mut self, start: u64, bytes: u64, layout: &RangePages) {
         self.pages
-            .extend((start..start + bytes).step_by(page as usize));
+            .extend(layout.pages(start, start + bytes).map(|(p, _)| p));
     }
 
-    /// Removes every page of `[lo, hi)`; returns how many were there.
-    pub(crate) fn remove_in(&mut self, lo: u64, hi: u64) -> u64 {
+    /// Removes every page of `[lo, hi)`; returns their bytes.
+    pub(crate) fn remove_in(&mut self, lo: u64, hi: u64, layout: &RangePages) -> u64 {
         let gone: Vec<u64> = self.pages.range(lo..hi).copied().collect();
         for p in &gone {
             self.pages.remove(p);
         }
-        gone.len() as u64
+        gone.iter().map(|&p| layout.size_at(p)).sum()
     }
 }
 
-/// Groups ascending page addresses into maximal contiguous runs.
-fn runs(pages: impl Iterator<Item = u64>, page: u64) -> Vec<(u64, u64)> {
+/// Groups pages `(start, size)` in ascending order into maximal contiguous
+/// runs.
+pub(crate) fn runs(pages: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for p in pages {
+    for (p, size) in pages {
         match out.last_mut() {
-            Some((start, bytes)) if *start + *bytes == p => *bytes += page,
-            _ => out.push((p, page)),
+            Some((start, bytes)) if *start + *bytes == p => *bytes += size,
+            _ => out.push((p, size)),
         }
     }
     out
 }
 
+/// Splits page runs into the runs of pages of `size` bytes and the runs of
+/// the others.
+pub(crate) fn split_by_size(
+    layout: &RangePages,
+    page_runs: &[(u64, u64)],
+    size: u64,
+) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+    let pages = || {
+        page_runs
+            .iter()
+            .flat_map(|&(start, bytes)| layout.pages(start, start + bytes))
+    };
+    (
+        runs(pages().filter(|p| p.1 == size)),
+        runs(pages().filter(|p| p.1 != size)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::page_layout::PageLayout;
 
     #[test]
     fn runs_and_gaps_partition_a_range() {
-        let page = 2;
+        let layout = RangePages {
+            base: 0,
+            layout: PageLayout::uniform(2),
+        };
+        let page = &layout;
         let mut s = PageSet::default();
         s.insert_run(4, 4, page); // pages 4, 6
         s.insert_run(12, 2, page); // page 12
-        assert_eq!(s.len(), 3);
+        assert_eq!((s.len(), s.bytes(page)), (3, 6));
         assert_eq!(s.runs_in(0, 16, page), vec![(4, 4), (12, 2)]);
         assert_eq!(s.gaps_in(0, 16, page), vec![(0, 4), (8, 4), (14, 2)]);
         assert!(s.any_in(6, 8) && !s.any_in(8, 12));
-        assert_eq!(s.remove_in(0, 8), 2);
+        assert_eq!(s.remove_in(0, 8, page), 4);
         assert_eq!(s.runs_in(0, 16, page), vec![(12, 2)]);
+    }
+
+    #[test]
+    fn runs_and_gaps_cross_pages_of_two_sizes() {
+        const MIB: u64 = 1 << 20;
+        // 2 MiB pages below 2 GiB, 4 MiB pages above.
+        let layout = RangePages {
+            base: 1 << 40,
+            layout: PageLayout::scaled(2 * MIB, 4 * MIB, 512).unwrap(),
+        };
+        let at = |off: u64| (1u64 << 40) + (2u64 << 30) + off;
+        let mut s = PageSet::default();
+        s.insert_run(at(0) - 4 * MIB, 12 * MIB, &layout); // 2 + 2 + 4 + 4 MiB
+        assert_eq!((s.len(), s.bytes(&layout)), (4, 12 * MIB));
+        assert_eq!(
+            s.runs_in(at(0) - 8 * MIB, at(16 * MIB), &layout),
+            vec![(at(0) - 4 * MIB, 12 * MIB)]
+        );
+        assert_eq!(
+            s.gaps_in(at(0) - 8 * MIB, at(16 * MIB), &layout),
+            vec![(at(0) - 8 * MIB, 4 * MIB), (at(8 * MIB), 8 * MIB)]
+        );
+        let run = [(at(0) - 4 * MIB, 12 * MIB)];
+        assert_eq!(
+            split_by_size(&layout, &run, 4 * MIB),
+            (vec![(at(0), 8 * MIB)], vec![(at(0) - 4 * MIB, 4 * MIB)])
+        );
     }
 }

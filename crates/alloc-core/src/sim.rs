@@ -9,6 +9,7 @@ mod capture;
 use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
 use crate::capture::CaptureGraph;
 use crate::error::BackendError;
+use crate::page_layout::{PageLayout, RangePages};
 use crate::types::StreamId;
 pub use capture::SimCapture;
 
@@ -30,8 +31,8 @@ pub struct SimMemory {
     live: BTreeMap<u64, u64>,
     /// Recorded (size, address) of segments, handed out in order.
     plan: VecDeque<(u64, u64)>,
-    /// Reserved address ranges: start -> (size, page).
-    ranges: BTreeMap<u64, (u64, u64)>,
+    /// Reserved address ranges: start -> (size, pages).
+    ranges: BTreeMap<u64, (u64, PageLayout)>,
     /// Mapped chunks (granularity-sized) inside reserved ranges.
     chunks: BTreeSet<u64>,
     /// Chunks still mapped whose memory was detached to a later map.
@@ -175,16 +176,21 @@ impl VirtualMemory for SimMemory {
         SIM_ALIGN
     }
 
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        if !page.is_power_of_two() || page < SIM_ALIGN || size == 0 || !size.is_multiple_of(page) {
+    fn reserve(&mut self, size: u64, pages: PageLayout) -> Result<u64, BackendError> {
+        let page = pages.largest();
+        if !pages.smallest().is_power_of_two()
+            || pages.smallest() < SIM_ALIGN
+            || size == 0
+            || !size.is_multiple_of(page)
+        {
             return Err(BackendError::Other(format!(
-                "reserve of {size} bytes in pages of {page}: not whole power-of-two pages \
+                "reserve of {size} bytes in pages of {pages}: not whole power-of-two pages \
                  of at least the granularity"
             )));
         }
         let addr = self.next_addr.div_ceil(page) * page;
         self.next_addr = addr + size + SIM_ALIGN;
-        self.ranges.insert(addr, (size, page));
+        self.ranges.insert(addr, (size, pages));
         Ok(addr)
     }
 
@@ -286,13 +292,13 @@ impl SimMemory {
     }
 
     fn check_range(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        let page = self
+        let pages = self
             .ranges
             .range(..=addr)
             .next_back()
             .filter(|(&start, &(len, _))| addr + size <= start + len)
-            .map(|(_, &(_, page))| page);
-        if size == 0 || !page.is_some_and(|p| addr.is_multiple_of(p) && size.is_multiple_of(p)) {
+            .map(|(&base, &(_, layout))| RangePages { base, layout });
+        if !pages.is_some_and(|p| p.is_whole(addr, size)) {
             return Err(BackendError::Other(format!(
                 "mapping [{addr:#x}, +{size}) is not whole pages of a reserved range"
             )));
@@ -530,15 +536,18 @@ mod tests {
     fn growable_ranges_map_and_unmap_chunks() {
         let mut m = SimMemory::new(10 << 20);
         assert!(
-            m.reserve(64 << 20, 3 << 20).is_err(),
+            m.reserve(64 << 20, PageLayout::uniform(3 << 20)).is_err(),
             "page not a power of two"
         );
-        assert!(m.reserve(60 << 20, 8 << 20).is_err(), "not whole pages");
-        let big = m.reserve(64 << 20, 8 << 20).unwrap();
+        assert!(
+            m.reserve(60 << 20, PageLayout::uniform(8 << 20)).is_err(),
+            "not whole pages"
+        );
+        let big = m.reserve(64 << 20, PageLayout::uniform(8 << 20)).unwrap();
         assert!(big.is_multiple_of(8 << 20), "aligned to its page");
         assert!(m.map(big, 2 << 20).is_err(), "part of a page");
         m.release(big, 64 << 20).unwrap();
-        let r = m.reserve(64 << 20, 2 << 20).unwrap();
+        let r = m.reserve(64 << 20, PageLayout::uniform(2 << 20)).unwrap();
         assert_eq!(m.used(), 0);
         m.map(r, 4 << 20).unwrap();
         assert!(m.map(r + (2 << 20), 2 << 20).is_err(), "double map");

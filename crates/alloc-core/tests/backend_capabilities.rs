@@ -4,8 +4,8 @@
 //! keeps busy pages mapped, never an "unsupported" error at run time.
 
 use alloc_core::{
-    AllocError, AllocatorConfig, BackendError, Engine, MemoryBackend, SimMemory, SimStreams,
-    StreamId, VirtualMemory, GIB, MIB,
+    AllocError, AllocatorConfig, BackendError, Engine, MemoryBackend, PageLayout, SimMemory,
+    SimStreams, StreamId, VirtualMemory, GIB, MIB,
 };
 use alloc_policy::AnyPolicy;
 
@@ -51,8 +51,8 @@ impl VirtualMemory for Restricted {
     fn granularity(&self) -> u64 {
         self.sim.granularity()
     }
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
-        self.sim.reserve(size, page)
+    fn reserve(&mut self, size: u64, pages: PageLayout) -> Result<u64, BackendError> {
+        self.sim.reserve(size, pages)
     }
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.sim.map(addr, size)

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use alloc_core::{BackendError, DetachPages, MemoryBackend, VirtualMemory};
+use alloc_core::{BackendError, DetachPages, MemoryBackend, PageLayout, VirtualMemory};
 use cudarc::driver::CudaContext;
 use rustc_hash::FxHashMap;
 
@@ -152,9 +152,9 @@ impl VirtualMemory for CudaMemory {
         self.vmm.granularity()
     }
 
-    fn reserve(&mut self, size: u64, page: u64) -> Result<u64, BackendError> {
+    fn reserve(&mut self, size: u64, pages: PageLayout) -> Result<u64, BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(self.vmm.reserve(size, page)?)
+        Ok(self.vmm.reserve(size, pages)?)
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {

@@ -30,6 +30,8 @@ use std::os::fd::RawFd;
 
 use cudarc::driver::sys::CUresult;
 
+use alloc_core::{PageLayout, RangePages};
+
 use crate::driver::{self, PhysicalHandle};
 use crate::error::CudaError;
 
@@ -55,8 +57,8 @@ pub struct VmmMappings {
     device: i32,
     /// Pages are created exportable as POSIX file descriptors.
     shareable: bool,
-    /// Reserved ranges: start -> (size, page size).
-    ranges: BTreeMap<u64, (u64, u64)>,
+    /// Reserved ranges: start -> (size, pages).
+    ranges: BTreeMap<u64, (u64, PageLayout)>,
     /// Mapped pages by address, with their size.
     pages: BTreeMap<u64, (PhysicalHandle, u64)>,
     /// Physical pages unmapped by [`VmmMappings::unmap_idle`], by size, kept
@@ -89,22 +91,31 @@ impl VmmMappings {
     }
 
     /// The whole pages that cover `[addr, addr + size)`, which must lie in
-    /// one reserved range: `(first page address, page size, page count)`.
+    /// one reserved range and on pages of one size (PyTorch's handle of
+    /// shared expandable memory names one page size): `(first page address,
+    /// page size, page count)`.
     pub fn covering_pages(&self, addr: u64, size: u64) -> Result<(u64, u64, u64), CudaError> {
         let outside = CudaError::Unsupported(
             "the memory is not inside one reserved range of an expandable segment",
         );
         let end = addr.checked_add(size.max(1)).ok_or(outside.clone())?;
-        let (&start, &(len, page)) = self
+        let (&base, &(len, layout)) = self
             .ranges
             .range(..=addr)
             .next_back()
             .ok_or(outside.clone())?;
-        if end > start + len {
+        if end > base + len {
             return Err(outside);
         }
-        let first = start + (addr - start) / page * page;
-        let last = start + (end - start).div_ceil(page) * page;
+        let pages = RangePages { base, layout };
+        let (first, last) = (pages.floor(addr), pages.ceil(end));
+        let page = pages.size_at(first);
+        if pages.size_at(last - 1) != page {
+            return Err(CudaError::Unsupported(
+                "the memory lies on pages of two sizes (unmap_page_mb:auto), which a CUDA IPC \
+                 handle cannot describe: share tensors allocated with a uniform unmap_page_mb",
+            ));
+        }
         Ok((first, page, (last - first) / page))
     }
 
@@ -145,32 +156,36 @@ impl VmmMappings {
         self.pages.values().map(|&(_, page)| page).sum()
     }
 
-    /// The pages of `[addr, addr + size)` (start addresses) and their size:
-    /// the span must cover whole pages of one reserved range.
-    fn pages_of(&self, addr: u64, size: u64) -> Result<(Vec<u64>, u64), CudaError> {
-        let page = self
+    /// The pages `(start address, size)` of `[addr, addr + size)`: the span
+    /// must cover whole pages of one reserved range.
+    fn pages_of(&self, addr: u64, size: u64) -> Result<Vec<(u64, u64)>, CudaError> {
+        let pages = self
             .ranges
             .range(..=addr)
             .next_back()
             .filter(|(&start, &(len, _))| {
                 addr.checked_add(size).is_some_and(|end| end <= start + len)
             })
-            .map(|(_, &(_, page))| page);
-        match page {
-            Some(p) if size > 0 && addr.is_multiple_of(p) && size.is_multiple_of(p) => {
-                Ok(((addr..addr + size).step_by(p as usize).collect(), p))
-            }
+            .map(|(&base, &(_, layout))| RangePages { base, layout });
+        match pages {
+            Some(p) if p.is_whole(addr, size) => Ok(p.pages(addr, addr + size).collect()),
             _ => Err(CudaError::Unsupported(
                 "mapping is not whole pages of a reserved range",
             )),
         }
     }
 
-    /// Reserves `size` bytes of address space, aligned to and mapped in pages
-    /// of `page` bytes (a power-of-two multiple of the granularity).
-    pub(crate) fn reserve(&mut self, size: u64, page: u64) -> Result<u64, CudaError> {
+    /// Reserves `size` bytes of address space, aligned to the largest page
+    /// of `pages` and mapped in its pages (each a power-of-two multiple of
+    /// the granularity).
+    pub(crate) fn reserve(&mut self, size: u64, pages: PageLayout) -> Result<u64, CudaError> {
         let g = self.granularity;
-        if g == 0 || !page.is_power_of_two() || !page.is_multiple_of(g) || size == 0 {
+        let page = pages.largest();
+        if g == 0
+            || !pages.smallest().is_power_of_two()
+            || !pages.smallest().is_multiple_of(g)
+            || size == 0
+        {
             return Err(CudaError::Unsupported(
                 "page size is not a power-of-two multiple of the granularity",
             ));
@@ -179,7 +194,7 @@ impl VmmMappings {
             return Err(CudaError::Unsupported("range is not whole pages"));
         }
         let addr = driver::address_reserve(size, page)?;
-        self.ranges.insert(addr, (size, page));
+        self.ranges.insert(addr, (size, pages));
         Ok(addr)
     }
 
@@ -187,14 +202,14 @@ impl VmmMappings {
     /// `[addr, addr + size)`, with one access call for the run; on failure
     /// nothing stays mapped.
     pub(crate) fn map(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let (pages, page) = self.pages_of(addr, size)?;
+        let pages = self.pages_of(addr, size)?;
         if pages
             .iter()
-            .any(|a| self.pages.contains_key(a) || self.detached.contains_key(a))
+            .any(|(a, _)| self.pages.contains_key(a) || self.detached.contains_key(a))
         {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
-        for (i, &at) in pages.iter().enumerate() {
+        for (i, &(at, page)) in pages.iter().enumerate() {
             let handle = match self.spare.get_mut(&page).and_then(Vec::pop) {
                 Some(h) => Ok(h),
                 None => self.create(page),
@@ -212,13 +227,13 @@ impl VmmMappings {
                 }
                 Err(e) => {
                     // Roll back what this call mapped.
-                    let _ = self.unmap_pages(&pages[..i]);
+                    let _ = self.unmap_pages(pages[..i].iter().map(|p| p.0));
                     return Err(e);
                 }
             }
         }
         if let Err(e) = driver::mem_set_access(addr, size, self.device) {
-            let _ = self.unmap_pages(&pages);
+            let _ = self.unmap_pages(pages.iter().map(|p| p.0));
             return Err(e);
         }
         Ok(())
@@ -244,7 +259,7 @@ impl VmmMappings {
     pub(crate) fn unmap(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
         let pages = self.mapped_pages(addr, size)?;
         driver::ctx_synchronize()?;
-        self.unmap_pages(&pages)
+        self.unmap_pages(pages.into_iter())
     }
 
     /// [`VmmMappings::unmap`] without the context-wide wait (the caller knows
@@ -277,7 +292,11 @@ impl VmmMappings {
     /// [`VmmMappings::detach`] left mapped (their memory lives on at its new
     /// address, or is released once unmapped here).
     pub(crate) fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let (pages, _) = self.pages_of(addr, size)?;
+        let pages: Vec<u64> = self
+            .pages_of(addr, size)?
+            .into_iter()
+            .map(|p| p.0)
+            .collect();
         if !pages.iter().all(|a| self.detached.contains_key(a)) {
             return Err(CudaError::Unsupported(
                 "unmap_detached of memory that is not detached",
@@ -309,17 +328,21 @@ impl VmmMappings {
 
     /// The pages over `[addr, addr + size)`, which must all be mapped.
     fn mapped_pages(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
-        let (pages, _) = self.pages_of(addr, size)?;
+        let pages: Vec<u64> = self
+            .pages_of(addr, size)?
+            .into_iter()
+            .map(|p| p.0)
+            .collect();
         if !pages.iter().all(|a| self.pages.contains_key(a)) {
             return Err(CudaError::Unsupported("unmap of memory that is not mapped"));
         }
         Ok(pages)
     }
 
-    fn unmap_pages(&mut self, pages: &[u64]) -> Result<(), CudaError> {
+    fn unmap_pages(&mut self, pages: impl Iterator<Item = u64>) -> Result<(), CudaError> {
         for at in pages {
-            if let Some((handle, page)) = self.pages.remove(at) {
-                driver::mem_unmap(*at, page)?;
+            if let Some((handle, page)) = self.pages.remove(&at) {
+                driver::mem_unmap(at, page)?;
                 driver::mem_release(handle)?;
             }
         }
@@ -356,7 +379,8 @@ mod tests {
     /// pages (no driver call: the range is entered directly).
     fn with_range(page: u64, shareable: bool) -> VmmMappings {
         let mut m = VmmMappings::new(0, 2 * MIB, shareable);
-        m.ranges.insert(1 << 30, (64 * MIB, page));
+        m.ranges
+            .insert(1 << 30, (64 * MIB, PageLayout::uniform(page)));
         m
     }
 
@@ -379,6 +403,16 @@ mod tests {
         assert!(m.covering_pages(base - 1, 16).is_err());
         assert!(m.covering_pages(base + 64 * MIB - 16, 32).is_err());
         assert!(m.covering_pages(u64::MAX - 4, 16).is_err());
+        // Scaled pages: 2 MiB below 32 MiB into the range, 4 MiB above.
+        let mut m = VmmMappings::new(0, 2 * MIB, true);
+        let scaled = PageLayout::scaled(2 * MIB, 4 * MIB, 8).unwrap();
+        m.ranges.insert(base, (64 * MIB, scaled));
+        assert_eq!(
+            m.covering_pages(base + 40 * MIB, MIB),
+            Ok((base + 40 * MIB, 4 * MIB, 1))
+        );
+        let e = m.covering_pages(base + 30 * MIB, 4 * MIB).unwrap_err();
+        assert!(e.to_string().contains("two sizes"), "{e}");
     }
 
     #[test]

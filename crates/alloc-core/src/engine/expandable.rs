@@ -5,11 +5,13 @@
 
 use std::time::Instant;
 
-use super::growable::{growth, growth_step, Growable, SegmentKey};
+use super::growable::{growth, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
+use crate::page_layout::PageLayout;
+use crate::page_set::split_by_size;
 use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, StreamId};
@@ -33,34 +35,45 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// growable segment (reserving its address range first if needed) so that
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let page = self.page_size(req);
-        let step = growth_step(req.pool, page, self.granularity);
+        let pages = self.page_layout(req);
         let grown = self
             .growable
             .get(&(req.key, req.pool))
             .map(|g| (g.segment, g.range));
-        let free_tail = grown.map_or(0, |(segment, _)| {
-            let last = self.heap.block(self.heap.segment(segment).last);
-            if last.state == BlockState::Free {
+        let (mapped, free_tail) = grown.map_or((0, 0), |(segment, _)| {
+            let seg = self.heap.segment(segment);
+            let last = self.heap.block(seg.last);
+            let tail = if last.state == BlockState::Free {
                 last.size
             } else {
                 0
-            }
+            };
+            (seg.size, tail)
         });
-        let extra = growth(req.size, free_tail, step);
+        let extra = growth(
+            req.pool,
+            &pages,
+            self.granularity,
+            mapped,
+            req.size,
+            free_tail,
+        );
         // The free tail grows into the new pages: keep it mapped.
         let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
-        let mover = (req.key.stream, page);
+        let mover = (req.key.stream, pages.size_at(mapped));
         let reused_busy = self.make_room(extra, tail, mover)?;
         if self.would_pass_limit(extra) {
             return Ok(None);
         }
         let Some((segment, range)) = grown else {
-            let range = self.memory.capacity().div_ceil(step) * step;
+            // The device's size in whole growth steps and largest pages.
+            let step = growth(req.pool, &pages, self.granularity, 0, 1, 0);
+            let range =
+                (self.memory.capacity().div_ceil(step) * step).next_multiple_of(pages.largest());
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
             }
-            let addr = virtual_memory(&mut self.memory)?.reserve(range, page)?;
+            let addr = virtual_memory(&mut self.memory)?.reserve(range, pages)?;
             let mapped = self.map_pages(addr, extra);
             if !matches!(mapped, Ok(true)) {
                 virtual_memory(&mut self.memory)?.release(addr, range)?;
@@ -68,7 +81,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
             self.heap.set_expandable(segment);
-            let grown = Growable::new(segment, addr, page, range, extra, reused_busy);
+            let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
             self.growable.insert((req.key, req.pool), grown);
             return Ok(Some(block));
         };
@@ -93,17 +106,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(Some(tail))
     }
 
-    /// Bytes of each physical page of a new growable segment for `req`: the
-    /// backend's granularity, or the configured large-pool page (rounded up
-    /// to whole granules) with `unmap_free_pages` or in a sleep tag's pool,
+    /// The physical pages of a new growable segment for `req`: the
+    /// backend's granularity, or the configured large-pool pages (each at
+    /// least a granule) with `unmap_free_pages` or in a sleep tag's pool,
     /// where fewer, larger pages make pauses and resumes cheaper.
-    fn page_size(&self, req: &Request) -> u64 {
+    fn page_layout(&self, req: &Request) -> PageLayout {
         let granularity = self.granularity;
         let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.key);
         if large_pages && req.pool == PoolKind::Large {
-            self.options.unmap_page.div_ceil(granularity).max(1) * granularity
+            self.options.unmap_pages.at_least(granularity)
         } else {
-            granularity
+            PageLayout::uniform(granularity)
         }
     }
 
@@ -112,7 +125,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
         for key in keys {
             let g = &self.growable[&key];
-            let (seg_id, page) = (g.segment, g.page());
+            let seg_id = g.segment;
             let seg = self.heap.segment(seg_id);
             if seg.is_idle() || !self.pools.releasable(seg.key()) {
                 continue; // idle ones go back whole with the other idle segments
@@ -124,13 +137,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let cut = end - keep_to;
             self.settle_detached(&key, keep_to, end)?;
             self.unmap_mapped_runs(&key, keep_to, end)?;
-            let unmapped = self
-                .growable
-                .get_mut(&key)
-                .expect("growable")
-                .unmapped
-                .remove_in(keep_to, end)
-                * page;
+            let g = self.growable.get_mut(&key).expect("growable");
+            let pages = *g.pages();
+            let unmapped = g.unmapped.remove_in(keep_to, end, &pages);
             self.policy.remove_free(&self.heap, last_id);
             self.heap.shrink_segment(seg_id, cut, unmapped);
             let new_last = self.heap.segment(seg_id).last;
@@ -182,7 +191,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// first, until the mapping fits under the peak or none are left. Only
     /// peak-raising mappings pay for it, so a steady state maps and unmaps
     /// nothing. `mover` is the real stream and page size of the mapping to
-    /// come. Returns whether busy pages were detached for it
+    /// come (the size of its first page). Returns whether busy pages were detached for it
     /// ([`Engine::unmap_free_pages`]).
     pub(super) fn make_room(
         &mut self,
@@ -226,7 +235,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 break;
             }
             let g = &self.growable[&key];
-            let (seg_id, page) = (g.segment, g.page());
+            let (seg_id, pages) = (g.segment, *g.pages());
             let seg_key = self.heap.segment(seg_id).key();
             if !self.pools.releasable(seg_key) {
                 continue;
@@ -242,13 +251,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.poll_marks(&key)?;
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
             self.unmap_runs(&key, idle, budget, false)?;
-            if !busy.is_empty() {
-                let same_stream = mover == Some((seg_key.stream, page));
-                if same_stream && self.can_detach() {
-                    movable.push((key, busy));
-                } else {
-                    waiting.push((key, busy));
+            // Busy pages of the mover's stream and page size can move.
+            let (same, other) = match mover {
+                Some((stream, size)) if stream == seg_key.stream && self.can_detach() => {
+                    split_by_size(&pages, &busy, size)
                 }
+                _ => (Vec::new(), busy),
+            };
+            if !same.is_empty() {
+                movable.push((key, same));
+            }
+            if !other.is_empty() {
+                waiting.push((key, other));
             }
         }
         let mut detached = false;
@@ -305,15 +319,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         budget: &mut u64,
         detach: bool,
     ) -> Result<(), AllocError> {
-        let (seg_id, granularity) = (self.growable[key].segment, self.growable[key].page());
+        let (seg_id, layout) = (self.growable[key].segment, *self.growable[key].pages());
         for (start, bytes) in runs.into_iter().rev() {
             if *budget == 0 {
                 break;
             }
-            let take = bytes.min(budget.div_ceil(granularity).saturating_mul(granularity));
+            let take = layout.tail(start, start + bytes, *budget);
             let start = start + bytes - take;
             let started = Instant::now();
-            let pages = take / granularity;
+            let pages = layout.count(start, start + take);
             if detach {
                 detach_pages(&mut self.memory)?.detach(start, take)?;
                 self.count_move(started, |m| {
@@ -503,7 +517,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let (seg_id, key) = (b.segment, (seg.key(), seg.pool));
         let g = &self.growable[&key];
-        let granularity = g.page();
+        let layout = *g.pages();
         let (lo, hi) = g.covering(b.addr, size);
         let runs = g.unmapped_runs(lo, hi);
         let needed = runs.iter().map(|r| r.1).sum();
@@ -513,7 +527,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;
         }
-        let mover = (key.0.stream, granularity);
+        let mover = (
+            key.0.stream,
+            runs.first().map_or(0, |r| layout.size_at(r.0)),
+        );
         let reused_busy = self.make_room(needed, Some(block), mover)?;
         for (start, bytes) in runs {
             if self.would_pass_limit(bytes) {
@@ -523,7 +540,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.map_pages(start, bytes)? {
                 return Ok(false);
             }
-            self.count_move(started, |m| m.pages_mapped += bytes / granularity);
+            let pages = layout.count(start, start + bytes);
+            self.count_move(started, |m| m.pages_mapped += pages);
             let g = self.growable.get_mut(&key).expect("growable");
             g.pages_mapped(start, bytes, reused_busy);
             self.heap.pages_mapped(seg_id, bytes);

@@ -7,6 +7,7 @@
 
 use super::idle_pages::IdlePages;
 use crate::heap::{BlockState, Heap};
+use crate::page_layout::{PageLayout, RangePages};
 use crate::page_set::PageSet;
 use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
@@ -14,22 +15,29 @@ use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
 /// Names a growable segment: its cache key and pool.
 pub(crate) type SegmentKey = (CacheKey, PoolKind);
 
-/// The step in which a growable segment of `pool` with pages of `page`
-/// bytes grows: PyTorch's (2 MiB in the small pool, 20 MiB in the large),
-/// or whole pages when they are larger than the backend's `granularity`
-/// (`unmap_page_mb`), not PyTorch's step rounded up to them.
-pub(super) fn growth_step(pool: PoolKind, page: u64, granularity: u64) -> u64 {
-    if page > granularity {
-        page
+/// Bytes to map at the end of a growable segment of `pool` now `mapped`
+/// bytes long, with pages `pages`, whose free tail has `free_tail` bytes, so
+/// that the tail holds `size`: in PyTorch's step (2 MiB in the small pool,
+/// 20 MiB in the large) when pages are the backend's `granularity`, else up
+/// to the next page boundary (`unmap_page_mb`), not PyTorch's step rounded
+/// up to pages. At least one step or page.
+pub(super) fn growth(
+    pool: PoolKind,
+    pages: &PageLayout,
+    granularity: u64,
+    mapped: u64,
+    size: u64,
+    free_tail: u64,
+) -> u64 {
+    let needed = size.saturating_sub(free_tail).max(1);
+    let step = [SMALL_BUFFER, LARGE_BUFFER][pool.index()];
+    if pages.largest() <= granularity {
+        needed.div_ceil(step) * step
+    } else if pages.is_uniform() {
+        pages.ceil(mapped + needed) - mapped
     } else {
-        [SMALL_BUFFER, LARGE_BUFFER][pool.index()]
+        pages.ceil(mapped + needed.div_ceil(step) * step) - mapped
     }
-}
-
-/// Bytes to map at the end of a segment whose free tail has `free_tail`
-/// bytes so that the tail holds `size`: whole `step`s, at least one.
-pub(super) fn growth(size: u64, free_tail: u64, step: u64) -> u64 {
-    size.saturating_sub(free_tail).max(1).div_ceil(step) * step
 }
 
 /// The growable segment of one cache key and pool (`E`: the stream
@@ -37,8 +45,8 @@ pub(super) fn growth(size: u64, free_tail: u64, step: u64) -> u64 {
 #[derive(Debug)]
 pub(super) struct Growable<E> {
     pub(super) segment: SegmentId,
-    /// Bytes of each physical page: maps and unmaps cover whole pages.
-    page: u64,
+    /// Its physical pages: maps and unmaps cover whole pages.
+    pages: RangePages,
     /// Size of the reserved address range.
     pub(super) range: u64,
     /// Pages inside the segment that are not mapped.
@@ -54,48 +62,48 @@ impl<E> Growable<E> {
     pub(super) fn new(
         segment: SegmentId,
         base: u64,
-        page: u64,
+        layout: PageLayout,
         range: u64,
         mapped: u64,
         reused_busy: bool,
     ) -> Self {
-        let mut idle = IdlePages::new(base, page);
+        let pages = RangePages { base, layout };
+        let mut idle = IdlePages::new(pages);
         idle.mapped(base, base + mapped, reused_busy);
         Growable {
             segment,
-            page,
+            pages,
             range,
             unmapped: PageSet::default(),
             idle,
         }
     }
 
-    /// Bytes of each page.
+    /// Its pages.
     #[inline]
-    pub(super) fn page(&self) -> u64 {
-        self.page
+    pub(super) fn pages(&self) -> &RangePages {
+        &self.pages
     }
 
     /// The whole pages that `[addr, addr + size)` touches, as a range.
     pub(super) fn covering(&self, addr: u64, size: u64) -> (u64, u64) {
-        let page = self.page;
-        (addr / page * page, (addr + size).div_ceil(page) * page)
+        (self.pages.floor(addr), self.pages.ceil(addr + size))
     }
 
     /// Runs `(start, bytes)` of the mapped pages of `[lo, hi)`.
     pub(super) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        self.unmapped.gaps_in(lo, hi, self.page)
+        self.unmapped.gaps_in(lo, hi, &self.pages)
     }
 
     /// Runs `(start, bytes)` of the unmapped pages of `[lo, hi)`.
     pub(super) fn unmapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-        self.unmapped.runs_in(lo, hi, self.page)
+        self.unmapped.runs_in(lo, hi, &self.pages)
     }
 
     /// The unmapped pages of `[start, start + bytes)` were mapped (with
     /// memory the GPU may still use elsewhere if `reused_busy`).
     pub(super) fn pages_mapped(&mut self, start: u64, bytes: u64, reused_busy: bool) {
-        self.unmapped.remove_in(start, start + bytes);
+        self.unmapped.remove_in(start, start + bytes, &self.pages);
         self.idle.mapped(start, start + bytes, reused_busy);
     }
 
@@ -106,24 +114,23 @@ impl<E> Growable<E> {
         if detached {
             self.idle.detached(start, start + bytes);
         }
-        self.unmapped.insert_run(start, bytes, self.page);
+        self.unmapped.insert_run(start, bytes, &self.pages);
     }
 
     /// The mapped pages that lie wholly inside free blocks other than
     /// `keep`, as runs in address order: what unmapping free pages may
     /// take.
     pub(super) fn free_mapped_runs(&self, heap: &Heap, keep: Option<BlockId>) -> Vec<(u64, u64)> {
-        let page = self.page;
         let mut runs = Vec::new();
         for id in heap.segment_blocks(self.segment) {
             let b = heap.block(id);
             if b.state != BlockState::Free || Some(id) == keep {
                 continue;
             }
-            let lo = b.addr.div_ceil(page) * page;
-            let hi = (b.addr + b.size) / page * page;
+            let lo = self.pages.ceil(b.addr);
+            let hi = self.pages.floor(b.addr + b.size);
             if lo < hi {
-                runs.extend(self.unmapped.gaps_in(lo, hi, page));
+                runs.extend(self.unmapped.gaps_in(lo, hi, &self.pages));
             }
         }
         runs
@@ -138,7 +145,7 @@ impl<E> Growable<E> {
         if last.state != BlockState::Free {
             return None;
         }
-        let keep_to = (last.addr - seg.addr).div_ceil(self.page) * self.page + seg.addr;
+        let keep_to = self.pages.ceil(last.addr);
         (keep_to < seg.addr + seg.size).then_some(keep_to)
     }
 
@@ -147,9 +154,8 @@ impl<E> Growable<E> {
     /// segment (a sleep tag's) has every page unmapped, and any other only
     /// pages under free blocks.
     pub(super) fn check(&self, heap: &Heap, paused: bool) -> Result<(), String> {
-        let page = self.page;
         let seg = heap.segment(self.segment);
-        if seg.unmapped != self.unmapped.len() as u64 * page {
+        if seg.unmapped != self.unmapped.bytes(&self.pages) {
             return Err(format!(
                 "segment {:#x}: {} unmapped bytes counted, {} pages listed",
                 seg.addr,
@@ -204,18 +210,53 @@ mod tests {
         let c = heap.split(free, 9 * MIB / 2);
         heap.set_state(a, BlockState::Allocated, MIB);
         heap.set_state(c, BlockState::Allocated, MIB);
-        let g = Growable::new(seg, BASE, MIB, 64 * MIB, 8 * MIB, false);
+        let g = Growable::new(
+            seg,
+            BASE,
+            PageLayout::uniform(MIB),
+            64 * MIB,
+            8 * MIB,
+            false,
+        );
         (heap, g, [a, free, c])
     }
 
     #[test]
     fn growth_is_whole_steps_past_the_free_tail() {
-        assert_eq!(growth_step(PoolKind::Small, 2 * MIB, 2 * MIB), SMALL_BUFFER);
-        assert_eq!(growth_step(PoolKind::Large, 2 * MIB, 2 * MIB), LARGE_BUFFER);
-        assert_eq!(growth_step(PoolKind::Large, 16 * MIB, 2 * MIB), 16 * MIB);
-        assert_eq!(growth(5 * MIB, MIB, 2 * MIB), 4 * MIB);
-        assert_eq!(growth(5 * MIB, 0, 20 * MIB), 20 * MIB);
-        assert_eq!(growth(MIB, 3 * MIB, 2 * MIB), 2 * MIB, "at least a step");
+        let (small, large) = (PoolKind::Small, PoolKind::Large);
+        let granule = PageLayout::uniform(2 * MIB);
+        assert_eq!(
+            growth(small, &granule, 2 * MIB, 0, 5 * MIB, MIB),
+            2 * SMALL_BUFFER
+        );
+        assert_eq!(
+            growth(large, &granule, 2 * MIB, 0, 5 * MIB, 0),
+            LARGE_BUFFER
+        );
+        assert_eq!(
+            growth(large, &granule, 2 * MIB, 0, MIB, 3 * MIB),
+            LARGE_BUFFER,
+            "at least a step"
+        );
+        let big = PageLayout::uniform(16 * MIB);
+        assert_eq!(
+            growth(large, &big, 2 * MIB, 32 * MIB, 5 * MIB, MIB),
+            16 * MIB
+        );
+        assert_eq!(
+            growth(large, &big, 2 * MIB, 32 * MIB, MIB, 3 * MIB),
+            16 * MIB,
+            "at least a page"
+        );
+        // Scaled pages: PyTorch's step, up to the boundary of the page it
+        // reaches.
+        let scaled = PageLayout::scaled(2 * MIB, 4 * MIB, 512).unwrap();
+        let two_gib = 2 << 30;
+        assert_eq!(
+            growth(large, &scaled, 2 * MIB, two_gib - 2 * MIB, 3 * MIB, 0),
+            22 * MIB
+        );
+        assert_eq!(growth(large, &scaled, 2 * MIB, 0, 3 * MIB, 0), 20 * MIB);
     }
 
     #[test]

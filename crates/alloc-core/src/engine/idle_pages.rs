@@ -19,6 +19,9 @@
 
 use std::collections::VecDeque;
 
+use crate::page_layout::RangePages;
+use crate::page_set::runs;
+
 /// Page runs `(start, bytes)`.
 type Runs = Vec<(u64, u64)>;
 
@@ -29,12 +32,12 @@ const MAX_MARKS: usize = 16;
 /// Epoch stamps of one growable segment's pages and its outstanding marks.
 #[derive(Debug)]
 pub(super) struct IdlePages<E> {
-    /// The segment's start address.
-    base: u64,
-    /// Page size (the backend's growth granularity).
-    page: u64,
-    /// Per page, from the segment's start: epoch of the last free touching
-    /// it; 0 = not used since it was mapped.
+    /// The segment's pages.
+    pages: RangePages,
+    /// Per smallest page of the layout, from the segment's start: epoch of
+    /// the last free touching the page over it; 0 = not used since it was
+    /// mapped. Every stamp covers whole pages, so all the entries of a
+    /// larger page agree.
     freed_in: Vec<u64>,
     /// The epoch frees are stamped with now (starts at 1).
     epoch: u64,
@@ -48,12 +51,10 @@ pub(super) struct IdlePages<E> {
 }
 
 impl<E> IdlePages<E> {
-    /// No page used yet, in a segment starting at `base` with pages of
-    /// `page` bytes.
-    pub(super) fn new(base: u64, page: u64) -> Self {
+    /// No page used yet, in a segment of these pages.
+    pub(super) fn new(pages: RangePages) -> Self {
         IdlePages {
-            base,
-            page,
+            pages,
             freed_in: Vec::new(),
             epoch: 1,
             marks: VecDeque::new(),
@@ -62,10 +63,11 @@ impl<E> IdlePages<E> {
         }
     }
 
-    /// Indexes of the pages that `[lo, hi)` touches.
+    /// Indexes in `freed_in` of the whole pages that `[lo, hi)` touches.
     fn pages(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
-        let first = ((lo - self.base) / self.page) as usize;
-        let end = (hi - self.base).div_ceil(self.page) as usize;
+        let (base, unit) = (self.pages.base, self.pages.layout.smallest());
+        let first = ((self.pages.floor(lo) - base) / unit) as usize;
+        let end = ((self.pages.ceil(hi) - base) / unit) as usize;
         first..end
     }
 
@@ -95,7 +97,7 @@ impl<E> IdlePages<E> {
     /// Whether the GPU is known to be done with the page at `addr`.
     pub(super) fn is_idle(&self, addr: u64) -> bool {
         self.freed_in
-            .get(((addr - self.base) / self.page) as usize)
+            .get(((addr - self.pages.base) / self.pages.layout.smallest()) as usize)
             .is_none_or(|&e| e <= self.idle_through)
     }
 
@@ -209,22 +211,14 @@ impl<E> IdlePages<E> {
 
     /// Splits page runs `(start, bytes)` into the runs of idle pages and the
     /// runs of the others.
-    pub(super) fn split_runs(&self, runs: &[(u64, u64)]) -> (Runs, Runs) {
-        let page = self.page;
-        let (mut idle, mut busy): (Runs, Runs) = (Vec::new(), Vec::new());
-        for &(start, bytes) in runs {
-            for addr in (start..start + bytes).step_by(page as usize) {
-                let out = if self.is_idle(addr) {
-                    &mut idle
-                } else {
-                    &mut busy
-                };
-                match out.last_mut() {
-                    Some(last) if last.0 + last.1 == addr => last.1 += page,
-                    _ => out.push((addr, page)),
-                }
-            }
-        }
+    pub(super) fn split_runs(&self, page_runs: &[(u64, u64)]) -> (Runs, Runs) {
+        let pages = || {
+            page_runs
+                .iter()
+                .flat_map(|&(start, bytes)| self.pages.pages(start, start + bytes))
+        };
+        let idle = runs(pages().filter(|&(addr, _)| self.is_idle(addr)));
+        let busy = runs(pages().filter(|&(addr, _)| !self.is_idle(addr)));
         (idle, busy)
     }
 }
@@ -232,11 +226,46 @@ impl<E> IdlePages<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::page_layout::PageLayout;
+
+    /// Pages of `page` bytes from `base`.
+    fn uniform(base: u64, page: u64) -> RangePages {
+        RangePages {
+            base,
+            layout: PageLayout::uniform(page),
+        }
+    }
+
+    #[test]
+    fn a_free_stamps_the_whole_larger_page_it_touches() {
+        const MIB: u64 = 1 << 20;
+        // 2 MiB pages below 2 GiB, 4 MiB pages from there.
+        let pages = RangePages {
+            base: 0,
+            layout: PageLayout::scaled(2 * MIB, 4 * MIB, 512).unwrap(),
+        };
+        let big = 2u64 << 30;
+        let mut p: IdlePages<u8> = IdlePages::new(pages);
+        p.freed(big + MIB, big + 2 * MIB); // inside the first 4 MiB page
+        assert!(!p.is_idle(big), "the page's start is stamped too");
+        assert!(p.is_idle(big + 4 * MIB) && p.is_idle(big - 2 * MIB));
+        let runs = [(big - 2 * MIB, 10 * MIB)];
+        assert_eq!(
+            p.split_runs(&runs),
+            (
+                vec![(big - 2 * MIB, 2 * MIB), (big + 4 * MIB, 4 * MIB)],
+                vec![(big, 4 * MIB)]
+            )
+        );
+        p.end_epoch(7);
+        p.oldest_mark_done();
+        assert!(p.is_idle(big) && p.is_idle(big + 3 * MIB));
+    }
 
     #[test]
     fn pages_become_idle_when_a_later_mark_completes() {
         // Pages of 10 bytes from address 100: page i is [100 + 10i, 110 + 10i).
-        let mut p: IdlePages<u32> = IdlePages::new(100, 10);
+        let mut p: IdlePages<u32> = IdlePages::new(uniform(100, 10));
         let page = |i: u64| 100 + 10 * i;
         assert!(p.is_idle(page(3)), "never used");
         p.freed(page(2) + 3, page(3) + 5); // touches pages 2 and 3
@@ -266,7 +295,7 @@ mod tests {
 
     #[test]
     fn marks_are_capped_and_returned_by_a_wait() {
-        let mut p: IdlePages<usize> = IdlePages::new(0, 1);
+        let mut p: IdlePages<usize> = IdlePages::new(uniform(0, 1));
         let mut n = 0;
         while p.wants_mark() {
             p.end_epoch(n);
@@ -279,7 +308,7 @@ mod tests {
 
     #[test]
     fn detached_runs_become_droppable_with_the_epoch_of_their_last_free() {
-        let mut p: IdlePages<u8> = IdlePages::new(0, 10);
+        let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
         p.freed(0, 20); // epoch 1
         p.end_epoch(1);
         p.freed(30, 40); // epoch 2
@@ -311,7 +340,7 @@ mod tests {
     #[test]
     fn runs_split_by_idleness() {
         let base = 1000;
-        let mut p: IdlePages<()> = IdlePages::new(base, 10);
+        let mut p: IdlePages<()> = IdlePages::new(uniform(base, 10));
         p.freed(base + 10, base + 20); // page 1 busy
         p.freed(base + 40, base + 60); // pages 4, 5 busy
         let (idle, busy) = p.split_runs(&[(base, 3 * 10), (base + 40, 30)]);

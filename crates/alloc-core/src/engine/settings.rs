@@ -43,7 +43,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if wanted.unmap_free_pages != self.options.unmap_free_pages {
             return Err(fixed("unmap_free_pages"));
         }
-        if wanted.unmap_free_pages && wanted.unmap_page != self.options.unmap_page {
+        if wanted.unmap_free_pages && wanted.unmap_pages != self.options.unmap_pages {
             return Err(fixed("unmap_page_mb"));
         }
         let growable_memory = self.granularity > 0;
