@@ -61,10 +61,13 @@ impl PageSet {
     }
 }
 
+/// Page runs `(start, bytes)`.
+pub(crate) type Runs = Vec<(u64, u64)>;
+
 /// Groups pages `(start, size)` in ascending order into maximal contiguous
 /// runs.
-pub(crate) fn runs(pages: impl Iterator<Item = (u64, u64)>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
+pub(crate) fn runs(pages: impl Iterator<Item = (u64, u64)>) -> Runs {
+    let mut out: Runs = Vec::new();
     for (p, size) in pages {
         match out.last_mut() {
             Some((start, bytes)) if *start + *bytes == p => *bytes += size,
@@ -80,7 +83,7 @@ pub(crate) fn split_by_size(
     layout: &RangePages,
     page_runs: &[(u64, u64)],
     size: u64,
-) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+) -> (Runs, Runs) {
     let pages = || {
         page_runs
             .iter()
