@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use alloc_core::pytorch::MIN_BLOCK_SIZE;
 use alloc_core::{BlockId, BlockState, CacheKey, Heap, PoolKind, Request};
 
-use super::{pack_around, Life, PeriodDetector, PlanStats};
+use super::{pack, Life, PeriodDetector, PlanStats};
 use crate::free_index::FreeIndex;
 
 /// A block of the learned period.
@@ -191,13 +191,17 @@ impl LayoutPlan {
             self.pending = Some((id, at));
             return Some(id);
         }
-        // Off the plan (another size), unplanned, or its place still taken:
-        // best fit.
+        // Off the plan (another size): best fit. Its place still taken (in
+        // the first period, by a block of the last unplanned one): above the
+        // plan, where it meets no planned block later either.
         let addr = addr.filter(|_| size == req.size)?;
-        let id = self.free_block_over(heap, addr, size)?;
+        let (id, at) = match self.free_block_over(heap, addr, size) {
+            Some(id) => (id, addr),
+            None => self.free_block_above(heap, top, size)?,
+        };
         let b = heap.block(id);
         free.remove(b.key(), b.size, b.addr)?;
-        self.pending = Some((id, addr));
+        self.pending = Some((id, at));
         Some(id)
     }
 
@@ -442,7 +446,11 @@ impl LayoutPlan {
                 crossing.insert(i, id);
             }
         }
-        let (mut lives, mut pinned, mut places) = (Vec::new(), Vec::new(), Vec::new());
+        // The blocks of the last unplanned period still allocated now are
+        // planned afresh, not kept where best fit put them (that would cut
+        // the plan's space for ever): until they are freed, the first
+        // period's requests whose planned range they hold go above the plan.
+        let (mut lives, mut places) = (Vec::new(), Vec::new());
         let mut replaced = Vec::new();
         for (start, r) in recorded.iter().enumerate() {
             if let Some(freed) = plannable(r, start as u64) {
@@ -451,9 +459,7 @@ impl LayoutPlan {
                     start: start as u64,
                     length: freed - start as u64,
                 });
-                let now = crossing.get(&start).copied();
-                pinned.push(now.map(|id| heap.block(id).addr));
-                replaced.extend(now);
+                replaced.extend(crossing.get(&start).copied());
                 places.push(start);
             }
         }
@@ -464,9 +470,7 @@ impl LayoutPlan {
             .map(|id| (heap.block(id).addr, heap.block(id).size))
             .collect();
         let base = heap.segment(segment).addr;
-        // The blocks still allocated keep their addresses in the plan, so
-        // that the first period followed meets none of them.
-        let addrs = pack_around(&lives, &pinned, period, base, &fixed, MIN_BLOCK_SIZE);
+        let addrs = pack(&lives, period, base, &fixed, MIN_BLOCK_SIZE);
         let top = lives
             .iter()
             .zip(&addrs)

@@ -5,7 +5,7 @@
 //! With `unmap_free_pages`, a best fit places a step's blocks a little
 //! differently each time, and every difference moves pages: with 2 MiB pages
 //! GPT-2 training moved over 1,000 pages a step. A layout planned from one
-//! step ([`pack_around`]) is the same every step, so once it is followed the
+//! step ([`pack`]) is the same every step, so once it is followed the
 //! pages it covers stay mapped; what still moves comes from a plan spanning
 //! more than the peak (docs/policies.md, "Planned layout").
 //!
@@ -16,17 +16,19 @@
 //! 2. Learn: record one period of requests (size, and how many requests
 //!    later each block is freed), and the next period's frees.
 //! 3. Plan, at the period's quietest place (fewest bytes alive across it):
-//!    [`pack_around`] the recorded blocks freed within a period around the
+//!    [`pack`] the recorded blocks freed within a period around the
 //!    blocks that stay (weights, optimizer state), from the start of the
-//!    stream's growable segment; blocks of the last period still allocated
-//!    keep their addresses, so the first period followed meets none of them.
+//!    stream's growable segment. Blocks of the last period still allocated
+//!    are planned afresh too: kept where best fit put them, they would cut
+//!    the plan's space every period.
 //! 4. Follow: each request whose size is the plan's for its place in the
-//!    period gets its planned address if that range is free; one that
-//!    outlives a period goes above the plan; otherwise best fit. Requests
-//!    that depart from the plan (another size) beyond a few per period, or
-//!    planned places still taken after the first period, drop the plan and
-//!    go back to 1; a period found inside a step (repeated layers) fails that
-//!    way and is not proposed again.
+//!    period gets its planned address if that range is free, else (in the
+//!    first period, where the last unplanned one's blocks still lie) an
+//!    address above the plan, as does one that outlives a period; a request
+//!    of another size gets best fit. Requests that depart from the plan
+//!    beyond a few per period, or planned places still taken after the
+//!    first period, drop the plan and go back to 1; a period found inside a
+//!    step (repeated layers) fails that way and is not proposed again.
 
 #[cfg(feature = "pytorch-bfc")]
 mod follow;
@@ -35,7 +37,7 @@ pub mod period;
 
 #[cfg(feature = "pytorch-bfc")]
 pub use follow::LayoutPlan;
-pub use pack::{pack, pack_around, Life, Order, ORDERS};
+pub use pack::{pack, Life, Order, ORDERS};
 pub use period::PeriodDetector;
 
 /// What the layout plan did.
