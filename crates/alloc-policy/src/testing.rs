@@ -45,7 +45,7 @@ pub fn engine_with(config: &str, capacity: u64, streams: SimStreams) -> Result<S
 
 /// Every compiled-in policy, plus PyTorch's with each engine setting worth
 /// testing: expandable segments (with and without unmapped free pages and
-/// their page size), stream-wait reuse with a split limit, the setting the
+/// their page size, uniform or growing with the heap), stream-wait reuse with a split limit, the setting the
 /// README recommends for FSDP, growth with a split limit, reuse during
 /// captures once the graph joins the streams, garbage collection by age under
 /// a threshold, and size classes' bounded mode.
@@ -59,6 +59,10 @@ pub fn configs() -> Vec<String> {
         all.push("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true".into());
         all.push(
             "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2"
+                .into(),
+        );
+        all.push(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:auto"
                 .into(),
         );
         all.push("policy:pytorch-bfc,stream_wait_reuse:true,max_split_size_mb:64".into());

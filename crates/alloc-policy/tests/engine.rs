@@ -507,6 +507,62 @@ fn unmap_page_mb_moves_whole_large_pages() {
     }
 }
 
+/// `unmap_page_mb:auto`'s pages grow with the offset in the segment (here
+/// at a small scale: 2 MiB pages below 16 MiB, 4 MiB to 32 MiB, 8 MiB
+/// above): a random mix of sizes over pages of three sizes keeps the
+/// invariants (the simulated device refuses any map or unmap that is not
+/// whole pages of the range, and the growable segment's check counts every
+/// unmapped page by its size), moves pages of every size, and gives every
+/// byte back.
+#[test]
+fn pages_that_grow_with_the_heap_move_whole_and_add_up() {
+    use alloc_core::{AllocatorConfig, PageLayout, SimMemory, SimStreams};
+    let mut cfg =
+        AllocatorConfig::parse("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true")
+            .unwrap();
+    cfg.unmap_pages = PageLayout::scaled(2 * MIB, 8 * MIB, 4).unwrap();
+    let mut e =
+        alloc_policy::AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut live: Vec<u64> = Vec::new();
+    let mut unmapped_above_32 = false;
+    for i in 0..3000 {
+        if i % 2 == 0 {
+            e.streams_mut().complete_all(); // half the time the GPU keeps up
+        }
+        if live.len() < 12 && next() % 3 != 0 {
+            let size = (1 + next() % 12) * MIB + next() % MIB;
+            live.push(e.malloc(size, StreamId(0)).unwrap().addr);
+        } else if !live.is_empty() {
+            let at = (next() % live.len() as u64) as usize;
+            e.free(live.swap_remove(at)).unwrap();
+        }
+        e.assert_valid();
+        assert_eq!(
+            e.memory().used() as i64,
+            e.stats().reserved_bytes.all.current
+        );
+        let seg = e
+            .snapshot()
+            .segments
+            .into_iter()
+            .map(|s| s.total_size)
+            .max();
+        unmapped_above_32 |= seg.unwrap_or(0) > 40 * MIB && e.stats().page_moves.pages_unmapped > 0;
+    }
+    assert!(
+        unmapped_above_32,
+        "the segment grew into 8 MiB pages and moved pages"
+    );
+    common::drain(&mut e, live);
+}
+
 /// The GPU test `unmap_free_pages_remaps_holes_with_data_intact`'s pattern
 /// on the simulated device: interleaved holes are unmapped when larger
 /// requests grow the segment, and mapped back when refilled.
