@@ -37,15 +37,17 @@ const LEVELS: usize = 64 - LINEAR_SHIFT as usize + 1;
 const BINS: usize = LEVELS * SUBS;
 
 /// The bin of a size: first level x [`SUBS`] + sub-bin. Monotonic in size.
+///
+/// One formula for both ranges, without a branch (which sizes fall below
+/// [`LINEAR_LIMIT`] is random in a mixed workload, and a mispredicted
+/// branch here cost more than the rest of the function): above it, the
+/// first level is `log - LINEAR_SHIFT + 1` and the sub-bin the top
+/// `SUB_BITS + 1` bits less [`SUBS`]; below it, `log` is taken as
+/// [`LINEAR_SHIFT`], so the level is 0 and the sub-bin `size / 512`.
 #[inline]
 fn bin_of(size: u64) -> usize {
-    if size < LINEAR_LIMIT {
-        (size / 512) as usize
-    } else {
-        let log = 63 - size.leading_zeros();
-        // (log - LINEAR_SHIFT + 1) * SUBS + (the top SUB_BITS + 1 bits - SUBS)
-        (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
-    }
+    let log = (63 - (size | 1).leading_zeros()).max(LINEAR_SHIFT);
+    (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
 }
 
 /// The order of the index within one cache key, as one comparable number:
@@ -537,6 +539,13 @@ mod tests {
             assert!(b < BINS);
             last = b;
         }
+        // 512-byte bins below 32 KiB, then 64 sub-bins per power of two.
+        assert_eq!(bin_of(0), 0);
+        assert_eq!(bin_of(1023), 1);
+        assert_eq!(bin_of(LINEAR_LIMIT - 1), SUBS - 1);
+        assert_eq!(bin_of(LINEAR_LIMIT), SUBS);
+        assert_eq!(bin_of(2 * LINEAR_LIMIT - 1), 2 * SUBS - 1);
+        assert_eq!(bin_of(2 * LINEAR_LIMIT), 2 * SUBS);
         assert!(bin_of(1 << 50) < BINS);
         assert!(bin_of(u64::MAX) < BINS);
     }
