@@ -84,6 +84,13 @@ impl Nodes {
         &mut self.0[id.index()]
     }
 
+    /// The node of `id`, or the unused slot 0 (no block has id 0) for
+    /// `None`: a link update aimed at a missing neighbour lands there.
+    #[inline(always)]
+    fn scratch_or(&mut self, id: Option<BlockId>) -> &mut Node {
+        &mut self.0[id.map_or(0, BlockId::index)]
+    }
+
     /// The node of `id`, the table grown to hold it.
     #[inline]
     fn slot(&mut self, id: BlockId) -> &mut Node {
@@ -152,7 +159,8 @@ struct Bins {
     first: u64,
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
     second: [SubMask; LEVELS],
-    /// The first block of each bin's list (in no particular order).
+    /// The first block of each bin's list (in no particular order), and
+    /// a scratch head at index [`BINS`] for writes that change nothing.
     heads: Box<[Option<BlockId>]>,
     len: usize,
 }
@@ -162,7 +170,7 @@ impl Bins {
         Bins {
             first: 0,
             second: [0; LEVELS],
-            heads: vec![None; BINS].into_boxed_slice(),
+            heads: vec![None; BINS + 1].into_boxed_slice(),
             len: 0,
         }
     }
@@ -188,6 +196,12 @@ impl Bins {
     }
 
     /// Puts `e` at the head of its bin.
+    ///
+    /// Here and in [`Bins::unlink`], whether a bin is empty and whether a
+    /// block has list neighbours are random in a mixed workload, so the
+    /// links are updated without branches: a missing neighbour's link is
+    /// written to the table's unused slot 0, and bitmap bits are set or
+    /// cleared whether or not they change.
     #[inline]
     fn insert(&mut self, nodes: &mut Nodes, e: Entry) {
         let bin = bin_of(e.size);
@@ -198,14 +212,10 @@ impl Bins {
             prev: None,
             next: head,
         };
-        match head {
-            Some(h) => nodes.get_mut(h).prev = Some(e.id),
-            None => {
-                let (fl, sl) = (bin / SUBS, bin % SUBS);
-                self.second[fl] |= 1 << sl;
-                self.first |= 1 << fl;
-            }
-        }
+        nodes.scratch_or(head).prev = Some(e.id);
+        let (fl, sl) = (bin / SUBS, bin % SUBS);
+        self.second[fl] |= 1 << sl;
+        self.first |= 1 << fl;
         self.heads[bin] = Some(e.id);
         self.len += 1;
     }
@@ -236,23 +246,16 @@ impl Bins {
     fn unlink(&mut self, nodes: &mut Nodes, id: BlockId) -> Entry {
         let n = std::mem::take(nodes.get_mut(id));
         debug_assert!(n.size != 0, "unlinking a block that is not binned");
-        match n.prev {
-            Some(p) => nodes.get_mut(p).next = n.next,
-            None => {
-                let bin = bin_of(n.size);
-                self.heads[bin] = n.next;
-                if n.next.is_none() {
-                    let (fl, sl) = (bin / SUBS, bin % SUBS);
-                    self.second[fl] &= !(1 << sl);
-                    if self.second[fl] == 0 {
-                        self.first &= !(1 << fl);
-                    }
-                }
-            }
-        }
-        if let Some(next) = n.next {
-            nodes.get_mut(next).prev = n.prev;
-        }
+        nodes.scratch_or(n.prev).next = n.next;
+        nodes.scratch_or(n.next).prev = n.prev;
+        let bin = bin_of(n.size);
+        // The first block of its bin: the bin's head moves on; otherwise
+        // the write lands in the scratch head.
+        let head = if n.prev.is_none() { bin } else { BINS };
+        self.heads[head] = n.next;
+        let (fl, sl) = (bin / SUBS, bin % SUBS);
+        self.second[fl] &= !(SubMask::from(self.heads[bin].is_none()) << sl);
+        self.first &= !(u64::from(self.second[fl] == 0) << fl);
         self.len -= 1;
         Entry {
             size: n.size,
@@ -264,7 +267,7 @@ impl Bins {
     /// Every entry in (size, address) order.
     fn sorted(&self, nodes: &Nodes) -> Vec<Entry> {
         let mut all = Vec::with_capacity(self.len);
-        for &head in self.heads.iter().filter(|h| h.is_some()) {
+        for &head in self.heads[..BINS].iter().filter(|h| h.is_some()) {
             let from = all.len();
             all.extend(nodes.list(head));
             all[from..].sort_unstable_by_key(|e| rank_key(e.size, e.addr));
