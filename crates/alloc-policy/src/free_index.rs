@@ -64,7 +64,9 @@ struct Node {
     size: u64,
     /// Block address.
     addr: u64,
+    /// The block before it in its bin's list.
     prev: Option<BlockId>,
+    /// The block after it in its bin's list.
     next: Option<BlockId>,
 }
 
@@ -74,11 +76,13 @@ struct Node {
 struct Nodes(Vec<Node>);
 
 impl Nodes {
+    /// The node of a binned block.
     #[inline(always)]
     fn get(&self, id: BlockId) -> &Node {
         &self.0[id.index()]
     }
 
+    /// The node of a binned block, mutably.
     #[inline(always)]
     fn get_mut(&mut self, id: BlockId) -> &mut Node {
         &mut self.0[id.index()]
@@ -101,6 +105,7 @@ impl Nodes {
         &mut self.0[i]
     }
 
+    /// Grows the table to hold slot `i` (kept out of the hot path).
     #[cold]
     #[inline(never)]
     fn grow(&mut self, i: usize) {
@@ -114,16 +119,20 @@ impl Nodes {
         self.0.get(id.index()).is_some_and(|n| n.size != 0)
     }
 
+    /// The entry of a binned block.
+    #[inline(always)]
+    fn entry(&self, id: BlockId) -> Entry {
+        let n = self.get(id);
+        Entry {
+            size: n.size,
+            addr: n.addr,
+            id,
+        }
+    }
+
     /// The entries of the list starting at `head`.
     fn list(&self, head: Option<BlockId>) -> impl Iterator<Item = Entry> + '_ {
-        std::iter::successors(head, |&id| self.get(id).next).map(|id| {
-            let n = self.get(id);
-            Entry {
-                size: n.size,
-                addr: n.addr,
-                id,
-            }
-        })
+        std::iter::successors(head, |&id| self.get(id).next).map(|id| self.entry(id))
     }
 
     /// The smallest (size, address) entry of the list starting at `head`
@@ -402,17 +411,6 @@ impl FreeIndex {
         Some(bins.unlink(&mut self.nodes, id))
     }
 
-    /// The entry of a binned block.
-    #[inline(always)]
-    fn entry(&self, id: BlockId) -> Entry {
-        let n = self.nodes.get(id);
-        Entry {
-            size: n.size,
-            addr: n.addr,
-            id,
-        }
-    }
-
     /// The smallest block of `key` with size >= `size` (lowest address
     /// among equals).
     #[inline]
@@ -421,7 +419,7 @@ impl FreeIndex {
             .keys
             .get(key)
             .and_then(|b| b.lower_bound(&self.nodes, size))
-            .map(|id| self.entry(id));
+            .map(|id| self.nodes.entry(id));
         match (binned, self.recent_fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
@@ -444,12 +442,7 @@ impl FreeIndex {
         };
         match (found, recent) {
             (Some((bins, id)), r) => {
-                let n = self.nodes.get(id);
-                let e = Entry {
-                    size: n.size,
-                    addr: n.addr,
-                    id,
-                };
+                let e = self.nodes.entry(id);
                 match r {
                     Some(r) if rank(&r) < rank(&e) => {
                         if !accept(&r) {
