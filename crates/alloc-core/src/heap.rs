@@ -127,8 +127,9 @@ impl Segment {
 #[derive(Debug, Default)]
 pub struct Heap {
     /// Block arena indexed by [`BlockId::index`]. Slot 0 is a placeholder
-    /// (ids are non-zero); a retired slot has size 0 and links the next
-    /// retired slot through `next` (reused last-in first-out).
+    /// (ids are non-zero) whose `prev` takes the writes aimed at a missing
+    /// neighbour; a retired slot has size 0 and links the next retired
+    /// slot through `next` (reused last-in first-out).
     blocks: Vec<Block>,
     /// The most recently retired slot.
     vacant: Option<BlockId>,
@@ -492,22 +493,23 @@ impl Heap {
         let b = &mut self.blocks[id.index()];
         b.size = first_size;
         b.next = Some(rest_id);
+        // Without branches (where in its segment a block lies, and whether
+        // the segment was split, are random in a mixed workload): a
+        // missing successor's link goes to the placeholder slot 0.
+        self.blocks[next.map_or(0, BlockId::index)].prev = Some(rest_id);
         let segment = &mut self.segments[segment.index()];
-        match next {
-            Some(n) => self.blocks[n.index()].prev = Some(rest_id),
-            None => segment.last = rest_id,
-        }
-        let was_split = segment.blocks > 1;
+        segment.last = if next.is_none() {
+            rest_id
+        } else {
+            segment.last
+        };
+        let unsplit = i64::from(segment.blocks == 1);
         segment.blocks += 1;
         // Both pieces are free blocks of a split segment now; before, the
         // block counted as inactive split only if its segment was split.
         let t = self.tally_mut(pool);
-        if was_split {
-            t[T_INACTIVE_SPLIT] += 1;
-        } else {
-            t[T_INACTIVE_SPLIT] += 2;
-            t[T_INACTIVE_SPLIT_BYTES] += whole as i64;
-        }
+        t[T_INACTIVE_SPLIT] += 1 + unsplit;
+        t[T_INACTIVE_SPLIT_BYTES] += unsplit * whole as i64;
         rest_id
     }
 
@@ -528,22 +530,17 @@ impl Heap {
         b.next = after;
         b.freed_at = b.freed_at.max(freed_at);
         let (merged, seg, pool) = (b.size, b.segment, b.pool);
+        // Without branches, as in `split`.
+        self.blocks[after.map_or(0, BlockId::index)].prev = Some(id);
         let segment = &mut self.segments[seg.index()];
-        match after {
-            Some(n) => self.blocks[n.index()].prev = Some(id),
-            None => segment.last = id,
-        }
+        segment.last = if after.is_none() { id } else { segment.last };
         segment.blocks -= 1;
-        let still_split = segment.blocks > 1;
+        let unsplit = i64::from(segment.blocks == 1);
         // Two inactive split blocks become one, which no longer counts if
         // it is now its segment's only block.
         let t = self.tally_mut(pool);
-        if still_split {
-            t[T_INACTIVE_SPLIT] -= 1;
-        } else {
-            t[T_INACTIVE_SPLIT] -= 2;
-            t[T_INACTIVE_SPLIT_BYTES] -= merged as i64;
-        }
+        t[T_INACTIVE_SPLIT] -= 1 + unsplit;
+        t[T_INACTIVE_SPLIT_BYTES] -= unsplit * merged as i64;
     }
 
     /// Marks a segment as growable (expandable segments).

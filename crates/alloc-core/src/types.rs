@@ -138,9 +138,10 @@ impl BlockId {
     /// The largest id, for range bounds in ordered indexes.
     pub const MAX: BlockId = BlockId(NonZeroU32::MAX);
 
-    /// The id of arena slot `index` (not 0).
+    /// The id of arena slot `index` (not 0). Outside the engine, for
+    /// tables indexed by [`BlockId::index`] and their tests.
     #[inline]
-    pub(crate) fn from_index(index: usize) -> BlockId {
+    pub fn from_index(index: usize) -> BlockId {
         let index = u32::try_from(index).expect("block arena exceeds u32 ids");
         BlockId(NonZeroU32::new(index).expect("block slot 0 is reserved"))
     }

@@ -1,12 +1,15 @@
 //! An exact best-fit index of free blocks: per cache key (a stream's blocks,
 //! device-wide or in one private pool), a two-level bitmap of
 //! size bins (64 sub-bins per power of two, exact 512-byte bins below
-//! 32 KiB) whose bins are short unsorted vectors, searched by a scan.
+//! 32 KiB) whose bins are short doubly linked lists through the blocks'
+//! ids, searched by a scan.
 //!
 //! It answers the same query as PyTorch's `std::set` ordered by (stream,
 //! size, address) — the smallest block of the stream with size >= n, lowest
 //! address first — but without per-operation node allocation: the bitmap
-//! finds the first non-empty bin, and bins stay small.
+//! finds the first non-empty bin, and bins stay small. A block's list links
+//! live in a table indexed by its id, so a caller that knows the id removes
+//! it without a search.
 
 use alloc_core::{BlockId, CacheKey};
 
@@ -34,44 +37,128 @@ const LEVELS: usize = 64 - LINEAR_SHIFT as usize + 1;
 const BINS: usize = LEVELS * SUBS;
 
 /// The bin of a size: first level x [`SUBS`] + sub-bin. Monotonic in size.
+///
+/// One formula for both ranges, without a branch (which sizes fall below
+/// [`LINEAR_LIMIT`] is random in a mixed workload, and a mispredicted
+/// branch here cost more than the rest of the function): above it, the
+/// first level is `log - LINEAR_SHIFT + 1` and the sub-bin the top
+/// `SUB_BITS + 1` bits less [`SUBS`]; below it, `log` is taken as
+/// [`LINEAR_SHIFT`], so the level is 0 and the sub-bin `size / 512`.
 #[inline]
 fn bin_of(size: u64) -> usize {
-    if size < LINEAR_LIMIT {
-        (size / 512) as usize
-    } else {
-        let log = 63 - size.leading_zeros();
-        // (log - LINEAR_SHIFT + 1) * SUBS + (the top SUB_BITS + 1 bits - SUBS)
-        (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
-    }
+    let log = (63 - (size | 1).leading_zeros()).max(LINEAR_SHIFT);
+    (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
 }
 
 /// The order of the index within one cache key, as one comparable number:
 /// size, then address.
 #[inline(always)]
-fn rank_key(e: &Entry) -> u128 {
-    (u128::from(e.size) << 64) | u128::from(e.addr)
+fn rank_key(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
 }
 
-/// Position of the smallest entry (by size, then address) of `entries`
-/// with size >= `size`. Bins are short, so a scan costs less than keeping
-/// them sorted (a binary search and a `memmove` at every insert and
-/// removal); the scan has no data-dependent branch but the running minimum.
-#[inline]
-fn min_position(entries: &[Entry], size: u64) -> Option<usize> {
-    let mut best = u128::MAX;
-    let mut at = usize::MAX;
-    for (i, e) in entries.iter().enumerate() {
-        let key = if e.size >= size {
-            rank_key(e)
-        } else {
-            u128::MAX
-        };
-        if key < best {
-            best = key;
-            at = i;
+/// A block's place in its bin's list, at its id's slot of [`Nodes`].
+#[derive(Debug, Clone, Copy, Default)]
+struct Node {
+    /// Block size; 0 while the block is not in a bin.
+    size: u64,
+    /// Block address.
+    addr: u64,
+    /// The block before it in its bin's list.
+    prev: Option<BlockId>,
+    /// The block after it in its bin's list.
+    next: Option<BlockId>,
+}
+
+/// The list nodes of every binned block of one index (all cache keys),
+/// indexed by [`BlockId::index`].
+#[derive(Debug, Clone, Default)]
+struct Nodes(Vec<Node>);
+
+impl Nodes {
+    /// The node of a binned block.
+    #[inline(always)]
+    fn get(&self, id: BlockId) -> &Node {
+        &self.0[id.index()]
+    }
+
+    /// The node of a binned block, mutably.
+    #[inline(always)]
+    fn get_mut(&mut self, id: BlockId) -> &mut Node {
+        &mut self.0[id.index()]
+    }
+
+    /// The node of `id`, or the unused slot 0 (no block has id 0) for
+    /// `None`: a link update aimed at a missing neighbour lands there.
+    #[inline(always)]
+    fn scratch_or(&mut self, id: Option<BlockId>) -> &mut Node {
+        &mut self.0[id.map_or(0, BlockId::index)]
+    }
+
+    /// The node of `id`, the table grown to hold it.
+    #[inline]
+    fn slot(&mut self, id: BlockId) -> &mut Node {
+        let i = id.index();
+        if i >= self.0.len() {
+            self.grow(i);
+        }
+        &mut self.0[i]
+    }
+
+    /// Grows the table to hold slot `i` (kept out of the hot path).
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, i: usize) {
+        let len = (i + 1).next_power_of_two().max(64);
+        self.0.resize(len, Node::default());
+    }
+
+    /// Whether `id` is in a bin.
+    #[inline]
+    fn is_binned(&self, id: BlockId) -> bool {
+        self.0.get(id.index()).is_some_and(|n| n.size != 0)
+    }
+
+    /// The entry of a binned block.
+    #[inline(always)]
+    fn entry(&self, id: BlockId) -> Entry {
+        let n = self.get(id);
+        Entry {
+            size: n.size,
+            addr: n.addr,
+            id,
         }
     }
-    (at != usize::MAX).then_some(at)
+
+    /// The entries of the list starting at `head`.
+    fn list(&self, head: Option<BlockId>) -> impl Iterator<Item = Entry> + '_ {
+        std::iter::successors(head, |&id| self.get(id).next).map(|id| self.entry(id))
+    }
+
+    /// The smallest (size, address) entry of the list starting at `head`
+    /// with size >= `size`. Lists are short, so a scan costs less than
+    /// keeping them sorted; it has no data-dependent branch but the running
+    /// minimum.
+    #[inline]
+    fn min_in(&self, head: Option<BlockId>, size: u64) -> Option<BlockId> {
+        let mut best = u128::MAX;
+        let mut at = None;
+        let mut cur = head;
+        while let Some(id) = cur {
+            let n = self.get(id);
+            let key = if n.size >= size {
+                rank_key(n.size, n.addr)
+            } else {
+                u128::MAX
+            };
+            if key < best {
+                best = key;
+                at = Some(id);
+            }
+            cur = n.next;
+        }
+        at
+    }
 }
 
 /// Size bins of one cache key.
@@ -81,8 +168,9 @@ struct Bins {
     first: u64,
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
     second: [SubMask; LEVELS],
-    /// Entries of each bin, in no particular order.
-    bins: Box<[Vec<Entry>]>,
+    /// The first block of each bin's list (in no particular order), and
+    /// a scratch head at index [`BINS`] for writes that change nothing.
+    heads: Box<[Option<BlockId>]>,
     len: usize,
 }
 
@@ -91,7 +179,7 @@ impl Bins {
         Bins {
             first: 0,
             second: [0; LEVELS],
-            bins: vec![Vec::new(); BINS].into_boxed_slice(),
+            heads: vec![None; BINS + 1].into_boxed_slice(),
             len: 0,
         }
     }
@@ -116,71 +204,82 @@ impl Bins {
         Some(fl * SUBS + self.second[fl].trailing_zeros() as usize)
     }
 
+    /// Puts `e` at the head of its bin.
+    ///
+    /// Here and in [`Bins::unlink`], whether a bin is empty and whether a
+    /// block has list neighbours are random in a mixed workload, so the
+    /// links are updated without branches: a missing neighbour's link is
+    /// written to the table's unused slot 0, and bitmap bits are set or
+    /// cleared whether or not they change.
     #[inline]
-    fn insert(&mut self, e: Entry) {
+    fn insert(&mut self, nodes: &mut Nodes, e: Entry) {
         let bin = bin_of(e.size);
-        let entries = &mut self.bins[bin];
-        if entries.is_empty() {
-            let (fl, sl) = (bin / SUBS, bin % SUBS);
-            self.second[fl] |= 1 << sl;
-            self.first |= 1 << fl;
-        }
-        entries.push(e);
+        let head = self.heads[bin];
+        *nodes.slot(e.id) = Node {
+            size: e.size,
+            addr: e.addr,
+            prev: None,
+            next: head,
+        };
+        nodes.scratch_or(head).prev = Some(e.id);
+        let (fl, sl) = (bin / SUBS, bin % SUBS);
+        self.second[fl] |= 1 << sl;
+        self.first |= 1 << fl;
+        self.heads[bin] = Some(e.id);
         self.len += 1;
     }
 
+    /// The block with this (size, address), found by a scan of its bin.
     #[inline]
-    fn remove(&mut self, size: u64, addr: u64) -> Option<Entry> {
-        let bin = bin_of(size);
-        // From the end: a block merged away was often indexed lately.
-        let at = self.bins[bin]
-            .iter()
-            .rposition(|x| x.addr == addr && x.size == size)?;
-        Some(self.remove_at(bin, at))
+    fn find(&self, nodes: &Nodes, size: u64, addr: u64) -> Option<BlockId> {
+        nodes
+            .list(self.heads[bin_of(size)])
+            .find(|e| e.addr == addr && e.size == size)
+            .map(|e| e.id)
     }
 
-    /// Smallest (size, address) entry with size >= `size`.
+    /// Smallest (size, address) block with size >= `size`.
     #[inline]
-    fn lower_bound(&self, size: u64) -> Option<Entry> {
-        let (bin, at) = self.lower_bound_position(size)?;
-        Some(self.bins[bin][at])
-    }
-
-    /// Position (bin, index) of the smallest entry with size >= `size`.
-    #[inline]
-    fn lower_bound_position(&self, size: u64) -> Option<(usize, usize)> {
+    fn lower_bound(&self, nodes: &Nodes, size: u64) -> Option<BlockId> {
         let bin = bin_of(size);
-        if let Some(at) = min_position(&self.bins[bin], size) {
-            return Some((bin, at));
+        if let Some(id) = nodes.min_in(self.heads[bin], size) {
+            return Some(id);
         }
         let bin = self.next_nonempty(bin + 1)?;
         // Every entry of a later bin is large enough.
-        min_position(&self.bins[bin], 0).map(|at| (bin, at))
+        nodes.min_in(self.heads[bin], 0)
     }
 
-    /// Removes the entry at a position found by `lower_bound_position`.
+    /// Takes a binned block out of its list; returns its entry.
     #[inline]
-    fn remove_at(&mut self, bin: usize, at: usize) -> Entry {
-        let entries = &mut self.bins[bin];
-        let e = entries.swap_remove(at);
-        if entries.is_empty() {
-            let (fl, sl) = (bin / SUBS, bin % SUBS);
-            self.second[fl] &= !(1 << sl);
-            if self.second[fl] == 0 {
-                self.first &= !(1 << fl);
-            }
-        }
+    fn unlink(&mut self, nodes: &mut Nodes, id: BlockId) -> Entry {
+        let n = std::mem::take(nodes.get_mut(id));
+        debug_assert!(n.size != 0, "unlinking a block that is not binned");
+        nodes.scratch_or(n.prev).next = n.next;
+        nodes.scratch_or(n.next).prev = n.prev;
+        let bin = bin_of(n.size);
+        // The first block of its bin: the bin's head moves on; otherwise
+        // the write lands in the scratch head.
+        let head = if n.prev.is_none() { bin } else { BINS };
+        self.heads[head] = n.next;
+        let (fl, sl) = (bin / SUBS, bin % SUBS);
+        self.second[fl] &= !(SubMask::from(self.heads[bin].is_none()) << sl);
+        self.first &= !(u64::from(self.second[fl] == 0) << fl);
         self.len -= 1;
-        e
+        Entry {
+            size: n.size,
+            addr: n.addr,
+            id,
+        }
     }
 
     /// Every entry in (size, address) order.
-    fn sorted(&self) -> Vec<Entry> {
+    fn sorted(&self, nodes: &Nodes) -> Vec<Entry> {
         let mut all = Vec::with_capacity(self.len);
-        for entries in self.bins.iter().filter(|b| !b.is_empty()) {
+        for &head in self.heads[..BINS].iter().filter(|h| h.is_some()) {
             let from = all.len();
-            all.extend_from_slice(entries);
-            all[from..].sort_unstable_by_key(rank_key);
+            all.extend(nodes.list(head));
+            all[from..].sort_unstable_by_key(|e| rank_key(e.size, e.addr));
         }
         all
     }
@@ -199,6 +298,8 @@ impl Bins {
 pub struct FreeIndex {
     /// Bins per cache key.
     keys: PerKey<Bins>,
+    /// The list nodes of the binned blocks of every key.
+    nodes: Nodes,
     /// The most recently inserted block, not in `keys`.
     recent: Recent,
 }
@@ -272,7 +373,7 @@ impl FreeIndex {
         if self.recent.is_some() {
             self.keys
                 .get_or_insert_with(key, Bins::new)
-                .insert(Entry { size, addr, id });
+                .insert(&mut self.nodes, Entry { size, addr, id });
         } else {
             self.recent.set(key, size, addr, id);
         }
@@ -287,16 +388,38 @@ impl FreeIndex {
                 return Some(e);
             }
         }
-        self.keys
-            .get_mut(key)
-            .and_then(|bins| bins.remove(size, addr))
+        let bins = self.keys.get_mut(key)?;
+        let id = bins.find(&self.nodes, size, addr)?;
+        Some(bins.unlink(&mut self.nodes, id))
+    }
+
+    /// Removes the block `id`, indexed under `key`; returns it. Unlike
+    /// [`FreeIndex::remove`] it needs no search.
+    #[inline]
+    pub fn remove_block(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
+        if let Some((s, e)) = self.recent.get() {
+            if e.id == id {
+                debug_assert!(s == key, "the block is indexed under another key");
+                self.recent.clear();
+                return Some(e);
+            }
+        }
+        if !self.nodes.is_binned(id) {
+            return None;
+        }
+        let bins = self.keys.get_mut(key)?;
+        Some(bins.unlink(&mut self.nodes, id))
     }
 
     /// The smallest block of `key` with size >= `size` (lowest address
     /// among equals).
     #[inline]
     pub fn lower_bound(&self, key: CacheKey, size: u64) -> Option<Entry> {
-        let binned = self.keys.get(key).and_then(|b| b.lower_bound(size));
+        let binned = self
+            .keys
+            .get(key)
+            .and_then(|b| b.lower_bound(&self.nodes, size))
+            .map(|id| self.nodes.entry(id));
         match (binned, self.recent_fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
@@ -314,28 +437,36 @@ impl FreeIndex {
     ) -> Option<Entry> {
         let recent = self.recent_fit(key, size);
         let found = match self.keys.get_mut(key) {
-            Some(bins) => bins
-                .lower_bound_position(size)
-                .map(|(bin, at)| (bins, bin, at)),
+            Some(bins) => bins.lower_bound(&self.nodes, size).map(|id| (bins, id)),
             None => None,
         };
         match (found, recent) {
-            (Some((bins, bin, at)), r)
-                if r.is_none_or(|r| rank(&bins.bins[bin][at]) < rank(&r)) =>
-            {
-                if !accept(&bins.bins[bin][at]) {
-                    return None;
+            (Some((bins, id)), r) => {
+                let e = self.nodes.entry(id);
+                match r {
+                    Some(r) if rank(&r) < rank(&e) => {
+                        if !accept(&r) {
+                            return None;
+                        }
+                        self.recent.clear();
+                        Some(r)
+                    }
+                    _ => {
+                        if !accept(&e) {
+                            return None;
+                        }
+                        Some(bins.unlink(&mut self.nodes, id))
+                    }
                 }
-                Some(bins.remove_at(bin, at))
             }
-            (_, Some(r)) => {
+            (None, Some(r)) => {
                 if !accept(&r) {
                     return None;
                 }
                 self.recent.clear();
                 Some(r)
             }
-            (_, None) => None,
+            (None, None) => None,
         }
     }
 
@@ -345,7 +476,7 @@ impl FreeIndex {
             .keys
             .get(key)
             .into_iter()
-            .flat_map(|b| b.sorted().into_iter().rev())
+            .flat_map(|b| b.sorted(&self.nodes).into_iter().rev())
             .filter(|e| e.size < size)
             .collect();
         if let Some((s, e)) = self.recent.get() {
@@ -362,7 +493,7 @@ impl FreeIndex {
         let mut all: Vec<(CacheKey, Entry)> = self
             .keys
             .iter()
-            .flat_map(|(key, bins)| bins.sorted().into_iter().map(move |e| (key, e)))
+            .flat_map(|(key, bins)| bins.sorted(&self.nodes).into_iter().map(move |e| (key, e)))
             .collect();
         if let Some((s, e)) = self.recent.get() {
             let at = all.partition_point(|(t, x)| (*t, x.size, x.addr) < (s, e.size, e.addr));
@@ -392,7 +523,8 @@ mod tests {
         CacheKey::shared(StreamId(s))
     }
     use proptest::prelude::*;
-    use std::collections::BTreeSet;
+    use std::collections::btree_map::Entry as Slot;
+    use std::collections::BTreeMap;
 
     #[test]
     fn bins_are_monotonic_and_cover_all_sizes() {
@@ -403,81 +535,115 @@ mod tests {
             assert!(b < BINS);
             last = b;
         }
+        // 512-byte bins below 32 KiB, then 64 sub-bins per power of two.
+        assert_eq!(bin_of(0), 0);
+        assert_eq!(bin_of(1023), 1);
+        assert_eq!(bin_of(LINEAR_LIMIT - 1), SUBS - 1);
+        assert_eq!(bin_of(LINEAR_LIMIT), SUBS);
+        assert_eq!(bin_of(2 * LINEAR_LIMIT - 1), 2 * SUBS - 1);
+        assert_eq!(bin_of(2 * LINEAR_LIMIT), 2 * SUBS);
         assert!(bin_of(1 << 50) < BINS);
         assert!(bin_of(u64::MAX) < BINS);
+    }
+
+    /// Block `n`.
+    fn id(n: usize) -> BlockId {
+        BlockId::from_index(n)
     }
 
     #[test]
     fn recent_entry_competes_with_the_bins() {
         let mut index = FreeIndex::default();
-        index.insert(k(0), 4096, 0x1000, BlockId::MIN);
-        index.insert(k(0), 1024, 0x9000, BlockId::MIN); // recent; 4096 moves to the bins
-        index.insert(k(1), 512, 0x5000, BlockId::MIN); // recent, other stream
-                                                       // The best fit is in the bins (1024 at 0x9000), not the recent one.
+        index.insert(k(0), 4096, 0x1000, id(1));
+        index.insert(k(0), 1024, 0x9000, id(2)); // recent; 4096 moves to the bins
+        index.insert(k(1), 512, 0x5000, id(3)); // recent, other stream
+                                                // The best fit is in the bins (1024 at 0x9000), not the recent one.
         assert_eq!(index.lower_bound(k(0), 600).map(|e| e.addr), Some(0x9000));
         assert_eq!(index.lower_bound(k(1), 600), None);
         let taken = index.take_lower_bound(k(0), 600, |_| true).map(|e| e.addr);
         assert_eq!(taken, Some(0x9000));
-        index.insert(k(0), 4096, 0x0, BlockId::MIN); // recent, same size, lower address
+        index.insert(k(0), 4096, 0x0, id(4)); // recent, same size, lower address
         assert_eq!(index.lower_bound(k(0), 4000).map(|e| e.addr), Some(0x0));
         assert!(index.take_lower_bound(k(0), 4000, |_| false).is_none());
         let all: Vec<_> = index
             .iter()
-            .map(|(s, e)| (s.stream.0, e.size, e.addr))
+            .map(|(s, e)| (s.stream.0, e.size, e.addr, e.id))
             .collect();
         assert_eq!(
             all,
-            vec![(0, 4096, 0x0), (0, 4096, 0x1000), (1, 512, 0x5000)]
+            vec![
+                (0, 4096, 0x0, id(4)),
+                (0, 4096, 0x1000, id(1)),
+                (1, 512, 0x5000, id(3))
+            ]
         );
         assert_eq!(index.len(), 3);
         assert!(index.remove(k(0), 4096, 0x0).is_some());
         assert!(index.remove(k(0), 4096, 0x0).is_none());
         assert_eq!(
+            index.remove_block(k(1), id(3)).map(|e| e.addr),
+            Some(0x5000)
+        );
+        assert!(index.remove_block(k(1), id(3)).is_none());
+        assert_eq!(
             index.take_lower_bound(k(0), 1, |_| true).map(|e| e.addr),
             Some(0x1000)
         );
-        assert_eq!(index.len(), 1);
+        assert_eq!(index.len(), 0);
     }
 
     /// Runs `ops` (operation, stream, size, address) on the index and on an
     /// ordered set of (stream, size, address), and checks that every answer
-    /// is the same.
+    /// is the same. Each insertion gets a new block id; removals go by
+    /// (size, address) or by id.
     fn check_against_ordered_set(
         ops: Vec<(u8, u64, u64, u64)>,
     ) -> Result<(), proptest::test_runner::TestCaseError> {
         let mut index = FreeIndex::default();
-        let mut model: BTreeSet<(u64, u64, u64)> = BTreeSet::new();
+        let mut model: BTreeMap<(u64, u64, u64), BlockId> = BTreeMap::new();
+        let mut next_id = 1;
         for (op, stream, size, addr) in ops {
             match op {
                 0 => {
-                    if model.insert((stream, size, addr)) {
-                        index.insert(k(stream), size, addr, BlockId::MIN);
+                    if let Slot::Vacant(slot) = model.entry((stream, size, addr)) {
+                        index.insert(k(stream), size, addr, id(next_id));
+                        slot.insert(id(next_id));
+                        next_id += 1;
                     }
                 }
-                1 if addr % 2 == 0 => {
-                    let removed = index.remove(k(stream), size, addr).is_some();
+                1 if addr % 4 == 0 => {
+                    let removed = index.remove(k(stream), size, addr).map(|e| e.id);
                     prop_assert_eq!(removed, model.remove(&(stream, size, addr)));
+                }
+                1 if addr % 4 == 2 => {
+                    if let Some(want) = model.remove(&(stream, size, addr)) {
+                        let got = index.remove_block(k(stream), want);
+                        prop_assert_eq!(
+                            got.map(|e| (e.size, e.addr, e.id)),
+                            Some((size, addr, want))
+                        );
+                    }
                 }
                 1 => {
                     let want = model
                         .range((stream, size, 0)..)
                         .next()
-                        .filter(|k| k.0 == stream)
-                        .copied();
+                        .filter(|(k, _)| k.0 == stream)
+                        .map(|(k, id)| (k.1, k.2, *id));
                     let got = index
                         .take_lower_bound(k(stream), size, |_| true)
-                        .map(|e| (stream, e.size, e.addr));
+                        .map(|e| (e.size, e.addr, e.id));
                     prop_assert_eq!(got, want);
-                    if let Some(k) = want {
-                        model.remove(&k);
+                    if let Some((size, addr, _)) = want {
+                        model.remove(&(stream, size, addr));
                     }
                 }
                 _ => {
                     let want = model
                         .range((stream, size, 0)..)
                         .next()
-                        .filter(|k| k.0 == stream)
-                        .map(|k| (k.1, k.2));
+                        .filter(|(k, _)| k.0 == stream)
+                        .map(|(k, _)| (k.1, k.2));
                     let got = index.lower_bound(k(stream), size).map(|e| (e.size, e.addr));
                     prop_assert_eq!(got, want);
                     let below: Vec<_> = index
@@ -487,7 +653,7 @@ mod tests {
                     let want_below: Vec<_> = model
                         .range((stream, 0, 0)..(stream, size, 0))
                         .rev()
-                        .map(|k| (k.1, k.2))
+                        .map(|(k, _)| (k.1, k.2))
                         .collect();
                     prop_assert_eq!(below, want_below);
                 }
@@ -496,7 +662,7 @@ mod tests {
         }
         let all: Vec<_> = index
             .iter()
-            .map(|(s, e)| (s.stream.0, e.size, e.addr))
+            .map(|(s, e)| ((s.stream.0, e.size, e.addr), e.id))
             .collect();
         prop_assert_eq!(all, model.into_iter().collect::<Vec<_>>());
         Ok(())

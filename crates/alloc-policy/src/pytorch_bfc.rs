@@ -100,7 +100,7 @@ pub fn allocation_size(size: u64) -> u64 {
 /// Removes a block from the free index of its pool.
 fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    free[b.pool.index()].remove(b.key(), b.size, b.addr);
+    free[b.pool.index()].remove_block(b.key(), id);
 }
 
 /// Adds a block to the free index of its pool.
@@ -127,7 +127,7 @@ fn take_sparing_tail(
     tail: Entry,
     accept: impl Fn(&Entry) -> bool,
 ) -> Option<BlockId> {
-    let removed = free.remove(req.key, tail.size, tail.addr);
+    let removed = free.remove_block(req.key, tail.id);
     debug_assert!(removed.is_some(), "the tail was indexed");
     let next = free.take_lower_bound(req.key, req.size, &accept);
     let has_next = next.is_some() || free.lower_bound(req.key, req.size).is_some();
