@@ -104,6 +104,29 @@ fn steps_that_change_every_time_never_follow_a_plan() {
     assert_eq!(stats.placed, 0, "{stats:?}");
 }
 
+/// A run of equal sizes confirms a period of one request; when the sizes
+/// then grow request by request (a cache extended every token), the plan is
+/// dropped once its requests stop matching, however short its period, not
+/// followed for ever with every request a mismatch.
+#[test]
+fn a_period_of_one_request_is_dropped_when_sizes_stop_matching() {
+    let cfg = AllocatorConfig::parse(&format!("{UNMAP2},plan_layout:true")).unwrap();
+    let mut e = AnyPolicy::engine(&cfg, SimMemory::new(64 * GIB), SimStreams::new()).unwrap();
+    let mut live = Vec::new();
+    for i in 0..400u64 {
+        let size = if i < 100 { 4 * MIB } else { 4 * MIB + i * 512 * 1024 };
+        live.push(e.malloc(size, S).unwrap().addr);
+        if live.len() > 3 {
+            e.free(live.remove(0)).unwrap();
+        }
+    }
+    let stats = e.policy().plan_stats().unwrap();
+    assert!(stats.plans >= 1, "a period was found: {stats:?}");
+    assert_eq!(stats.period, 0, "the plan was dropped: {stats:?}");
+    assert!(stats.mismatches < 64, "{stats:?}");
+    e.assert_valid();
+}
+
 #[test]
 fn plan_layout_needs_expandable_segments_and_pytorch_bfc() {
     let e = AllocatorConfig::parse("plan_layout:true").unwrap_err();

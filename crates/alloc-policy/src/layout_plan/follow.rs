@@ -10,6 +10,11 @@ use alloc_core::{BlockId, BlockState, CacheKey, Heap, PoolKind, Request};
 use super::{pack, Life, PeriodDetector, PlanStats};
 use crate::free_index::FreeIndex;
 
+/// The fewest requests whose mismatches and conflicts are judged together:
+/// with a period of one request (a run of equal sizes), counts reset every
+/// request would never reach the limit that drops a plan that no longer fits.
+const MIN_SPAN: u64 = 64;
+
 /// A block of the learned period.
 #[derive(Debug, Clone, Copy)]
 struct Recorded {
@@ -49,6 +54,9 @@ enum Phase {
         conflicts: u64,
         /// Whole periods followed.
         periods: u64,
+        /// Requests since the counts above were last reset: a short period's
+        /// counts are judged over [`MIN_SPAN`] requests at least.
+        counted: u64,
     },
 }
 
@@ -333,6 +341,7 @@ impl LayoutPlan {
                 mismatches,
                 conflicts,
                 periods,
+                counted,
                 ..
             } => {
                 let period = slots.len() as u64;
@@ -349,12 +358,16 @@ impl LayoutPlan {
                 }
                 // A few stray requests are tolerated; more mean the steps
                 // changed (or the period was a part of a step).
-                let failed = *mismatches > 2.max(period / 16);
-                let ended = place + 1 == slots.len();
+                let span = period.max(MIN_SPAN);
+                *counted += 1;
+                let failed = *mismatches > 2.max(span / 16);
+                // A period ended, and with it the span its counts cover.
+                let ended =
+                    place + 1 == slots.len() && (period >= MIN_SPAN || *counted >= MIN_SPAN);
                 // Past the first period (which meets the blocks of the last
                 // unplanned one), planned places must be free: the steps
                 // changed how long blocks live, so learn them again.
-                let blocked = ended && *periods >= 1 && *conflicts > 2.max(period / 32);
+                let blocked = ended && *periods >= 1 && *conflicts > 2.max(span / 32);
                 if failed || blocked {
                     // A plan that never lasted two periods was made from a
                     // part of a step: do not propose that period again.
@@ -368,6 +381,7 @@ impl LayoutPlan {
                     *periods += 1;
                     *mismatches = 0;
                     *conflicts = 0;
+                    *counted = 0;
                     self.prune_starts(heap);
                 }
                 // A best-fit carve may have split off a free remainder.
@@ -495,6 +509,7 @@ impl LayoutPlan {
             mismatches: 0,
             conflicts: 0,
             periods: 0,
+            counted: 0,
         };
     }
 
