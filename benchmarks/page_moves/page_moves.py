@@ -35,7 +35,6 @@ import gzip
 import sys
 
 MIB = 1 << 20
-ZONED_RATIO = 512
 GRANULE = 2 * MIB
 
 
@@ -74,6 +73,7 @@ def granules(addr, size):
 
 
 ZONE_ALIGN = 16 << 30  # growable segments' ranges start on such a boundary in replay
+ZONED_RATIO = 512  # as unmap_page_mb:auto
 
 
 def zoned_granules(g, ratio, largest):

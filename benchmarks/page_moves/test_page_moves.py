@@ -40,6 +40,18 @@ def test_mixed_pages_use_one_big_page_where_a_block_covers_it():
     assert unmapped == 2, unmapped
 
 
+def test_zoned_pages_grow_with_the_offset():
+    g = lambda offset: (pm.ZONE_ALIGN + offset) // pm.GRANULE  # noqa: E731
+    assert pm.zoned_granules(g(0), 512, 8) == 1
+    assert pm.zoned_granules(g((2 << 30) - MIB), 512, 8) == 1
+    assert pm.zoned_granules(g(2 << 30), 512, 8) == 2  # 4 MiB from 2 GiB
+    assert pm.zoned_granules(g(5 << 30), 512, 8) == 4  # 8 MiB from 4 GiB
+    assert pm.zoned_granules(g(40 << 30), 512, 8) == 8  # 16 MiB at most
+    # Below 2 GiB zoned pages are the 2 MiB of uniform:2.
+    events = [a(0, 10), a(10, 10), f(0, 10), a(32, 12)]
+    assert pm.rounds(events, "zoned", 16 * MIB) == pm.rounds(events, "uniform", 2 * MIB)
+
+
 def test_beladys_choice_never_moves_more():
     # Three 2 MiB pages in turn with room for two: page 0 comes back, 2 not.
     events = [a(0, 2), f(0, 2), a(2, 2), f(2, 2), a(4, 2), f(4, 2), a(0, 2), f(0, 2),
