@@ -114,7 +114,11 @@ fn a_period_of_one_request_is_dropped_when_sizes_stop_matching() {
     let mut e = AnyPolicy::engine(&cfg, SimMemory::new(64 * GIB), SimStreams::new()).unwrap();
     let mut live = Vec::new();
     for i in 0..400u64 {
-        let size = if i < 100 { 4 * MIB } else { 4 * MIB + i * 512 * 1024 };
+        let size = if i < 100 {
+            4 * MIB
+        } else {
+            4 * MIB + i * 512 * 1024
+        };
         live.push(e.malloc(size, S).unwrap().addr);
         if live.len() > 3 {
             e.free(live.remove(0)).unwrap();
