@@ -5,7 +5,7 @@
 //! With `unmap_free_pages`, a best fit places a step's blocks a little
 //! differently each time, and every difference moves pages: with 2 MiB pages
 //! GPT-2 training moved over 1,000 pages a step. A layout planned from one
-//! step ([`pack`]) is the same every step, so once it is followed the
+//! step ([`pack()`]) is the same every step, so once it is followed the
 //! pages it covers stay mapped; what still moves comes from a plan spanning
 //! more than the peak (docs/policies.md, "Planned layout").
 //!
@@ -16,7 +16,7 @@
 //! 2. Learn: record one period of requests (size, and how many requests
 //!    later each block is freed), and the next period's frees.
 //! 3. Plan, at the period's quietest place (fewest bytes alive across it):
-//!    [`pack`] the recorded blocks freed within a period around the
+//!    [`pack()`] the recorded blocks freed within a period around the
 //!    blocks that stay (weights, optimizer state), from the start of the
 //!    stream's growable segment. Blocks of the last period still allocated
 //!    are planned afresh too: kept where best fit put them, they would cut

@@ -90,7 +90,7 @@ pub enum Order {
     PeakFirst,
 }
 
-/// The orders [`pack`] tries.
+/// The orders [`pack()`] tries.
 pub const ORDERS: [Order; 4] = [
     Order::Largest,
     Order::LongestLived,
