@@ -35,7 +35,10 @@ reserved and allocated bytes and num_device_alloc (torch.cuda.memory_stats under
 under gpualloc too when it answers, else gpu_alloc.memory_stats); and the cross-check
 "device used": the peak of total - free from cuMemGetInfo (torch.cuda.mem_get_info)
 sampled after every step, minus its value right after CUDA initialisation (so it includes
-cuBLAS / cuDNN workspaces and lazily loaded kernels but not the context).
+cuBLAS / cuDNN workspaces and lazily loaded kernels but not the context). Under gpualloc
+the JSON also has our page_moves.* and plan_layout.* counters and, for the training and
+ViT workloads, `unmapped_after_step`: the pages unmapped so far after each step (where a
+run's page moves happen: before a plan is followed, or every step).
 
 Writes $OUT/compare_workloads.json and $OUT/compare_workloads.md (--out overrides $OUT;
 default /tmp) after every run, so that a cut-off matrix keeps what it finished.
@@ -369,14 +372,17 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
 
 
 class Meter:
-    """Step times and the cuMemGetInfo cross-check."""
+    """Step times, the cuMemGetInfo cross-check and, under our allocator, the pages
+    unmapped so far after each step (`moved`: a callable giving that count)."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, moved=None):
         self.torch = torch
         free0, self.total = torch.cuda.mem_get_info()
         self.used0 = self.total - free0
         self.used_peak = self.used0
         self.step_ms = []
+        self.moved = moved
+        self.unmapped_after_step = []
 
     def sample(self):
         free, _ = self.torch.cuda.mem_get_info()
@@ -386,6 +392,8 @@ class Meter:
         """Call after torch.cuda.synchronize(): records the step, then samples memory."""
         self.step_ms.append((time.perf_counter() - t0) * 1e3)
         self.sample()
+        if self.moved is not None:
+            self.unmapped_after_step.append(self.moved())
 
 
 def _gpt2(torch):
@@ -643,7 +651,13 @@ def child(workload, alloc, deterministic=False):
     torch.manual_seed(0)
     random.seed(0)
     torch.cuda.init()
-    meter = Meter(torch)
+    moved = None
+    if kind == "gpualloc":
+        import gpu_alloc
+
+        def moved():
+            return gpu_alloc.memory_stats().get("page_moves.pages_unmapped")
+    meter = Meter(torch, moved)
     extra = {}
     t0 = time.perf_counter()
     fingerprint = globals()["wl_" + workload](torch, meter, steps, extra)
@@ -657,6 +671,7 @@ def child(workload, alloc, deterministic=False):
         workload=workload, alloc=alloc, kind=kind, conf=conf, backend=backend,
         deterministic=deterministic, bridge=bridge, fingerprint=fingerprint,
         step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup,
+        unmapped_after_step=meter.unmapped_after_step or None,
         median_step_ms=median_step_ms({"step_ms": meter.step_ms, "warmup": warmup}),
         stats_source=source,
         peak_reserved=st.get("reserved_bytes.all.peak"), reserved_source=source,
