@@ -170,6 +170,12 @@ macro_rules! forward_policy {
             $reach!(ref self, p => p.supports_growth())
         }
     };
+    (@method $reach:ident kept_mapped) => {
+        #[inline]
+        fn kept_mapped(&self, key: $crate::CacheKey) -> ::std::option::Option<(u64, u64)> {
+            $reach!(ref self, p => p.kept_mapped(key))
+        }
+    };
     (@method $reach:ident indexed_blocks) => {
         #[inline]
         fn indexed_blocks(&self) -> ::std::vec::Vec<$crate::BlockId> {

@@ -125,6 +125,14 @@ pub trait Policy {
         false
     }
 
+    /// The addresses `[start, end)` of `key`'s large-pool growable segment
+    /// whose free pages should stay mapped when `unmap_free_pages` makes room
+    /// for a mapping (a planned layout, whose pages every step uses again:
+    /// unmapping them only moves them back later). Default: none.
+    fn kept_mapped(&self, _key: CacheKey) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Every indexed block, for validation.
     fn indexed_blocks(&self) -> Vec<BlockId>;
 

@@ -209,7 +209,7 @@ impl Policy for AnyPolicy {
     }
     forward_policy!(dispatch; name, plan, segment_size, take_free, carve, insert_free,
         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
-        oversize_threshold, supports_growth, indexed_blocks, check);
+        oversize_threshold, supports_growth, kept_mapped, indexed_blocks, check);
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ impl<P: Policy> Policy for GcAge<P> {
 
     forward_policy!(to_inner; plan, segment_size, take_free, carve, insert_free, remove_free,
         release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
-        indexed_blocks, check);
+        kept_mapped, indexed_blocks, check);
 }
 
 #[cfg(test)]

@@ -387,6 +387,10 @@ impl Policy for PytorchBfc {
         true
     }
 
+    fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {
+        self.plan.as_ref()?.kept_mapped(key)
+    }
+
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.free
             .iter()

@@ -240,7 +240,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.pools.releasable(seg_key) {
                 continue;
             }
-            let runs = g.free_mapped_runs(&self.heap, keep);
+            let mut runs = g.free_mapped_runs(&self.heap, keep);
+            // Making room for a mapping, the pages the policy keeps mapped
+            // stay (a plan uses them again every step); emptying the cache
+            // takes them too.
+            if mover.is_some() && key.1 == PoolKind::Large {
+                if let Some((lo, hi)) = self.policy.kept_mapped(seg_key) {
+                    runs = outside(runs, (pages.floor(lo), pages.ceil(hi)));
+                }
+            }
             if runs.is_empty() {
                 continue;
             }
@@ -561,5 +569,37 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let waited = self.streams.synchronize(&event);
         self.streams.release(event);
         Ok(waited?)
+    }
+}
+
+/// The parts of page runs `(start, bytes)` outside `[lo, hi)` (page
+/// boundaries).
+fn outside(runs: Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(runs.len());
+    for (start, bytes) in runs {
+        let end = start + bytes;
+        if end <= lo || start >= hi {
+            out.push((start, bytes));
+            continue;
+        }
+        out.extend((start < lo).then(|| (start, lo - start)));
+        out.extend((end > hi).then(|| (hi, end - hi)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outside;
+
+    #[test]
+    fn runs_are_cut_to_what_lies_outside_the_kept_range() {
+        let runs = vec![(0, 4), (8, 8), (20, 4), (30, 2)];
+        assert_eq!(
+            outside(runs, (10, 22)),
+            vec![(0, 4), (8, 2), (22, 2), (30, 2)]
+        );
+        assert_eq!(outside(vec![(0, 8)], (0, 8)), vec![]);
+        assert_eq!(outside(vec![(4, 4)], (0, 2)), vec![(4, 4)]);
     }
 }

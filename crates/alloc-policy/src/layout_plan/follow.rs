@@ -47,6 +47,8 @@ enum Phase {
         origin: u64,
         /// (size, planned address) per place in the period.
         slots: Vec<(u64, Option<u64>)>,
+        /// The start of the planned segment.
+        base: u64,
         /// The end of the highest planned block.
         top: u64,
         /// Mismatched sizes and conflicts in the current period.
@@ -141,6 +143,19 @@ impl LayoutPlan {
     /// What the plan did so far.
     pub fn stats(&self) -> PlanStats {
         self.stats
+    }
+
+    /// The planned range of `key`'s segment once a whole period followed it
+    /// (the first one meets the last unplanned period's blocks): every step
+    /// uses its pages again, so they stay mapped
+    /// ([`Policy::kept_mapped`](alloc_core::Policy::kept_mapped)).
+    pub(crate) fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {
+        match self.phase {
+            Phase::Following {
+                base, top, periods, ..
+            } if periods >= 1 && self.key == Some(key) => Some((base, top)),
+            _ => None,
+        }
     }
 
     /// Whether `req` is one the plan follows.
@@ -505,6 +520,7 @@ impl LayoutPlan {
         self.phase = Phase::Following {
             origin,
             slots,
+            base,
             top,
             mismatches: 0,
             conflicts: 0,
