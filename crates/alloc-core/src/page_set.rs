@@ -66,33 +66,42 @@ pub(crate) type Runs = Vec<(u64, u64)>;
 
 /// Groups pages `(start, size)` in ascending order into maximal contiguous
 /// runs.
-pub(crate) fn runs(pages: impl Iterator<Item = (u64, u64)>) -> Runs {
+fn runs(pages: impl Iterator<Item = (u64, u64)>) -> Runs {
     let mut out: Runs = Vec::new();
     for (p, size) in pages {
-        match out.last_mut() {
-            Some((start, bytes)) if *start + *bytes == p => *bytes += size,
-            _ => out.push((p, size)),
-        }
+        push_page(&mut out, p, size);
     }
     out
 }
 
-/// Splits page runs into the runs of pages of `size` bytes and the runs of
-/// the others.
-pub(crate) fn split_by_size(
+/// Appends the page `(p, size)` to ascending runs, extending the last one
+/// when it ends where the page starts.
+fn push_page(out: &mut Runs, p: u64, size: u64) {
+    match out.last_mut() {
+        Some((start, bytes)) if *start + *bytes == p => *bytes += size,
+        _ => out.push((p, size)),
+    }
+}
+
+/// Splits page runs (ascending, of `layout`'s pages) into the runs of the
+/// pages `(start, size)` for which `first` holds and the runs of the others.
+pub(crate) fn partition_pages(
     layout: &RangePages,
     page_runs: &[(u64, u64)],
-    size: u64,
+    mut first: impl FnMut(u64, u64) -> bool,
 ) -> (Runs, Runs) {
-    let pages = || {
-        page_runs
-            .iter()
-            .flat_map(|&(start, bytes)| layout.pages(start, start + bytes))
-    };
-    (
-        runs(pages().filter(|p| p.1 == size)),
-        runs(pages().filter(|p| p.1 != size)),
-    )
+    let (mut chosen, mut others) = (Vec::new(), Vec::new());
+    for &(start, bytes) in page_runs {
+        for (p, size) in layout.pages(start, start + bytes) {
+            let out = if first(p, size) {
+                &mut chosen
+            } else {
+                &mut others
+            };
+            push_page(out, p, size);
+        }
+    }
+    (chosen, others)
 }
 
 #[cfg(test)]
@@ -140,7 +149,7 @@ mod tests {
         );
         let run = [(at(0) - 4 * MIB, 12 * MIB)];
         assert_eq!(
-            split_by_size(&layout, &run, 4 * MIB),
+            partition_pages(&layout, &run, |_, size| size == 4 * MIB),
             (vec![(at(0), 8 * MIB)], vec![(at(0) - 4 * MIB, 4 * MIB)])
         );
     }

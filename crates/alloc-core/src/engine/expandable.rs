@@ -11,7 +11,7 @@ use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_layout::PageLayout;
-use crate::page_set::split_by_size;
+use crate::page_set::partition_pages;
 use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, StreamId};
@@ -262,7 +262,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // Busy pages of the mover's stream and page size can move.
             let (same, other) = match mover {
                 Some((stream, size)) if stream == seg_key.stream && self.can_detach() => {
-                    split_by_size(&pages, &busy, size)
+                    partition_pages(&pages, &busy, |_, page| page == size)
                 }
                 _ => (Vec::new(), busy),
             };

@@ -18,9 +18,11 @@ pub(crate) type SegmentKey = (CacheKey, PoolKind);
 /// Bytes to map at the end of a growable segment of `pool` now `mapped`
 /// bytes long, with pages `pages`, whose free tail has `free_tail` bytes, so
 /// that the tail holds `size`: in PyTorch's step (2 MiB in the small pool,
-/// 20 MiB in the large) when pages are the backend's `granularity`, else up
-/// to the next page boundary (`unmap_page_mb`), not PyTorch's step rounded
-/// up to pages. At least one step or page.
+/// 20 MiB in the large) when pages are the backend's `granularity`; up to
+/// the next page boundary with larger pages of one size (`unmap_page_mb`),
+/// not PyTorch's step rounded up to them; and with pages that grow with the
+/// offset (`unmap_page_mb:auto`, 2 MiB near the start), PyTorch's step
+/// rounded up to the page it reaches. At least one step or page.
 pub(super) fn growth(
     pool: PoolKind,
     pages: &PageLayout,

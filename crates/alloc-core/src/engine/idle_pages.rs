@@ -20,10 +20,7 @@
 use std::collections::VecDeque;
 
 use crate::page_layout::RangePages;
-use crate::page_set::runs;
-
-/// Page runs `(start, bytes)`.
-type Runs = Vec<(u64, u64)>;
+use crate::page_set::{partition_pages, Runs};
 
 /// Outstanding marks per segment: beyond this, rounds record no new one
 /// (frees keep the current epoch until an older mark completes).
@@ -212,14 +209,7 @@ impl<E> IdlePages<E> {
     /// Splits page runs `(start, bytes)` into the runs of idle pages and the
     /// runs of the others.
     pub(super) fn split_runs(&self, page_runs: &[(u64, u64)]) -> (Runs, Runs) {
-        let pages = || {
-            page_runs
-                .iter()
-                .flat_map(|&(start, bytes)| self.pages.pages(start, start + bytes))
-        };
-        let idle = runs(pages().filter(|&(addr, _)| self.is_idle(addr)));
-        let busy = runs(pages().filter(|&(addr, _)| !self.is_idle(addr)));
-        (idle, busy)
+        partition_pages(&self.pages, page_runs, |addr, _| self.is_idle(addr))
     }
 }
 
