@@ -163,7 +163,7 @@ pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
 pub const SCALED_UNMAP_PAGES: PageLayout = PageLayout::scaled_const(2 * MIB, 16 * MIB, 512);
 
 /// The `unmap_page_mb` value that gives `pages`: `auto` or MiB.
-pub fn unmap_page_value(pages: &PageLayout) -> String {
+fn unmap_page_value(pages: &PageLayout) -> String {
     if *pages == SCALED_UNMAP_PAGES {
         "auto".to_string()
     } else {
