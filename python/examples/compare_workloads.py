@@ -26,6 +26,8 @@ ALLOCATORS (comma list; a CONF may hold commas; default: all nine):
                       gpualloc:expandable_segments:True,
                       gpualloc:expandable_segments:True,unmap_free_pages:True
   NAME#TAG            the same allocator run once more (torch#2: a run-to-run noise control)
+  gpualloc:CONF@PATH  loads the library at PATH for this run instead of --so's: two builds
+                      interleaved in one call
 
 Per run (a child process of this script): the outputs' fingerprint (training: every
 step's loss; vit: every batch's sum of logits in float64; generate: per round the sum of
@@ -99,8 +101,9 @@ GIB = float(2**30)
 def parse_alloc(name):
     """'torch-async' -> ('torch', 'backend:cudaMallocAsync'); 'gpualloc' -> ('gpualloc',
     None); 'gpualloc:policy:buddy' -> ('gpualloc', 'policy:buddy'). A '#tag' suffix
-    (a repeated run) is ignored. Raises ValueError for anything else."""
-    base, _ = split_tag(name)
+    (a repeated run) and an '@PATH' suffix (the library to load, see split_so) are ignored.
+    Raises ValueError for anything else."""
+    base, _ = split_so(split_tag(name)[0])
     if base in TORCH_ALIASES:
         return "torch", TORCH_ALIASES[base]
     if base.startswith("torch:") and len(base) > 6:
@@ -320,6 +323,14 @@ def split_tag(alloc):
     """'gpualloc:policy:buddy#3' -> ('gpualloc:policy:buddy', '3'); untagged -> (alloc, '')."""
     base, _, tag = alloc.partition("#")
     return base, tag
+
+
+def split_so(base):
+    """'gpualloc:CONF@lib/other.so' -> ('gpualloc:CONF', 'lib/other.so'): that run loads
+    this build of the library instead of --so's, so that two builds interleave in one call;
+    no suffix -> (base, '')."""
+    base, _, so = base.partition("@")
+    return base, so
 
 
 def with_repeats(allocs, repeat):
@@ -726,6 +737,9 @@ def _pick(arg, default, known):
 def child_env(alloc, deterministic):
     kind, conf = parse_alloc(alloc)
     env = dict(os.environ)
+    so = split_so(split_tag(alloc)[0])[1]
+    if so:
+        env["GPUALLOC_SO"] = os.path.abspath(so)
     env.pop("GPUALLOC_CONF", None)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if kind == "torch" and conf:

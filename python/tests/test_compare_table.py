@@ -158,10 +158,16 @@ class TableTest(unittest.TestCase):
                          ("gpualloc", "policy:pytorch-bfc+gc-age"))
         self.assertEqual(cw.parse_alloc("gpualloc:expandable_segments:True"),
                          ("gpualloc", "expandable_segments:True"))
+        self.assertEqual(cw.parse_alloc("gpualloc:unmap_free_pages:True@lib/a.so#2"),
+                         ("gpualloc", "unmap_free_pages:True"))
         with self.assertRaises(ValueError):
             cw.parse_alloc("rmm")
         for a in cw.DEFAULT_ALLOCS:
             cw.parse_alloc(a)
+
+    def test_child_env_loads_the_build_a_run_names(self):
+        env = cw.child_env("gpualloc:unmap_free_pages:True@lib/a.so#2", False)
+        self.assertEqual(env["GPUALLOC_SO"], os.path.abspath("lib/a.so"))
 
     def test_child_env(self):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"

@@ -663,8 +663,11 @@ pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), Cu
 
 /// `cuMemUnmap` of one mapped page.
 pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
-    // SAFETY: the backend unmaps only pages it mapped, after a context
-    // synchronize, when the engine holds no live block in them.
+    // SAFETY: the backend unmaps only pages it mapped, when the engine holds
+    // no live block in them and the GPU is done with them (after a context
+    // synchronize, or for idle and detached pages once their streams passed
+    // the block's last use). From the unmap worker, the range is pending:
+    // nothing maps it again or frees its reservation before this returns.
     check("cuMemUnmap", unsafe {
         sys::cuMemUnmap(addr, size as usize)
     })

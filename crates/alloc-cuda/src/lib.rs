@@ -95,6 +95,7 @@ compile_error!(
 mod allocator;
 mod buffer;
 mod buffer_ranges;
+mod deferred_unmaps;
 mod driver;
 mod error;
 mod events;

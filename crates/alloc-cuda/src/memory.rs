@@ -6,6 +6,7 @@ use alloc_core::{BackendError, DetachPages, MemoryBackend, PageLayout, VirtualMe
 use cudarc::driver::CudaContext;
 use rustc_hash::FxHashMap;
 
+use crate::deferred_unmaps::UnmapFn;
 use crate::driver;
 use crate::error::CudaError;
 use crate::observer::{ObserverSlot, SegmentAction, SegmentEvent};
@@ -68,11 +69,17 @@ impl CudaMemory {
             }
             Err(_) => 0,
         };
+        // Idle pages' unmaps run on a worker thread, in this context.
+        let worker_ctx = Arc::clone(&ctx);
+        let unmap: UnmapFn = Arc::new(move |addr, size| {
+            driver::bind(&worker_ctx)?;
+            driver::mem_unmap(addr, size)
+        });
         Ok(CudaMemory {
             ctx,
             capacity: total,
             segments: FxHashMap::default(),
-            vmm: VmmMappings::new(device, granularity, shareable),
+            vmm: VmmMappings::new(device, granularity, shareable, Some(unmap)),
             observer,
         })
     }

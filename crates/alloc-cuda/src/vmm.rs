@@ -18,6 +18,12 @@
 //! mapped at two addresses) while the old address stays mapped for the queued
 //! work, until the engine knows that work is done and drops it.
 //!
+//! The unmap of an idle or detached page's old address is left to a worker
+//! thread ([`crate::deferred_unmaps`]): its physical memory is already
+//! mapped at the new address, so the allocating thread pays for the new
+//! mapping only. An address whose unmap is still queued is not mapped
+//! again, and its range not freed, before the queue is through.
+//!
 //! Pages are created exportable as POSIX file descriptors where the device
 //! supports it (as PyTorch's expandable segments are), so that a block can be
 //! shared with another process: [`VmmMappings::export_pages`] exports the
@@ -32,6 +38,7 @@ use cudarc::driver::sys::CUresult;
 
 use alloc_core::{PageLayout, RangePages};
 
+use crate::deferred_unmaps::{DeferredUnmaps, UnmapFn};
 use crate::driver::{self, PhysicalHandle};
 use crate::error::CudaError;
 
@@ -69,17 +76,27 @@ pub struct VmmMappings {
     /// they stay mapped, by address, with their size: the GPU may still use
     /// them there until [`VmmMappings::unmap_detached`].
     detached: BTreeMap<u64, u64>,
+    /// Unmaps of idle and detached pages' old addresses, on a worker.
+    deferred: DeferredUnmaps,
 }
 
 impl VmmMappings {
     /// Mappings for `device` at the driver's minimum granularity; a
     /// granularity of 0 means the device has no virtual-memory support.
     /// `shareable`: create pages exportable as POSIX file descriptors.
-    pub(crate) fn new(device: i32, granularity: u64, shareable: bool) -> Self {
+    /// `unmap` unmaps a range from a worker thread (binding the device's
+    /// context there); without it, every unmap runs on the caller.
+    pub(crate) fn new(
+        device: i32,
+        granularity: u64,
+        shareable: bool,
+        unmap: Option<UnmapFn>,
+    ) -> Self {
         VmmMappings {
             granularity,
             device,
             shareable,
+            deferred: unmap.map(DeferredUnmaps::new).unwrap_or_default(),
             ..VmmMappings::default()
         }
     }
@@ -209,6 +226,9 @@ impl VmmMappings {
         {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
+        if self.deferred.pending_in(addr, size) {
+            self.deferred.settle()?;
+        }
         for (i, &(at, page)) in pages.iter().enumerate() {
             let handle = match self.spare.get_mut(&page).and_then(Vec::pop) {
                 Some(h) => Ok(h),
@@ -217,7 +237,7 @@ impl VmmMappings {
             let mapped = handle.and_then(|handle| match driver::mem_map(at, page, &handle) {
                 Ok(()) => Ok(handle),
                 Err(e) => {
-                    let _ = driver::mem_release(handle);
+                    self.release_after_queue(handle);
                     Err(e)
                 }
             });
@@ -226,17 +246,30 @@ impl VmmMappings {
                     self.pages.insert(at, (handle, page));
                 }
                 Err(e) => {
-                    // Roll back what this call mapped.
-                    let _ = self.unmap_pages(pages[..i].iter().map(|p| p.0));
+                    self.roll_back(&pages[..i]);
                     return Err(e);
                 }
             }
         }
         if let Err(e) = driver::mem_set_access(addr, size, self.device) {
-            let _ = self.unmap_pages(pages.iter().map(|p| p.0));
+            self.roll_back(&pages);
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Unmaps and releases what a failed [`VmmMappings::map`] mapped. Its
+    /// pages may be spares whose old mapping's unmap is queued: the release
+    /// waits for the queue (see [`VmmMappings::release_spare`]).
+    fn roll_back(&mut self, mapped: &[(u64, u64)]) {
+        let _ = self.deferred.settle();
+        let _ = self.unmap_pages(mapped.iter().map(|p| p.0));
+    }
+
+    /// Releases a page that could not be mapped, after the queued unmaps.
+    fn release_after_queue(&mut self, handle: PhysicalHandle) {
+        let _ = self.deferred.settle();
+        let _ = driver::mem_release(handle);
     }
 
     /// A new physical page. Should the driver refuse exportable memory
@@ -259,16 +292,22 @@ impl VmmMappings {
     pub(crate) fn unmap(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
         let pages = self.mapped_pages(addr, size)?;
         driver::ctx_synchronize()?;
+        // The cache is emptied: what was queued goes too, and its errors
+        // are reported here.
+        self.deferred.settle()?;
         self.unmap_pages(pages.into_iter())
     }
 
     /// [`VmmMappings::unmap`] without the context-wide wait (the caller knows
     /// the work that used the range is done), keeping the physical pages
     /// for the next [`VmmMappings::map`] until [`VmmMappings::release_spare`].
+    /// The unmap itself is queued to the worker: the pages' physical memory
+    /// may be mapped elsewhere at once.
     pub(crate) fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        self.deferred.take_error()?;
         for at in self.mapped_pages(addr, size)? {
             let page = self.pages[&at].1;
-            driver::mem_unmap(at, page)?;
+            self.deferred.unmap(at, page, driver::mem_unmap)?;
             let (handle, page) = self.pages.remove(&at).expect("mapped page");
             self.spare.entry(page).or_default().push(handle);
         }
@@ -302,8 +341,10 @@ impl VmmMappings {
                 "unmap_detached of memory that is not detached",
             ));
         }
+        self.deferred.take_error()?;
         for at in pages {
-            driver::mem_unmap(at, self.detached[&at])?;
+            self.deferred
+                .unmap(at, self.detached[&at], driver::mem_unmap)?;
             self.detached.remove(&at);
         }
         Ok(())
@@ -317,7 +358,13 @@ impl VmmMappings {
     /// Releases the pages [`VmmMappings::unmap_idle`] and
     /// [`VmmMappings::detach`] kept and no mapping took (a detached one is
     /// freed by the driver when its old mapping is dropped).
+    /// A spare page may still be mapped at an address whose unmap is
+    /// queued: the queue is waited for first, so that the release and that
+    /// unmap never run at once on two threads (in a test run on the H100
+    /// they did, and the driver's host heap was corrupted) and the memory
+    /// is the device's again when this returns.
     pub(crate) fn release_spare(&mut self) -> Result<(), CudaError> {
+        self.deferred.settle()?;
         for handles in self.spare.values_mut() {
             while let Some(handle) = handles.pop() {
                 driver::mem_release(handle)?;
@@ -363,6 +410,9 @@ impl VmmMappings {
                 "release of a range with memory mapped",
             ));
         }
+        if self.deferred.pending_in(addr, size) {
+            self.deferred.settle()?;
+        }
         driver::address_free(addr, size)?;
         self.ranges.remove(&addr);
         Ok(())
@@ -378,7 +428,7 @@ mod tests {
     /// Mappings with one reserved range of 64 MiB at 1 GiB in `page`-byte
     /// pages (no driver call: the range is entered directly).
     fn with_range(page: u64, shareable: bool) -> VmmMappings {
-        let mut m = VmmMappings::new(0, 2 * MIB, shareable);
+        let mut m = VmmMappings::new(0, 2 * MIB, shareable, None);
         m.ranges
             .insert(1 << 30, (64 * MIB, PageLayout::uniform(page)));
         m
@@ -404,7 +454,7 @@ mod tests {
         assert!(m.covering_pages(base + 64 * MIB - 16, 32).is_err());
         assert!(m.covering_pages(u64::MAX - 4, 16).is_err());
         // Scaled pages: 2 MiB below 32 MiB into the range, 4 MiB above.
-        let mut m = VmmMappings::new(0, 2 * MIB, true);
+        let mut m = VmmMappings::new(0, 2 * MIB, true, None);
         let scaled = PageLayout::scaled(2 * MIB, 4 * MIB, 8).unwrap();
         m.ranges.insert(base, (64 * MIB, scaled));
         assert_eq!(
