@@ -368,15 +368,24 @@ impl FreeIndex {
     }
 
     /// Adds a free block.
-    #[inline]
+    // Always inline: the common case of a pair fills the empty recent slot
+    // in a few instructions; the bins' path, out of line, keeps its
+    // register saves out of it.
+    #[inline(always)]
     pub fn insert(&mut self, key: CacheKey, size: u64, addr: u64, id: BlockId) {
         if self.recent.is_some() {
-            self.keys
-                .get_or_insert_with(key, Bins::new)
-                .insert(&mut self.nodes, Entry { size, addr, id });
+            self.insert_binned(key, Entry { size, addr, id });
         } else {
             self.recent.set(key, size, addr, id);
         }
+    }
+
+    /// Adds a free block to the bins of `key`.
+    #[inline(never)]
+    fn insert_binned(&mut self, key: CacheKey, e: Entry) {
+        self.keys
+            .get_or_insert_with(key, Bins::new)
+            .insert(&mut self.nodes, e);
     }
 
     /// Removes the block with this (key, size, address); returns it.
