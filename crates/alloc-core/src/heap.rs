@@ -470,13 +470,16 @@ impl Heap {
     #[inline]
     pub fn split(&mut self, id: BlockId, first_size: u64) -> BlockId {
         let rest_id = self.take_slot();
+        // One slice for every access: through `self.blocks` the vector's
+        // pointer and length were loaded again after each store.
+        let blocks = &mut self.blocks[..];
         // Field by field: a block copied whole right after some of its
         // fields were written stalls on store forwarding.
-        let b = &self.blocks[id.index()];
+        let b = &blocks[id.index()];
         debug_assert!(b.state == BlockState::Free && first_size > 0 && first_size < b.size);
         let (addr, whole, segment, next) = (b.addr, b.size, b.segment, b.next);
         let (stream, private_pool, pool, freed_at) = (b.stream, b.private_pool, b.pool, b.freed_at);
-        let rest = &mut self.blocks[rest_id.index()];
+        let rest = &mut blocks[rest_id.index()];
         rest.addr = addr + first_size;
         rest.size = whole - first_size;
         rest.requested = 0;
@@ -490,13 +493,13 @@ impl Heap {
         rest.tag = 0;
         rest.freed_at = freed_at;
         rest.handed_out = false;
-        let b = &mut self.blocks[id.index()];
+        let b = &mut blocks[id.index()];
         b.size = first_size;
         b.next = Some(rest_id);
         // Without branches (where in its segment a block lies, and whether
         // the segment was split, are random in a mixed workload): a
         // missing successor's link goes to the placeholder slot 0.
-        self.blocks[next.map_or(0, BlockId::index)].prev = Some(rest_id);
+        blocks[next.map_or(0, BlockId::index)].prev = Some(rest_id);
         let segment = &mut self.segments[segment.index()];
         segment.last = if next.is_none() {
             rest_id
@@ -517,21 +520,23 @@ impl Heap {
     /// is retired and `id` grows to cover both.
     #[inline]
     pub fn merge_next(&mut self, id: BlockId) {
-        let next = self.blocks[id.index()]
+        // One slice, as in `split`.
+        let blocks = &mut self.blocks[..];
+        let next = blocks[id.index()]
             .next
             .expect("merge_next without successor");
-        debug_assert!(self.block(id).state == BlockState::Free);
-        debug_assert!(self.block(next).state == BlockState::Free);
-        let absorbed = &self.blocks[next.index()];
+        debug_assert!(blocks[id.index()].state == BlockState::Free);
+        debug_assert!(blocks[next.index()].state == BlockState::Free);
+        let absorbed = &blocks[next.index()];
         let (size, after, freed_at) = (absorbed.size, absorbed.next, absorbed.freed_at);
-        self.retire_slot(next);
-        let b = &mut self.blocks[id.index()];
+        let b = &mut blocks[id.index()];
         b.size += size;
         b.next = after;
         b.freed_at = b.freed_at.max(freed_at);
         let (merged, seg, pool) = (b.size, b.segment, b.pool);
         // Without branches, as in `split`.
-        self.blocks[after.map_or(0, BlockId::index)].prev = Some(id);
+        blocks[after.map_or(0, BlockId::index)].prev = Some(id);
+        self.retire_slot(next);
         let segment = &mut self.segments[seg.index()];
         segment.last = if after.is_none() { id } else { segment.last };
         segment.blocks -= 1;

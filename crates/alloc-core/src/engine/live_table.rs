@@ -12,6 +12,11 @@
 //! distances (entries are not kept in Robin Hood order, so a deletion scans
 //! to the next empty slot). Kept at most a quarter full: 68 to 136 bytes a
 //! live allocation.
+//!
+//! The address inserted last waits in a slot of its own, `recent`, until
+//! the next insert moves it into the table: a block freed right after it
+//! was handed out (a temporary) then costs no probe and no shifting. Every
+//! lookup looks at both, so answers are those of one map.
 
 use crate::types::BlockId;
 
@@ -46,13 +51,16 @@ pub(crate) struct LiveTable {
     probes: Vec<u8>,
     /// 64 - log2(number of slots): the hash is the top bits of a product.
     shift: u32,
+    /// Entries in `slots` (`recent` not counted).
     len: usize,
+    /// The address inserted last, not in `slots`.
+    recent: Option<Slot>,
 }
 
 impl LiveTable {
     /// Number of live addresses.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.len + usize::from(self.recent.is_some())
     }
 
     #[inline(always)]
@@ -90,12 +98,25 @@ impl LiveTable {
     /// The block at `addr`, if live.
     #[inline]
     pub(crate) fn get(&self, addr: u64) -> Option<BlockId> {
-        self.find(addr).map(|i| self.slots[i].block)
+        match self.recent {
+            Some(r) if r.addr == addr => Some(r.block),
+            _ => self.find(addr).map(|i| self.slots[i].block),
+        }
     }
 
-    /// Records `block` at `addr` (replacing any block recorded there).
+    /// Records `block` at `addr`, which must not be live.
     #[inline]
     pub(crate) fn insert(&mut self, addr: u64, block: BlockId) {
+        debug_assert!(self.get(addr).is_none(), "{addr:#x} is live already");
+        if let Some(r) = self.recent.replace(Slot { addr, block }) {
+            self.insert_slot(r.addr, r.block);
+        }
+    }
+
+    /// Records `block` at `addr` in the slots (replacing any block
+    /// recorded there).
+    #[inline]
+    fn insert_slot(&mut self, addr: u64, block: BlockId) {
         if 4 * (self.len + 1) > self.slots.len() {
             self.grow();
         }
@@ -121,8 +142,20 @@ impl LiveTable {
     }
 
     /// Removes `addr`; returns its block if it was live.
-    #[inline]
+    // Always inline, the slots' path out of line: the recent slot's hit
+    // then costs a compare, not a call and its register saves.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, addr: u64) -> Option<BlockId> {
+        if let Some(r) = self.recent.filter(|r| r.addr == addr) {
+            self.recent = None;
+            return Some(r.block);
+        }
+        self.remove_slot(addr)
+    }
+
+    /// Removes `addr` from the slots; returns its block if it was there.
+    #[inline(never)]
+    fn remove_slot(&mut self, addr: u64) -> Option<BlockId> {
         let mut hole = self.find(addr)?;
         let block = self.slots[hole].block;
         self.len -= 1;
@@ -149,6 +182,12 @@ impl LiveTable {
 
     /// Every (address, block) pair, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        let recent = self.recent.map(|r| (r.addr, r.block));
+        self.in_slots().chain(recent)
+    }
+
+    /// The (address, block) pairs of the slots.
+    fn in_slots(&self) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         self.slots
             .iter()
             .zip(&self.probes)
@@ -162,7 +201,7 @@ impl LiveTable {
     fn grow(&mut self) {
         let capacity = (self.slots.len() * 2).max(FIRST_CAPACITY);
         let old: Vec<Slot> = self
-            .iter()
+            .in_slots()
             .map(|(addr, block)| Slot { addr, block })
             .collect();
         self.slots = vec![VACANT; capacity];
@@ -170,7 +209,7 @@ impl LiveTable {
         self.shift = 64 - capacity.trailing_zeros();
         self.len = 0;
         for slot in old {
-            self.insert(slot.addr, slot.block);
+            self.insert_slot(slot.addr, slot.block);
         }
     }
 }
@@ -208,20 +247,20 @@ mod tests {
     }
 
     proptest! {
-        /// The table answers as a map under any mix of inserts and removes
-        /// of addresses that collide (all multiples of 512 in a small range,
-        /// so runs wrap around and grow).
+        /// The table answers as a map under any mix of inserts of addresses
+        /// not live and removes, of addresses that collide (all multiples
+        /// of 512 in a small range, so runs wrap around and grow).
         #[test]
         fn behaves_as_a_map(ops in prop::collection::vec((any::<bool>(), 0u64..300), 1..2000)) {
             let mut t = LiveTable::default();
             let mut m = HashMap::new();
             for (n, (insert, k)) in ops.into_iter().enumerate() {
                 let addr = k * 512;
-                if insert {
+                if insert && !m.contains_key(&addr) {
                     let b = id(n as u32 + 1);
                     t.insert(addr, b);
                     m.insert(addr, b);
-                } else {
+                } else if !insert {
                     prop_assert_eq!(t.remove(addr), m.remove(&addr));
                 }
                 prop_assert_eq!(t.len(), m.len());
