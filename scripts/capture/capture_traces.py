@@ -86,11 +86,14 @@ WORKLOADS = {
     "convnext_varres_infer":
         "torchvision ConvNeXt-Tiny inference (no_grad, bf16 autocast), random batch 1..64 "
         "and random resolution 160..288 each request, 40 requests",
+    "vit_varbatch_infer":
+        "compare_workloads.py's vit_varbatch_infer: torchvision vit_b_16 inference (no_grad, "
+        "bf16 autocast), 40 random batches of 1..96 images at 224x224, run twice",
     "small_mlp":
         "3-layer MLP (512-1024-1024-10), batch 128, Adam, 3 steps (tiny; raw snapshot pickle)",
 }
 ORDER = ["small_mlp", "bert_mlm_varlen_train", "unet_diffusion_train", "seq2seq_varlen_train",
-         "lstm_lm_varlen_train", "convnext_varres_infer"]
+         "lstm_lm_varlen_train", "convnext_varres_infer", "vit_varbatch_infer"]
 CONFS = [("native", None), ("expandable", "expandable_segments:True"),
          ("async", "backend:cudaMallocAsync")]
 STAT_KEYS = ["requested_bytes.all.peak", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
@@ -312,6 +315,18 @@ def _convnext_varres_infer(torch, dev):
     return shapes
 
 
+def _vit_varbatch_infer(torch, dev):
+    """compare_workloads.py's own workload (same seeds, same batches), so that replay
+    sees the requests whose step time that script measures."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "..", "python", "examples"))
+    import compare_workloads as cw
+
+    steps, _ = cw.WORKLOADS["vit_varbatch_infer"]
+    extra = {}
+    cw.wl_vit_varbatch_infer(torch, cw.Meter(torch), steps, extra)
+    return extra.get("batches", [])
+
+
 def _small_mlp(torch, dev):
     nn = torch.nn
     model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
@@ -334,6 +349,7 @@ RUNNERS = {
     "seq2seq_varlen_train": _seq2seq_varlen_train,
     "lstm_lm_varlen_train": _lstm_lm_varlen_train,
     "convnext_varres_infer": _convnext_varres_infer,
+    "vit_varbatch_infer": _vit_varbatch_infer,
     "small_mlp": _small_mlp,
 }
 

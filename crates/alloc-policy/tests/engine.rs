@@ -813,3 +813,98 @@ fn any_stream_value_is_a_stream_and_never_a_pool() {
     common::release_all(&mut e, pool);
     e.assert_valid();
 }
+
+/// A policy that keeps `[lo, hi)` of its growable segment mapped
+/// ([`Policy::kept_mapped`]) once `keep` holds that range, and otherwise
+/// is pytorch-bfc.
+struct Keeping {
+    inner: alloc_policy::AnyPolicy,
+    keep: std::rc::Rc<std::cell::Cell<Option<(u64, u64)>>>,
+}
+
+macro_rules! to_inner {
+    (ref $s:expr, $p:ident => $call:expr) => {{
+        let $p = &$s.inner;
+        $call
+    }};
+    (mut $s:expr, $p:ident => $call:expr) => {{
+        let $p = &mut $s.inner;
+        $call
+    }};
+}
+
+impl alloc_core::Policy for Keeping {
+    fn kept_mapped(&self, _key: alloc_core::CacheKey) -> Option<(u64, u64)> {
+        self.keep.get()
+    }
+    alloc_core::forward_policy!(to_inner; all);
+}
+
+/// A range the policy keeps mapped may raise the reserved peak, instead of
+/// giving up its free pages to a mapping, by 1/100 of the peak over the
+/// allocator's life; past that, its free pages move as any others do.
+#[test]
+fn a_kept_range_raises_the_peak_by_its_allowance_only() {
+    use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams};
+    type Kept = Engine<Keeping, SimMemory, SimStreams>;
+    let peak = |e: &Kept| e.stats().reserved_bytes.all.peak as u64;
+    let unmapped = |e: &Kept| e.stats().page_moves.pages_unmapped;
+    // (peak before the requests, (peak rise, pages unmapped) after each).
+    let run = |kept: bool| {
+        let cfg = AllocatorConfig::parse(UNMAP_2MIB_PAGES).unwrap();
+        let keep = std::rc::Rc::new(std::cell::Cell::new(None));
+        let policy = Keeping {
+            inner: alloc_policy::AnyPolicy::from_config(&cfg).unwrap(),
+            keep: keep.clone(),
+        };
+        let options = EngineOptions::from(&cfg);
+        let mut e = Engine::new(policy, SimMemory::new(8 << 30), SimStreams::new(), options);
+        // A 4 GiB block (the allowance is then about 41 MiB), eight 5 MiB
+        // blocks and the segment's free tail; every other 5 MiB block
+        // freed leaves holes of two whole pages that no 8 MiB request
+        // fits in: 16 MiB of free pages, all in the kept range.
+        let mut live = vec![e.malloc(4 << 30, StreamId(0)).unwrap().addr];
+        let small: Vec<u64> = (0..8)
+            .map(|_| e.malloc(5 * MIB, StreamId(0)).unwrap().addr)
+            .collect();
+        let tail = e.stats().reserved_bytes.all.current as u64 - (4 << 30) - 40 * MIB;
+        if tail > 0 {
+            live.push(e.malloc(tail, StreamId(0)).unwrap().addr);
+        }
+        for (i, &s) in small.iter().enumerate() {
+            if i % 2 == 0 {
+                e.free(s).unwrap();
+            } else {
+                live.push(s);
+            }
+        }
+        if kept {
+            keep.set(Some((small[0], small[7] + 5 * MIB)));
+        }
+        let start = peak(&e);
+        let mut after = Vec::new();
+        for _ in 0..12 {
+            live.push(e.malloc(8 * MIB, StreamId(0)).unwrap().addr);
+            after.push((peak(&e) - start, unmapped(&e)));
+        }
+        e.validate().unwrap();
+        (start, after)
+    };
+    let (start, plain) = run(false);
+    let (_, kept) = run(true);
+    let allowance = start / 100;
+    // Without a kept range the holes' pages serve the growth first.
+    assert!(plain[0].1 > 0, "{plain:?}");
+    // Kept: the first growth leaves the kept holes alone and raises the
+    // peak instead; in all, the peak rises by no more than the allowance
+    // (and a page) over what it did without, and the kept pages move once
+    // it is spent.
+    assert_eq!(kept[0].1, 0, "{kept:?}");
+    assert!(kept[0].0 > plain[0].0, "{kept:?} {plain:?}");
+    let (plain_rise, kept_rise) = (plain[11].0, kept[11].0);
+    assert!(
+        kept_rise <= plain_rise + allowance + 2 * MIB,
+        "{kept:?} {plain:?}, allowance {allowance}"
+    );
+    assert!(kept[11].1 > 0, "{kept:?}");
+}

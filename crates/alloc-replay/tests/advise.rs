@@ -20,6 +20,7 @@ const RECORDED_STEPS: &[(&str, u64)] = &[
     ("seq2seq_varlen_train", 20),
     ("small_mlp", 3),
     ("unet_diffusion_train", 10),
+    ("vit_varbatch_infer", 80),
 ];
 
 #[test]
@@ -48,6 +49,7 @@ const RECOMMENDED: &[(&str, &str)] = &[
     ("seq2seq_varlen_train", "unmap8"),
     ("small_mlp", "unmap16"),
     ("unet_diffusion_train", "expandable"),
+    ("vit_varbatch_infer", "unmap8"),
 ];
 
 #[test]

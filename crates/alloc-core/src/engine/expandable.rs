@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::growable::{growth, Growable, SegmentKey};
-use super::{detach_pages, virtual_memory, Engine};
+use super::{detach_pages, virtual_memory, Engine, KEPT_MAPPED_SHARE};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
@@ -207,12 +207,37 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if deficit == 0 {
             return Ok(false);
         }
-        self.unmap_free_pages(keep, &mut deficit, Some(mover))
+        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true)?;
+        if deficit > 0 && self.keeps_pages_mapped() {
+            // The policy's kept range may raise the peak by its allowance
+            // only; beyond it, its free pages move too.
+            let allowance = (peak / KEPT_MAPPED_SHARE).saturating_sub(self.kept_growth);
+            if deficit > allowance {
+                let mut over = deficit - allowance;
+                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false)?;
+                deficit = allowance + over;
+            }
+            self.kept_growth += deficit.min(allowance);
+        }
+        Ok(detached)
+    }
+
+    /// Whether the policy keeps part of a growable segment mapped
+    /// ([`Policy::kept_mapped`]).
+    fn keeps_pages_mapped(&self) -> bool {
+        self.growable.iter().any(|(key, g)| {
+            key.1 == PoolKind::Large
+                && self
+                    .policy
+                    .kept_mapped(self.heap.segment(g.segment).key())
+                    .is_some()
+        })
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
-    /// first; held private pools and `keep` excepted) until `budget` bytes
-    /// are unmapped; `u64::MAX` unmaps all of them. Pages the GPU is known
+    /// first; held private pools and `keep` excepted, and with `spare_kept`
+    /// the range the policy keeps mapped) until `budget` bytes are
+    /// unmapped; `u64::MAX` unmaps all of them. Pages the GPU is known
     /// to be done with go first, without waiting. Then busy ones: for a
     /// mapping to come (`mover`: its real stream and page size), those of
     /// its stream and page size are detached for it (its work is queued
@@ -225,6 +250,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         keep: Option<BlockId>,
         budget: &mut u64,
         mover: Option<(StreamId, u64)>,
+        spare_kept: bool,
     ) -> Result<bool, AllocError> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
@@ -242,9 +268,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             let mut runs = g.free_mapped_runs(&self.heap, keep);
             // Making room for a mapping, the pages the policy keeps mapped
-            // stay (a plan uses them again every step); emptying the cache
-            // takes them too.
-            if mover.is_some() && key.1 == PoolKind::Large {
+            // stay (a plan uses them again every step) within their
+            // allowance; emptying the cache takes them too.
+            if spare_kept && key.1 == PoolKind::Large {
                 if let Some((lo, hi)) = self.policy.kept_mapped(seg_key) {
                     runs = outside(runs, (pages.floor(lo), pages.ceil(hi)));
                 }
