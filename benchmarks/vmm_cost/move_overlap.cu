@@ -17,37 +17,11 @@
 //   nvcc -O2 -std=c++17 -o /tmp/move_overlap benchmarks/vmm_cost/move_overlap.cu -lcuda -lpthread
 //   /tmp/move_overlap [PAGE_MIB] [MOVES]
 // Prints one JSON object a line: {"mode", "page_mib", "moves", "us_per_move", ...}.
-#include <cuda.h>
-#include <algorithm>
-#include <chrono>
+#include "vmm_common.h"
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
-#include <vector>
-
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = nullptr;                                            \
-      cuGetErrorString(r_, &s_);                                           \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);       \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
-
-static double now_us() {
-  using namespace std::chrono;
-  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // Unmaps queued address ranges on its own thread, in the caller's context.
 struct Unmapper {

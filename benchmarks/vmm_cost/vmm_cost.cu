@@ -5,33 +5,7 @@
 //   nvcc -O2 -o vmm_cost benchmarks/vmm_cost/vmm_cost.cu -lcuda && ./vmm_cost
 // Prints one JSON object a line: {"op", "handle_mib", "handles", "us"} with
 // the median host microseconds of one call over the repetitions.
-#include <cuda.h>
-#include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      const char* s_ = nullptr;                                            \
-      cuGetErrorString(r_, &s_);                                           \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_);       \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
-
-static double now_us() {
-  using namespace std::chrono;
-  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+#include "vmm_common.h"
 
 static void report(const char* op, size_t handle, int handles, double us) {
   printf("{\"op\": \"%s\", \"handle_mib\": %zu, \"handles\": %d, \"us\": %.2f}\n", op,
