@@ -73,19 +73,10 @@ int main(int argc, char** argv) {
   const size_t page = size_t(argc > 1 ? atoi(argv[1]) : 4) << 20;
   const int moves = argc > 2 ? atoi(argv[2]) : 64;
   const int reps = 9;
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  CUmemAllocationProp prop = {};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  CUmemAccessDesc access = {};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  Device0 d = open_device0();
+  CUcontext ctx = d.ctx;
+  CUmemAllocationProp prop = d.prop;
+  CUmemAccessDesc access = d.access;
 
   // Two halves of one reserved range: pages start mapped in the low half
   // and move to the high half, then back.

@@ -1,5 +1,6 @@
 // Shared by the vmm_cost benchmarks: a driver-call check that exits with the
-// call and its error string, a host clock in microseconds, and a median.
+// call and its error string, a host clock in microseconds, a median, and
+// device 0 set up for the virtual-memory calls.
 #pragma once
 #include <cuda.h>
 #include <algorithm>
@@ -27,4 +28,27 @@ static double now_us() {
 static double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// Device 0's primary context (made current), the properties of pinned
+// device memory on it, and read-write access to it.
+struct Device0 {
+  CUcontext ctx;
+  CUmemAllocationProp prop;
+  CUmemAccessDesc access;
+};
+
+static Device0 open_device0() {
+  Device0 d = {};
+  CK(cuInit(0));
+  CUdevice dev;
+  CK(cuDeviceGet(&dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&d.ctx, dev));
+  CK(cuCtxSetCurrent(d.ctx));
+  d.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  d.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.prop.location.id = 0;
+  d.access.location = d.prop.location;
+  d.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return d;
 }
