@@ -44,10 +44,13 @@ const BINS: usize = LEVELS * SUBS;
 /// first level is `log - LINEAR_SHIFT + 1` and the sub-bin the top
 /// `SUB_BITS + 1` bits less [`SUBS`]; below it, `log` is taken as
 /// [`LINEAR_SHIFT`], so the level is 0 and the sub-bin `size / 512`.
+///
+/// Every size's bin is below [`BINS`] already; the final `min` changes no
+/// value but lets the compiler drop the bounds checks of the bins' arrays.
 #[inline]
 fn bin_of(size: u64) -> usize {
     let log = (63 - (size | 1).leading_zeros()).max(LINEAR_SHIFT);
-    (log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize
+    ((log - LINEAR_SHIFT) as usize * SUBS + (size >> (log - SUB_BITS)) as usize).min(BINS - 1)
 }
 
 /// The order of the index within one cache key, as one comparable number:
@@ -170,7 +173,7 @@ struct Bins {
     second: [SubMask; LEVELS],
     /// The first block of each bin's list (in no particular order), and
     /// a scratch head at index [`BINS`] for writes that change nothing.
-    heads: Box<[Option<BlockId>]>,
+    heads: Box<[Option<BlockId>; BINS + 1]>,
     len: usize,
 }
 
@@ -179,7 +182,7 @@ impl Bins {
         Bins {
             first: 0,
             second: [0; LEVELS],
-            heads: vec![None; BINS + 1].into_boxed_slice(),
+            heads: Box::new([None; BINS + 1]),
             len: 0,
         }
     }
@@ -239,7 +242,9 @@ impl Bins {
     }
 
     /// Smallest (size, address) block with size >= `size`.
-    #[inline]
+    // Always inline, as `unlink`: out of line, each call saved and restored
+    // six registers its caller (the policy's `take_free`) had spare.
+    #[inline(always)]
     fn lower_bound(&self, nodes: &Nodes, size: u64) -> Option<BlockId> {
         let bin = bin_of(size);
         if let Some(id) = nodes.min_in(self.heads[bin], size) {
@@ -251,7 +256,7 @@ impl Bins {
     }
 
     /// Takes a binned block out of its list; returns its entry.
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, nodes: &mut Nodes, id: BlockId) -> Entry {
         let n = std::mem::take(nodes.get_mut(id));
         debug_assert!(n.size != 0, "unlinking a block that is not binned");

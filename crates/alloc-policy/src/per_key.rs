@@ -39,15 +39,29 @@ impl<T> PerKey<T> {
         self.search(key).ok()
     }
 
+    /// Whether `key` has the first entry (one stream in most processes).
+    #[inline(always)]
+    fn is_first(&self, key: CacheKey) -> bool {
+        self.entries.first().is_some_and(|(k, _)| *k == key)
+    }
+
     /// The entry of `key`, if it has one.
+    // The first entry is reached through `first` rather than a position,
+    // here and below: the position's bounds check then goes.
     #[inline]
     pub fn get(&self, key: CacheKey) -> Option<&T> {
-        self.position(key).map(|i| &self.entries[i].1)
+        match self.entries.first() {
+            Some((k, v)) if *k == key => Some(v),
+            _ => self.position(key).map(|i| &self.entries[i].1),
+        }
     }
 
     /// The entry of `key`, mutably, if it has one.
     #[inline]
     pub fn get_mut(&mut self, key: CacheKey) -> Option<&mut T> {
+        if self.is_first(key) {
+            return self.entries.first_mut().map(|(_, v)| v);
+        }
         self.position(key).map(|i| &mut self.entries[i].1)
     }
 
@@ -70,6 +84,18 @@ impl<T> PerKey<T> {
     /// The entry of `key`, made with `make` if it has none.
     #[inline]
     pub fn get_or_insert_with(&mut self, key: CacheKey, make: impl FnOnce() -> T) -> &mut T {
+        if !self.is_first(key) {
+            return self.get_or_insert_searched(key, make);
+        }
+        &mut self.entries[0].1
+    }
+
+    /// [`PerKey::get_or_insert_with`] past the first entry, out of line: a
+    /// new `T` built in the caller's frame (a policy's bins are hundreds of
+    /// bytes) would enlarge every call's stack frame.
+    #[cold]
+    #[inline(never)]
+    fn get_or_insert_searched(&mut self, key: CacheKey, make: impl FnOnce() -> T) -> &mut T {
         let i = self.position_or_insert_with(key, make);
         &mut self.entries[i].1
     }
