@@ -19,7 +19,7 @@
 //! work, until the engine knows that work is done and drops it.
 //!
 //! The unmap of an idle or detached page's old address is left to a worker
-//! thread ([`crate::deferred_unmaps`]): its physical memory is already
+//! thread (`deferred_unmaps.rs`): its physical memory is already
 //! mapped at the new address, so the allocating thread pays for the new
 //! mapping only. An address whose unmap is still queued is not mapped
 //! again, and its range not freed, before the queue is through.
