@@ -320,9 +320,23 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// reusable only once events recorded on them now have completed.
     #[inline]
     pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
-        let result = self.free_unsettled(addr);
+        // The error out of line: kept across the settle, the error's bytes
+        // were copied on every free.
+        match self.free_unsettled(addr) {
+            Ok(()) => {
+                self.heap.settle();
+                Ok(())
+            }
+            Err(e) => self.settle_failed(e),
+        }
+    }
+
+    /// Settles the statistics after a failed call and returns its error.
+    #[cold]
+    #[inline(never)]
+    fn settle_failed<T>(&mut self, e: AllocError) -> Result<T, AllocError> {
         self.heap.settle();
-        result
+        Err(e)
     }
 
     #[inline]
