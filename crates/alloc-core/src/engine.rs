@@ -234,18 +234,36 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Allocation, AllocError> {
-        let placed = self.malloc_unsettled(size, stream, pool);
-        self.heap.settle();
-        if self.options.unmap_free_pages {
-            self.release_spare_pages();
-        }
-        let b = self.heap.block(placed?);
+        let placed = match self.malloc_unsettled(size, stream, pool) {
+            Ok(id) => id,
+            Err(e) => return self.malloc_failed(e),
+        };
+        self.end_malloc();
+        let b = self.heap.block(placed);
         Ok(Allocation {
             addr: b.addr,
             size: b.size,
             requested: size,
             stream,
         })
+    }
+
+    /// What every malloc does last: the statistics settle, spare pages go.
+    #[inline(always)]
+    fn end_malloc(&mut self) {
+        self.heap.settle();
+        if self.options.unmap_free_pages {
+            self.release_spare_pages();
+        }
+    }
+
+    /// [`Engine::end_malloc`] for a failed malloc, out of line, so that a
+    /// malloc does not keep its result's error bytes across the settle.
+    #[cold]
+    #[inline(never)]
+    fn malloc_failed(&mut self, e: AllocError) -> Result<Allocation, AllocError> {
+        self.end_malloc();
+        Err(e)
     }
 
     /// Physical pages unmapped for the call that ends and not mapped again
@@ -327,14 +345,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 self.heap.settle();
                 Ok(())
             }
-            Err(e) => self.settle_failed(e),
+            Err(e) => self.free_failed(e),
         }
     }
 
-    /// Settles the statistics after a failed call and returns its error.
+    /// Settles the statistics after a failed free and returns its error.
     #[cold]
     #[inline(never)]
-    fn settle_failed<T>(&mut self, e: AllocError) -> Result<T, AllocError> {
+    fn free_failed(&mut self, e: AllocError) -> Result<(), AllocError> {
         self.heap.settle();
         Err(e)
     }
