@@ -123,12 +123,15 @@ impl LiveTable {
         loop {
             let mask = self.mask();
             let home = self.home(addr);
-            for distance in 0..=MAX_DISTANCE {
+            // A half-open range: an inclusive one keeps an extra flag in the
+            // loop. The probe is written before the slot: after the slot's
+            // store the probes' length would be loaded and checked again.
+            for distance in 0..MAX_DISTANCE + 1 {
                 let i = (home + distance) & mask;
                 let probe = self.probes[i] as usize;
                 if probe == 0 {
-                    self.slots[i] = Slot { addr, block };
                     self.probes[i] = (distance + 1) as u8;
+                    self.slots[i] = Slot { addr, block };
                     self.len += 1;
                     return;
                 }
