@@ -415,10 +415,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         result
     }
 
+    #[inline]
     fn poll_events(&mut self) -> Result<(), AllocError> {
         if !self.events.any_awaiting() || self.pools.capture_underway() {
             return Ok(());
         }
+        self.poll_awaiting()
+    }
+
+    /// [`Engine::poll_events`] with events to poll, out of line: inlined,
+    /// its registers and stack were set up on every malloc.
+    #[inline(never)]
+    fn poll_awaiting(&mut self) -> Result<(), AllocError> {
         let mut done = Vec::new();
         let polled = self.events.poll(&mut self.streams, &mut done);
         self.release_all_to_cache(done);
@@ -738,6 +746,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// smallest single block that fits; otherwise converts every awaiting
     /// block of the stream and pool so merges can make room. Returns whether
     /// anything was converted.
+    #[inline(never)]
     fn reuse_by_stream_wait(&mut self, req: &Request) -> Result<bool, AllocError> {
         let candidates: Vec<BlockId> = self
             .events
@@ -771,6 +780,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// No cached block fits: garbage-collect, then reserve a new segment,
     /// releasing cache and retrying as PyTorch does; returns its free block.
+    #[inline(never)]
     fn grow(&mut self, req: &Request) -> Result<BlockId, AllocError> {
         if self.pools.capture_underway() {
             // Nothing may be freed or waited for: one attempt only.
