@@ -360,18 +360,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline]
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
         if self.pools.capture_underway() && self.events.any_users() {
-            if let Some(id) = self.live.get(addr).filter(|&id| self.events.has_users(id)) {
-                // Recording events on streams during a capture would put
-                // them in the graph: decide after the capture (or once the
-                // graph joins the streams that used it).
-                if self.capture_frees.is_deferred(addr) {
-                    return Err(AllocError::DoubleFree { addr });
-                }
-                let stream = self.heap.block(id).stream;
-                let users: Users = self.events.users_of(id).into();
-                let markers = self.free_markers(id, stream, &users);
-                self.capture_frees.defer(addr, markers);
-                return Ok(());
+            if let Some(deferred) = self.defer_capture_free(addr) {
+                return deferred;
             }
         }
         let Some(id) = self.live.remove(addr) else {
@@ -381,12 +371,40 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // A free changes no other block's state, and several frees in
             // one call (the end of a capture) all lower the counts.
             None => self.recache::<true>(id),
-            Some(users) => {
-                self.capture_frees.forget(id);
-                self.heap.set_state(id, BlockState::AwaitingEvents, 0);
-                self.events.await_users(&mut self.streams, id, users)?;
-            }
+            Some(users) => self.await_freed(id, users)?,
         }
+        Ok(())
+    }
+
+    // The two paths below are out of line: inlined into `free`, their
+    // registers and stack were set up on every call.
+
+    /// A free during a capture of a block other streams used: recording
+    /// events on them would put the events in the graph, so the decision
+    /// waits for the capture's end (or for the graph to join those
+    /// streams). `None` when the block is not such a block.
+    #[inline(never)]
+    fn defer_capture_free(&mut self, addr: u64) -> Option<Result<(), AllocError>> {
+        let id = self
+            .live
+            .get(addr)
+            .filter(|&id| self.events.has_users(id))?;
+        if self.capture_frees.is_deferred(addr) {
+            return Some(Err(AllocError::DoubleFree { addr }));
+        }
+        let stream = self.heap.block(id).stream;
+        let users: Users = self.events.users_of(id).into();
+        let markers = self.free_markers(id, stream, &users);
+        self.capture_frees.defer(addr, markers);
+        Some(Ok(()))
+    }
+
+    /// A freed block that other streams used awaits events recorded on them.
+    #[inline(never)]
+    fn await_freed(&mut self, id: BlockId, users: Users) -> Result<(), AllocError> {
+        self.capture_frees.forget(id);
+        self.heap.set_state(id, BlockState::AwaitingEvents, 0);
+        self.events.await_users(&mut self.streams, id, users)?;
         Ok(())
     }
 
