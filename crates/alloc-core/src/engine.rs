@@ -234,18 +234,36 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Allocation, AllocError> {
-        let placed = self.malloc_unsettled(size, stream, pool);
-        self.heap.settle();
-        if self.options.unmap_free_pages {
-            self.release_spare_pages();
-        }
-        let b = self.heap.block(placed?);
+        let placed = match self.malloc_unsettled(size, stream, pool) {
+            Ok(id) => id,
+            Err(e) => return self.malloc_failed(e),
+        };
+        self.end_malloc();
+        let b = self.heap.block(placed);
         Ok(Allocation {
             addr: b.addr,
             size: b.size,
             requested: size,
             stream,
         })
+    }
+
+    /// What every malloc does last: the statistics settle, spare pages go.
+    #[inline(always)]
+    fn end_malloc(&mut self) {
+        self.heap.settle();
+        if self.options.unmap_free_pages {
+            self.release_spare_pages();
+        }
+    }
+
+    /// [`Engine::end_malloc`] for a failed malloc, out of line, so that a
+    /// malloc does not keep its result's error bytes across the settle.
+    #[cold]
+    #[inline(never)]
+    fn malloc_failed(&mut self, e: AllocError) -> Result<Allocation, AllocError> {
+        self.end_malloc();
+        Err(e)
     }
 
     /// Physical pages unmapped for the call that ends and not mapped again
@@ -320,26 +338,30 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// reusable only once events recorded on them now have completed.
     #[inline]
     pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
-        let result = self.free_unsettled(addr);
+        // The error out of line: kept across the settle, the error's bytes
+        // were copied on every free.
+        match self.free_unsettled(addr) {
+            Ok(()) => {
+                self.heap.settle();
+                Ok(())
+            }
+            Err(e) => self.free_failed(e),
+        }
+    }
+
+    /// Settles the statistics after a failed free and returns its error.
+    #[cold]
+    #[inline(never)]
+    fn free_failed(&mut self, e: AllocError) -> Result<(), AllocError> {
         self.heap.settle();
-        result
+        Err(e)
     }
 
     #[inline]
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
         if self.pools.capture_underway() && self.events.any_users() {
-            if let Some(id) = self.live.get(addr).filter(|&id| self.events.has_users(id)) {
-                // Recording events on streams during a capture would put
-                // them in the graph: decide after the capture (or once the
-                // graph joins the streams that used it).
-                if self.capture_frees.is_deferred(addr) {
-                    return Err(AllocError::DoubleFree { addr });
-                }
-                let stream = self.heap.block(id).stream;
-                let users: Users = self.events.users_of(id).into();
-                let markers = self.free_markers(id, stream, &users);
-                self.capture_frees.defer(addr, markers);
-                return Ok(());
+            if let Some(deferred) = self.defer_capture_free(addr) {
+                return deferred;
             }
         }
         let Some(id) = self.live.remove(addr) else {
@@ -349,12 +371,40 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // A free changes no other block's state, and several frees in
             // one call (the end of a capture) all lower the counts.
             None => self.recache::<true>(id),
-            Some(users) => {
-                self.capture_frees.forget(id);
-                self.heap.set_state(id, BlockState::AwaitingEvents, 0);
-                self.events.await_users(&mut self.streams, id, users)?;
-            }
+            Some(users) => self.await_freed(id, users)?,
         }
+        Ok(())
+    }
+
+    // The two paths below are out of line: inlined into `free`, their
+    // registers and stack were set up on every call.
+
+    /// A free during a capture of a block other streams used: recording
+    /// events on them would put the events in the graph, so the decision
+    /// waits for the capture's end (or for the graph to join those
+    /// streams). `None` when the block is not such a block.
+    #[inline(never)]
+    fn defer_capture_free(&mut self, addr: u64) -> Option<Result<(), AllocError>> {
+        let id = self
+            .live
+            .get(addr)
+            .filter(|&id| self.events.has_users(id))?;
+        if self.capture_frees.is_deferred(addr) {
+            return Some(Err(AllocError::DoubleFree { addr }));
+        }
+        let stream = self.heap.block(id).stream;
+        let users: Users = self.events.users_of(id).into();
+        let markers = self.free_markers(id, stream, &users);
+        self.capture_frees.defer(addr, markers);
+        Some(Ok(()))
+    }
+
+    /// A freed block that other streams used awaits events recorded on them.
+    #[inline(never)]
+    fn await_freed(&mut self, id: BlockId, users: Users) -> Result<(), AllocError> {
+        self.capture_frees.forget(id);
+        self.heap.set_state(id, BlockState::AwaitingEvents, 0);
+        self.events.await_users(&mut self.streams, id, users)?;
         Ok(())
     }
 
@@ -383,10 +433,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         result
     }
 
+    #[inline]
     fn poll_events(&mut self) -> Result<(), AllocError> {
         if !self.events.any_awaiting() || self.pools.capture_underway() {
             return Ok(());
         }
+        self.poll_awaiting()
+    }
+
+    /// [`Engine::poll_events`] with events to poll, out of line: inlined,
+    /// its registers and stack were set up on every malloc.
+    #[inline(never)]
+    fn poll_awaiting(&mut self) -> Result<(), AllocError> {
         let mut done = Vec::new();
         let polled = self.events.poll(&mut self.streams, &mut done);
         self.release_all_to_cache(done);
@@ -706,6 +764,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// smallest single block that fits; otherwise converts every awaiting
     /// block of the stream and pool so merges can make room. Returns whether
     /// anything was converted.
+    #[inline(never)]
     fn reuse_by_stream_wait(&mut self, req: &Request) -> Result<bool, AllocError> {
         let candidates: Vec<BlockId> = self
             .events
@@ -739,6 +798,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// No cached block fits: garbage-collect, then reserve a new segment,
     /// releasing cache and retrying as PyTorch does; returns its free block.
+    #[inline(never)]
     fn grow(&mut self, req: &Request) -> Result<BlockId, AllocError> {
         if self.pools.capture_underway() {
             // Nothing may be freed or waited for: one attempt only.

@@ -744,6 +744,28 @@ impl Heap {
             );
             self.applied_sign = sign;
         }
+        // One copy per pool, so that the pool's column is a constant offset
+        // in each update instead of an address computed for each.
+        match pool {
+            PoolKind::Small => {
+                self.apply_states_in(PoolKind::Small, sign, size, requested, oversize)
+            }
+            PoolKind::Large => {
+                self.apply_states_in(PoolKind::Large, sign, size, requested, oversize)
+            }
+        }
+    }
+
+    /// [`Heap::apply_states`] for one pool.
+    #[inline(always)]
+    fn apply_states_in(
+        &mut self,
+        pool: PoolKind,
+        sign: i64,
+        size: u64,
+        requested: u64,
+        oversize: bool,
+    ) {
         let s = &mut self.stats;
         if sign > 0 {
             s.allocation.increase(pool, 1);

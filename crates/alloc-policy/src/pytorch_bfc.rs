@@ -62,9 +62,21 @@ impl BfcSettings {
         if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
             round_to_power2_division(size, divisions)
         } else {
-            size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+            round_to_block(size)
         }
     }
+
+    /// Whether any interval has divisions, that is whether
+    /// [`BfcSettings::round_size`] may differ from [`round_to_block`].
+    fn divides(&self) -> bool {
+        self.divisions.iter().any(|&d| d > 1)
+    }
+}
+
+/// `round_size` without divisions: a multiple of 512 bytes, at least 512.
+#[inline]
+fn round_to_block(size: u64) -> u64 {
+    size.max(MIN_BLOCK_SIZE).div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
 }
 
 /// Rounds `size` up to the next of `divisions` equal steps between the powers
@@ -147,6 +159,9 @@ fn take_sparing_tail(
 #[derive(Debug, Clone, Default)]
 pub struct PytorchBfc {
     settings: BfcSettings,
+    /// `settings.divides()`, kept so that a malloc without
+    /// `roundup_power2_divisions` (the default) skips the lookup by size.
+    divides: bool,
     /// Free blocks per pool, ordered as PyTorch's `BlockComparatorSize`.
     free: [FreeIndex; 2],
     /// With `plan_layout`: the layout learned from the repeating steps.
@@ -158,6 +173,7 @@ impl PytorchBfc {
     pub fn new(settings: BfcSettings) -> Self {
         PytorchBfc {
             plan: settings.plan_layout.then(Box::default),
+            divides: settings.divides(),
             settings,
             free: Default::default(),
         }
@@ -207,6 +223,7 @@ impl Policy for PytorchBfc {
     /// reads its configuration at each decision.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
         self.settings = BfcSettings::from(cfg);
+        self.divides = self.settings.divides();
         if self.settings.plan_layout != self.plan.is_some() {
             self.plan = self.settings.plan_layout.then(Box::default);
         }
@@ -214,7 +231,11 @@ impl Policy for PytorchBfc {
     }
 
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        let size = self.settings.round_size(requested);
+        let size = if self.divides {
+            self.settings.round_size(requested)
+        } else {
+            round_to_block(requested)
+        };
         let pool = if size <= SMALL_SIZE {
             PoolKind::Small
         } else {
@@ -434,6 +455,19 @@ mod tests {
         assert_eq!(s.round_size(5 * MIB + 1), 6 * MIB);
         assert_eq!(s.round_size(8 * MIB), 8 * MIB);
         assert_eq!(s.round_size(6 * MIB), 6 * MIB);
+    }
+
+    #[test]
+    fn plain_rounding_is_round_size_without_divisions() {
+        let plain = BfcSettings::default();
+        assert!(!plain.divides());
+        let cfg = AllocatorConfig::parse("roundup_power2_divisions:[256:1,>:1]").unwrap();
+        assert!(!BfcSettings::from(&cfg).divides());
+        let cfg = AllocatorConfig::parse("roundup_power2_divisions:[256:1,>:2]").unwrap();
+        assert!(BfcSettings::from(&cfg).divides());
+        for size in (1..4096).chain([MIB - 1, MIB, MIB + 1, 3 * MIB + 1, 1 << 40]) {
+            assert_eq!(round_to_block(size), plain.round_size(size), "{size}");
+        }
     }
 
     #[test]

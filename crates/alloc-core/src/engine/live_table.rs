@@ -73,10 +73,21 @@ impl LiveTable {
         self.slots.len() - 1
     }
 
+    /// The slots and their probes, sliced to one length (a power of two,
+    /// or 0): an index masked by [`LiveTable::mask`] is then below both,
+    /// and the compiler drops the bounds checks of the probe loops.
+    #[inline(always)]
+    fn parts_mut(&mut self) -> (&mut [Slot], &mut [u8]) {
+        let n = self.slots.len();
+        (&mut self.slots[..], &mut self.probes[..n])
+    }
+
     /// The slot holding `addr`, if any.
     #[inline]
     fn find(&self, addr: u64) -> Option<usize> {
-        if self.slots.is_empty() {
+        let slots = &self.slots[..];
+        let probes = &self.probes[..slots.len()];
+        if slots.is_empty() {
             return None;
         }
         let mask = self.mask();
@@ -84,11 +95,11 @@ impl LiveTable {
         let mut distance = 0;
         loop {
             let i = (home + distance) & mask;
-            let probe = self.probes[i] as usize;
+            let probe = probes[i] as usize;
             if probe == 0 {
                 return None;
             }
-            if probe == distance + 1 && self.slots[i].addr == addr {
+            if probe == distance + 1 && slots[i].addr == addr {
                 return Some(i);
             }
             distance += 1;
@@ -123,17 +134,20 @@ impl LiveTable {
         loop {
             let mask = self.mask();
             let home = self.home(addr);
-            for distance in 0..=MAX_DISTANCE {
+            let (slots, probes) = self.parts_mut();
+            // A half-open range: an inclusive one keeps an extra flag in the
+            // loop.
+            for distance in 0..MAX_DISTANCE + 1 {
                 let i = (home + distance) & mask;
-                let probe = self.probes[i] as usize;
+                let probe = probes[i] as usize;
                 if probe == 0 {
-                    self.slots[i] = Slot { addr, block };
-                    self.probes[i] = (distance + 1) as u8;
+                    probes[i] = (distance + 1) as u8;
+                    slots[i] = Slot { addr, block };
                     self.len += 1;
                     return;
                 }
-                if probe == distance + 1 && self.slots[i].addr == addr {
-                    self.slots[i].block = block;
+                if probe == distance + 1 && slots[i].addr == addr {
+                    slots[i].block = block;
                     return;
                 }
             }
@@ -157,26 +171,27 @@ impl LiveTable {
     #[inline(never)]
     fn remove_slot(&mut self, addr: u64) -> Option<BlockId> {
         let mut hole = self.find(addr)?;
-        let block = self.slots[hole].block;
         self.len -= 1;
+        let mask = self.mask();
+        let (slots, probes) = self.parts_mut();
+        let block = slots[hole].block;
         // Up to the next empty slot, an entry that may sit in the hole (its
         // home is not past the hole) moves into it, leaving a hole there.
-        let mask = self.mask();
         let (mut next, mut gap) = (hole, 0);
         loop {
             next = (next + 1) & mask;
             gap += 1;
-            let probe = self.probes[next];
+            let probe = probes[next];
             if probe == 0 {
                 break;
             }
             if probe as usize > gap {
-                self.slots[hole] = self.slots[next];
-                self.probes[hole] = probe - gap as u8;
+                slots[hole] = slots[next];
+                probes[hole] = probe - gap as u8;
                 (hole, gap) = (next, 0);
             }
         }
-        self.probes[hole] = 0;
+        probes[hole] = 0;
         Some(block)
     }
 
