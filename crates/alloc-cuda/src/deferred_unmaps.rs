@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -51,7 +52,12 @@ impl Worker {
             .name("gpu-alloc-unmap".into())
             .spawn(move || {
                 for (addr, size) in queue {
-                    let result = unmap(addr, size);
+                    // A panic counts as a failed job: the worker lives on and
+                    // a settle waiting for the job returns.
+                    let result = panic::catch_unwind(AssertUnwindSafe(|| unmap(addr, size)))
+                        .unwrap_or(Err(CudaError::Unsupported(
+                            "an unmap on the unmap worker thread panicked",
+                        )));
                     let (lock, cv) = &*shared;
                     let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
                     p.done += 1;
@@ -213,6 +219,9 @@ mod tests {
     /// The ranges the worker unmapped, in order.
     type Seen = Arc<Mutex<Vec<(u64, u64)>>>;
 
+    /// A range whose unmap panics on the worker.
+    const PANICS_AT: u64 = 0xdead;
+
     /// Deferred unmaps whose worker records each range and, for ranges
     /// starting at `fail_at`, fails; `gate` holds the worker until a value
     /// is sent on it.
@@ -224,10 +233,10 @@ mod tests {
         let unmap: UnmapFn = Arc::new(move |addr, size| {
             let _ = gate.lock().unwrap().recv();
             log.lock().unwrap().push((addr, size));
-            if addr == fail_at {
-                Err(CudaError::Unsupported("unmap refused"))
-            } else {
-                Ok(())
+            match addr {
+                a if a == fail_at => Err(CudaError::Unsupported("unmap refused")),
+                PANICS_AT => panic!("unmap of {addr:#x}"),
+                _ => Ok(()),
             }
         });
         (DeferredUnmaps::new(unmap), seen, open)
@@ -269,6 +278,18 @@ mod tests {
         open.send(()).unwrap();
         assert!(matches!(d.settle(), Err(CudaError::Unsupported(_))));
         assert!(d.settle().is_ok(), "reported once");
+    }
+
+    #[test]
+    fn a_panicking_unmap_is_an_error_and_the_worker_goes_on() {
+        let (mut d, seen, open) = recording(u64::MAX);
+        d.unmap(PANICS_AT, 10, |_, _| panic!("deferred")).unwrap();
+        d.unmap(400, 10, |_, _| panic!("deferred")).unwrap();
+        open.send(()).unwrap();
+        open.send(()).unwrap();
+        assert!(matches!(d.settle(), Err(CudaError::Unsupported(_))));
+        assert_eq!(seen.lock().unwrap().last(), Some(&(400, 10)));
+        assert!(!d.pending_in(0, 1000));
     }
 
     #[test]
