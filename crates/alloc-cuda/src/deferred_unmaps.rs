@@ -105,8 +105,6 @@ pub(crate) struct DeferredUnmaps {
     pending: BTreeMap<u64, (u64, u64)>,
     /// Job numbers in order, with their start, to drop finished ones.
     order: VecDeque<(u64, u64)>,
-    /// An error kept from a caller-side unmap when no worker could start.
-    error: Option<CudaError>,
 }
 
 impl fmt::Debug for DeferredUnmaps {
@@ -170,6 +168,16 @@ impl DeferredUnmaps {
             .is_some_and(|(&start, &(len, _))| start.saturating_add(len) > addr)
     }
 
+    /// [`DeferredUnmaps::settle`] when part of `[addr, addr + size)` may
+    /// still be mapped by a queued unmap: before that span is mapped again
+    /// or its reservation freed.
+    pub(crate) fn settle_over(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
+        if self.pending_in(addr, size) {
+            self.settle()?;
+        }
+        Ok(())
+    }
+
     /// Waits until every queued unmap has run; returns the first error the
     /// worker met since the last call.
     pub(crate) fn settle(&mut self) -> Result<(), CudaError> {
@@ -187,12 +195,11 @@ impl DeferredUnmaps {
 
     /// The first error a queued unmap met, if any (without waiting).
     pub(crate) fn take_error(&mut self) -> Result<(), CudaError> {
-        let kept = self.error.take().or_else(|| {
-            let w = self.worker.as_ref()?;
-            let mut p = w.progress.0.lock().unwrap_or_else(PoisonError::into_inner);
-            p.error.take()
-        });
-        kept.map_or(Ok(()), Err)
+        let Some(w) = &self.worker else {
+            return Ok(());
+        };
+        let mut p = w.progress.0.lock().unwrap_or_else(PoisonError::into_inner);
+        p.error.take().map_or(Ok(()), Err)
     }
 
     /// Drops the pending ranges whose unmap has run.

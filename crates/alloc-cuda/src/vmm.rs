@@ -192,6 +192,15 @@ impl VmmMappings {
         }
     }
 
+    /// The start addresses of [`VmmMappings::pages_of`].
+    fn page_addrs(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
+        Ok(self
+            .pages_of(addr, size)?
+            .into_iter()
+            .map(|p| p.0)
+            .collect())
+    }
+
     /// Reserves `size` bytes of address space, aligned to the largest page
     /// of `pages` and mapped in its pages (each a power-of-two multiple of
     /// the granularity).
@@ -226,9 +235,7 @@ impl VmmMappings {
         {
             return Err(CudaError::Unsupported("mapping over mapped memory"));
         }
-        if self.deferred.pending_in(addr, size) {
-            self.deferred.settle()?;
-        }
+        self.deferred.settle_over(addr, size)?;
         for (i, &(at, page)) in pages.iter().enumerate() {
             let handle = match self.spare.get_mut(&page).and_then(Vec::pop) {
                 Some(h) => Ok(h),
@@ -331,11 +338,7 @@ impl VmmMappings {
     /// [`VmmMappings::detach`] left mapped (their memory lives on at its new
     /// address, or is released once unmapped here).
     pub(crate) fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
-        let pages: Vec<u64> = self
-            .pages_of(addr, size)?
-            .into_iter()
-            .map(|p| p.0)
-            .collect();
+        let pages = self.page_addrs(addr, size)?;
         if !pages.iter().all(|a| self.detached.contains_key(a)) {
             return Err(CudaError::Unsupported(
                 "unmap_detached of memory that is not detached",
@@ -375,11 +378,7 @@ impl VmmMappings {
 
     /// The pages over `[addr, addr + size)`, which must all be mapped.
     fn mapped_pages(&self, addr: u64, size: u64) -> Result<Vec<u64>, CudaError> {
-        let pages: Vec<u64> = self
-            .pages_of(addr, size)?
-            .into_iter()
-            .map(|p| p.0)
-            .collect();
+        let pages = self.page_addrs(addr, size)?;
         if !pages.iter().all(|a| self.pages.contains_key(a)) {
             return Err(CudaError::Unsupported("unmap of memory that is not mapped"));
         }
@@ -410,9 +409,7 @@ impl VmmMappings {
                 "release of a range with memory mapped",
             ));
         }
-        if self.deferred.pending_in(addr, size) {
-            self.deferred.settle()?;
-        }
+        self.deferred.settle_over(addr, size)?;
         driver::address_free(addr, size)?;
         self.ranges.remove(&addr);
         Ok(())
