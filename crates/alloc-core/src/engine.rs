@@ -175,18 +175,10 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Sleep tags: pools whose memory can be paused and resumed.
     tags: Tags,
     /// Bytes by which the reserved peak rose while the policy kept free
-    /// pages mapped ([`Policy::kept_mapped`]), at most
-    /// 1 / [`KEPT_MAPPED_SHARE`] of the peak.
+    /// pages mapped ([`Policy::kept_mapped`]), at most a share of the peak
+    /// (`expandable.rs`).
     kept_growth: u64,
 }
-
-/// Keeping a planned range mapped may raise the reserved peak by at most
-/// 1/100 of it over the allocator's life: enough for what outlives a step
-/// above the plan (ResNet-50's input batch: +0.9%), and a bound when plans
-/// that are followed for a while and then dropped keep pages from the
-/// requests that vary around them (ViT with random batches: +4.3% before
-/// the bound).
-const KEPT_MAPPED_SHARE: u64 = 100;
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// A new, empty allocator.
