@@ -34,6 +34,17 @@ use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams};
 
 use crate::{policy_names, AnyPolicy};
 
+/// Reproducible random numbers without a dependency: xorshift64 from
+/// `seed` (nonzero), one `u64` a call.
+pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// The engine the tests drive: every policy, on the simulated device.
 pub type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 

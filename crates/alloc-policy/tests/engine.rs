@@ -523,20 +523,14 @@ fn pages_that_grow_with_the_heap_move_whole_and_add_up() {
     cfg.unmap_pages = PageLayout::scaled(2 * MIB, 8 * MIB, 4).unwrap();
     let mut e =
         alloc_policy::AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = alloc_policy::testing::xorshift(0x2545_f491_4f6c_dd1d);
     let mut live: Vec<u64> = Vec::new();
     let mut unmapped_above_32 = false;
     for i in 0..3000 {
         if i % 2 == 0 {
             e.streams_mut().complete_all(); // half the time the GPU keeps up
         }
-        if live.len() < 12 && next() % 3 != 0 {
+        if live.len() < 12 && !next().is_multiple_of(3) {
             let size = (1 + next() % 12) * MIB + next() % MIB;
             live.push(e.malloc(size, StreamId(0)).unwrap().addr);
         } else if !live.is_empty() {

@@ -253,13 +253,7 @@ mod tests {
     #[test]
     fn a_random_period_packs_without_overlap_and_near_its_peak() {
         let period = 300;
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         let lives: Vec<Life> = (0..period)
             .map(|start| life(512 * (1 + next() % 64), start, 1 + next() % 40))
             .collect();
