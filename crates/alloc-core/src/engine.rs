@@ -496,9 +496,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.limit
     }
 
-    /// Current statistics.
-    pub fn stats(&self) -> &Stats {
-        &self.heap.stats
+    /// Current statistics, assembled in PyTorch's model at each call: for
+    /// one number read often, [`Engine::allocated_bytes`] and
+    /// [`Engine::reserved_bytes`] cost less.
+    pub fn stats(&self) -> Stats {
+        self.heap.stats()
+    }
+
+    /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.heap.stats.allocated_bytes.all_current() as u64
+    }
+
+    /// Bytes reserved from the device now (`reserved_bytes.all.current`).
+    pub fn reserved_bytes(&self) -> u64 {
+        self.heap.stats.reserved_bytes.all_current() as u64
     }
 
     /// Makes every peak equal to its current value.
@@ -800,7 +812,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(self.out_of_memory(req));
         }
         let pressure = Pressure {
-            reserved: self.reserved(),
+            reserved: self.reserved_bytes(),
             limit: self.limit.unwrap_or_else(|| self.memory.capacity()),
             fraction_set: self.limit.is_some(),
             threshold: self.options.garbage_collection_threshold,
@@ -831,14 +843,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             requested: req.requested,
             capacity: self.memory.capacity(),
             device_free: self.memory.free_bytes(),
-            allocated: self.heap.stats.allocated_bytes.all.current as u64,
-            reserved: self.reserved(),
+            allocated: self.allocated_bytes(),
+            reserved: self.reserved_bytes(),
             limit: self.limit,
         }))
-    }
-
-    fn reserved(&self) -> u64 {
-        self.heap.stats.reserved_bytes.all.current as u64
     }
 
     /// Reserves a segment for `req`; `Ok(None)` when the device or the limit
@@ -877,7 +885,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     fn would_pass_limit(&self, extra: u64) -> bool {
         self.limit
-            .is_some_and(|limit| self.reserved() + extra > limit)
+            .is_some_and(|limit| self.reserved_bytes() + extra > limit)
     }
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {

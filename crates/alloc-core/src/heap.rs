@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 use slab::Slab;
 
+use crate::live_stats::LiveStats;
 use crate::stats::Stats;
 use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
 
@@ -138,7 +139,7 @@ pub struct Heap {
     segments: Slab<Segment>,
     by_addr: BTreeMap<u64, SegmentId>,
     /// Live statistics; the engine adds its event counters to them.
-    pub(crate) stats: Stats,
+    pub(crate) stats: LiveStats,
     /// Blocks at or above this size count as oversize (PyTorch's `max_split_size`).
     pub(crate) oversize_threshold: u64,
     /// Per-pool logical clock: one tick per cache lookup, used for ages.
@@ -230,6 +231,11 @@ impl Heap {
             oversize_threshold,
             ..Heap::default()
         }
+    }
+
+    /// The statistics in PyTorch's model.
+    pub(crate) fn stats(&self) -> Stats {
+        self.stats.snapshot()
     }
 
     /// The block with this id.
@@ -974,14 +980,14 @@ mod tests {
         assert_eq!(heap.block(b).size, 300);
         assert_eq!(heap.block(rest).addr, 0x1000 + 300);
         assert_eq!(heap.segment(seg).blocks, 2);
-        assert_eq!(heap.stats.inactive_split.all.current, 2);
-        assert_eq!(heap.stats.inactive_split_bytes.all.current, 1000);
+        assert_eq!(heap.stats().inactive_split.all.current, 2);
+        assert_eq!(heap.stats().inactive_split_bytes.all.current, 1000);
         heap.set_state(b, BlockState::Allocated, 250);
         heap.settle();
-        assert_eq!(heap.stats.inactive_split.all.current, 1);
-        assert_eq!(heap.stats.inactive_split_bytes.all.current, 700);
-        assert_eq!(heap.stats.allocated_bytes.all.current, 300);
-        assert_eq!(heap.stats.requested_bytes.all.current, 250);
+        assert_eq!(heap.stats().inactive_split.all.current, 1);
+        assert_eq!(heap.stats().inactive_split_bytes.all.current, 700);
+        assert_eq!(heap.stats().allocated_bytes.all.current, 300);
+        assert_eq!(heap.stats().requested_bytes.all.current, 250);
         assert_eq!(heap.segment(seg).busy, 1);
     }
 
@@ -1005,7 +1011,7 @@ mod tests {
                 }
                 heap.settle();
             }
-            heap.stats
+            heap.stats()
         };
         assert_eq!(run(true), run(false));
         assert_eq!(run(true).allocation.all.allocated, 3);
@@ -1021,12 +1027,12 @@ mod tests {
         heap.settle();
         heap.set_state(a, BlockState::AwaitingEvents, 0);
         heap.settle();
-        let before = heap.stats.active;
+        let before = heap.stats().active;
         heap.set_state(a, BlockState::Free, 0);
         heap.set_state_alone(b, BlockState::Allocated, 500);
         heap.settle();
-        assert_eq!(heap.stats.active, before);
-        assert_eq!(heap.stats.allocation.all.allocated, 2);
+        assert_eq!(heap.stats().active, before);
+        assert_eq!(heap.stats().allocation.all.allocated, 2);
     }
 
     #[test]
@@ -1043,7 +1049,7 @@ mod tests {
         heap.settle();
         assert_eq!(heap.block(a).size, 900);
         assert_eq!(heap.segment(seg).blocks, 1);
-        assert_eq!(heap.stats.inactive_split.all.current, 0);
+        assert_eq!(heap.stats().inactive_split.all.current, 0);
         assert!(heap.segment(seg).is_idle());
     }
 
@@ -1053,10 +1059,10 @@ mod tests {
         heap.split(a, 100);
         assert_eq!(heap.remove_segment(seg), (0x1000, 900));
         heap.settle();
-        assert_eq!(heap.stats.reserved_bytes.all.current, 0);
-        assert_eq!(heap.stats.inactive_split.all.current, 0);
+        assert_eq!(heap.stats().reserved_bytes.all.current, 0);
+        assert_eq!(heap.stats().inactive_split.all.current, 0);
         assert_eq!(heap.block_count(), 0);
-        assert_eq!(heap.stats.segment.all.peak, 1);
+        assert_eq!(heap.stats().segment.all.peak, 1);
     }
 
     #[test]
@@ -1074,9 +1080,9 @@ mod tests {
         assert_eq!(heap.split(b, 100), c);
         heap.settle();
         assert_eq!(heap.segment(seg).blocks, 3);
-        assert_eq!(heap.stats.inactive_split.all.current, 3);
-        assert_eq!(heap.stats.inactive_split_bytes.all.current, 900);
-        assert_eq!(heap.stats.inactive_split.all.peak, 3);
+        assert_eq!(heap.stats().inactive_split.all.current, 3);
+        assert_eq!(heap.stats().inactive_split_bytes.all.current, 900);
+        assert_eq!(heap.stats().inactive_split.all.peak, 3);
     }
 
     #[test]

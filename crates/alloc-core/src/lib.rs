@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 mod forward;
 pub mod heap;
+mod live_stats;
 pub mod page_layout;
 mod page_set;
 pub mod policy;

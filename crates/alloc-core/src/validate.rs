@@ -203,7 +203,7 @@ fn check_stats(heap: &Heap) -> Result<(), String> {
             }
         }
     }
-    let s = &heap.stats;
+    let s = &heap.stats();
     let pairs: [(&str, &StatArray, &StatArray); 9] = [
         ("allocation", &s.allocation, &r.allocation),
         ("segment", &s.segment, &r.segment),

@@ -605,17 +605,17 @@ impl<P: Policy> CudaAllocator<P> {
 
     /// A copy of the statistics (PyTorch's `memory_stats` model).
     pub fn stats(&self) -> Result<Stats, CudaError> {
-        Ok(self.engine()?.stats().clone())
+        Ok(self.engine()?.stats())
     }
 
     /// Bytes currently reserved from the device.
     pub fn reserved_bytes(&self) -> Result<u64, CudaError> {
-        Ok(self.engine()?.stats().reserved_bytes.all.current.max(0) as u64)
+        Ok(self.engine()?.reserved_bytes())
     }
 
     /// Bytes currently handed out.
     pub fn allocated_bytes(&self) -> Result<u64, CudaError> {
-        Ok(self.engine()?.stats().allocated_bytes.all.current.max(0) as u64)
+        Ok(self.engine()?.allocated_bytes())
     }
 
     /// Makes every peak statistic equal to its current value.

@@ -212,8 +212,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !self.options.unmap_free_pages || self.pools.capture_underway() {
             return Ok(false);
         }
-        let peak = self.heap.stats.reserved_bytes.all.peak as u64;
-        let mut deficit = (self.reserved() + needed).saturating_sub(peak);
+        let peak = self.heap.stats.reserved_bytes.all_peak() as u64;
+        let mut deficit = (self.reserved_bytes() + needed).saturating_sub(peak);
         if deficit == 0 {
             return Ok(false);
         }
