@@ -97,6 +97,12 @@ pub struct AllocatorConfig {
     /// that grow with the heap beneath them). Larger pages make each moved
     /// byte cheaper and leave free holes smaller than a page mapped.
     pub unmap_pages: PageLayout,
+    /// With `unmap_free_pages`: unmap the old addresses of moved pages on a
+    /// worker thread, so that the allocating thread pays only for the new
+    /// mapping (`unmap_worker`, ours, default true; false: every unmap runs
+    /// on the allocating thread). Read by backends that map pages on a
+    /// device (`alloc-cuda`); the simulated device ignores it.
+    pub unmap_worker: bool,
     /// With expandable segments and `policy:pytorch-bfc`: learn the layout
     /// of a repeating step and place later steps' blocks as planned, so that
     /// the same addresses serve the same requests every step and, with
@@ -137,6 +143,7 @@ impl Default for AllocatorConfig {
             stream_wait_reuse: false,
             unmap_free_pages: false,
             unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
+            unmap_worker: true,
             plan_layout: false,
             idle_slab_limit: None,
             policy: None,
@@ -173,7 +180,7 @@ fn unmap_page_value(pages: &PageLayout) -> String {
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, unmap_page_mb, plan_layout, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, unmap_page_mb, unmap_worker, plan_layout, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
 per_process_memory_fraction";
 
@@ -202,6 +209,7 @@ impl AllocatorConfig {
         let mut p = Parser { tokens, pos: 0 };
         let mut cfg = self.clone();
         let mut page_set = false;
+        let mut worker_set = false;
         while let Some(key) = p.next_token() {
             if key == "," {
                 continue;
@@ -243,6 +251,10 @@ impl AllocatorConfig {
                             })?;
                         PageLayout::uniform(mb << 20)
                     };
+                }
+                "unmap_worker" => {
+                    worker_set = true;
+                    cfg.unmap_worker = p.boolean(&key)?;
                 }
                 "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
                 "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
@@ -328,6 +340,13 @@ impl AllocatorConfig {
                 "unmap_page_mb",
                 &unmap_page_value(&cfg.unmap_pages),
                 "needs unmap_free_pages:True (it sizes the pages that mode moves)",
+            ));
+        }
+        if worker_set && !cfg.unmap_free_pages {
+            return Err(invalid(
+                "unmap_worker",
+                if cfg.unmap_worker { "true" } else { "false" },
+                "needs unmap_free_pages:True (it places the unmaps that mode makes)",
             ));
         }
         Ok(cfg)
@@ -595,6 +614,18 @@ mod tests {
         assert_eq!(SCALED_UNMAP_PAGES.size_at(8 << 30), 16 * MIB);
         let e = AllocatorConfig::parse("expandable_segments:true,unmap_page_mb:8").unwrap_err();
         assert!(e.to_string().contains("unmap_free_pages"), "{e}");
+    }
+
+    #[test]
+    fn unmap_worker_is_on_by_default_and_needs_unmap_free_pages() {
+        let on = "expandable_segments:true,unmap_free_pages:true";
+        assert!(AllocatorConfig::parse(on).unwrap().unmap_worker);
+        let off = AllocatorConfig::parse(&format!("{on},unmap_worker:false")).unwrap();
+        assert!(!off.unmap_worker);
+        assert!(off.with_settings("unmap_worker:true").unwrap().unmap_worker);
+        let e = AllocatorConfig::parse("expandable_segments:true,unmap_worker:false").unwrap_err();
+        assert!(e.to_string().contains("unmap_free_pages"), "{e}");
+        assert!(AllocatorConfig::parse(&format!("{on},unmap_worker:sometimes")).is_err());
     }
 
     #[test]

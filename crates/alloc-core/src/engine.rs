@@ -38,8 +38,9 @@ pub use sleep::CopyBlocks;
 /// bug, refused before any arithmetic could overflow.
 pub const MAX_REQUEST: u64 = 1 << 50;
 
-/// Engine behaviour that is not policy: taken from an [`AllocatorConfig`].
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// Engine behaviour that is not policy: taken from an [`AllocatorConfig`]
+/// (the default is that of the default configuration).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EngineOptions {
     /// `garbage_collection_threshold`, handed to the policy's collector.
     pub garbage_collection_threshold: Option<f64>,
@@ -54,10 +55,20 @@ pub struct EngineOptions {
     /// With `unmap_free_pages`, the large pool's pages (rounded up to the
     /// backend's granularity).
     pub unmap_pages: PageLayout,
+    /// With `unmap_free_pages`, whether the backend unmaps moved pages on a
+    /// worker thread: the backend reads it at creation, the engine keeps it
+    /// to refuse a change at run time.
+    pub unmap_worker: bool,
     /// During a capture, reuse a block freed while other streams used it
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
     pub graph_capture_record_stream_reuse: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions::from(&AllocatorConfig::default())
+    }
 }
 
 impl From<&AllocatorConfig> for EngineOptions {
@@ -68,6 +79,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             expandable_segments: cfg.expandable_segments,
             unmap_free_pages: cfg.unmap_free_pages,
             unmap_pages: cfg.unmap_pages,
+            unmap_worker: cfg.unmap_worker,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
         }
     }

@@ -280,7 +280,8 @@ impl<P: Policy> CudaAllocator<P> {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
         let observer = ObserverSlot::default();
-        let mut memory = CudaMemory::with_observer(ctx.clone(), observer.clone())?;
+        let mut memory =
+            CudaMemory::with_observer(ctx.clone(), observer.clone(), config.unmap_worker)?;
         if config.expandable_segments && memory.virtual_memory().is_none() {
             return Err(CudaError::Unsupported(
                 "expandable_segments:true needs virtual memory management, which this device lacks",

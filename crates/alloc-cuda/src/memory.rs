@@ -45,13 +45,16 @@ impl CudaMemory {
     /// The memory backend of `ctx`'s device (one `cuMemGetInfo` and the
     /// virtual-memory granularity are read now).
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
-        Self::with_observer(ctx, ObserverSlot::default())
+        Self::with_observer(ctx, ObserverSlot::default(), true)
     }
 
-    /// [`CudaMemory::new`] reporting its segment events to `observer`.
+    /// [`CudaMemory::new`] reporting its segment events to `observer`;
+    /// `unmap_worker`: moved pages' old addresses are unmapped on a worker
+    /// thread (otherwise on the caller's).
     pub(crate) fn with_observer(
         ctx: Arc<CudaContext>,
         observer: ObserverSlot,
+        unmap_worker: bool,
     ) -> Result<Self, CudaError> {
         driver::bind(&ctx)?;
         let (_, total) = driver::mem_get_info()?;
@@ -71,15 +74,17 @@ impl CudaMemory {
         };
         // Idle pages' unmaps run on a worker thread, in this context.
         let worker_ctx = Arc::clone(&ctx);
-        let unmap: UnmapFn = Arc::new(move |addr, size| {
-            driver::bind(&worker_ctx)?;
-            driver::mem_unmap(addr, size)
+        let unmap = unmap_worker.then(|| -> UnmapFn {
+            Arc::new(move |addr, size| {
+                driver::bind(&worker_ctx)?;
+                driver::mem_unmap(addr, size)
+            })
         });
         Ok(CudaMemory {
             ctx,
             capacity: total,
             segments: FxHashMap::default(),
-            vmm: VmmMappings::new(device, granularity, shareable, Some(unmap)),
+            vmm: VmmMappings::new(device, granularity, shareable, unmap),
             observer,
         })
     }

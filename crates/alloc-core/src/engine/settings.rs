@@ -46,6 +46,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if wanted.unmap_free_pages && wanted.unmap_pages != self.options.unmap_pages {
             return Err(fixed("unmap_page_mb"));
         }
+        if wanted.unmap_free_pages && wanted.unmap_worker != self.options.unmap_worker {
+            return Err(fixed("unmap_worker"));
+        }
         let growable_memory = self.granularity > 0;
         if wanted.expandable_segments && !growable_memory {
             return Err(AllocError::InvalidArgument(
