@@ -98,9 +98,12 @@ pub struct AllocatorConfig {
     /// byte cheaper and leave free holes smaller than a page mapped.
     pub unmap_pages: PageLayout,
     /// With `unmap_free_pages`: unmap the old addresses of moved pages on a
-    /// worker thread, so that the allocating thread pays only for the new
-    /// mapping (`unmap_worker`, ours, default true; false: every unmap runs
-    /// on the allocating thread). Read by backends that map pages on a
+    /// worker thread instead of the allocating thread (`unmap_worker`, ours,
+    /// default false). Alone, a move then costs its caller only the new
+    /// mapping; beside a host-bound PyTorch step, on the H100, the worker's
+    /// unmaps made the allocating thread's maps slower and the mean step
+    /// longer (GPT-2 generation: 9.9-10.5 ms against 8.3-9.8 ms, three
+    /// rounds; docs/benchmarks.md). Read by backends that map pages on a
     /// device (`alloc-cuda`); the simulated device ignores it.
     pub unmap_worker: bool,
     /// With expandable segments and `policy:pytorch-bfc`: learn the layout
@@ -143,7 +146,7 @@ impl Default for AllocatorConfig {
             stream_wait_reuse: false,
             unmap_free_pages: false,
             unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
-            unmap_worker: true,
+            unmap_worker: false,
             plan_layout: false,
             idle_slab_limit: None,
             policy: None,
@@ -617,13 +620,18 @@ mod tests {
     }
 
     #[test]
-    fn unmap_worker_is_on_by_default_and_needs_unmap_free_pages() {
+    fn unmap_worker_is_off_by_default_and_needs_unmap_free_pages() {
         let on = "expandable_segments:true,unmap_free_pages:true";
-        assert!(AllocatorConfig::parse(on).unwrap().unmap_worker);
-        let off = AllocatorConfig::parse(&format!("{on},unmap_worker:false")).unwrap();
-        assert!(!off.unmap_worker);
-        assert!(off.with_settings("unmap_worker:true").unwrap().unmap_worker);
-        let e = AllocatorConfig::parse("expandable_segments:true,unmap_worker:false").unwrap_err();
+        assert!(!AllocatorConfig::parse(on).unwrap().unmap_worker);
+        let worker = AllocatorConfig::parse(&format!("{on},unmap_worker:true")).unwrap();
+        assert!(worker.unmap_worker);
+        assert!(
+            !worker
+                .with_settings("unmap_worker:false")
+                .unwrap()
+                .unmap_worker
+        );
+        let e = AllocatorConfig::parse("expandable_segments:true,unmap_worker:true").unwrap_err();
         assert!(e.to_string().contains("unmap_free_pages"), "{e}");
         assert!(AllocatorConfig::parse(&format!("{on},unmap_worker:sometimes")).is_err());
     }

@@ -43,9 +43,11 @@ pub struct CudaMemory {
 
 impl CudaMemory {
     /// The memory backend of `ctx`'s device (one `cuMemGetInfo` and the
-    /// virtual-memory granularity are read now).
+    /// virtual-memory granularity are read now); moved pages are unmapped
+    /// on the calling thread, as the default configuration's `unmap_worker`
+    /// says.
     pub fn new(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
-        Self::with_observer(ctx, ObserverSlot::default(), true)
+        Self::with_observer(ctx, ObserverSlot::default(), false)
     }
 
     /// [`CudaMemory::new`] reporting its segment events to `observer`;
@@ -72,7 +74,8 @@ impl CudaMemory {
             }
             Err(_) => 0,
         };
-        // Idle pages' unmaps run on a worker thread, in this context.
+        // With `unmap_worker`, idle pages' unmaps run on a worker thread, in
+        // this context.
         let worker_ctx = Arc::clone(&ctx);
         let unmap = unmap_worker.then(|| -> UnmapFn {
             Arc::new(move |addr, size| {

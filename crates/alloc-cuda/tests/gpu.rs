@@ -541,6 +541,15 @@ fn unmap_free_pages_default_pages_remap_with_data_intact() {
     );
 }
 
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn unmap_free_pages_with_the_unmap_worker_remap_with_data_intact() {
+    remap_holes_with_data_intact(
+        "expandable_segments:True,unmap_free_pages:true,unmap_page_mb:2,unmap_worker:true",
+        2 * MIB,
+    );
+}
+
 /// Interleaved buffers of 3 pages of `page` bytes; every other one freed
 /// leaves holes of whole pages; larger requests unmap them, refills map
 /// them back, and every buffer keeps its data.

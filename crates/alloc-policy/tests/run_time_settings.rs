@@ -96,7 +96,7 @@ fn options_fixed_at_creation_are_refused_and_nothing_changes() {
     let mut e = engine(base, 8 * GIB);
     let err = reconfigure(&mut e, base, "unmap_page_mb:8").unwrap_err();
     assert!(err.to_string().contains("unmap_page_mb"), "{err}");
-    let err = reconfigure(&mut e, base, "unmap_worker:false").unwrap_err();
+    let err = reconfigure(&mut e, base, "unmap_worker:true").unwrap_err();
     assert!(err.to_string().contains("unmap_worker"), "{err}");
     let err = reconfigure(&mut e, base, "expandable_segments:false").unwrap_err();
     assert!(err.to_string().contains("unmap_free_pages"), "{err}");
