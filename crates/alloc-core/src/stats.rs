@@ -1,6 +1,9 @@
 //! Statistics in PyTorch's model (`torch.cuda.memory_stats()`): each quantity
 //! has a current value, a peak, and cumulative allocated / freed totals, kept for
-//! all pools together and for the small and large pools apart.
+//! all pools together and for the small and large pools apart. A [`Stats`]
+//! is a report: `Engine::stats()` assembles one from the counters the heap
+//! updates, and resets go through the engine (`reset_peak_stats`,
+//! `reset_accumulated_stats`).
 
 use serde::Serialize;
 
@@ -118,12 +121,6 @@ impl StatArray {
         self.all.apply(delta);
         self.pool_mut(pool).apply(delta);
     }
-
-    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
-        f(&mut self.all);
-        f(&mut self.small_pool);
-        f(&mut self.large_pool);
-    }
 }
 
 /// Every statistic the allocator keeps, named as in `torch.cuda.memory_stats()`.
@@ -225,44 +222,6 @@ impl PageMoves {
 }
 
 impl Stats {
-    /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
-    pub fn reset_peaks(&mut self) {
-        for array in self.arrays_mut() {
-            array.for_each(Stat::reset_peak);
-        }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
-    }
-
-    /// Clears cumulative totals and event counters (`reset_accumulated_memory_stats`).
-    pub fn reset_accumulated(&mut self) {
-        for array in self.arrays_mut() {
-            array.for_each(Stat::reset_accumulated);
-        }
-        self.oversize_allocations.reset_accumulated();
-        self.oversize_segments.reset_accumulated();
-        self.num_alloc_retries = 0;
-        self.num_ooms = 0;
-        self.num_sync_all_streams = 0;
-        self.num_device_alloc = 0;
-        self.num_device_free = 0;
-        self.page_moves = PageMoves::default();
-    }
-
-    fn arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
-    }
-
     /// The statistics as a flat map with PyTorch's key names
     /// (`allocated_bytes.all.current`, `num_device_alloc`, ...).
     pub fn to_flat_map(&self) -> std::collections::BTreeMap<String, i64> {
