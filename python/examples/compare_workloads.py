@@ -127,6 +127,13 @@ def median_step_ms(result):
     return result.get("median_step_ms")
 
 
+def mean_step_ms(result):
+    """Mean of the steps after the warm-up ones: unlike the median it counts the few slow
+    steps (page moves, say), so it is what throughput follows. None without step_ms."""
+    timed = (result.get("step_ms") or [])[result.get("warmup", 0):]
+    return statistics.fmean(timed) if timed else None
+
+
 def first_difference(ref, got, path="fingerprint"):
     """None when got == ref exactly, else a short description of the first difference."""
     if isinstance(ref, dict) and isinstance(got, dict):
@@ -187,6 +194,7 @@ def summarize(results, ref_alloc=REF_ALLOC):
         ok = [r for r in rs if not _failed(r)]
         ref = next((r for r in ok if r.get("alloc") == ref_alloc), None)
         ref_ms = median_step_ms(ref) if ref else None
+        ref_mean = mean_step_ms(ref) if ref else None
         pytorch = [r for r in ok if _kind(r.get("alloc")) == "torch" and r.get("peak_reserved")]
         direct = [r for r in pytorch if r.get("reserved_source") != "cuMemGetInfo"]
         best = min(direct or pytorch, key=lambda r: r["peak_reserved"]) if pytorch else None
@@ -196,11 +204,12 @@ def summarize(results, ref_alloc=REF_ALLOC):
                 row["error"] = r.get("error") or "no result"
                 rows.append(row)
                 continue
-            ms = median_step_ms(r)
+            ms, mean = median_step_ms(r), mean_step_ms(r)
             reserved = r.get("peak_reserved")
             row.update(
                 median_step_ms=ms,
                 step_ratio=(ms / ref_ms) if (ms is not None and ref_ms) else None,
+                mean_ratio=(mean / ref_mean) if (mean is not None and ref_mean) else None,
                 peak_reserved=reserved,
                 reserved_marked=r.get("reserved_source") == "cuMemGetInfo",
                 reserved_ratio=(reserved / best["peak_reserved"]) if (best and reserved) else None,
@@ -245,6 +254,7 @@ TABLE_COLUMNS = [
     "allocator",
     "median step ms",
     "step / torch",
+    "mean step / torch",
     "peak reserved GiB",
     "reserved / best PyTorch",
     "peak allocated GiB",
@@ -264,7 +274,7 @@ def make_table(results, ref_alloc=REF_ALLOC):
     for row in rows:
         if row["error"]:
             err = " ".join(str(row["error"]).split())
-            cells = [row["workload"], row["alloc"]] + ["-"] * 7 + ["FAILED"]
+            cells = [row["workload"], row["alloc"]] + ["-"] * (len(TABLE_COLUMNS) - 3) + ["FAILED"]
             failures.append("%s / %s: %s" % (row["workload"], row["alloc"], err[-400:]))
         else:
             res = _gib(row["peak_reserved"])
@@ -281,6 +291,7 @@ def make_table(results, ref_alloc=REF_ALLOC):
                 row["alloc"],
                 _ms(row["median_step_ms"]),
                 _ratio(row["step_ratio"]),
+                _ratio(row["mean_ratio"]),
                 res,
                 _ratio(row["reserved_ratio"]),
                 alloc,
@@ -295,8 +306,10 @@ def make_table(results, ref_alloc=REF_ALLOC):
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     out.append("")
     notes = [
-        "step / torch: median step time over the `%s` run's; reserved / best PyTorch: peak "
-        "reserved over the smallest of the PyTorch settings' (%s)."
+        "step / torch: median step time over the `%s` run's; mean step / torch: the same "
+        "for the mean, which counts the few slow steps the median leaves out (page moves, "
+        "say); reserved / best PyTorch: peak reserved over the smallest of the PyTorch "
+        "settings' (%s)."
         % (ref_alloc, ", ".join("%s: %s" % kv for kv in best.items()) or "none"),
         "cuMemGetInfo Δ: peak of total - free sampled after every step, minus the figure "
         "right after CUDA initialisation (includes cuBLAS / cuDNN workspaces and kernels).",
@@ -343,6 +356,7 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
     round's median step, and its ratio to the ref_alloc run of the same round (the run
     next to it, so the drift between rounds cancels). Empty when nothing was repeated."""
     rounds = {}  # (workload, base) -> {tag: median ms}
+    means = {}  # (workload, base) -> {tag: mean ms}
     order = []
     for r in results:
         if _failed(r):
@@ -350,31 +364,38 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
         base, tag = split_tag(r.get("alloc", ""))
         key = (r.get("workload"), base)
         if key not in rounds:
-            rounds[key] = {}
+            rounds[key], means[key] = {}, {}
             order.append(key)
-        ms = median_step_ms(r)
+        ms, mean = median_step_ms(r), mean_step_ms(r)
         if ms is not None:
             rounds[key][tag] = ms
+        if mean is not None:
+            means[key][tag] = mean
     repeated = [k for k in order if len(rounds[k]) > 1]
     if not repeated:
         return []
     out = ["", "Repeated settings (median step ms per round; ratio to the `%s` run of the same "
            "round; best round over the `%s` runs' best: a run is only slowed by the rest of "
-           "the host, so the best round is the cleanest figure):" % (ref_alloc, ref_alloc), "",
+           "the host, so the best round is the cleanest figure; the mean step's ratio per round, "
+           "which counts the slow steps the median leaves out):" % (ref_alloc, ref_alloc), "",
            "| workload | allocator | rounds | step ms per round | ratio per round | median ratio "
-           "| best / best |",
-           "|---|---|---|---|---|---|---|"]
+           "| best / best | mean-step ratio per round | median mean-step ratio |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for w, base in repeated:
         runs = rounds[(w, base)]
         ref = rounds.get((w, ref_alloc), {})
         tags = sorted(runs, key=lambda t: (t != "", int(t) if t.isdigit() else 0, t))
         ratios = [runs[t] / ref[t] for t in tags if ref.get(t)]
         best = min(runs.values()) / min(ref.values()) if ref else None
-        out.append("| %s | %s | %d | %s | %s | %s | %s |" % (
+        mine, ref_means = means[(w, base)], means.get((w, ref_alloc), {})
+        mean_ratios = [mine[t] / ref_means[t] for t in tags if t in mine and ref_means.get(t)]
+        out.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
             w, base, len(tags), " / ".join("%.2f" % runs[t] for t in tags),
             " / ".join("%.3f" % x for x in ratios) or "-",
             "%.3f" % statistics.median(ratios) if ratios else "-",
-            "%.3f" % best if best is not None else "-"))
+            "%.3f" % best if best is not None else "-",
+            " / ".join("%.3f" % x for x in mean_ratios) or "-",
+            "%.3f" % statistics.median(mean_ratios) if mean_ratios else "-"))
     return out
 
 

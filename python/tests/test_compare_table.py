@@ -90,6 +90,23 @@ class TableTest(unittest.TestCase):
         self.assertEqual(self.cell("gpualloc:policy:buddy", "median step ms"), "100.00")
         self.assertEqual(cw.median_step_ms({"step_ms": [9.0, 1.0, 2.0, 3.0], "warmup": 1}), 2.0)
 
+    def test_mean_step_counts_the_slow_steps_the_median_leaves_out(self):
+        # torch: mean of [100, 104, 96] = 100; gpualloc: mean of [102, 101, 103] = 102
+        self.assertEqual(self.cell("torch", "mean step / torch"), "1.000")
+        self.assertEqual(self.cell("gpualloc", "mean step / torch"), "1.020")
+        # buddy: mean of [98, 102, 99, 101] = 100
+        self.assertEqual(self.cell("gpualloc:policy:buddy", "mean step / torch"), "1.000")
+        self.assertEqual(self.cell("gpualloc", "mean step / torch", "w2"), "-")
+        self.assertEqual(self.cell("gpualloc:policy:size-class", "mean step / torch"), "-")
+        # One slow step in four: the median stays, the mean moves.
+        slow = [run("torch", [50.0, 10.0, 10.0, 10.0, 10.0], 1, G, G, FP),
+                run("gpualloc", [50.0, 10.0, 10.0, 10.0, 30.0], 1, G, G, FP)]
+        _, t = parse_markdown(cw.make_table(slow))
+        self.assertEqual(t[("w1", "gpualloc")]["step / torch"], "1.000")
+        self.assertEqual(t[("w1", "gpualloc")]["mean step / torch"], "1.500")
+        self.assertEqual(cw.mean_step_ms({"step_ms": [9.0, 1.0, 2.0, 6.0], "warmup": 1}), 3.0)
+        self.assertIsNone(cw.mean_step_ms({"median_step_ms": 4.0}))
+
     def test_step_ratio_to_torch(self):
         self.assertEqual(self.cell("torch", "step / torch"), "1.000")
         self.assertEqual(self.cell("torch-expandable", "step / torch"), "1.010")
@@ -219,10 +236,11 @@ class RepeatTest(unittest.TestCase):
         lines = cw.repeat_summary(results)
         rows = {line.split(" | ")[1]: line for line in lines if line.startswith("| w1 ")}
         self.assertEqual(set(rows), {"torch", "gpualloc"})  # buddy succeeded once only
-        self.assertIn("| 3 | 11.00 / 19.00 / 10.50 | 1.100 / 0.950 / 1.050 | 1.050 | 1.050 |",
-                      rows["gpualloc"])
-        self.assertIn("| 3 | 10.00 / 20.00 / 10.00 | 1.000 / 1.000 / 1.000 | 1.000 | 1.000 |",
-                      rows["torch"])
+        # One step a run: the mean ratios are the median ones.
+        self.assertIn("| 3 | 11.00 / 19.00 / 10.50 | 1.100 / 0.950 / 1.050 | 1.050 | 1.050 "
+                      "| 1.100 / 0.950 / 1.050 | 1.050 |", rows["gpualloc"])
+        self.assertIn("| 3 | 10.00 / 20.00 / 10.00 | 1.000 / 1.000 / 1.000 | 1.000 | 1.000 "
+                      "| 1.000 / 1.000 / 1.000 | 1.000 |", rows["torch"])
         self.assertIn("Repeated settings", cw.make_table(results))
         self.assertEqual(cw.repeat_summary(RESULTS), [])
 
