@@ -8,12 +8,13 @@
 ///
 /// `forward_policy!(reach; all)` writes every method;
 /// `forward_policy!(reach; plan, take_free, ...)` only those named, for an
-/// adaptor that writes the others itself. `reach` names a macro that the
-/// forwarding invokes as `reach!(ref self, p => call)` in `&self` methods
-/// and `reach!(mut self, p => call)` in `&mut self` methods: it evaluates
-/// `call` with `p` bound to the inner policy (by shared or mutable
-/// reference), so an enum of policies can match on its variants and a
-/// wrapper can reach its field. Every forwarded method is `#[inline]`.
+/// adaptor that writes the others itself. A wrapper that holds its policy
+/// in a field names it: `forward_policy!(field inner; ...)`. Otherwise
+/// `reach` names a macro that the forwarding invokes as `reach!(ref self,
+/// p => call)` in `&self` methods and `reach!(mut self, p => call)` in
+/// `&mut self` methods: it evaluates `call` with `p` bound to the inner
+/// policy (by shared or mutable reference), so an enum of policies can
+/// match on its variants. Every forwarded method is `#[inline]`.
 ///
 /// An adaptor that counts the cached blocks its policy hands out, and
 /// forwards the rest:
@@ -30,18 +31,13 @@
 ///     hits: u64,
 /// }
 ///
-/// macro_rules! to_inner {
-///     (ref $s:expr, $p:ident => $call:expr) => {{ let $p = &$s.inner; $call }};
-///     (mut $s:expr, $p:ident => $call:expr) => {{ let $p = &mut $s.inner; $call }};
-/// }
-///
 /// impl<P: Policy> Policy for Counting<P> {
 ///     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
 ///         let found = self.inner.take_free(heap, req);
 ///         self.hits += u64::from(found.is_some());
 ///         found
 ///     }
-///     forward_policy!(to_inner; name, reconfigure, plan, segment_size, carve, insert_free,
+///     forward_policy!(field inner; name, reconfigure, plan, segment_size, carve, insert_free,
 ///         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
 ///         oversize_threshold, supports_growth, indexed_blocks, check);
 /// }
@@ -58,52 +54,68 @@
 /// ```
 #[macro_export]
 macro_rules! forward_policy {
-    ($reach:ident; all) => {
+    // How a call reaches the inner policy: a field of the wrapper, or the
+    // caller's own reach macro.
+    (@reach [field $f:ident], ref $s:expr, $p:ident => $call:expr) => {{
+        let $p = &$s.$f;
+        $call
+    }};
+    (@reach [field $f:ident], mut $s:expr, $p:ident => $call:expr) => {{
+        let $p = &mut $s.$f;
+        $call
+    }};
+    (@reach $reach:ident, $($call:tt)*) => {
+        $reach!($($call)*)
+    };
+    (field $f:ident; $($methods:tt)*) => {
+        $crate::forward_policy!([field $f]; $($methods)*);
+    };
+    ($reach:tt; all) => {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
             insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
             rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
     };
-    ($reach:ident; $($method:ident),+ $(,)?) => {
+    ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+
     };
-    (@method $reach:ident name) => {
+    (@method $reach:tt name) => {
         #[inline]
         fn name(&self) -> &str {
-            $reach!(ref self, p => p.name())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.name())
         }
     };
-    (@method $reach:ident reconfigure) => {
+    (@method $reach:tt reconfigure) => {
         #[inline]
         fn reconfigure(
             &mut self,
             cfg: &$crate::AllocatorConfig,
         ) -> ::core::result::Result<(), $crate::ConfigError> {
-            $reach!(mut self, p => p.reconfigure(cfg))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.reconfigure(cfg))
         }
     };
-    (@method $reach:ident plan) => {
+    (@method $reach:tt plan) => {
         #[inline]
         fn plan(&self, requested: u64, key: $crate::CacheKey) -> $crate::Request {
-            $reach!(ref self, p => p.plan(requested, key))
+            $crate::forward_policy!(@reach $reach, ref self, p => p.plan(requested, key))
         }
     };
-    (@method $reach:ident segment_size) => {
+    (@method $reach:tt segment_size) => {
         #[inline]
         fn segment_size(&self, req: &$crate::Request) -> u64 {
-            $reach!(ref self, p => p.segment_size(req))
+            $crate::forward_policy!(@reach $reach, ref self, p => p.segment_size(req))
         }
     };
-    (@method $reach:ident take_free) => {
+    (@method $reach:tt take_free) => {
         #[inline]
         fn take_free(
             &mut self,
             heap: &$crate::Heap,
             req: &$crate::Request,
         ) -> ::core::option::Option<$crate::BlockId> {
-            $reach!(mut self, p => p.take_free(heap, req))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.take_free(heap, req))
         }
     };
-    (@method $reach:ident carve) => {
+    (@method $reach:tt carve) => {
         #[inline]
         fn carve(
             &mut self,
@@ -111,81 +123,81 @@ macro_rules! forward_policy {
             block: $crate::BlockId,
             req: &$crate::Request,
         ) -> $crate::BlockId {
-            $reach!(mut self, p => p.carve(heap, block, req))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.carve(heap, block, req))
         }
     };
-    (@method $reach:ident insert_free) => {
+    (@method $reach:tt insert_free) => {
         #[inline]
         fn insert_free(&mut self, heap: &mut $crate::Heap, block: $crate::BlockId) {
-            $reach!(mut self, p => p.insert_free(heap, block))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.insert_free(heap, block))
         }
     };
-    (@method $reach:ident remove_free) => {
+    (@method $reach:tt remove_free) => {
         #[inline]
         fn remove_free(&mut self, heap: &$crate::Heap, block: $crate::BlockId) {
-            $reach!(mut self, p => p.remove_free(heap, block))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.remove_free(heap, block))
         }
     };
-    (@method $reach:ident release_for_oom) => {
+    (@method $reach:tt release_for_oom) => {
         #[inline]
         fn release_for_oom(
             &mut self,
             heap: &$crate::Heap,
             req: &$crate::Request,
         ) -> $crate::OomRelease {
-            $reach!(mut self, p => p.release_for_oom(heap, req))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.release_for_oom(heap, req))
         }
     };
-    (@method $reach:ident collect_garbage) => {
+    (@method $reach:tt collect_garbage) => {
         #[inline]
         fn collect_garbage(
             &mut self,
             heap: &$crate::Heap,
             pressure: &$crate::Pressure,
         ) -> ::std::vec::Vec<$crate::SegmentId> {
-            $reach!(mut self, p => p.collect_garbage(heap, pressure))
+            $crate::forward_policy!(@reach $reach, mut self, p => p.collect_garbage(heap, pressure))
         }
     };
-    (@method $reach:ident coalesces) => {
+    (@method $reach:tt coalesces) => {
         #[inline]
         fn coalesces(&self) -> bool {
-            $reach!(ref self, p => p.coalesces())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.coalesces())
         }
     };
-    (@method $reach:ident rebuilds_layouts) => {
+    (@method $reach:tt rebuilds_layouts) => {
         #[inline]
         fn rebuilds_layouts(&self) -> bool {
-            $reach!(ref self, p => p.rebuilds_layouts())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.rebuilds_layouts())
         }
     };
-    (@method $reach:ident oversize_threshold) => {
+    (@method $reach:tt oversize_threshold) => {
         #[inline]
         fn oversize_threshold(&self) -> u64 {
-            $reach!(ref self, p => p.oversize_threshold())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.oversize_threshold())
         }
     };
-    (@method $reach:ident supports_growth) => {
+    (@method $reach:tt supports_growth) => {
         #[inline]
         fn supports_growth(&self) -> bool {
-            $reach!(ref self, p => p.supports_growth())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.supports_growth())
         }
     };
-    (@method $reach:ident kept_mapped) => {
+    (@method $reach:tt kept_mapped) => {
         #[inline]
         fn kept_mapped(&self, key: $crate::CacheKey) -> ::std::option::Option<(u64, u64)> {
-            $reach!(ref self, p => p.kept_mapped(key))
+            $crate::forward_policy!(@reach $reach, ref self, p => p.kept_mapped(key))
         }
     };
-    (@method $reach:ident indexed_blocks) => {
+    (@method $reach:tt indexed_blocks) => {
         #[inline]
         fn indexed_blocks(&self) -> ::std::vec::Vec<$crate::BlockId> {
-            $reach!(ref self, p => p.indexed_blocks())
+            $crate::forward_policy!(@reach $reach, ref self, p => p.indexed_blocks())
         }
     };
-    (@method $reach:ident check) => {
+    (@method $reach:tt check) => {
         #[inline]
         fn check(&self, heap: &$crate::Heap) -> ::core::result::Result<(), ::std::string::String> {
-            $reach!(ref self, p => p.check(heap))
+            $crate::forward_policy!(@reach $reach, ref self, p => p.check(heap))
         }
     };
 }

@@ -115,18 +115,6 @@ impl<P: Policy> GcAge<P> {
     }
 }
 
-/// Reaches the wrapped policy, for [`forward_policy!`].
-macro_rules! to_inner {
-    (ref $s:expr, $p:ident => $call:expr) => {{
-        let $p = &$s.inner;
-        $call
-    }};
-    (mut $s:expr, $p:ident => $call:expr) => {{
-        let $p = &mut $s.inner;
-        $call
-    }};
-}
-
 impl<P: Policy> Policy for GcAge<P> {
     fn name(&self) -> &str {
         &self.name
@@ -156,7 +144,7 @@ impl<P: Policy> Policy for GcAge<P> {
         chosen
     }
 
-    forward_policy!(to_inner; plan, segment_size, take_free, carve, insert_free, remove_free,
+    forward_policy!(field inner; plan, segment_size, take_free, carve, insert_free, remove_free,
         release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
         kept_mapped, indexed_blocks, check);
 }

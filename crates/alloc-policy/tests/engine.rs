@@ -816,22 +816,13 @@ struct Keeping {
     keep: std::rc::Rc<std::cell::Cell<Option<(u64, u64)>>>,
 }
 
-macro_rules! to_inner {
-    (ref $s:expr, $p:ident => $call:expr) => {{
-        let $p = &$s.inner;
-        $call
-    }};
-    (mut $s:expr, $p:ident => $call:expr) => {{
-        let $p = &mut $s.inner;
-        $call
-    }};
-}
-
 impl alloc_core::Policy for Keeping {
     fn kept_mapped(&self, _key: alloc_core::CacheKey) -> Option<(u64, u64)> {
         self.keep.get()
     }
-    alloc_core::forward_policy!(to_inner; all);
+    alloc_core::forward_policy!(field inner; name, reconfigure, plan, segment_size, take_free,
+        carve, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
+        rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
 }
 
 /// A range the policy keeps mapped may raise the reserved peak, instead of
