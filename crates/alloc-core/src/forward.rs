@@ -39,7 +39,7 @@
 ///     }
 ///     forward_policy!(field inner; name, reconfigure, plan, segment_size, carve, insert_free,
 ///         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
-///         oversize_threshold, supports_growth, indexed_blocks, check);
+///         oversize_threshold, supports_growth, kept_mapped, indexed_blocks, check);
 /// }
 ///
 /// let cfg = AllocatorConfig::default();
@@ -73,7 +73,8 @@ macro_rules! forward_policy {
     ($reach:tt; all) => {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
             insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
-            rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
+            rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, indexed_blocks,
+            check);
     };
     ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+

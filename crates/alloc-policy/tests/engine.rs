@@ -825,6 +825,20 @@ impl alloc_core::Policy for Keeping {
         rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
 }
 
+/// A boxed policy forwards every method of the trait, the kept range
+/// included (`Box<dyn Policy>` stands wherever a policy does).
+#[test]
+fn a_boxed_policy_forwards_its_kept_range() {
+    use alloc_core::{AllocatorConfig, CacheKey, Policy};
+    let cfg = AllocatorConfig::parse(UNMAP_2MIB_PAGES).unwrap();
+    let range = Some((4 * MIB, 12 * MIB));
+    let boxed: Box<dyn Policy> = Box::new(Keeping {
+        inner: alloc_policy::AnyPolicy::from_config(&cfg).unwrap(),
+        keep: std::rc::Rc::new(std::cell::Cell::new(range)),
+    });
+    assert_eq!(boxed.kept_mapped(CacheKey::default()), range);
+}
+
 /// A range the policy keeps mapped may raise the reserved peak, instead of
 /// giving up its free pages to a mapping, by 1/100 of the peak over the
 /// allocator's life; past that, its free pages move as any others do.
