@@ -236,11 +236,7 @@ fn run_events(
             source: Box::new(source),
         })?;
         if let Some(points) = timeline.as_deref_mut() {
-            let s = engine.stats();
-            let now = (
-                s.allocated_bytes.all.current as u64,
-                s.reserved_bytes.all.current as u64,
-            );
+            let now = (engine.allocated_bytes(), engine.reserved_bytes());
             if now != last {
                 points.push((index as u64, now.0, now.1));
                 last = now;
