@@ -1,4 +1,4 @@
-//! Unmaps run on a worker thread, off the allocating one.
+//! Unmaps run on a worker thread, off the allocating one (`unmap_worker:true`).
 //!
 //! A page move of `unmap_free_pages` takes the physical page under an idle
 //! free block and maps it where the block being allocated lies. The driver
@@ -8,6 +8,9 @@
 //! 20 µs more) is queued here and done by a worker
 //! (`benchmarks/vmm_cost/move_overlap.cu`: 50 µs a moved 4 MiB page on the
 //! caller, 32 µs with the unmap on the worker, no contention between them).
+//! Beside PyTorch's host-bound steps on an H100 the two threads' driver
+//! calls did slow each other (GPT-2 generation: more time in moves on the
+//! allocating thread, a longer mean step), so the worker is off by default.
 //!
 //! What is queued is an address range whose memory nothing uses any more
 //! (idle, or detached and done). Until its unmap has run, the range is

@@ -18,11 +18,12 @@
 //! mapped at two addresses) while the old address stays mapped for the queued
 //! work, until the engine knows that work is done and drops it.
 //!
-//! The unmap of an idle or detached page's old address is left to a worker
-//! thread (`deferred_unmaps.rs`): its physical memory is already
-//! mapped at the new address, so the allocating thread pays for the new
-//! mapping only. An address whose unmap is still queued is not mapped
-//! again, and its range not freed, before the queue is through.
+//! With `unmap_worker:true`, the unmap of an idle or detached page's old
+//! address is left to a worker thread (`deferred_unmaps.rs`): its physical
+//! memory is already mapped at the new address, so the allocating thread
+//! pays for the new mapping only. An address whose unmap is still queued is
+//! not mapped again, and its range not freed, before the queue is through.
+//! Without it (the default) every unmap runs on the calling thread.
 //!
 //! Pages are created exportable as POSIX file descriptors where the device
 //! supports it (as PyTorch's expandable segments are), so that a block can be
@@ -76,7 +77,8 @@ pub struct VmmMappings {
     /// they stay mapped, by address, with their size: the GPU may still use
     /// them there until [`VmmMappings::unmap_detached`].
     detached: BTreeMap<u64, u64>,
-    /// Unmaps of idle and detached pages' old addresses, on a worker.
+    /// Unmaps of idle and detached pages' old addresses: on a worker thread
+    /// with `unmap_worker`, at once otherwise.
     deferred: DeferredUnmaps,
 }
 
@@ -308,8 +310,8 @@ impl VmmMappings {
     /// [`VmmMappings::unmap`] without the context-wide wait (the caller knows
     /// the work that used the range is done), keeping the physical pages
     /// for the next [`VmmMappings::map`] until [`VmmMappings::release_spare`].
-    /// The unmap itself is queued to the worker: the pages' physical memory
-    /// may be mapped elsewhere at once.
+    /// With a worker the unmap itself is queued to it: the pages' physical
+    /// memory may be mapped elsewhere at once.
     pub(crate) fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), CudaError> {
         self.deferred.take_error()?;
         for at in self.mapped_pages(addr, size)? {
