@@ -77,6 +77,13 @@ impl LiveTable {
     /// or 0): an index masked by [`LiveTable::mask`] is then below both,
     /// and the compiler drops the bounds checks of the probe loops.
     #[inline(always)]
+    fn parts(&self) -> (&[Slot], &[u8]) {
+        let n = self.slots.len();
+        (&self.slots[..], &self.probes[..n])
+    }
+
+    /// [`LiveTable::parts`], mutably.
+    #[inline(always)]
     fn parts_mut(&mut self) -> (&mut [Slot], &mut [u8]) {
         let n = self.slots.len();
         (&mut self.slots[..], &mut self.probes[..n])
@@ -85,8 +92,7 @@ impl LiveTable {
     /// The slot holding `addr`, if any.
     #[inline]
     fn find(&self, addr: u64) -> Option<usize> {
-        let slots = &self.slots[..];
-        let probes = &self.probes[..slots.len()];
+        let (slots, probes) = self.parts();
         if slots.is_empty() {
             return None;
         }
