@@ -118,11 +118,15 @@ def parse_alloc(name):
     )
 
 
+def timed_steps(result):
+    """The step times after the warm-up ones ([] without step_ms)."""
+    return (result.get("step_ms") or [])[result.get("warmup", 0):]
+
+
 def median_step_ms(result):
     """Median of the steps after the warm-up ones (from step_ms and warmup when present)."""
-    steps = result.get("step_ms")
-    if steps:
-        timed = steps[result.get("warmup", 0):]
+    if result.get("step_ms"):
+        timed = timed_steps(result)
         return statistics.median(timed) if timed else None
     return result.get("median_step_ms")
 
@@ -130,7 +134,7 @@ def median_step_ms(result):
 def mean_step_ms(result):
     """Mean of the steps after the warm-up ones: unlike the median it counts the few slow
     steps (page moves, say), so it is what throughput follows. None without step_ms."""
-    timed = (result.get("step_ms") or [])[result.get("warmup", 0):]
+    timed = timed_steps(result)
     return statistics.fmean(timed) if timed else None
 
 
