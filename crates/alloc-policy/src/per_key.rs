@@ -45,6 +45,15 @@ impl<T> PerKey<T> {
         self.entries.first().is_some_and(|(k, _)| *k == key)
     }
 
+    /// The entry of `key` if it is the first entry, without a search.
+    #[inline(always)]
+    pub fn first_mut(&mut self, key: CacheKey) -> Option<&mut T> {
+        match self.entries.first_mut() {
+            Some((k, v)) if *k == key => Some(v),
+            _ => None,
+        }
+    }
+
     /// The entry of `key`, if it has one.
     // The first entry is reached through `first` rather than a position,
     // here and below: the position's bounds check then goes.
