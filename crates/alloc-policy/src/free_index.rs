@@ -446,11 +446,25 @@ impl FreeIndex {
     }
 
     /// Removes the block `id` from the bins of `key`; returns it.
+    // The search past the first key out of line, as in `insert_binned`
+    // (callgrind: 535.5 -> 532.4 instructions per mixed_small op).
     #[inline(never)]
     fn remove_binned(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
         if !self.nodes.is_binned(id) {
             return None;
         }
+        let bins = match self.keys.first_mut(key) {
+            Some(bins) => bins,
+            None => return self.remove_searched(key, id),
+        };
+        Some(bins.unlink(&mut self.nodes, id))
+    }
+
+    /// [`FreeIndex::remove_binned`] for a binned block of a key other than
+    /// the first.
+    #[cold]
+    #[inline(never)]
+    fn remove_searched(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
         let bins = self.keys.get_mut(key)?;
         Some(bins.unlink(&mut self.nodes, id))
     }
