@@ -246,28 +246,37 @@ impl Bins {
             .map(|e| e.id)
     }
 
-    /// Smallest (size, address) block with size >= `size`.
+    /// Smallest (size, address) block with size >= `size`, and its bin.
     // Always inline, as `unlink`: out of line, each call saved and restored
     // six registers its caller (the policy's `take_free`) had spare.
     #[inline(always)]
-    fn lower_bound(&self, nodes: &Nodes, size: u64) -> Option<BlockId> {
+    fn lower_bound(&self, nodes: &Nodes, size: u64) -> Option<(BlockId, usize)> {
         let bin = bin_of(size);
         if let Some(id) = nodes.min_in(self.heads[bin], size) {
-            return Some(id);
+            return Some((id, bin));
         }
         let bin = self.next_nonempty(bin + 1)?;
         // Every entry of a later bin is large enough.
-        nodes.min_in(self.heads[bin], 0)
+        nodes.min_in(self.heads[bin], 0).map(|id| (id, bin))
     }
 
     /// Takes a binned block out of its list; returns its entry.
     #[inline(always)]
     fn unlink(&mut self, nodes: &mut Nodes, id: BlockId) -> Entry {
+        let bin = bin_of(nodes.get(id).size);
+        self.unlink_from(nodes, id, bin)
+    }
+
+    /// [`Bins::unlink`] of a block known to lie in `bin` (found by
+    /// [`Bins::lower_bound`]): its bin is not computed again from its size
+    /// (callgrind: 532.4 -> 525.9 instructions per mixed_small op).
+    #[inline(always)]
+    fn unlink_from(&mut self, nodes: &mut Nodes, id: BlockId, bin: usize) -> Entry {
         let n = std::mem::take(nodes.get_mut(id));
         debug_assert!(n.size != 0, "unlinking a block that is not binned");
+        debug_assert_eq!(bin, bin_of(n.size));
         nodes.scratch_or(n.prev).next = n.next;
         nodes.scratch_or(n.next).prev = n.prev;
-        let bin = bin_of(n.size);
         // The first block of its bin: the bin's head moves on; otherwise
         // the write lands in the scratch head.
         let head = if n.prev.is_none() { bin } else { BINS };
@@ -477,7 +486,7 @@ impl FreeIndex {
             .keys
             .get(key)
             .and_then(|b| b.lower_bound(&self.nodes, size))
-            .map(|id| self.nodes.entry(id));
+            .map(|(id, _)| self.nodes.entry(id));
         match (binned, self.recent_fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
@@ -495,11 +504,11 @@ impl FreeIndex {
     ) -> Option<Entry> {
         let recent = self.recent_fit(key, size);
         let found = match self.keys.get_mut(key) {
-            Some(bins) => bins.lower_bound(&self.nodes, size).map(|id| (bins, id)),
+            Some(bins) => bins.lower_bound(&self.nodes, size).map(|at| (bins, at)),
             None => None,
         };
         match (found, recent) {
-            (Some((bins, id)), r) => {
+            (Some((bins, (id, bin))), r) => {
                 let e = self.nodes.entry(id);
                 match r {
                     Some(r) if rank(&r) < rank(&e) => {
@@ -513,7 +522,7 @@ impl FreeIndex {
                         if !accept(&e) {
                             return None;
                         }
-                        Some(bins.unlink(&mut self.nodes, id))
+                        Some(bins.unlink_from(&mut self.nodes, id, bin))
                     }
                 }
             }
