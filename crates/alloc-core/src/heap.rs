@@ -314,17 +314,14 @@ impl Heap {
         }
     }
 
-    /// A free arena slot for a block the caller writes; returns its id.
-    #[inline]
-    fn take_slot(&mut self) -> BlockId {
+    /// A retired arena slot for a block the caller writes, if there is
+    /// one; returns its id.
+    #[inline(always)]
+    fn reuse_slot(&mut self) -> Option<BlockId> {
+        let id = self.vacant?;
+        self.vacant = self.blocks[id.index()].next;
         self.live_blocks += 1;
-        match self.vacant {
-            Some(id) => {
-                self.vacant = self.blocks[id.index()].next;
-                id
-            }
-            None => self.push_slot(VACANT),
-        }
+        Some(id)
     }
 
     #[inline(never)]
@@ -473,9 +470,32 @@ impl Heap {
 
     /// Splits a free block: it keeps its first `first_size` bytes and a new free
     /// block takes the rest; returns the new block.
-    #[inline]
+    // A retired slot is reused without a call, and a new one is pushed out
+    // of line: with no call on its common path, split saves fewer
+    // registers (callgrind: 748 -> 733 instructions per alloc+free pair,
+    // 526 -> 521.5 per mixed_small op). Out of line, as it was before this
+    // shrank it: inlined into the engine's malloc it cost more.
+    #[inline(never)]
     pub fn split(&mut self, id: BlockId, first_size: u64) -> BlockId {
-        let rest_id = self.take_slot();
+        match self.reuse_slot() {
+            Some(rest_id) => self.split_into(id, first_size, rest_id),
+            None => self.split_pushing(id, first_size),
+        }
+    }
+
+    /// [`Heap::split`] when no retired slot is left: the rest goes into a
+    /// new slot.
+    #[cold]
+    #[inline(never)]
+    fn split_pushing(&mut self, id: BlockId, first_size: u64) -> BlockId {
+        let rest_id = self.push_slot(VACANT);
+        self.live_blocks += 1;
+        self.split_into(id, first_size, rest_id)
+    }
+
+    /// [`Heap::split`] into the slot `rest_id`, taken for it.
+    #[inline(always)]
+    fn split_into(&mut self, id: BlockId, first_size: u64, rest_id: BlockId) -> BlockId {
         // One slice for every access: through `self.blocks` the vector's
         // pointer and length were loaded again after each store.
         let blocks = &mut self.blocks[..];
