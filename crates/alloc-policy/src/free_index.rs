@@ -363,6 +363,16 @@ impl Recent {
         self.id = None;
     }
 
+    /// The cached block if it belongs to `key` and has at least `size`
+    /// bytes.
+    #[inline(always)]
+    fn fit(&self, key: CacheKey, size: u64) -> Option<Entry> {
+        match self.get() {
+            Some((s, e)) if s == key && e.size >= size => Some(e),
+            _ => None,
+        }
+    }
+
     #[inline(always)]
     fn is_some(&self) -> bool {
         self.id.is_some()
@@ -380,10 +390,7 @@ impl FreeIndex {
     /// `size` bytes.
     #[inline(always)]
     fn recent_fit(&self, key: CacheKey, size: u64) -> Option<Entry> {
-        match self.recent.get() {
-            Some((s, e)) if s == key && e.size >= size => Some(e),
-            _ => None,
-        }
+        self.recent.fit(key, size)
     }
 
     /// Adds a free block.
@@ -502,11 +509,15 @@ impl FreeIndex {
         size: u64,
         accept: impl FnOnce(&Entry) -> bool,
     ) -> Option<Entry> {
-        let recent = self.recent_fit(key, size);
         let found = match self.keys.get_mut(key) {
             Some(bins) => bins.lower_bound(&self.nodes, size).map(|at| (bins, at)),
             None => None,
         };
+        // The recent slot is read after the search, not before: held in
+        // registers across the bins' scan loops, its fields were spilled
+        // and reloaded around them (callgrind: 733 -> 723.5 instructions
+        // per pair, 521.5 -> 519.3 per mixed_small op).
+        let recent = self.recent.fit(key, size);
         match (found, recent) {
             (Some((bins, (id, bin))), r) => {
                 let e = self.nodes.entry(id);
