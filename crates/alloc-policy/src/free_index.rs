@@ -154,11 +154,12 @@ impl Nodes {
         let mut cur = head;
         while let Some(id) = cur {
             let n = self.get(id);
-            let key = if n.size >= size {
-                rank_key(n.size, n.addr)
-            } else {
-                u128::MAX
-            };
+            // u128::MAX for a block too small: a mask of its comparison,
+            // not a select, which became a branch (callgrind: 17 instead
+            // of 20 instructions per node, 519.3 -> 516.9 instructions per
+            // mixed_small op).
+            let too_small = u64::from(n.size < size).wrapping_neg();
+            let key = rank_key(n.size | too_small, n.addr | too_small);
             if key < best {
                 best = key;
                 at = Some(id);
