@@ -109,6 +109,18 @@ pub fn allocation_size(size: u64) -> u64 {
     }
 }
 
+/// Whether the free block `e` may serve `req`: no oversize block for a
+/// small request, nor one much larger than an oversize request.
+#[inline(always)]
+fn accepts(settings: &BfcSettings, req: &Request, e: &Entry) -> bool {
+    let max_split = settings.max_split_size;
+    if req.size < max_split {
+        e.size < max_split
+    } else {
+        e.size < req.size.saturating_add(settings.max_non_split_rounding)
+    }
+}
+
 /// Removes a block from the free index of its pool.
 fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
@@ -208,6 +220,42 @@ impl PytorchBfc {
         block
     }
 
+    /// The best fit for `req` that [`accepts`], taken out of the index.
+    #[inline(always)]
+    fn take_best_fit(&mut self, req: &Request) -> Option<BlockId> {
+        // The settings by reference, not copied into the closure: copied
+        // before the search, they were more values kept across its loops
+        // (callgrind: 518.0 -> 516.9 instructions per mixed_small op).
+        let settings = &self.settings;
+        self.free[req.pool.index()]
+            .take_lower_bound(req.key, req.size, |e| accepts(settings, req, e))
+            .map(|e| e.id)
+    }
+
+    /// [`Policy::take_free`] with `plan_layout` or expandable segments.
+    // Out of line: inlined, its calls and their results in memory enlarged
+    // the stack frame of every malloc's search (callgrind: 722.5 -> 719.3
+    // instructions per pair).
+    #[inline(never)]
+    fn take_free_planned_or_growable(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        if let Some(plan) = self.plan.as_deref_mut() {
+            let planned = plan.take(heap, &mut self.free[req.pool.index()], req);
+            if planned.is_some() {
+                return planned;
+            }
+        }
+        if self.settings.expandable {
+            let settings = &self.settings;
+            let free = &mut self.free[req.pool.index()];
+            if let Some(best) = free.lower_bound(req.key, req.size) {
+                if is_growable_tail(heap, best.id) {
+                    return take_sparing_tail(free, req, best, |e| accepts(settings, req, e));
+                }
+            }
+        }
+        self.take_best_fit(req)
+    }
+
     /// Smallest free block of `stream` in `pool` with size >= `size`.
     #[inline]
     fn lower_bound(&self, pool: PoolKind, stream: CacheKey, size: u64) -> Option<Entry> {
@@ -258,33 +306,10 @@ impl Policy for PytorchBfc {
     // (2-4% of the instructions of a malloc+free, cachegrind, 2026-11-24).
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
-        if let Some(plan) = self.plan.as_deref_mut() {
-            let planned = plan.take(heap, &mut self.free[req.pool.index()], req);
-            if planned.is_some() {
-                return planned;
-            }
+        if self.plan.is_some() || self.settings.expandable {
+            return self.take_free_planned_or_growable(heap, req);
         }
-        let max_split = self.settings.max_split_size;
-        let max_rounding = self.settings.max_non_split_rounding;
-        // Do not hand an oversize block to a small request, nor one much
-        // larger than an oversize request.
-        let accept = |e: &Entry| {
-            if req.size < max_split {
-                e.size < max_split
-            } else {
-                e.size < req.size.saturating_add(max_rounding)
-            }
-        };
-        let free = &mut self.free[req.pool.index()];
-        if self.settings.expandable {
-            if let Some(best) = free.lower_bound(req.key, req.size) {
-                if is_growable_tail(heap, best.id) {
-                    return take_sparing_tail(free, req, best, accept);
-                }
-            }
-        }
-        free.take_lower_bound(req.key, req.size, accept)
-            .map(|e| e.id)
+        self.take_best_fit(req)
     }
 
     #[inline]
