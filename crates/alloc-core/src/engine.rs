@@ -238,15 +238,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Allocation, AllocError> {
-        let placed = match self.malloc_unsettled(size, stream, pool) {
-            Ok(id) => id,
+        let (addr, block_size) = match self.malloc_unsettled(size, stream, pool) {
+            Ok(placed) => placed,
             Err(e) => return self.malloc_failed(e),
         };
         self.end_malloc();
-        let b = self.heap.block(placed);
         Ok(Allocation {
-            addr: b.addr,
-            size: b.size,
+            addr,
+            size: block_size,
             requested: size,
             stream,
         })
@@ -281,14 +280,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
-    /// The block handed out for a request, before the statistics settle.
+    /// The address and size of the block handed out for a request, before
+    /// the statistics settle.
+    // Address and size, not the block: read again after the settle (a
+    // call), the block cost a bounds check and its loads once more
+    // (callgrind: 719.3 -> 713.0 instructions per pair, 516.9 -> 513.0 per
+    // mixed_small op).
     #[inline]
     fn malloc_unsettled(
         &mut self,
         size: u64,
         stream: StreamId,
         pool: Option<PoolId>,
-    ) -> Result<BlockId, AllocError> {
+    ) -> Result<(u64, u64), AllocError> {
         if size.wrapping_sub(1) >= MAX_REQUEST {
             return Err(invalid_size(size));
         }
@@ -330,12 +334,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.policy.insert_free(&mut self.heap, piece);
             return Err(self.out_of_memory(&req));
         }
+        // Read before the state changes, whose stores would make them
+        // loads again.
+        let b = self.heap.block(piece);
+        let (addr, block_size) = (b.addr, b.size);
         // The one block-state change of a malloc (blocks released above by
         // events are tallied, and then so is this).
         self.heap
             .set_state_alone(piece, BlockState::Allocated, size);
-        self.live.insert(self.heap.block(piece).addr, piece);
-        Ok(piece)
+        self.live.insert(addr, piece);
+        Ok((addr, block_size))
     }
 
     /// Frees a block. If other streams used it (`record_stream`), it becomes
