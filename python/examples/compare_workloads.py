@@ -3,6 +3,7 @@ process per (workload, allocator), same seeds (run on a machine with a GPU):
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 python/examples/compare_workloads.py \
         [WORKLOADS|all] [ALLOCATORS|all] [--timeout S] [--out DIR] [--deterministic] [--repeat N]
+        [--steps N]
 
 WORKLOADS (comma list; default: the four below; shapes as in shared/device/traces.py):
   resnet50_train      torchvision ResNet-50, 64 x 3 x 224 x 224, SGD momentum; 20 steps
@@ -662,9 +663,10 @@ STAT_KEYS = ["allocated_bytes.all.peak", "reserved_bytes.all.peak", "requested_b
              "num_ooms", "segment.all.peak"]
 
 
-def child(workload, alloc, deterministic=False):
+def child(workload, alloc, deterministic=False, steps=None):
     kind, conf = parse_alloc(alloc)
-    steps, warmup = WORKLOADS[workload]
+    default_steps, warmup = WORKLOADS[workload]
+    steps = steps or default_steps
     t_start = time.perf_counter()
     bridge = None
     if kind == "gpualloc":
@@ -706,7 +708,7 @@ def child(workload, alloc, deterministic=False):
     res.update(
         workload=workload, alloc=alloc, kind=kind, conf=conf, backend=backend,
         deterministic=deterministic, bridge=bridge, fingerprint=fingerprint,
-        step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup,
+        step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup, steps=steps,
         unmapped_after_step=meter.unmapped_after_step or None,
         median_step_ms=median_step_ms({"step_ms": meter.step_ms, "warmup": warmup}),
         stats_source=source,
@@ -847,6 +849,10 @@ def main(argv=None):
     ap.add_argument("--cpus", type=parse_cpus, metavar="LIST",
                     help="pin every child to these CPUs (e.g. '2-5' or '2,3'): a host-bound step "
                          "then moves less between runs")
+    ap.add_argument("--steps", type=int, metavar="N",
+                    help="steps per run instead of each workload's default (rounds for "
+                         "gpt2_generate, batches for vit_varbatch_infer); the warm-up steps "
+                         "stay, so a longer run weighs the steady state more in the mean")
     ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -861,6 +867,11 @@ def main(argv=None):
     for w in workloads:
         if w not in WORKLOADS:
             ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
+        if args.steps is not None and args.steps <= WORKLOADS[w][1] and w != "vit_varbatch_infer":
+            ap.error("--steps %d leaves no timed step of %s (its warm-up is %d)"
+                     % (args.steps, w, WORKLOADS[w][1]))
+    if args.steps is not None and args.steps < 1:
+        ap.error("--steps must be at least 1")
     for a in allocs:
         try:
             parse_alloc(a)
@@ -873,9 +884,7 @@ def main(argv=None):
         prebuild_bridge(max(args.timeout, 300))
     for w in workloads:
         for a in allocs:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", w, a]
-            if args.deterministic:
-                cmd.append("--deterministic")
+            cmd = child_command(w, a, args.deterministic, args.steps)
             t0 = time.perf_counter()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -924,8 +933,27 @@ def main(argv=None):
     return 0
 
 
+def child_command(workload, alloc, deterministic=False, steps=None):
+    """The command line of one run's child process."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc]
+    if deterministic:
+        cmd.append("--deterministic")
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    return cmd
+
+
+def child_args(argv):
+    """(deterministic, steps) from the options after `--child WORKLOAD ALLOC`."""
+    steps = None
+    if "--steps" in argv:
+        steps = int(argv[argv.index("--steps") + 1])
+    return "--deterministic" in argv, steps
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], deterministic="--deterministic" in sys.argv[4:])
+        deterministic, steps = child_args(sys.argv[4:])
+        child(sys.argv[2], sys.argv[3], deterministic=deterministic, steps=steps)
     else:
         sys.exit(main())

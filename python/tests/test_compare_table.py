@@ -274,5 +274,18 @@ class PickTest(unittest.TestCase):
         self.assertEqual(p.stdout.strip(), str([cpu]))
 
 
+
+class ChildCommandTest(unittest.TestCase):
+    def test_steps_and_determinism_reach_the_child(self):
+        cmd = cw.child_command("gpt2_train", "torch", deterministic=True, steps=60)
+        self.assertEqual(cmd[2:5], ["--child", "gpt2_train", "torch"])
+        self.assertEqual(cw.child_args(cmd[5:]), (True, 60))
+        plain = cw.child_command("resnet50_train", "gpualloc")
+        self.assertEqual(cw.child_args(plain[5:]), (False, None))
+
+    def test_steps_must_leave_a_timed_step(self):
+        with self.assertRaises(SystemExit):
+            cw.main(["gpt2_train", "torch", "--steps", "4"])
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
