@@ -309,17 +309,20 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         };
         let req = self.policy.plan(size, key);
         self.heap.tick(req.pool);
-        let block = match self.policy.take_free(&self.heap, &req) {
-            Some(b) => b,
-            None => self.no_cached_block(&req)?,
-        };
         // A no-split pool hands the free block out whole (one block per
         // segment, as PyTorch's `MemPool(no_split=True)`).
         let whole = pool.is_some_and(|p| self.pools.no_split(p));
-        let piece = if whole {
-            block
+        // One call to find and carve: a call each dispatched twice on the
+        // variant of an enum of policies (callgrind: 683.6 -> 679.4
+        // instructions per pair; mixed_small and mixed_wide +0.3 per op).
+        let cached = if whole {
+            self.policy.take_free(&self.heap, &req)
         } else {
-            self.policy.carve(&mut self.heap, block, &req)
+            self.policy.take_carved(&mut self.heap, &req)
+        };
+        let piece = match cached {
+            Some(piece) => piece,
+            None => self.no_cached_block(&req, whole)?,
         };
         if self.options.unmap_free_pages && !self.map_pages_under(piece)? {
             self.policy.insert_free(&mut self.heap, piece);
@@ -337,24 +340,33 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok((addr, block_size))
     }
 
-    /// The block for `req` when no cached block fits: one awaiting events
-    /// that stream-wait reuse hands over, else a new segment's.
+    /// The block to hand out for `req` when no cached block fits: carved
+    /// (unless `whole`) from one awaiting events that stream-wait reuse
+    /// hands over, else from a new segment.
     // Out of line: inlined, the cached block was tested twice, and the
     // stack frame of every malloc held what this path needs (callgrind:
     // 713.0 -> 683.6 instructions per pair, 513.0 -> 500.3 per mixed_small
     // op).
     #[inline(never)]
-    fn no_cached_block(&mut self, req: &Request) -> Result<BlockId, AllocError> {
-        if self.options.stream_wait_reuse
+    fn no_cached_block(&mut self, req: &Request, whole: bool) -> Result<BlockId, AllocError> {
+        let reused = if self.options.stream_wait_reuse
             && self.events.any_awaiting()
             && !self.pools.capture_underway()
             && self.reuse_by_stream_wait(req)?
         {
-            if let Some(b) = self.policy.take_free(&self.heap, req) {
-                return Ok(b);
-            }
-        }
-        self.grow(req)
+            self.policy.take_free(&self.heap, req)
+        } else {
+            None
+        };
+        let block = match reused {
+            Some(b) => b,
+            None => self.grow(req)?,
+        };
+        Ok(if whole {
+            block
+        } else {
+            self.policy.carve(&mut self.heap, block, req)
+        })
     }
 
     /// Frees a block. If other streams used it (`record_stream`), it becomes

@@ -72,7 +72,7 @@ macro_rules! forward_policy {
     };
     ($reach:tt; all) => {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
-            insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
+            take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
             rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, indexed_blocks,
             check);
     };
@@ -125,6 +125,16 @@ macro_rules! forward_policy {
             req: &$crate::Request,
         ) -> $crate::BlockId {
             $crate::forward_policy!(@reach $reach, mut self, p => p.carve(heap, block, req))
+        }
+    };
+    (@method $reach:tt take_carved) => {
+        #[inline]
+        fn take_carved(
+            &mut self,
+            heap: &mut $crate::Heap,
+            req: &$crate::Request,
+        ) -> ::core::option::Option<$crate::BlockId> {
+            $crate::forward_policy!(@reach $reach, mut self, p => p.take_carved(heap, req))
         }
     };
     (@method $reach:tt insert_free) => {

@@ -51,7 +51,8 @@ pub struct OomRelease {
 /// request; [`Policy::take_free`] to find a cached block; when none fits, a
 /// new segment of [`Policy::segment_size`] bytes is made and handed to
 /// [`Policy::carve`] as one free block; [`Policy::carve`] also receives the
-/// blocks found by `take_free`. A block that becomes free again goes to
+/// blocks found by `take_free` ([`Policy::take_carved`] makes both calls in
+/// one). A block that becomes free again goes to
 /// [`Policy::insert_free`]. Before a segment is freed, its free blocks go to
 /// [`Policy::remove_free`].
 pub trait Policy {
@@ -82,6 +83,18 @@ pub trait Policy {
     /// Cuts the block to hand out from the unindexed free `block` (at least
     /// `req.size` bytes), indexing any remainder; returns the block to hand out.
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId;
+
+    /// [`Policy::take_free`] and then, for the block found,
+    /// [`Policy::carve`]: the cached block to hand out for `req`, or `None`
+    /// (nothing changed) when no cached block fits. The default makes
+    /// exactly those two calls; a policy that forwards to another forwards
+    /// this too, so that the engine's common path reaches the inner policy
+    /// through one dispatch. A wrapper that writes its own `take_free` or
+    /// `carve` leaves this one to the default, which calls them.
+    fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
+        let block = self.take_free(heap, req)?;
+        Some(self.carve(heap, block, req))
+    }
 
     /// Takes back a block that just became free: merges it as the policy
     /// wants and indexes the result.

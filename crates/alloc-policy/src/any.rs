@@ -207,7 +207,8 @@ impl Policy for AnyPolicy {
         self.check_growth(cfg)?;
         dispatch!(mut self, p => p.reconfigure(cfg))
     }
-    forward_policy!(dispatch; name, plan, segment_size, take_free, carve, insert_free,
+    forward_policy!(dispatch; name, plan, segment_size, take_free, carve, take_carved,
+        insert_free,
         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
         oversize_threshold, supports_growth, kept_mapped, indexed_blocks, check);
 }

@@ -144,7 +144,8 @@ impl<P: Policy> Policy for GcAge<P> {
         chosen
     }
 
-    forward_policy!(field inner; plan, segment_size, take_free, carve, insert_free, remove_free,
+    forward_policy!(field inner; plan, segment_size, take_free, carve, take_carved,
+        insert_free, remove_free,
         release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
         kept_mapped, indexed_blocks, check);
 }

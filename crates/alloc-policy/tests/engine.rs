@@ -821,7 +821,7 @@ impl alloc_core::Policy for Keeping {
         self.keep.get()
     }
     alloc_core::forward_policy!(field inner; name, reconfigure, plan, segment_size, take_free,
-        carve, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
+        carve, take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
         rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
 }
 
