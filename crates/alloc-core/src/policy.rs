@@ -70,7 +70,9 @@ pub trait Policy {
     }
 
     /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool,
-    /// for a request that may reuse the cached blocks of `key`.
+    /// for a request that may reuse the cached blocks of `key`. The same
+    /// arguments give the same request: the engine plans a request again
+    /// rather than keep it on its slow paths.
     fn plan(&self, requested: u64, key: CacheKey) -> Request;
 
     /// Size of the device allocation to make when no cached block fits.
