@@ -63,7 +63,8 @@ fn rank_key(size: u64, addr: u64) -> u128 {
 /// A block's place in its bin's list, at its id's slot of [`Nodes`].
 #[derive(Debug, Clone, Copy, Default)]
 struct Node {
-    /// Block size; 0 while the block is not in a bin.
+    /// Block size; 0 while the block is not in a bin (the other fields are
+    /// then left from its last time in one).
     size: u64,
     /// Block address.
     addr: u64,
@@ -273,7 +274,12 @@ impl Bins {
     /// (callgrind: 532.4 -> 525.9 instructions per mixed_small op).
     #[inline(always)]
     fn unlink_from(&mut self, nodes: &mut Nodes, id: BlockId, bin: usize) -> Entry {
-        let n = std::mem::take(nodes.get_mut(id));
+        let slot = nodes.get_mut(id);
+        let n = *slot;
+        // Its size alone marks it unbinned: the whole node zeroed took
+        // three stores, not one (callgrind: 495.9 -> 494.8 instructions per
+        // mixed_small op, 498.5 -> 497.3 per mixed_wide op).
+        slot.size = 0;
         debug_assert!(n.size != 0, "unlinking a block that is not binned");
         debug_assert_eq!(bin, bin_of(n.size));
         nodes.scratch_or(n.prev).next = n.next;
