@@ -177,7 +177,11 @@ struct Bins {
     /// Bit `fl` set: some bin of first level `fl` is non-empty.
     first: u64,
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
-    second: [SubMask; LEVELS],
+    /// One level more, always empty: a bin the compiler knows only to be
+    /// at most [`BINS`] indexes it without a bounds check.
+    // (callgrind: 494.8 -> 491.9 instructions per mixed_small op, 497.3 ->
+    // 494.7 per mixed_wide op.)
+    second: [SubMask; LEVELS + 1],
     /// The first block of each bin's list (in no particular order), and
     /// a scratch head at index [`BINS`] for writes that change nothing.
     heads: Box<[Option<BlockId>; BINS + 1]>,
@@ -188,7 +192,7 @@ impl Bins {
     fn new() -> Self {
         Bins {
             first: 0,
-            second: [0; LEVELS],
+            second: [0; LEVELS + 1],
             heads: Box::new([None; BINS + 1]),
             len: 0,
         }
