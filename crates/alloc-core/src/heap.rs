@@ -302,12 +302,9 @@ impl Heap {
     #[inline]
     fn alloc_slot(&mut self, block: Block) -> BlockId {
         debug_assert!(block.size > 0);
-        self.live_blocks += 1;
-        match self.vacant {
+        match self.reuse_slot() {
             Some(id) => {
-                let slot = &mut self.blocks[id.index()];
-                self.vacant = slot.next;
-                *slot = block;
+                self.blocks[id.index()] = block;
                 id
             }
             None => self.push_slot(block),
@@ -324,8 +321,10 @@ impl Heap {
         Some(id)
     }
 
+    /// A new arena slot holding `block`; returns its id.
     #[inline(never)]
     fn push_slot(&mut self, block: Block) -> BlockId {
+        self.live_blocks += 1;
         if self.blocks.is_empty() {
             self.blocks.push(VACANT);
         }
@@ -489,7 +488,6 @@ impl Heap {
     #[inline(never)]
     fn split_pushing(&mut self, id: BlockId, first_size: u64) -> BlockId {
         let rest_id = self.push_slot(VACANT);
-        self.live_blocks += 1;
         self.split_into(id, first_size, rest_id)
     }
 

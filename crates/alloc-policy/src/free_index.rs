@@ -397,13 +397,6 @@ fn rank(e: &Entry) -> (u64, u64) {
 }
 
 impl FreeIndex {
-    /// The cached recent block if it belongs to `key` and has at least
-    /// `size` bytes.
-    #[inline(always)]
-    fn recent_fit(&self, key: CacheKey, size: u64) -> Option<Entry> {
-        self.recent.fit(key, size)
-    }
-
     /// Adds a free block.
     // Always inline: the common case of a pair fills the empty recent slot
     // in a few instructions; the bins' path, out of line, keeps its
@@ -505,7 +498,7 @@ impl FreeIndex {
             .get(key)
             .and_then(|b| b.lower_bound(&self.nodes, size))
             .map(|(id, _)| self.nodes.entry(id));
-        match (binned, self.recent_fit(key, size)) {
+        match (binned, self.recent.fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
         }
