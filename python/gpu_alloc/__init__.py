@@ -383,7 +383,7 @@ def enable(config=None, so_path=None, bridge=None):
     config: configuration string in PYTORCH_CUDA_ALLOC_CONF syntax (``policy``,
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
-        ``unmap_worker``, ``plan_layout``, ``idle_slab_limit_mb``);
+        ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``);
         None keeps $GPUALLOC_CONF (if set).
     so_path: path of liballoc_ffi.so (default: see the module's docstring).
     bridge: None (default) installs through the C++ bridge and falls back, with a one-time

@@ -112,6 +112,15 @@ pub struct AllocatorConfig {
     /// `unmap_free_pages`, no page moves once the plan is followed
     /// (`plan_layout`, ours; `alloc_policy::layout_plan`).
     pub plan_layout: bool,
+    /// With expandable segments and `policy:pytorch-bfc`: requests of at
+    /// least this many bytes take the free block of lowest address that
+    /// fits instead of the best fit (`first_fit_mb`, ours; `None`, the
+    /// default, keeps PyTorch's best fit for every size). Tensors that grow
+    /// a little at each step (a key/value cache extended by `torch.cat`)
+    /// leave best fit a trail of holes just too small for the next one;
+    /// taken lowest first, the holes a step frees merge into the one the
+    /// next request takes.
+    pub first_fit: Option<u64>,
     /// With `policy:size-class`: bytes of wholly idle slabs kept cached
     /// (`idle_slab_limit_mb`, ours). Set, the policy runs bounded: idle slabs
     /// keep their classes and the oldest go back to the device whenever a new
@@ -148,6 +157,7 @@ impl Default for AllocatorConfig {
             unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             unmap_worker: false,
             plan_layout: false,
+            first_fit: None,
             idle_slab_limit: None,
             policy: None,
             graph_capture_record_stream_reuse: false,
@@ -183,7 +193,7 @@ fn unmap_page_value(pages: &PageLayout) -> String {
 
 const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, unmap_page_mb, unmap_worker, plan_layout, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
+stream_wait_reuse, unmap_free_pages, unmap_page_mb, unmap_worker, plan_layout, first_fit_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
 per_process_memory_fraction";
 
@@ -260,6 +270,10 @@ impl AllocatorConfig {
                     cfg.unmap_worker = p.boolean(&key)?;
                 }
                 "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
+                "first_fit_mb" => {
+                    let bytes = p.mebibytes(&key)?;
+                    cfg.first_fit = (bytes > 0).then_some(bytes);
+                }
                 "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
                 "policy" => cfg.policy = Some(p.value(&key)?),
                 "backend" => {
@@ -326,6 +340,13 @@ impl AllocatorConfig {
                 "plan_layout",
                 "true",
                 "needs expandable_segments:True (the plan lays blocks out in a growable segment)",
+            ));
+        }
+        if let (Some(bytes), false) = (cfg.first_fit, cfg.expandable_segments) {
+            return Err(invalid(
+                "first_fit_mb",
+                &(bytes >> 20).to_string(),
+                "needs expandable_segments:True (it places blocks in a growable segment)",
             ));
         }
         if cfg.plan_layout && cfg.unmap_free_pages && !cfg.unmap_pages.is_uniform() {

@@ -90,15 +90,26 @@ impl AnyPolicy {
         let planner = matches!(base, AnyPolicy::PytorchBfc(_));
         #[cfg(not(feature = "pytorch-bfc"))]
         let planner = false;
-        if cfg.plan_layout && !planner {
-            return Err(ConfigError::InvalidValue {
-                key: "plan_layout".into(),
-                value: "true".into(),
-                reason: format!(
-                    "applies to policy `pytorch-bfc` only, not `{}`",
-                    base.name()
-                ),
-            });
+        // Options of pytorch-bfc's placement: refused by the other policies.
+        let placements = [
+            (cfg.plan_layout, "plan_layout", "true".to_string()),
+            (
+                cfg.first_fit.is_some(),
+                "first_fit_mb",
+                (cfg.first_fit.unwrap_or(0) / alloc_core::MIB).to_string(),
+            ),
+        ];
+        for (set, key, value) in placements {
+            if set && !planner {
+                return Err(ConfigError::InvalidValue {
+                    key: key.into(),
+                    value,
+                    reason: format!(
+                        "applies to policy `pytorch-bfc` only, not `{}`",
+                        base.name()
+                    ),
+                });
+            }
         }
         base.check_growth(cfg)?;
         #[cfg(feature = "size-class")]

@@ -31,6 +31,9 @@ pub struct BfcSettings {
     /// `plan_layout`: follow a layout learned from the repeating steps
     /// ([`crate::layout_plan`]).
     pub plan_layout: bool,
+    /// `first_fit_mb`: requests of at least this many bytes take the free
+    /// block of lowest address that fits (`u64::MAX` when off).
+    pub first_fit_from: u64,
 }
 
 impl Default for BfcSettings {
@@ -47,6 +50,7 @@ impl From<&AllocatorConfig> for BfcSettings {
             divisions: cfg.roundup_power2_divisions,
             expandable: cfg.expandable_segments,
             plan_layout: cfg.plan_layout,
+            first_fit_from: cfg.first_fit.unwrap_or(u64::MAX),
         }
     }
 }
@@ -251,6 +255,12 @@ impl PytorchBfc {
             if planned.is_some() {
                 return planned;
             }
+        }
+        if self.settings.expandable && req.size >= self.settings.first_fit_from {
+            let settings = &self.settings;
+            return self.free[req.pool.index()]
+                .take_lowest_fit(req.key, req.size, |e| accepts(settings, req, e))
+                .map(|e| e.id);
         }
         if self.settings.expandable {
             let settings = &self.settings;
