@@ -151,7 +151,10 @@ pub struct Heap {
     /// Whether a tally holds block-state changes (anything but the inactive
     /// split counts) since the last settle: changes that would apply at once
     /// ([`Heap::set_state_alone`]) are tallied too, so that the operation's
-    /// net change is what counts.
+    /// net change is what counts. Also set from one settle to the next
+    /// while the active counts do not follow the allocated ones
+    /// ([`LiveStats::follows`]): changes applied at once update only those
+    /// that follow.
     states_tallied: bool,
     /// Direction (1 or -1, 0 for none) of the block-state changes applied
     /// at once since the last settle, to check that no tallied change of
@@ -790,12 +793,13 @@ impl Heap {
         requested: u64,
         oversize: bool,
     ) {
+        // The active counts follow these (changes are applied at once
+        // only while they do).
         let s = &mut self.stats;
+        debug_assert!(s.follows());
         if sign > 0 {
             s.allocation.increase(pool, 1);
             s.allocated_bytes.increase(pool, size);
-            s.active.increase(pool, 1);
-            s.active_bytes.increase(pool, size);
             s.requested_bytes.increase(pool, requested);
             if oversize {
                 s.oversize_allocations.increase(1);
@@ -803,8 +807,6 @@ impl Heap {
         } else {
             s.allocation.decrease(pool, 1);
             s.allocated_bytes.decrease(pool, size);
-            s.active.decrease(pool, 1);
-            s.active_bytes.decrease(pool, size);
             s.requested_bytes.decrease(pool, requested);
             if oversize {
                 s.oversize_allocations.decrease(1);
@@ -824,6 +826,9 @@ impl Heap {
         let p = b.pool.index();
         self.dirty[p] = true;
         self.states_tallied = true;
+        // A block awaiting events is active but not allocated: the active
+        // counts go their own way until none is left.
+        self.stats.part();
         let t = &mut self.tally[p];
         contribute(t, -1, old, split, b.size, b.requested, threshold);
         b.state = state;
@@ -879,11 +884,21 @@ impl Heap {
         if self.dirty[PoolKind::Large.index()] {
             self.settle_pool::<false>();
         }
-        self.states_tallied = false;
+        if self.states_tallied {
+            self.settled_states();
+        }
         #[cfg(debug_assertions)]
         {
             self.applied_sign = 0;
         }
+    }
+
+    /// The end of a settle that applied tallied block-state changes: if
+    /// the active counts follow the allocated ones (again), changes may
+    /// apply at once from the next operation on.
+    #[inline(never)]
+    fn settled_states(&mut self) {
+        self.states_tallied = !self.stats.rejoin();
     }
 
     // Kept out of line: inlined into the caller, the compiler keeps every
@@ -924,8 +939,14 @@ impl Heap {
         }
         s.allocation.apply(pool, t[T_ALLOCATION]);
         s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);
-        s.active.apply(pool, t[T_ACTIVE]);
-        s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
+        if s.follows() {
+            // No block awaited events in this operation either.
+            debug_assert_eq!(t[T_ACTIVE], t[T_ALLOCATION]);
+            debug_assert_eq!(t[T_ACTIVE_BYTES], t[T_ALLOCATED_BYTES]);
+        } else {
+            s.active.apply(pool, t[T_ACTIVE]);
+            s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
+        }
         s.requested_bytes.apply(pool, t[T_REQUESTED_BYTES]);
         s.oversize_allocations.apply(t[T_OVERSIZE]);
     }
@@ -1033,6 +1054,64 @@ mod tests {
         };
         assert_eq!(run(true), run(false));
         assert_eq!(run(true).allocation.all.allocated, 3);
+    }
+
+    proptest::proptest! {
+        /// Random block-state changes (blocks awaiting events among them,
+        /// several in one operation, resets between operations) give the
+        /// same statistics whether the active counts follow the allocated
+        /// ones while no block awaits events or are always updated.
+        #[test]
+        fn following_active_counts_equal_updating_them(
+            steps in proptest::collection::vec((0u8..8, 0usize..4, 1u64..100), 0..200)
+        ) {
+            let run = |never_follow: bool| {
+                let mut heap = Heap::new(300);
+                if never_follow {
+                    heap.stats.part();
+                    heap.stats.never_follow = true;
+                    heap.states_tallied = true;
+                }
+                let key = CacheKey::default();
+                let (_, a) = heap.add_segment(0x1000, 1000, PoolKind::Large, key);
+                let (_, c) = heap.add_segment(0x9000, 1000, PoolKind::Small, key);
+                let b = heap.split(a, 400);
+                let d = heap.split(c, 200);
+                heap.settle();
+                let ids = [a, b, c, d];
+                let mut seen = vec![];
+                for &(kind, i, requested) in &steps {
+                    let id = ids[i];
+                    let state = heap.block(id).state;
+                    let to = match state {
+                        BlockState::Free => BlockState::Allocated,
+                        BlockState::Allocated if kind % 2 == 0 => BlockState::AwaitingEvents,
+                        _ => BlockState::Free,
+                    };
+                    match kind {
+                        0..=2 => heap.set_state_alone(id, to, requested),
+                        3..=4 => heap.set_state(id, to, requested),
+                        // A change of an operation that goes on.
+                        5 => {
+                            heap.set_state(id, to, requested);
+                            continue;
+                        }
+                        6 => {
+                            heap.settle();
+                            heap.stats.reset_peaks();
+                        }
+                        _ => {
+                            heap.settle();
+                            heap.stats.reset_accumulated();
+                        }
+                    }
+                    heap.settle();
+                    seen.push(heap.stats());
+                }
+                seen
+            };
+            proptest::prop_assert_eq!(run(false), run(true));
+        }
     }
 
     #[test]
