@@ -547,11 +547,22 @@ impl Heap {
     /// is retired and `id` grows to cover both.
     #[inline]
     pub fn merge_next(&mut self, id: BlockId) {
-        // One slice, as in `split`.
-        let blocks = &mut self.blocks[..];
-        let next = blocks[id.index()]
+        let next = self.blocks[id.index()]
             .next
             .expect("merge_next without successor");
+        self.merge_with(id, next);
+    }
+
+    /// [`Heap::merge_next`] with the successor `next` known.
+    // Always inline, for `coalesce`, which knows the successor: called, it
+    // set up a frame and loaded the block arena and the successor again
+    // (callgrind: 651.1 -> 631.1 instructions per pair, 483.9 -> 480.1 per
+    // mixed_small op, 486.2 -> 481.5 per mixed_wide op).
+    #[inline(always)]
+    fn merge_with(&mut self, id: BlockId, next: BlockId) {
+        // One slice, as in `split`.
+        let blocks = &mut self.blocks[..];
+        debug_assert_eq!(blocks[id.index()].next, Some(next));
         debug_assert!(blocks[id.index()].state == BlockState::Free);
         debug_assert!(blocks[next.index()].state == BlockState::Free);
         let absorbed = &blocks[next.index()];
@@ -983,13 +994,13 @@ pub fn coalesce(heap: &mut Heap, id: BlockId, mut unindex: impl FnMut(&Heap, Blo
     if let Some(next) = heap.block(id).next {
         if heap.block(next).state == BlockState::Free {
             unindex(heap, next);
-            heap.merge_next(id);
+            heap.merge_with(id, next);
         }
     }
     if let Some(prev) = heap.block(id).prev {
         if heap.block(prev).state == BlockState::Free {
             unindex(heap, prev);
-            heap.merge_next(prev);
+            heap.merge_with(prev, id);
             id = prev;
         }
     }
