@@ -12,8 +12,7 @@
 //! block's state and the statistics belong to the engine.
 
 use std::collections::BTreeMap;
-
-use slab::Slab;
+use std::ops::{Index, IndexMut};
 
 use crate::live_stats::LiveStats;
 use crate::stats::Stats;
@@ -124,6 +123,70 @@ impl Segment {
     }
 }
 
+/// The segments by [`SegmentId::index`]. A removed segment's slot is
+/// reused by the next segment made, the last removed first, as in a slab;
+/// its old contents stay until then, never read.
+// Not a `Slab`: its index checked the slot's occupancy too, on every
+// access of a malloc, free, split and merge (callgrind: 631.1 -> 625.9
+// instructions per pair, 480.1 -> 477.5 per mixed_small op, 481.5 -> 478.7
+// per mixed_wide op).
+#[derive(Debug, Default)]
+struct Segments {
+    slots: Vec<Segment>,
+    /// The slots of removed segments, the last removed on top.
+    vacant: Vec<u32>,
+}
+
+impl Segments {
+    /// The index the next inserted segment gets.
+    fn vacant_key(&self) -> usize {
+        self.vacant.last().map_or(self.slots.len(), |&i| i as usize)
+    }
+
+    /// Puts a segment in the slot [`Segments::vacant_key`] names; returns
+    /// its index.
+    fn insert(&mut self, seg: Segment) -> usize {
+        match self.vacant.pop() {
+            Some(i) => {
+                self.slots[i as usize] = seg;
+                i as usize
+            }
+            None => {
+                self.slots.push(seg);
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Removes the segment at `i`; returns it.
+    fn remove(&mut self, i: usize) -> Segment {
+        debug_assert!(!self.vacant.contains(&(i as u32)), "segment removed twice");
+        self.vacant.push(i as u32);
+        self.slots[i].clone()
+    }
+
+    /// Number of segments.
+    fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
+    }
+}
+
+impl Index<usize> for Segments {
+    type Output = Segment;
+
+    #[inline(always)]
+    fn index(&self, i: usize) -> &Segment {
+        &self.slots[i]
+    }
+}
+
+impl IndexMut<usize> for Segments {
+    #[inline(always)]
+    fn index_mut(&mut self, i: usize) -> &mut Segment {
+        &mut self.slots[i]
+    }
+}
+
 /// Arena of blocks and segments plus the statistics they determine.
 #[derive(Debug, Default)]
 pub struct Heap {
@@ -136,7 +199,7 @@ pub struct Heap {
     vacant: Option<BlockId>,
     /// Number of blocks in use (not retired).
     live_blocks: usize,
-    segments: Slab<Segment>,
+    segments: Segments,
     by_addr: BTreeMap<u64, SegmentId>,
     /// Live statistics; the engine adds its event counters to them.
     pub(crate) stats: LiveStats,
