@@ -209,8 +209,6 @@ pub struct Heap {
     clock: [u64; 2],
     /// Statistics change (per pool) of the operation in progress.
     tally: [Tally; 2],
-    /// Which pools' tallies are non-empty.
-    dirty: [bool; 2],
     /// Whether a tally holds block-state changes (anything but the inactive
     /// split counts) since the last settle: changes that would apply at once
     /// ([`Heap::set_state_alone`]) are tallied too, so that the operation's
@@ -411,10 +409,9 @@ impl Heap {
         self.vacant = Some(id);
     }
 
-    /// The tally of `pool`, marked as changed.
+    /// The tally of `pool`.
     #[inline(always)]
     fn tally_mut(&mut self, pool: PoolKind) -> &mut Tally {
-        self.dirty[pool.index()] = true;
         &mut self.tally[pool.index()]
     }
 
@@ -504,7 +501,6 @@ impl Heap {
             if delta != 0 {
                 let p = b.pool.index();
                 self.tally[p][T_OVERSIZE] += delta;
-                self.dirty[p] = true;
                 self.states_tallied = true;
             }
         }
@@ -898,7 +894,6 @@ impl Heap {
         let seg = &mut self.segments[b.segment.index()];
         let split = seg.blocks > 1;
         let p = b.pool.index();
-        self.dirty[p] = true;
         self.states_tallied = true;
         // A block awaiting events is active but not allocated: the active
         // counts go their own way until none is left.
@@ -934,7 +929,6 @@ impl Heap {
         let b = &self.blocks[id.index()];
         let split = self.segments[b.segment.index()].blocks > 1;
         let p = b.pool.index();
-        self.dirty[p] = true;
         self.states_tallied |= b.state != BlockState::Free;
         contribute(
             &mut self.tally[p],
@@ -952,14 +946,23 @@ impl Heap {
     /// operation, so peaks and totals describe states between operations.
     #[inline]
     pub(crate) fn settle(&mut self) {
-        if self.dirty[PoolKind::Small.index()] {
-            self.settle_pool::<true>();
-        }
-        if self.dirty[PoolKind::Large.index()] {
-            self.settle_pool::<false>();
-        }
+        // A pool's tally is read, not a flag of it kept: every split, merge
+        // and state change stored a flag, and a zero change applies as
+        // nothing (callgrind: 625.9 -> 620.6 instructions per pair, 477.5 ->
+        // 475.7 per mixed_small op, 478.7 -> 476.9 per mixed_wide op).
+        // Block-state changes settle both pools.
         if self.states_tallied {
+            self.settle_pool::<true>();
+            self.settle_pool::<false>();
             self.settled_states();
+        } else {
+            let split_changed = |t: &Tally| (t[T_INACTIVE_SPLIT] | t[T_INACTIVE_SPLIT_BYTES]) != 0;
+            if split_changed(&self.tally[PoolKind::Small.index()]) {
+                self.settle_pool::<true>();
+            }
+            if split_changed(&self.tally[PoolKind::Large.index()]) {
+                self.settle_pool::<false>();
+            }
         }
         #[cfg(debug_assertions)]
         {
@@ -986,7 +989,6 @@ impl Heap {
             PoolKind::Large
         };
         let p = pool.index();
-        self.dirty[p] = false;
         let t = &mut self.tally[p];
         let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
         let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
