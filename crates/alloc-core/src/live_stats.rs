@@ -7,6 +7,11 @@
 //! the sum of the two pools' (all but its peak, which is tracked), and the
 //! freed total follows from the allocated total and the current value. A
 //! decrease then writes one number instead of four.
+//!
+//! The active counts follow the allocated ones while no block awaits
+//! events: a block is active when allocated or awaiting events, so until
+//! one awaits them the two move together, and only the allocated counts are
+//! updated ([`LiveStats::follows`]).
 
 use crate::stats::{PageMoves, Stat, StatArray, Stats};
 use crate::types::PoolKind;
@@ -111,6 +116,23 @@ impl Counter {
         self.allocated = [0; 2];
         self.base = self.current;
     }
+
+    /// The true values of a counter that was stored as `self` when it
+    /// began to follow `leader`, whose allocated totals were `mark` then,
+    /// and has moved with it since. Its peaks are the higher of its own and
+    /// the leader's: the leader's peaks before the following began were
+    /// never above its own (a follower is never below its leader, and both
+    /// reset together), and since then it had the leader's values.
+    fn followed(&self, leader: &Counter, mark: [u64; 2]) -> Counter {
+        let mut c = *self;
+        c.current = leader.current;
+        for (p, mark) in mark.into_iter().enumerate() {
+            c.peak[p] = c.peak[p].max(leader.peak[p]);
+            c.allocated[p] += leader.allocated[p] - mark;
+        }
+        c.all_peak = c.all_peak.max(leader.all_peak);
+        c
+    }
 }
 
 /// Every statistic, as the heap updates them ([`Stats`]' fields, with a
@@ -119,10 +141,12 @@ impl Counter {
 pub(crate) struct LiveStats {
     pub(crate) allocation: Counter,
     pub(crate) segment: Counter,
+    /// Stale while [`LiveStats::follows`]: see [`Counter::followed`].
     pub(crate) active: Counter,
     pub(crate) inactive_split: Counter,
     pub(crate) allocated_bytes: Counter,
     pub(crate) reserved_bytes: Counter,
+    /// Stale while [`LiveStats::follows`], as `active`.
     pub(crate) active_bytes: Counter,
     pub(crate) inactive_split_bytes: Counter,
     pub(crate) requested_bytes: Counter,
@@ -134,19 +158,86 @@ pub(crate) struct LiveStats {
     pub(crate) oversize_allocations: Stat,
     pub(crate) oversize_segments: Stat,
     pub(crate) page_moves: PageMoves,
+    /// Whether `active` and `active_bytes` are updated themselves; when
+    /// not, they follow `allocation` and `allocated_bytes`.
+    apart: bool,
+    /// The allocated totals of `allocation` and `allocated_bytes` when
+    /// the active counts last began to follow them.
+    marks: [[u64; 2]; 2],
+    /// Tests compare the statistics with the active counts always updated
+    /// themselves: set (after [`LiveStats::part`]), they never follow.
+    #[cfg(test)]
+    pub(crate) never_follow: bool,
 }
 
 impl LiveStats {
+    /// Whether the active counts follow the allocated ones, unchanged
+    /// themselves: set while no block awaits events (the two then differ
+    /// by nothing), so that a malloc or free updates three counters
+    /// instead of five (callgrind: 668.9 -> 651.1 instructions per pair,
+    /// 491.9 -> 483.9 per mixed_small op, 494.7 -> 486.2 per mixed_wide op).
+    #[inline(always)]
+    pub(crate) fn follows(&self) -> bool {
+        !self.apart
+    }
+
+    /// The active counts' true values: ([`LiveStats::active`],
+    /// [`LiveStats::active_bytes`]) brought up to date if they follow.
+    fn actives(&self) -> (Counter, Counter) {
+        if self.apart {
+            return (self.active, self.active_bytes);
+        }
+        (
+            self.active.followed(&self.allocation, self.marks[0]),
+            self.active_bytes
+                .followed(&self.allocated_bytes, self.marks[1]),
+        )
+    }
+
+    /// The active counts stop following (a block is about to await
+    /// events): their stored values are brought up to date, and are
+    /// updated from now on.
+    pub(crate) fn part(&mut self) {
+        (self.active, self.active_bytes) = self.actives();
+        self.apart = true;
+    }
+
+    /// If the active counts equal the allocated ones (no block awaits
+    /// events), they follow them again; returns whether they do.
+    pub(crate) fn rejoin(&mut self) -> bool {
+        #[cfg(test)]
+        if self.never_follow {
+            return false;
+        }
+        if self.apart
+            && self.active.current == self.allocation.current
+            && self.active_bytes.current == self.allocated_bytes.current
+        {
+            for (follower, leader) in [
+                (&self.active, &self.allocation),
+                (&self.active_bytes, &self.allocated_bytes),
+            ] {
+                debug_assert!(follower.peak[0] >= leader.peak[0]);
+                debug_assert!(follower.peak[1] >= leader.peak[1]);
+                debug_assert!(follower.all_peak >= leader.all_peak);
+            }
+            self.marks = [self.allocation.allocated, self.allocated_bytes.allocated];
+            self.apart = false;
+        }
+        !self.apart
+    }
+
     /// The statistics in PyTorch's model.
     pub(crate) fn snapshot(&self) -> Stats {
+        let (active, active_bytes) = self.actives();
         Stats {
             allocation: self.allocation.array(),
             segment: self.segment.array(),
-            active: self.active.array(),
+            active: active.array(),
             inactive_split: self.inactive_split.array(),
             allocated_bytes: self.allocated_bytes.array(),
             reserved_bytes: self.reserved_bytes.array(),
-            active_bytes: self.active_bytes.array(),
+            active_bytes: active_bytes.array(),
             inactive_split_bytes: self.inactive_split_bytes.array(),
             requested_bytes: self.requested_bytes.array(),
             num_alloc_retries: self.num_alloc_retries,
@@ -176,8 +267,13 @@ impl LiveStats {
 
     /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
     pub(crate) fn reset_peaks(&mut self) {
+        let follows = self.follows();
+        self.part();
         for c in self.counters_mut() {
             c.reset_peak();
+        }
+        if follows {
+            self.rejoin();
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
@@ -185,8 +281,13 @@ impl LiveStats {
 
     /// Clears cumulative totals and event counters (`reset_accumulated_memory_stats`).
     pub(crate) fn reset_accumulated(&mut self) {
+        let follows = self.follows();
+        self.part();
         for c in self.counters_mut() {
             c.reset_accumulated();
+        }
+        if follows {
+            self.rejoin();
         }
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
@@ -258,6 +359,7 @@ mod tests {
     #[test]
     fn snapshot_names_each_counter_in_its_field() {
         let mut live = LiveStats::default();
+        live.part();
         for (i, c) in live.counters_mut().into_iter().enumerate() {
             c.increase(PoolKind::Large, i as u64 + 1);
         }
@@ -280,6 +382,7 @@ mod tests {
     #[test]
     fn resets_reach_every_counter() {
         let mut live = LiveStats::default();
+        live.part();
         for c in live.counters_mut() {
             c.increase(PoolKind::Small, 10);
             c.decrease(PoolKind::Small, 4);
