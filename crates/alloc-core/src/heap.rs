@@ -308,9 +308,15 @@ impl Heap {
         &self.blocks[id.index()]
     }
 
-    /// The segment with this id.
+    /// The segment with this id. Ids are reused: the id of a removed
+    /// segment names the next one made, and until then its last contents
+    /// (debug builds assert that it is in use).
     #[inline]
     pub fn segment(&self, id: SegmentId) -> &Segment {
+        debug_assert!(
+            !self.segments.vacant.contains(&(id.index() as u32)),
+            "segment {id:?} was removed"
+        );
         &self.segments[id.index()]
     }
 
