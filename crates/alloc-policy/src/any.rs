@@ -2,8 +2,8 @@
 //! the `policy:` key of the configuration string.
 
 use alloc_core::{
-    forward_policy, AllocatorConfig, ConfigError, Engine, EngineOptions, MemoryBackend, Policy,
-    StreamBackend,
+    forward_policy, AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap,
+    MemoryBackend, Policy, PoolKind, Request, StreamBackend,
 };
 
 use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
@@ -218,10 +218,95 @@ impl Policy for AnyPolicy {
         self.check_growth(cfg)?;
         dispatch!(mut self, p => p.reconfigure(cfg))
     }
-    forward_policy!(dispatch; name, plan, segment_size, take_free, carve, take_carved,
+    // The three calls of a malloc's cached path: those of the policies
+    // that are called, not inlined (buddy and gc-age), out of line with a
+    // copy of the request and the plan returned field by field (see
+    // `by_copy`), so that pytorch-bfc's and size-class's request stays in
+    // registers (callgrind, pytorch-bfc: 620.6 -> 611.2 instructions per
+    // pair, 475.7 -> 469.3 per mixed_small op, 476.9 -> 471.0 per
+    // mixed_wide op; size-class: 647.0 -> 631.3, 348.5 -> 341.0, 385.4 ->
+    // 378.1; buddy, one call more: 4511.0 -> 4516.3, 412.1 -> 414.6, 431.9
+    // -> 434.4).
+    #[inline]
+    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        match self {
+            #[cfg(feature = "gc-age")]
+            AnyPolicy::GcAge(p) => {
+                let (requested, size, pool, key) = by_copy::plan(p, requested, key);
+                Request {
+                    requested,
+                    size,
+                    pool,
+                    key,
+                }
+            }
+            #[allow(unreachable_patterns)]
+            other => dispatch!(ref other, p => p.plan(requested, key)),
+        }
+    }
+    #[inline]
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        match self {
+            #[cfg(feature = "buddy")]
+            AnyPolicy::Buddy(p) => by_copy::take_free(p, heap, *req),
+            #[cfg(feature = "gc-age")]
+            AnyPolicy::GcAge(p) => by_copy::take_free(p, heap, *req),
+            #[allow(unreachable_patterns)]
+            other => dispatch!(mut other, p => p.take_free(heap, req)),
+        }
+    }
+    #[inline]
+    fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
+        match self {
+            #[cfg(feature = "buddy")]
+            AnyPolicy::Buddy(p) => by_copy::take_carved(p, heap, *req),
+            #[cfg(feature = "gc-age")]
+            AnyPolicy::GcAge(p) => by_copy::take_carved(p, heap, *req),
+            #[allow(unreachable_patterns)]
+            other => dispatch!(mut other, p => p.take_carved(heap, req)),
+        }
+    }
+    forward_policy!(dispatch; name, segment_size, carve,
         insert_free,
         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
         oversize_threshold, supports_growth, kept_mapped, indexed_blocks, check);
+}
+
+/// The calls of [`AnyPolicy`]'s cached path for the policies that take
+/// the request's address in a call: out of line, each with a copy of the
+/// request, so that the request of a malloc of the other policies stays in
+/// registers. Passed the caller's request, such a call made every malloc
+/// store it to the stack (and an inlined copy was forwarded to the call).
+mod by_copy {
+    use super::*;
+
+    /// [`Policy::plan`], field by field: returned whole, the caller's
+    /// request was its return slot.
+    #[inline(never)]
+    pub(super) fn plan<P: Policy>(
+        p: &P,
+        requested: u64,
+        key: CacheKey,
+    ) -> (u64, u64, PoolKind, CacheKey) {
+        let req = p.plan(requested, key);
+        (req.requested, req.size, req.pool, req.key)
+    }
+
+    /// [`Policy::take_free`] with its own request.
+    #[inline(never)]
+    pub(super) fn take_free<P: Policy>(p: &mut P, heap: &Heap, req: Request) -> Option<BlockId> {
+        p.take_free(heap, &req)
+    }
+
+    /// [`Policy::take_carved`] with its own request.
+    #[inline(never)]
+    pub(super) fn take_carved<P: Policy>(
+        p: &mut P,
+        heap: &mut Heap,
+        req: Request,
+    ) -> Option<BlockId> {
+        p.take_carved(heap, &req)
+    }
 }
 
 #[cfg(test)]

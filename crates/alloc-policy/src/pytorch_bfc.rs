@@ -274,6 +274,19 @@ impl PytorchBfc {
         self.take_best_fit(req)
     }
 
+    /// [`Policy::take_carved`] with `plan_layout` or expandable segments.
+    // The request by value: passed by reference, its address escaped and
+    // every malloc stored it to the stack.
+    #[inline(never)]
+    fn take_carved_planned_or_growable(
+        &mut self,
+        heap: &mut Heap,
+        req: Request,
+    ) -> Option<BlockId> {
+        let block = self.take_free_planned_or_growable(heap, &req)?;
+        Some(self.carve(heap, block, &req))
+    }
+
     /// Smallest free block of `stream` in `pool` with size >= `size`.
     #[inline]
     fn lower_bound(&self, pool: PoolKind, stream: CacheKey, size: u64) -> Option<Entry> {
@@ -325,7 +338,7 @@ impl Policy for PytorchBfc {
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
-            return self.take_free_planned_or_growable(heap, req);
+            return self.take_free_planned_or_growable(heap, &{ *req });
         }
         self.take_best_fit(req)
     }
@@ -352,8 +365,7 @@ impl Policy for PytorchBfc {
     #[inline]
     fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
-            let block = self.take_free_planned_or_growable(heap, req)?;
-            return Some(self.carve(heap, block, req));
+            return self.take_carved_planned_or_growable(heap, *req);
         }
         let block = self.take_best_fit(req)?;
         Some(self.carve_front(heap, block, req))
