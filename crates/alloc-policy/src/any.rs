@@ -3,7 +3,7 @@
 
 use alloc_core::{
     forward_policy, AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap,
-    MemoryBackend, Policy, PoolKind, Request, StreamBackend,
+    MemoryBackend, Policy, Request, StreamBackend,
 };
 
 use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
@@ -277,17 +277,19 @@ impl Policy for AnyPolicy {
 /// request, so that the request of a malloc of the other policies stays in
 /// registers. Passed the caller's request, such a call made every malloc
 /// store it to the stack (and an inlined copy was forwarded to the call).
+#[cfg(any(feature = "buddy", feature = "gc-age"))]
 mod by_copy {
     use super::*;
 
     /// [`Policy::plan`], field by field: returned whole, the caller's
     /// request was its return slot.
+    #[cfg(feature = "gc-age")]
     #[inline(never)]
     pub(super) fn plan<P: Policy>(
         p: &P,
         requested: u64,
         key: CacheKey,
-    ) -> (u64, u64, PoolKind, CacheKey) {
+    ) -> (u64, u64, alloc_core::PoolKind, CacheKey) {
         let req = p.plan(requested, key);
         (req.requested, req.size, req.pool, req.key)
     }
