@@ -128,7 +128,7 @@ fn accepts(settings: &BfcSettings, req: &Request, e: &Entry) -> bool {
 /// Removes a block from the free index of its pool.
 fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    free[b.pool.index()].remove_block(b.key(), id);
+    free[b.pool.index()].discard_block(b.key(), id);
 }
 
 /// Adds a block to the free index of its pool.
