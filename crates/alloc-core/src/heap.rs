@@ -964,10 +964,10 @@ impl Heap {
         } else {
             let split_changed = |t: &Tally| (t[T_INACTIVE_SPLIT] | t[T_INACTIVE_SPLIT_BYTES]) != 0;
             if split_changed(&self.tally[PoolKind::Small.index()]) {
-                self.settle_pool::<true>();
+                self.settle_split::<true>();
             }
             if split_changed(&self.tally[PoolKind::Large.index()]) {
-                self.settle_pool::<false>();
+                self.settle_split::<false>();
             }
         }
         #[cfg(debug_assertions)]
@@ -984,6 +984,34 @@ impl Heap {
         self.states_tallied = !self.stats.rejoin();
     }
 
+    /// Applies one pool's tallied change of the inactive split counts,
+    /// the settle of an operation that changed no block's state.
+    // Out of line and apart from `settle_pool`, which no longer tests
+    // whether states were tallied on this path (callgrind: 611.2 -> 607.0
+    // instructions per pair, 467.9 -> 465.9 per mixed_small op, 469.6 ->
+    // 467.6 per mixed_wide op); inlined into `settle`, it was worse (616.4
+    // / 470.4 / 472.2).
+    #[inline(never)]
+    fn settle_split<const SMALL: bool>(&mut self) {
+        self.apply_split::<SMALL>();
+    }
+
+    /// The body of [`Heap::settle_split`], inlined into `settle_pool`.
+    #[inline(always)]
+    fn apply_split<const SMALL: bool>(&mut self) {
+        let pool = if SMALL {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        let t = &mut self.tally[pool.index()];
+        let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
+        let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
+        let s = &mut self.stats;
+        s.inactive_split.apply(pool, split);
+        s.inactive_split_bytes.apply(pool, split_bytes);
+    }
+
     // Kept out of line: inlined into the caller, the compiler keeps every
     // statistic in registers across both pools and spills heavily. One copy
     // per pool, so that the pool's column is a constant offset.
@@ -995,16 +1023,9 @@ impl Heap {
             PoolKind::Large
         };
         let p = pool.index();
-        let t = &mut self.tally[p];
-        let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
-        let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
-        let s = &mut self.stats;
-        s.inactive_split.apply(pool, split);
-        s.inactive_split_bytes.apply(pool, split_bytes);
-        if !self.states_tallied {
-            return;
-        }
+        self.apply_split::<SMALL>();
         let t = std::mem::take(&mut self.tally[p]);
+        let s = &mut self.stats;
         #[cfg(debug_assertions)]
         for q in [
             T_ALLOCATION,

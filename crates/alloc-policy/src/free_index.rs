@@ -496,6 +496,41 @@ impl FreeIndex {
         self.remove_binned(key, id)
     }
 
+    /// Removes the block `id`, indexed under `key`, if it is there: the
+    /// same as [`FreeIndex::remove_block`] with its answer dropped.
+    // A second path with nothing to return: `remove_block`'s out-of-line
+    // part returns its entry through memory and saves two registers more
+    // (callgrind: 607.0 -> 604.9
+    // instructions per pair, 465.9 -> 462.7 per mixed_small op, 467.6 ->
+    // 464.0 per mixed_wide op).
+    #[inline(always)]
+    pub fn discard_block(&mut self, key: CacheKey, id: BlockId) {
+        if let Some((s, e)) = self.recent.get() {
+            if e.id == id {
+                debug_assert!(s == key, "the block is indexed under another key");
+                self.recent.clear();
+                return;
+            }
+        }
+        self.discard_binned(key, id);
+    }
+
+    /// [`FreeIndex::remove_binned`] with nothing returned.
+    #[inline(never)]
+    fn discard_binned(&mut self, key: CacheKey, id: BlockId) {
+        if !self.nodes.is_binned(id) {
+            return;
+        }
+        match self.keys.first_mut(key) {
+            Some(bins) => {
+                bins.unlink(&mut self.nodes, id);
+            }
+            None => {
+                self.remove_searched(key, id);
+            }
+        }
+    }
+
     /// Removes the block `id` from the bins of `key`; returns it.
     // The search past the first key out of line, as in `insert_binned`
     // (callgrind: 535.5 -> 532.4 instructions per mixed_small op).
@@ -730,6 +765,7 @@ mod tests {
             Some(0x5000)
         );
         assert!(index.remove_block(k(1), id(3)).is_none());
+        index.discard_block(k(1), id(3));
         assert_eq!(
             index.take_lower_bound(k(0), 1, |_| true).map(|e| e.addr),
             Some(0x1000)
@@ -740,7 +776,8 @@ mod tests {
     /// Runs `ops` (operation, stream, size, address) on the index and on an
     /// ordered set of (stream, size, address), and checks that every answer
     /// is the same. Each insertion gets a new block id; removals go by
-    /// (size, address), by id, by best fit or by lowest address that fits.
+    /// (size, address), by id (with or without the entry back), by best fit
+    /// or by lowest address that fits.
     fn check_against_ordered_set(
         ops: Vec<(u8, u64, u64, u64)>,
     ) -> Result<(), proptest::test_runner::TestCaseError> {
@@ -762,11 +799,17 @@ mod tests {
                 }
                 1 if addr % 4 == 2 => {
                     if let Some(want) = model.remove(&(stream, size, addr)) {
-                        let got = index.remove_block(k(stream), want);
-                        prop_assert_eq!(
-                            got.map(|e| (e.size, e.addr, e.id)),
-                            Some((size, addr, want))
-                        );
+                        if size / 512 % 2 == 1 {
+                            // Dropped without an answer: later queries
+                            // check that it is gone.
+                            index.discard_block(k(stream), want);
+                        } else {
+                            let got = index.remove_block(k(stream), want);
+                            prop_assert_eq!(
+                                got.map(|e| (e.size, e.addr, e.id)),
+                                Some((size, addr, want))
+                            );
+                        }
                     }
                 }
                 1 => {

@@ -128,7 +128,7 @@ fn accepts(settings: &BfcSettings, req: &Request, e: &Entry) -> bool {
 /// Removes a block from the free index of its pool.
 fn unindex(free: &mut [FreeIndex; 2], heap: &Heap, id: BlockId) {
     let b = heap.block(id);
-    free[b.pool.index()].remove_block(b.key(), id);
+    free[b.pool.index()].discard_block(b.key(), id);
 }
 
 /// Adds a block to the free index of its pool.
@@ -234,6 +234,21 @@ impl PytorchBfc {
         self.free[req.pool.index()]
             .take_lower_bound(req.key, req.size, |e| accepts(settings, req, e))
             .map(|e| e.id)
+    }
+
+    /// [`Policy::insert_free`] with a plan, which hears of the free
+    /// before and after it.
+    #[inline(never)]
+    fn insert_free_planned(&mut self, heap: &mut Heap, block: BlockId) {
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.freeing(block);
+        }
+        let free = &mut self.free;
+        let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
+        index(&mut self.free, heap, survivor);
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.freed(heap, survivor);
+        }
     }
 
     /// Whether blocks are taken by
@@ -371,17 +386,17 @@ impl Policy for PytorchBfc {
         Some(self.carve_front(heap, block, req))
     }
 
+    // The plan tested once: without one, a free coalesces and indexes
+    // only (callgrind: 604.9 -> 596.5 instructions per pair, 462.7 -> 460.2
+    // per mixed_small op, 464.0 -> 461.4 per mixed_wide op).
     #[inline]
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
-        if let Some(plan) = self.plan.as_deref_mut() {
-            plan.freeing(block);
+        if self.plan.is_some() {
+            return self.insert_free_planned(heap, block);
         }
         let free = &mut self.free;
         let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
         index(&mut self.free, heap, survivor);
-        if let Some(plan) = self.plan.as_deref_mut() {
-            plan.freed(heap, survivor);
-        }
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {

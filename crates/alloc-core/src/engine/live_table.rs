@@ -174,11 +174,16 @@ impl LiveTable {
     }
 
     /// Removes `addr` from the slots; returns its block if it was there.
+    // The hole's index masked again (`find`'s answer and every hole are
+    // already within the mask): the compiler then drops the bounds checks
+    // of the hole's writes (callgrind: 469.3 -> 467.9 instructions per
+    // mixed_small op, 471.0 -> 469.6 per mixed_wide op).
     #[inline(never)]
     fn remove_slot(&mut self, addr: u64) -> Option<BlockId> {
-        let mut hole = self.find(addr)?;
-        self.len -= 1;
+        let hole = self.find(addr)?;
         let mask = self.mask();
+        let mut hole = hole & mask;
+        self.len -= 1;
         let (slots, probes) = self.parts_mut();
         let block = slots[hole].block;
         // Up to the next empty slot, an entry that may sit in the hole (its
@@ -192,12 +197,12 @@ impl LiveTable {
                 break;
             }
             if probe as usize > gap {
-                slots[hole] = slots[next];
-                probes[hole] = probe - gap as u8;
+                slots[hole & mask] = slots[next];
+                probes[hole & mask] = probe - gap as u8;
                 (hole, gap) = (next, 0);
             }
         }
-        probes[hole] = 0;
+        probes[hole & mask] = 0;
         Some(block)
     }
 
