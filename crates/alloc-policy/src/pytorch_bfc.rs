@@ -238,17 +238,26 @@ impl PytorchBfc {
 
     /// [`Policy::insert_free`] with a plan, which hears of the free
     /// before and after it.
+    #[cold]
     #[inline(never)]
     fn insert_free_planned(&mut self, heap: &mut Heap, block: BlockId) {
         if let Some(plan) = self.plan.as_deref_mut() {
             plan.freeing(block);
         }
-        let free = &mut self.free;
-        let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
-        index(&mut self.free, heap, survivor);
+        let survivor = self.coalesce_and_index(heap, block);
         if let Some(plan) = self.plan.as_deref_mut() {
             plan.freed(heap, survivor);
         }
+    }
+
+    /// Merges a freed block with its free neighbours and indexes the
+    /// result; returns it.
+    #[inline(always)]
+    fn coalesce_and_index(&mut self, heap: &mut Heap, block: BlockId) -> BlockId {
+        let free = &mut self.free;
+        let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
+        index(&mut self.free, heap, survivor);
+        survivor
     }
 
     /// Whether blocks are taken by
@@ -394,9 +403,7 @@ impl Policy for PytorchBfc {
         if self.plan.is_some() {
             return self.insert_free_planned(heap, block);
         }
-        let free = &mut self.free;
-        let survivor = coalesce(heap, block, |h, n| unindex(free, h, n));
-        index(&mut self.free, heap, survivor);
+        self.coalesce_and_index(heap, block);
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {
