@@ -633,21 +633,18 @@ impl FreeIndex {
             .get(key)
             .and_then(|b| b.lowest_fit(&self.nodes, size, &accept));
         let recent = self.recent.fit(key, size).filter(|r| accept(r));
-        match (binned, recent) {
-            (Some((b, _)), Some(r)) if by_address(&r) < by_address(&b) => {
-                self.recent.clear();
-                Some(r)
-            }
-            (Some((b, bin)), _) => {
-                let bins = self.keys.get_mut(key).expect("the key has bins");
-                Some(bins.unlink_from(&mut self.nodes, b.id, bin))
-            }
-            (None, Some(r)) => {
-                self.recent.clear();
-                Some(r)
-            }
-            (None, None) => None,
+        let recent_first = match (&binned, &recent) {
+            (Some((b, _)), Some(r)) => by_address(r) < by_address(b),
+            (None, r) => r.is_some(),
+            (Some(_), None) => false,
+        };
+        if recent_first {
+            self.recent.clear();
+            return recent;
         }
+        let (b, bin) = binned?;
+        let bins = self.keys.get_mut(key).expect("the key has bins");
+        Some(bins.unlink_from(&mut self.nodes, b.id, bin))
     }
 
     /// Blocks of `key` with size < `size`, largest first.
