@@ -999,11 +999,7 @@ impl Heap {
     /// The body of [`Heap::settle_split`], inlined into `settle_pool`.
     #[inline(always)]
     fn apply_split<const SMALL: bool>(&mut self) {
-        let pool = if SMALL {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
+        let pool = pool_of::<SMALL>();
         let t = &mut self.tally[pool.index()];
         let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
         let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
@@ -1017,11 +1013,7 @@ impl Heap {
     // per pool, so that the pool's column is a constant offset.
     #[inline(never)]
     fn settle_pool<const SMALL: bool>(&mut self) {
-        let pool = if SMALL {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
+        let pool = pool_of::<SMALL>();
         let p = pool.index();
         self.apply_split::<SMALL>();
         let t = std::mem::take(&mut self.tally[p]);
@@ -1058,6 +1050,16 @@ impl Heap {
     #[inline]
     pub(crate) fn tick(&mut self, pool: PoolKind) {
         self.clock[pool.index()] += 1;
+    }
+}
+
+/// The pool of a settle's copy: `SMALL` names the small pool.
+#[inline(always)]
+const fn pool_of<const SMALL: bool>() -> PoolKind {
+    if SMALL {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
     }
 }
 
