@@ -4,8 +4,11 @@
 //! the option's configuration errors. (Its effect on a real workload's
 //! memory is tested on the GPT-2 generation trace, in `alloc-replay`.)
 
-use alloc_core::{AllocatorConfig, ConfigError, SimMemory, SimStreams, StreamId, GIB, MIB};
+use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
 use alloc_policy::AnyPolicy;
+
+#[cfg(feature = "size-class")]
+use alloc_core::ConfigError;
 
 const S: StreamId = StreamId(0);
 
@@ -40,7 +43,7 @@ fn a_large_request_takes_the_lowest_free_block_that_fits() {
 }
 
 #[test]
-fn the_option_needs_growable_segments_and_pytorch_bfc() {
+fn the_option_needs_growable_segments() {
     let e = AllocatorConfig::parse("first_fit_mb:8").unwrap_err();
     assert!(e.to_string().contains("expandable_segments"), "{e}");
     assert!(AllocatorConfig::parse("first_fit_mb:eight").is_err());
@@ -48,6 +51,11 @@ fn the_option_needs_growable_segments_and_pytorch_bfc() {
     assert_eq!(off.first_fit, None);
     let on = AllocatorConfig::parse("expandable_segments:true,first_fit_mb:8").unwrap();
     assert_eq!(on.first_fit, Some(8 * MIB));
+}
+
+#[cfg(feature = "size-class")]
+#[test]
+fn other_policies_refuse_the_option() {
     let cfg = AllocatorConfig::parse("policy:size-class,expandable_segments:true,first_fit_mb:8")
         .unwrap();
     match AnyPolicy::from_config(&cfg) {
