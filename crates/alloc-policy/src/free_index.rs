@@ -486,12 +486,8 @@ impl FreeIndex {
     // instructions, the bins' path is out of line.
     #[inline(always)]
     pub fn remove_block(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
-        if let Some((s, e)) = self.recent.get() {
-            if e.id == id {
-                debug_assert!(s == key, "the block is indexed under another key");
-                self.recent.clear();
-                return Some(e);
-            }
+        if let Some(e) = self.take_recent(key, id) {
+            return Some(e);
         }
         self.remove_binned(key, id)
     }
@@ -505,30 +501,28 @@ impl FreeIndex {
     // 464.0 per mixed_wide op).
     #[inline(always)]
     pub fn discard_block(&mut self, key: CacheKey, id: BlockId) {
-        if let Some((s, e)) = self.recent.get() {
-            if e.id == id {
-                debug_assert!(s == key, "the block is indexed under another key");
-                self.recent.clear();
-                return;
-            }
+        if self.take_recent(key, id).is_none() {
+            self.discard_binned(key, id);
         }
-        self.discard_binned(key, id);
+    }
+
+    /// The recent slot's block if it is `id` (indexed under `key`), taken
+    /// out of the slot.
+    #[inline(always)]
+    fn take_recent(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
+        let (s, e) = self.recent.get()?;
+        if e.id != id {
+            return None;
+        }
+        debug_assert!(s == key, "the block is indexed under another key");
+        self.recent.clear();
+        Some(e)
     }
 
     /// [`FreeIndex::remove_binned`] with nothing returned.
     #[inline(never)]
     fn discard_binned(&mut self, key: CacheKey, id: BlockId) {
-        if !self.nodes.is_binned(id) {
-            return;
-        }
-        match self.keys.first_mut(key) {
-            Some(bins) => {
-                bins.unlink(&mut self.nodes, id);
-            }
-            None => {
-                self.remove_searched(key, id);
-            }
-        }
+        self.unlink_binned(key, id);
     }
 
     /// Removes the block `id` from the bins of `key`; returns it.
@@ -536,14 +530,21 @@ impl FreeIndex {
     // (callgrind: 535.5 -> 532.4 instructions per mixed_small op).
     #[inline(never)]
     fn remove_binned(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
+        self.unlink_binned(key, id)
+    }
+
+    /// The body of [`FreeIndex::remove_binned`] and
+    /// [`FreeIndex::discard_binned`] (inlined into each, so that the
+    /// second drops the entry unread).
+    #[inline(always)]
+    fn unlink_binned(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
         if !self.nodes.is_binned(id) {
             return None;
         }
-        let bins = match self.keys.first_mut(key) {
-            Some(bins) => bins,
-            None => return self.remove_searched(key, id),
-        };
-        Some(bins.unlink(&mut self.nodes, id))
+        match self.keys.first_mut(key) {
+            Some(bins) => Some(bins.unlink(&mut self.nodes, id)),
+            None => self.remove_searched(key, id),
+        }
     }
 
     /// [`FreeIndex::remove_binned`] for a binned block of a key other than
