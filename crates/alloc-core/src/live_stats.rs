@@ -265,30 +265,29 @@ impl LiveStats {
         ]
     }
 
-    /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
-    pub(crate) fn reset_peaks(&mut self) {
+    /// Applies `reset` to every counter, the active ones brought up to
+    /// date first; if they followed the allocated ones, they follow again.
+    fn reset_counters(&mut self, reset: fn(&mut Counter)) {
         let follows = self.follows();
         self.part();
         for c in self.counters_mut() {
-            c.reset_peak();
+            reset(c);
         }
         if follows {
             self.rejoin();
         }
+    }
+
+    /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
+    pub(crate) fn reset_peaks(&mut self) {
+        self.reset_counters(Counter::reset_peak);
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
     }
 
     /// Clears cumulative totals and event counters (`reset_accumulated_memory_stats`).
     pub(crate) fn reset_accumulated(&mut self) {
-        let follows = self.follows();
-        self.part();
-        for c in self.counters_mut() {
-            c.reset_accumulated();
-        }
-        if follows {
-            self.rejoin();
-        }
+        self.reset_counters(Counter::reset_accumulated);
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
         self.num_alloc_retries = 0;
