@@ -280,18 +280,20 @@ impl PytorchBfc {
                 return planned;
             }
         }
-        if self.settings.expandable && req.size >= self.settings.first_fit_from {
-            let settings = &self.settings;
-            return self.free[req.pool.index()]
-                .take_lowest_fit(req.key, req.size, |e| accepts(settings, req, e))
-                .map(|e| e.id);
-        }
         if self.settings.expandable {
             let settings = &self.settings;
             let free = &mut self.free[req.pool.index()];
+            let accept = |e: &Entry| accepts(settings, req, e);
+            // `first_fit_mb`: the growable tail, its segment's highest
+            // block, is taken only when nothing below it fits.
+            if req.size >= settings.first_fit_from {
+                return free
+                    .take_lowest_fit(req.key, req.size, accept)
+                    .map(|e| e.id);
+            }
             if let Some(best) = free.lower_bound(req.key, req.size) {
                 if is_growable_tail(heap, best.id) {
-                    return take_sparing_tail(free, req, best, |e| accepts(settings, req, e));
+                    return take_sparing_tail(free, req, best, accept);
                 }
             }
         }
@@ -362,6 +364,8 @@ impl Policy for PytorchBfc {
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
+            // A copy's address, not the caller's request's: see
+            // `take_carved_planned_or_growable`.
             return self.take_free_planned_or_growable(heap, &{ *req });
         }
         self.take_best_fit(req)
