@@ -3,8 +3,9 @@
 //! PyTorch's two settings (its default rules and its expandable segments),
 //! which the replay reproduces byte for byte, against ours that reserve
 //! less: `unmap_free_pages` with 16 MiB pages (its default) and 8 MiB pages,
-//! size classes (the lowest host cost), and, on traces with several
-//! streams, stream-wait reuse for FSDP-style training.
+//! memory at the bound (8 MiB pages with a planned layout and first fit for
+//! large requests), size classes (the lowest host cost), and, on traces with
+//! several streams, stream-wait reuse for FSDP-style training.
 
 use serde::Serialize;
 
@@ -49,6 +50,20 @@ pub const PYTORCH_EXPANDABLE: Setting = Setting {
     multi_stream: false,
 };
 
+/// Memory at the bound: 8 MiB pages moved under a planned layout, with
+/// requests of 8 MiB and more placed first fit (lowest address), which keeps
+/// a growing key/value cache from stranding holes that pages must then
+/// leave (docs/policies.md, "Memory at the bound").
+pub const BOUND: Setting = Setting {
+    name: "bound",
+    label: "at the bound: 8 MiB pages, plan, first fit",
+    config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8,plan_layout:True,\
+             first_fit_mb:8",
+    pytorch: false,
+    page_mb: Some(8),
+    multi_stream: false,
+};
+
 /// Every setting the advice replays, in the order of the tables; the first
 /// two are PyTorch's.
 pub const SETTINGS: &[Setting] = &[
@@ -70,6 +85,7 @@ pub const SETTINGS: &[Setting] = &[
         page_mb: Some(8),
         multi_stream: false,
     },
+    BOUND,
     Setting {
         name: "size-class",
         label: "size classes",

@@ -40,13 +40,13 @@ fn steps_found_match_the_recorded_loops() {
 
 /// What the rule picks per bundled trace (`docs/advise.md` shows these).
 const RECOMMENDED: &[(&str, &str)] = &[
-    ("bert_mlm_varlen_train", "unmap8"),
-    ("convnext_varres_infer", "unmap8"),
-    ("gpt2_generate", "unmap8"),
+    ("bert_mlm_varlen_train", "bound"),
+    ("convnext_varres_infer", "bound"),
+    ("gpt2_generate", "bound"),
     ("gpt2_train", "unmap16"),
     ("lstm_lm_varlen_train", "unmap16"),
-    ("resnet50_train", "unmap16"),
-    ("seq2seq_varlen_train", "unmap8"),
+    ("resnet50_train", "bound"),
+    ("seq2seq_varlen_train", "bound"),
     ("small_mlp", "unmap16"),
     ("unet_diffusion_train", "expandable"),
     ("vit_varbatch_infer", "unmap8"),
