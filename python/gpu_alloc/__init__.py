@@ -384,7 +384,7 @@ def enable(config=None, so_path=None, bridge=None):
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
         ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``);
-        None keeps $GPUALLOC_CONF (if set). For the least memory at PyTorch's step time:
+        None keeps $GPUALLOC_CONF (if set). For memory at the bound:
         ``"expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8,plan_layout:True,"
         "first_fit_mb:8"`` (docs/policies.md, "Memory at the bound"); ``advise()`` says
         which setting suits a recorded workload.
