@@ -19,17 +19,21 @@ pub enum Role {
     Unmap16,
     /// `unmap_free_pages` with 8 MiB pages.
     Unmap8,
+    /// The setting recommended for memory at the bound (8 MiB pages, a
+    /// planned layout, first fit from 8 MiB).
+    Bound,
     /// Live tensors' bytes (the same under every setting): the floor.
     Allocated,
 }
 
 impl Role {
     /// Every role, in legend order.
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::PyTorchDefault,
         Role::PyTorchExpandable,
         Role::Unmap16,
         Role::Unmap8,
+        Role::Bound,
         Role::Allocated,
     ];
 
@@ -39,18 +43,20 @@ impl Role {
             Role::PyTorchExpandable => "PyTorch expandable_segments",
             Role::Unmap16 => "ours: unmap_free_pages (16 MiB pages)",
             Role::Unmap8 => "ours: unmap_page_mb:8",
+            Role::Bound => "ours: bound (8 MiB pages, plan, first fit)",
             Role::Allocated => "allocated (live tensors)",
         }
     }
 
     /// Okabe-Ito colours (distinct under colour blindness); PyTorch's in
-    /// grey and blue, ours in orange and green.
+    /// grey and blue, ours in orange, green and vermillion.
     fn style(self) -> ShapeStyle {
         let (colour, width) = match self {
             Role::PyTorchDefault => (RGBColor(0x55, 0x55, 0x55), 2),
             Role::PyTorchExpandable => (RGBColor(0x00, 0x72, 0xB2), 2),
             Role::Unmap16 => (RGBColor(0xE6, 0x9F, 0x00), 2),
             Role::Unmap8 => (RGBColor(0x00, 0x9E, 0x73), 2),
+            Role::Bound => (RGBColor(0xD5, 0x5E, 0x00), 2),
             Role::Allocated => (RGBColor(0xBB, 0xBB, 0xBB), 1),
         };
         colour.stroke_width(width)
@@ -145,7 +151,7 @@ fn legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>) -> Drawn<DB> {
     let (mut x, mut y) = (16, 48);
     for role in Role::ALL {
         let label = role.legend();
-        let width = 44 + 7 * label.len() as i32;
+        let width = 44 + 8 * label.len() as i32;
         if x + width > (PANEL_W * COLUMNS as u32) as i32 - 8 {
             x = 16;
             y += 22;

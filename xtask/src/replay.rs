@@ -305,6 +305,7 @@ fn replay_trace(
             "expandable" => Some(Role::PyTorchExpandable),
             "unmap16" => Some(Role::Unmap16),
             "unmap8" => Some(Role::Unmap8),
+            "bound" => Some(Role::Bound),
             _ => None,
         };
         if role == Some(Role::PyTorchDefault) {
