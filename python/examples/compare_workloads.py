@@ -41,7 +41,10 @@ sampled after every step, minus its value right after CUDA initialisation (so it
 cuBLAS / cuDNN workspaces and lazily loaded kernels but not the context). Under gpualloc
 the JSON also has our page_moves.* and plan_layout.* counters and, for the training and
 ViT workloads, `unmapped_after_step`: the pages unmapped so far after each step (where a
-run's page moves happen: before a plan is followed, or every step).
+run's page moves happen: before a plan is followed, or every step). The report then splits
+each such run's timed steps, over PyTorch's same steps of the same round, into those in
+which it moved pages and those in which it moved none: the second show how far two runs
+differ with no move at all (the host's noise), the first what the moves cost.
 
 Writes $OUT/compare_workloads.json and $OUT/compare_workloads.md (--out overrides $OUT;
 default /tmp) after every run, so that a cut-off matrix keeps what it finished.
@@ -334,6 +337,7 @@ def make_table(results, ref_alloc=REF_ALLOC):
     if failures:
         out += ["", "Failed runs:"] + ["- " + f for f in failures]
     out += repeat_summary(results, ref_alloc)
+    out += moves_summary(results, ref_alloc)
     return "\n".join(out) + "\n"
 
 
@@ -402,6 +406,57 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
             " / ".join("%.3f" % x for x in mean_ratios) or "-",
             "%.3f" % statistics.median(mean_ratios) if mean_ratios else "-"))
     return out
+
+
+def step_ratios_by_moves(run, ref):
+    """The timed steps of `run` paired with those of `ref` (the same steps: the same
+    batches, in the same order), split by whether `run` moved pages in them: (ratios of
+    the steps with moves, ratios of the steps without, pages moved in the timed steps).
+    None when `run` has no per-step page counts or the two differ in steps."""
+    moved, mine, theirs = run.get("unmapped_after_step"), timed_steps(run), timed_steps(ref)
+    warmup = run.get("warmup", 0)
+    if not moved or len(moved) != len(run.get("step_ms") or []) or len(mine) != len(theirs):
+        return None
+    before = [moved[warmup - 1] if warmup else 0] + moved[warmup:-1]
+    with_moves, without = [], []
+    for after, start, a, b in zip(moved[warmup:], before, mine, theirs):
+        (with_moves if after > start else without).append(a / b)
+    return with_moves, without, moved[-1] - before[0]
+
+
+def moves_summary(results, ref_alloc=REF_ALLOC):
+    """Markdown lines separating the cost of page moves from the host's noise: for each
+    run with per-step page counts, its timed steps over the `ref_alloc` run's same steps
+    of the same round, split into the steps in which it moved pages and those in which it
+    moved none. The steps without moves show how far two runs differ with no move at all.
+    Empty when no run has per-step page counts."""
+    refs = {}
+    for r in results:
+        base, tag = split_tag(r.get("alloc", ""))
+        if base == ref_alloc and not _failed(r):
+            refs[(r.get("workload"), tag)] = r
+    rows = []
+    for r in results:
+        base, tag = split_tag(r.get("alloc", ""))
+        ref = refs.get((r.get("workload"), tag))
+        if _failed(r) or ref is None or base == ref_alloc:
+            continue
+        split = step_ratios_by_moves(r, ref)
+        if split is None:
+            continue
+        with_moves, without, pages = split
+        med = lambda xs: "%.3f" % statistics.median(xs) if xs else "-"  # noqa: E731
+        rows.append("| %s | %s | %s | %d of %d | %d | %s | %s |" % (
+            r.get("workload"), base, tag or "1", len(with_moves), len(with_moves) + len(without),
+            pages, med(with_moves), med(without)))
+    if not rows:
+        return []
+    return ["", "Page moves in the timed steps (each step over the `%s` run's same step of "
+            "the same round, median over the steps with moves and over those without):"
+            % ref_alloc, "",
+            "| workload | allocator | round | steps with moves | pages moved | step ratio, "
+            "steps with moves | step ratio, steps without |",
+            "|---|---|---|---|---|---|---|"] + rows
 
 
 # ---------------------------------------------------------------------------------------

@@ -245,6 +245,46 @@ class RepeatTest(unittest.TestCase):
         self.assertEqual(cw.repeat_summary(RESULTS), [])
 
 
+class MovesTest(unittest.TestCase):
+    def moved_run(self, alloc, step_ms, moved):
+        r = run(alloc, step_ms, 2, G, G, FP)
+        r["unmapped_after_step"] = moved
+        return r
+
+    def test_steps_are_split_by_the_pages_they_moved(self):
+        # Two warm-up steps (4 pages moved by then), four timed ones: steps 3 and 5 move
+        # pages (4 -> 10, 10 -> 10, 10 -> 12, 12 -> 12), so 8 pages in the timed steps.
+        # Ratios to torch's same steps: 12/10, 10/10, 33/30, 19/20.
+        ours = self.moved_run("gpualloc", [50.0, 40.0, 12.0, 10.0, 33.0, 19.0],
+                              [1, 4, 10, 10, 12, 12])
+        ref = run("torch", [60.0, 45.0, 10.0, 10.0, 30.0, 20.0], 2, G, G, FP)
+        with_moves, without, pages = cw.step_ratios_by_moves(ours, ref)
+        self.assertEqual(pages, 8)
+        self.assertEqual([round(x, 3) for x in with_moves], [1.2, 1.1])
+        self.assertEqual([round(x, 3) for x in without], [1.0, 0.95])
+        lines = cw.moves_summary([ref, ours])
+        row = [line for line in lines if line.startswith("| w1 ")]
+        self.assertEqual(row, ["| w1 | gpualloc | 1 | 2 of 4 | 8 | 1.150 | 0.975 |"])
+
+    def test_each_round_pairs_with_its_own_reference_run(self):
+        results = [
+            run("torch", [9.0, 9.0, 10.0], 2, G, G, FP),
+            self.moved_run("gpualloc", [9.0, 9.0, 30.0], [0, 0, 5]),
+            run("torch#2", [9.0, 9.0, 20.0], 2, G, G, FP),
+            self.moved_run("gpualloc#2", [9.0, 9.0, 30.0], [0, 0, 0]),
+        ]
+        rows = [line for line in cw.moves_summary(results) if line.startswith("| w1 ")]
+        self.assertEqual(rows, ["| w1 | gpualloc | 1 | 1 of 1 | 5 | 3.000 | - |",
+                                "| w1 | gpualloc | 2 | 0 of 1 | 0 | - | 1.500 |"])
+
+    def test_nothing_without_per_step_counts(self):
+        self.assertEqual(cw.moves_summary(RESULTS), [])
+        # Counts that do not cover every step are not paired.
+        ours = self.moved_run("gpualloc", [9.0, 9.0, 30.0], [0, 5])
+        ref = run("torch", [9.0, 9.0, 10.0], 2, G, G, FP)
+        self.assertIsNone(cw.step_ratios_by_moves(ours, ref))
+
+
 class PickTest(unittest.TestCase):
     def test_a_conf_with_commas_stays_one_allocator(self):
         got = cw._pick("torch,gpualloc:expandable_segments:True,unmap_free_pages:True,torch-async",
