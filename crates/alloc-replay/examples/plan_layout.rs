@@ -1,6 +1,6 @@
 //! Replays a trace under a configuration (with `plan_layout` or without)
-//! and prints, once a step, the pages moved so far, the peak reserved and
-//! what the plan did (plans made and dropped, requests placed as planned,
+//! and prints, once a step, the host time the step's mallocs and frees
+//! took, the pages moved so far, the peak reserved and what the plan did (plans made and dropped, requests placed as planned,
 //! conflicts, mismatches). The bundled traces hold a few steps only; to see
 //! the steady state, the trace's last whole step is repeated `EXTRA` more
 //! times (the i-th block of a repetition frees what the i-th block of the
@@ -12,6 +12,7 @@
 //! ```
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use alloc_core::{AllocError, AllocatorConfig, SimStreams, StreamId};
 use alloc_policy::AnyPolicy;
@@ -36,15 +37,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         AnyPolicy::engine(&AllocatorConfig::parse(config)?, device, SimStreams::new())?;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let mut allocs = 0u64;
-    let report = |engine: &alloc_core::Engine<AnyPolicy, _, _>, allocs: u64| {
+    // The engine's time since the last report.
+    let mut busy = Duration::ZERO;
+    let report = |engine: &alloc_core::Engine<AnyPolicy, _, _>, allocs: u64, busy: Duration| {
         let moves = engine.stats().page_moves.pages_unmapped;
         let reserved = engine.stats().reserved_bytes.all.peak;
         println!(
-            "{allocs:>8} allocs  pages unmapped {moves:>6}  peak reserved {reserved:>14}  {:?}",
+            "{allocs:>8} allocs  {:>8.3} ms  pages unmapped {moves:>6}  peak reserved {reserved:>14}  {:?}",
+            busy.as_secs_f64() * 1e3,
             engine.policy().plan_stats()
         );
     };
     for event in &events {
+        let started = Instant::now();
         match *event {
             TraceEvent::Alloc { id, size, stream } => {
                 match engine.malloc(size.max(1), StreamId(stream)) {
@@ -54,19 +59,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Err(AllocError::OutOfMemory(_)) => {}
                     Err(e) => return Err(e.into()),
                 }
+                busy += started.elapsed();
                 allocs += 1;
                 if allocs.is_multiple_of(every) {
-                    report(&engine, allocs);
+                    report(&engine, allocs, std::mem::take(&mut busy));
                 }
             }
             TraceEvent::Free { id, .. } => {
                 if let Some(addr) = live.remove(&id) {
                     engine.free(addr)?;
                 }
+                busy += started.elapsed();
             }
         }
     }
-    report(&engine, allocs);
+    report(&engine, allocs, busy);
     engine.validate()?;
     Ok(())
 }

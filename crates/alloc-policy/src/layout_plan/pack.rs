@@ -29,12 +29,17 @@ impl Life {
 
     /// Whether two blocks are allocated at the same time in a period.
     fn overlaps(&self, other: &Life, period: u64) -> bool {
-        let (a, b) = (self.ranges(period), other.ranges(period));
-        a.iter().any(|&(s0, e0)| {
-            b.iter()
-                .any(|&(s1, e1)| s0 < e0 && s1 < e1 && s0 < e1 && s1 < e0)
-        })
+        together(&self.ranges(period), &other.ranges(period))
     }
+}
+
+/// Whether two lives, as [`Life::ranges`], share a request.
+#[inline]
+fn together(a: &[(u64, u64); 2], b: &[(u64, u64); 2]) -> bool {
+    a.iter().any(|&(s0, e0)| {
+        b.iter()
+            .any(|&(s1, e1)| s0 < e0 && s1 < e1 && s0 < e1 && s1 < e0)
+    })
 }
 
 /// Places every block of `lives` (one period of `period` requests) in the
@@ -112,58 +117,112 @@ impl Space<'_> {
     /// its life.
     fn place(&self, lives: &[Life], order_by: Order) -> Vec<u64> {
         let mut addr: Vec<u64> = vec![0; lives.len()];
-        let mut placed: Vec<usize> = Vec::with_capacity(lives.len());
         let mut order: Vec<usize> = (0..lives.len()).collect();
-        let desc = std::cmp::Reverse;
-        match order_by {
-            Order::Largest => order.sort_by_key(|&i| (desc(lives[i].size), lives[i].start)),
-            Order::LongestLived => {
-                order.sort_by_key(|&i| (desc(lives[i].length), desc(lives[i].size), lives[i].start))
-            }
-            Order::LargestArea => {
-                order.sort_by_key(|&i| (desc(lives[i].size * lives[i].length), lives[i].start))
-            }
-            Order::PeakFirst => {
-                let peak = Life {
-                    size: 0,
-                    start: peak_place(lives, self.period),
-                    length: 1,
-                };
-                order.sort_by_key(|&i| {
-                    let at_peak = lives[i].overlaps(&peak, self.period);
-                    (!at_peak, desc(lives[i].size), lives[i].start)
-                })
-            }
-        }
-        let mut taken: Vec<(u64, u64)> = Vec::new();
+        sort_order(&mut order, lives, order_by, self.period);
+        // The fixed ranges and the blocks placed so far, in address order:
+        // a block's lowest gap is found by one walk up both, skipping the
+        // blocks not alive with it (sorting what is alive with each block
+        // anew made packing quadratic in a sort: 26 ms for GPT-2 training's
+        // step of 1,433 blocks).
+        let mut fixed: Vec<(u64, u64)> = self.fixed.iter().map(|&(a, n)| (a, a + n)).collect();
+        fixed.sort_unstable();
+        let mut placed: Vec<Placed> = Vec::with_capacity(lives.len());
         for i in order {
-            taken.clear();
-            taken.extend(self.fixed.iter().map(|&(a, bytes)| (a, a + bytes)));
-            taken.extend(
-                placed
-                    .iter()
-                    .filter(|&&j| lives[i].overlaps(&lives[j], self.period))
-                    .map(|&j| (addr[j], addr[j] + lives[j].size)),
-            );
-            addr[i] = lowest_gap(&mut taken, self.base, lives[i].size, self.align);
-            placed.push(i);
+            let (life, when) = (&lives[i], lives[i].ranges(self.period));
+            let taken = merged(&fixed, &placed);
+            addr[i] = lowest_gap(taken, &when, self.base, life.size, self.align);
+            let at = Placed {
+                start: addr[i],
+                end: addr[i] + life.size,
+                when,
+            };
+            let slot = placed.partition_point(|p| (p.start, p.end) <= (at.start, at.end));
+            placed.insert(slot, at);
         }
         addr
     }
 }
 
+/// Sorts block indexes `order` into the order `order_by`.
+fn sort_order(order: &mut [usize], lives: &[Life], order_by: Order, period: u64) {
+    let desc = std::cmp::Reverse;
+    match order_by {
+        Order::Largest => order.sort_by_key(|&i| (desc(lives[i].size), lives[i].start)),
+        Order::LongestLived => {
+            order.sort_by_key(|&i| (desc(lives[i].length), desc(lives[i].size), lives[i].start))
+        }
+        Order::LargestArea => {
+            order.sort_by_key(|&i| (desc(lives[i].size * lives[i].length), lives[i].start))
+        }
+        Order::PeakFirst => {
+            let peak = Life {
+                size: 0,
+                start: peak_place(lives, period),
+                length: 1,
+            };
+            order.sort_by_key(|&i| {
+                let at_peak = lives[i].overlaps(&peak, period);
+                (!at_peak, desc(lives[i].size), lives[i].start)
+            })
+        }
+    }
+}
+
+/// A placed block: its addresses `[start, end)` and when it lives
+/// ([`Life::ranges`]).
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    start: u64,
+    end: u64,
+    when: [(u64, u64); 2],
+}
+
+/// The fixed ranges `[start, end)` and the placed blocks, each in order,
+/// merged in order; a placed block comes with when it lives, a fixed range
+/// with `None` (taken the whole time).
+fn merged<'a>(
+    fixed: &'a [(u64, u64)],
+    placed: &'a [Placed],
+) -> impl Iterator<Item = (u64, u64, Option<&'a [(u64, u64); 2]>)> + 'a {
+    let mut a = fixed.iter().peekable();
+    let mut b = placed.iter().peekable();
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(&&x), Some(p)) if (p.start, p.end) < x => b.next().map(Placed::taken),
+        (Some(_), _) => a.next().map(|&(s, e)| (s, e, None)),
+        (None, _) => b.next().map(Placed::taken),
+    })
+}
+
+impl Placed {
+    /// Its range and when it lives, as [`merged`] yields them.
+    fn taken(&self) -> (u64, u64, Option<&[(u64, u64); 2]>) {
+        (self.start, self.end, Some(&self.when))
+    }
+}
+
 /// The lowest address from `base` (a multiple of `align` from it) where
-/// `size` bytes overlap none of the `taken` ranges `[start, end)`.
-fn lowest_gap(taken: &mut [(u64, u64)], base: u64, size: u64, align: u64) -> u64 {
-    taken.sort_unstable();
+/// `size` bytes overlap none of the `taken` ranges `[start, end)` (in
+/// order) taken the whole time or at some request of `when`. Whether a
+/// range is taken at the same time is asked last, of the ranges that
+/// reach past the address so far only.
+fn lowest_gap<'a>(
+    taken: impl Iterator<Item = (u64, u64, Option<&'a [(u64, u64); 2]>)>,
+    when: &[(u64, u64); 2],
+    base: u64,
+    size: u64,
+    align: u64,
+) -> u64 {
     let up = |a: u64| base + (a - base).div_ceil(align) * align;
     let mut at = base;
-    for &(start, end) in taken.iter() {
+    for (start, end, lives) in taken {
         if end <= at {
             continue;
         }
         if start >= at + size {
             break;
+        }
+        if lives.is_some_and(|lives| !together(when, lives)) {
+            continue;
         }
         at = up(end.max(base));
     }
@@ -219,6 +278,71 @@ mod tests {
                         addr[i] + lives[i].size <= addr[j] || addr[j] + lives[j].size <= addr[i];
                     assert!(apart, "blocks {i} and {j} overlap");
                 }
+            }
+        }
+    }
+
+    /// The layout by the definition: for each block in `order`, every range
+    /// taken during its life (fixed, or a placed block alive with it)
+    /// sorted, and the lowest gap between them.
+    fn reference(lives: &[Life], order: &[usize], space: &Space<'_>) -> Vec<u64> {
+        let mut addr = vec![0; lives.len()];
+        let mut placed: Vec<usize> = Vec::new();
+        for &i in order {
+            let mut taken: Vec<(u64, u64)> = space.fixed.iter().map(|&(a, n)| (a, a + n)).collect();
+            taken.extend(
+                placed
+                    .iter()
+                    .filter(|&&j| lives[i].overlaps(&lives[j], space.period))
+                    .map(|&j| (addr[j], addr[j] + lives[j].size)),
+            );
+            taken.sort_unstable();
+            let up = |a: u64| space.base + (a - space.base).div_ceil(space.align) * space.align;
+            let mut at = space.base;
+            for (start, end) in taken {
+                if end <= at {
+                    continue;
+                }
+                if start >= at + lives[i].size {
+                    break;
+                }
+                at = up(end.max(space.base));
+            }
+            addr[i] = at;
+            placed.push(i);
+        }
+        addr
+    }
+
+    #[test]
+    fn each_order_places_blocks_where_the_definition_does() {
+        let mut next = crate::testing::xorshift(0x2545_f491_4f6c_dd1d);
+        for round in 0..20 {
+            let period = 50 + next() % 200;
+            let lives: Vec<Life> = (0..period)
+                .map(|start| life(512 * (1 + next() % 32), start, 1 + next() % period))
+                .collect();
+            // Fixed ranges below and among the blocks, some touching.
+            let fixed: Vec<(u64, u64)> = (0..round % 5)
+                .map(|k| {
+                    (
+                        (1 << 20) + k * 40_960 + next() % 4 * 512,
+                        512 * (1 + next() % 16),
+                    )
+                })
+                .collect();
+            let space = Space {
+                period,
+                base: 1 << 20,
+                fixed: &fixed,
+                align: 512,
+            };
+            for order_by in ORDERS {
+                let got = space.place(&lives, order_by);
+                let mut order: Vec<usize> = (0..lives.len()).collect();
+                sort_order(&mut order, &lives, order_by, period);
+                assert_eq!(got, reference(&lives, &order, &space), "{order_by:?}");
+                check(&lives, period, &fixed, &got);
             }
         }
     }
