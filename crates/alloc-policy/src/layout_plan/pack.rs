@@ -72,13 +72,23 @@ pub fn pack(lives: &[Life], period: u64, base: u64, fixed: &[(u64, u64)], align:
         fixed,
         align,
     };
-    let span = |addr: &[u64]| lives.iter().zip(addr).map(|(l, a)| a + l.size).max();
-    ORDERS
-        .iter()
-        .map(|&order| space.place(lives, order))
-        .min_by_key(|addr| span(addr))
-        .unwrap_or_default()
+    // The narrowest layout, the first in ORDERS among equals. The peak's
+    // blocks first is tried first (the narrowest on the bundled training
+    // traces): a later order stops once it spans more than the best so far.
+    let mut best: Option<(u64, usize, Vec<u64>)> = None;
+    for index in TRIED_FIRST {
+        let bound = best.as_ref().map_or(u64::MAX, |b| b.0);
+        if let Some((span, addr)) = space.place(lives, ORDERS[index], bound) {
+            if best.as_ref().is_none_or(|b| (span, index) < (b.0, b.1)) {
+                best = Some((span, index, addr));
+            }
+        }
+    }
+    best.map(|b| b.2).unwrap_or_default()
 }
+
+/// The indexes of [`ORDERS`] in the order [`pack()`] tries them.
+const TRIED_FIRST: [usize; 4] = [3, 0, 1, 2];
 
 /// An order to place blocks in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,10 +123,12 @@ struct Space<'a> {
 }
 
 impl Space<'_> {
-    /// Places the blocks in `order`, each at the lowest address free during
-    /// its life.
-    fn place(&self, lives: &[Life], order_by: Order) -> Vec<u64> {
+    /// Places the blocks in `order_by`, each at the lowest address free
+    /// during its life; returns the layout's end (its highest block's) and
+    /// each block's address, or `None` as soon as it spans past `bound`.
+    fn place(&self, lives: &[Life], order_by: Order, bound: u64) -> Option<(u64, Vec<u64>)> {
         let mut addr: Vec<u64> = vec![0; lives.len()];
+        let mut span = 0;
         let mut order: Vec<usize> = (0..lives.len()).collect();
         sort_order(&mut order, lives, order_by, self.period);
         // The fixed ranges and the blocks placed so far, in address order:
@@ -136,10 +148,14 @@ impl Space<'_> {
                 end: addr[i] + life.size,
                 when,
             };
+            span = span.max(at.end);
+            if span > bound {
+                return None;
+            }
             let slot = placed.partition_point(|p| (p.start, p.end) <= (at.start, at.end));
             placed.insert(slot, at);
         }
-        addr
+        Some((span, addr))
     }
 }
 
@@ -338,12 +354,25 @@ mod tests {
                 align: 512,
             };
             for order_by in ORDERS {
-                let got = space.place(&lives, order_by);
+                let (_, got) = space.place(&lives, order_by, u64::MAX).expect("no bound");
                 let mut order: Vec<usize> = (0..lives.len()).collect();
                 sort_order(&mut order, &lives, order_by, period);
                 assert_eq!(got, reference(&lives, &order, &space), "{order_by:?}");
                 check(&lives, period, &fixed, &got);
             }
+            // pack: the narrowest of the orders, the first in ORDERS among
+            // equals, though it stops orders that span past the best early.
+            let end = |addr: &[u64]| lives.iter().zip(addr).map(|(l, a)| a + l.size).max();
+            let narrowest = ORDERS
+                .iter()
+                .map(|&order_by| {
+                    let mut order: Vec<usize> = (0..lives.len()).collect();
+                    sort_order(&mut order, &lives, order_by, period);
+                    reference(&lives, &order, &space)
+                })
+                .min_by_key(|addr| end(addr))
+                .unwrap();
+            assert_eq!(pack(&lives, period, 1 << 20, &fixed, 512), narrowest);
         }
     }
 
