@@ -76,19 +76,28 @@ pub fn pack(lives: &[Life], period: u64, base: u64, fixed: &[(u64, u64)], align:
     // blocks first is tried first (the narrowest on the bundled training
     // traces): a later order stops once it spans more than the best so far.
     let mut best: Option<(u64, usize, Vec<u64>)> = None;
-    for index in TRIED_FIRST {
+    for order in TRIED_FIRST {
+        let rank = ORDERS
+            .iter()
+            .position(|&o| o == order)
+            .unwrap_or(ORDERS.len());
         let bound = best.as_ref().map_or(u64::MAX, |b| b.0);
-        if let Some((span, addr)) = space.place(lives, ORDERS[index], bound) {
-            if best.as_ref().is_none_or(|b| (span, index) < (b.0, b.1)) {
-                best = Some((span, index, addr));
+        if let Some((span, addr)) = space.place(lives, order, bound) {
+            if best.as_ref().is_none_or(|b| (span, rank) < (b.0, b.1)) {
+                best = Some((span, rank, addr));
             }
         }
     }
     best.map(|b| b.2).unwrap_or_default()
 }
 
-/// The indexes of [`ORDERS`] in the order [`pack()`] tries them.
-const TRIED_FIRST: [usize; 4] = [3, 0, 1, 2];
+/// [`ORDERS`] in the order [`pack()`] tries them: the peak's blocks first.
+const TRIED_FIRST: [Order; 4] = [
+    Order::PeakFirst,
+    Order::Largest,
+    Order::LongestLived,
+    Order::LargestArea,
+];
 
 /// An order to place blocks in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
