@@ -1,7 +1,8 @@
 //! Replays a trace under a configuration (with `plan_layout` or without)
 //! and prints, once a step, the host time the step's mallocs and frees
-//! took, the pages moved so far, the peak reserved and what the plan did (plans made and dropped, requests placed as planned,
-//! conflicts, mismatches). The bundled traces hold a few steps only; to see
+//! took, the pages moved so far, the peak reserved and what the plan did
+//! (plans made and dropped, requests placed as planned, conflicts,
+//! mismatches). The bundled traces hold a few steps only; to see
 //! the steady state, the trace's last whole step is repeated `EXTRA` more
 //! times (the i-th block of a repetition frees what the i-th block of the
 //! step before freed).
