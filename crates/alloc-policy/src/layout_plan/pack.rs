@@ -66,12 +66,7 @@ fn together(a: &[(u64, u64); 2], b: &[(u64, u64); 2]) -> bool {
 /// assert_eq!(pack(&lives, 3, 0, &[], 512), vec![0, 4096, 0]);
 /// ```
 pub fn pack(lives: &[Life], period: u64, base: u64, fixed: &[(u64, u64)], align: u64) -> Vec<u64> {
-    let space = Space {
-        period,
-        base,
-        fixed,
-        align,
-    };
+    let space = Space::new(period, base, fixed, align);
     // The narrowest layout, the first in ORDERS among equals. The peak's
     // blocks first is tried first (the narrowest on the bundled training
     // traces): a later order stops once it spans more than the best so far.
@@ -123,15 +118,29 @@ pub const ORDERS: [Order; 4] = [
 ];
 
 /// Where blocks go: addresses from `base` (multiples of `align` from it),
-/// around `fixed` ranges, over a period of `period` requests.
-struct Space<'a> {
+/// around `fixed` ranges `[start, end)` (in order), over a period of
+/// `period` requests.
+struct Space {
     period: u64,
     base: u64,
-    fixed: &'a [(u64, u64)],
+    fixed: Vec<(u64, u64)>,
     align: u64,
 }
 
-impl Space<'_> {
+impl Space {
+    /// The space around the `fixed` ranges `(addr, bytes)`, put in address
+    /// order once for every order tried.
+    fn new(period: u64, base: u64, fixed: &[(u64, u64)], align: u64) -> Self {
+        let mut fixed: Vec<(u64, u64)> = fixed.iter().map(|&(a, n)| (a, a + n)).collect();
+        fixed.sort_unstable();
+        Space {
+            period,
+            base,
+            fixed,
+            align,
+        }
+    }
+
     /// Places the blocks in `order_by`, each at the lowest address free
     /// during its life; returns the layout's end (its highest block's) and
     /// each block's address, or `None` as soon as it spans past `bound`.
@@ -145,12 +154,10 @@ impl Space<'_> {
         // blocks not alive with it (sorting what is alive with each block
         // anew made packing quadratic in a sort: 26 ms for GPT-2 training's
         // step of 1,433 blocks).
-        let mut fixed: Vec<(u64, u64)> = self.fixed.iter().map(|&(a, n)| (a, a + n)).collect();
-        fixed.sort_unstable();
         let mut placed: Vec<Placed> = Vec::with_capacity(lives.len());
         for i in order {
             let (life, when) = (&lives[i], lives[i].ranges(self.period));
-            let taken = merged(&fixed, &placed);
+            let taken = merged(&self.fixed, &placed);
             addr[i] = lowest_gap(taken, &when, self.base, life.size, self.align);
             let at = Placed {
                 start: addr[i],
@@ -310,11 +317,11 @@ mod tests {
     /// The layout by the definition: for each block in `order`, every range
     /// taken during its life (fixed, or a placed block alive with it)
     /// sorted, and the lowest gap between them.
-    fn reference(lives: &[Life], order: &[usize], space: &Space<'_>) -> Vec<u64> {
+    fn reference(lives: &[Life], order: &[usize], space: &Space) -> Vec<u64> {
         let mut addr = vec![0; lives.len()];
         let mut placed: Vec<usize> = Vec::new();
         for &i in order {
-            let mut taken: Vec<(u64, u64)> = space.fixed.iter().map(|&(a, n)| (a, a + n)).collect();
+            let mut taken: Vec<(u64, u64)> = space.fixed.clone();
             taken.extend(
                 placed
                     .iter()
@@ -356,12 +363,7 @@ mod tests {
                     )
                 })
                 .collect();
-            let space = Space {
-                period,
-                base: 1 << 20,
-                fixed: &fixed,
-                align: 512,
-            };
+            let space = Space::new(period, 1 << 20, &fixed, 512);
             for order_by in ORDERS {
                 let (_, got) = space.place(&lives, order_by, u64::MAX).expect("no bound");
                 let mut order: Vec<usize> = (0..lives.len()).collect();
