@@ -1,0 +1,318 @@
+"""Throughput at a memory budget: for each workload and each of three budgets between its
+peak allocated and PyTorch default's peak reserved, the largest batch that runs its steps
+without running out of memory, and the tokens (samples) per second at that batch, under
+PyTorch's allocator (default and expandable segments) and under gpualloc (run on a machine
+with a GPU):
+
+    GPUALLOC_SO=target/release/liballoc_ffi.so python3 benchmarks/budget/budget.py \
+        [WORKLOADS] [ALLOCATORS] [--shares 0.25,0.5,0.75] [--steps N] [--out DIR]
+
+The budget is PyTorch's per-process memory fraction (`set_per_process_memory_fraction`),
+which both allocators honour: reserved memory may not pass it. ALLOCATORS use the names of
+python/examples/compare_workloads.py (torch, torch-expandable, gpualloc:CONF, ...).
+
+How one (workload, allocator) is measured, in a process of its own:
+  1. The budgets come first from a calibration run under PyTorch's default allocator at the
+     workload's reference batch with no budget: peak allocated A and peak reserved R; the
+     budgets are A + s * (R - A) for each share s (--shares).
+  2. For each budget, largest first, the fraction is set, the cache emptied and the peaks
+     reset; then batches are tried from twice the reference batch downwards, each for
+     the workload's steps (20; 6 whole generations for gpt2_generate). The first step
+     takes the longest sequence of the run, so that a batch that cannot fit fails at
+     once. An out-of-memory error frees the step's tensors, empties the cache and moves
+     to the next smaller batch. The first batch whose steps all
+     run is the answer; its throughput is the work of the steps after the warm-up over
+     their time (a mean, not a median: throughput follows the mean).
+The same seeds draw the same sequence lengths (batch sizes) for every allocator.
+
+Writes DIR/budget.json and DIR/budget.md (default $OUT or /tmp); --from-json re-renders.
+"""
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+import compare_workloads as cw  # noqa: E402  (allocator names, child environments)
+
+GIB = float(2**30)
+# name -> (reference batch, steps, warm-up steps, unit of work). Generation's steps are
+# whole generations of 256 tokens each, hence fewer of them.
+WORKLOADS = {
+    "llama_varlen_train": (8, 20, 3, "tokens"),
+    "vit_varbatch_infer": (64, 20, 3, "images"),
+    "gpt2_generate": (64, 6, 1, "tokens"),
+}
+DEFAULT_ALLOCS = ["torch", "torch-expandable", "gpualloc:budget"]
+
+
+# ---------------------------------------------------------------------------------------
+# Workloads: each returns step(batch, i) -> work units done, after building its model.
+
+
+def llama_varlen_train(torch, steps):
+    """A 0.2B Llama (transformers' LlamaForCausalLM, random weights) trained with AdamW under
+    bf16 autocast, without checkpointing; sequence lengths drawn from 128..2048 per step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+                      num_attention_heads=16, num_key_value_heads=16, vocab_size=32000,
+                      max_position_embeddings=2048)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(7)
+    lengths = [2048] + [rng.randint(128, 2048) for _ in range(steps - 1)]
+
+    def step(batch, i):
+        ids = torch.randint(0, cfg.vocab_size, (batch, lengths[i]), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return batch * lengths[i]
+
+    def reset():
+        opt.zero_grad(set_to_none=True)
+
+    return step, reset
+
+
+def vit_varbatch_infer(torch, steps):
+    """torchvision's vit_b_16 (random weights) under bf16 autocast and no_grad; the batch
+    size of each step drawn from 1..batch (the first step takes the whole batch)."""
+    import torchvision
+
+    with torch.device("cuda"):
+        model = torchvision.models.vit_b_16().eval()
+    rng = random.Random(7)
+    shares = [1.0] + [rng.random() for _ in range(steps - 1)]
+
+    def step(batch, i):
+        b = max(1, round(batch * shares[i]))
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(torch.randn(b, 3, 224, 224, device="cuda"))
+            out.sum().item()
+        return b
+
+    return step, lambda: None
+
+
+def gpt2_generate(torch, steps):
+    """GPT-2 small (transformers, random weights): a step generates 256 new tokens for a
+    batch of prompts of 16..256 tokens (the first step's prompts the longest); key/value
+    caches grow by one token per decoded token."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with torch.device("cuda"):
+        model = GPT2LMHeadModel(GPT2Config()).eval()
+    rng = random.Random(7)
+    prompts = [256] + [rng.randint(16, 256) for _ in range(steps - 1)]
+
+    def step(batch, i):
+        ids = torch.randint(0, 50257, (batch, prompts[i]), device="cuda")
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=256, min_new_tokens=256, do_sample=True,
+                                 pad_token_id=0)
+        return batch * (out.shape[1] - prompts[i])
+
+    return step, lambda: None
+
+
+# ---------------------------------------------------------------------------------------
+# One process: the workload under one allocator, every budget.
+
+
+def is_oom(torch, e):
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def run_batch(torch, step, reset, batch, steps, warmup):
+    """(ok, work units per second over the timed steps, mean step ms, error text)."""
+    times, work = [], 0
+    try:
+        for i in range(steps):
+            t0 = time.perf_counter()
+            done = step(batch, i)
+            torch.cuda.synchronize()
+            if i >= warmup:
+                times.append(time.perf_counter() - t0)
+                work += done
+    except Exception as e:  # noqa: BLE001 (out of memory is the expected one)
+        if not is_oom(torch, e):
+            raise
+        err = str(e).splitlines()[0][:160]
+        del e
+        reset()
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return False, None, None, err
+    return True, work / sum(times), 1e3 * sum(times) / len(times), None
+
+
+def batches_from(reference):
+    """Twice the reference batch down to one eighth of it, in steps of an eighth."""
+    eighth = max(1, reference // 8)
+    return list(range(2 * reference, 0, -eighth))
+
+
+def child(workload, alloc, budgets, steps):
+    kind, conf = cw.parse_alloc(alloc)
+    if kind == "gpualloc":
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import gpu_alloc
+
+        gpu_alloc.enable(conf)
+    import torch
+
+    torch.manual_seed(0)
+    torch.cuda.init()
+    total = torch.cuda.mem_get_info()[1]
+    reference, default_steps, warmup, unit = WORKLOADS[workload]
+    steps = steps or default_steps
+    step, reset = globals()[workload](torch, steps)
+    out = {"workload": workload, "alloc": alloc, "unit": unit, "device_total": total,
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(), "budgets": []}
+    if not budgets:  # calibration: the reference batch with no budget
+        ok, rate, mean_ms, err = run_batch(torch, step, reset, reference, steps, warmup)
+        out.update(ok=ok, rate=rate, mean_step_ms=mean_ms, error=err, batch=reference,
+                   peak_allocated=torch.cuda.max_memory_allocated(),
+                   peak_reserved=torch.cuda.max_memory_reserved())
+    for budget in sorted(budgets, reverse=True):
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+        torch.cuda.reset_peak_memory_stats()
+        tried = []
+        for batch in batches_from(reference):
+            ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup)
+            tried.append({"batch": batch, "ok": ok, "error": err})
+            if ok:
+                break
+        row = {"budget": budget, "batch": batch if ok else 0, "rate": rate,
+               "mean_step_ms": mean_ms, "tried": tried,
+               "peak_reserved": torch.cuda.max_memory_reserved(),
+               "peak_allocated": torch.cuda.max_memory_allocated()}
+        if kind == "gpualloc":
+            import gpu_alloc
+
+            st = gpu_alloc.memory_stats()
+            row["page_moves"] = {k.split(".", 1)[1]: v for k, v in st.items()
+                                 if k.startswith("page_moves.")}
+        out["budgets"].append(row)
+        print("%s %s budget %.2f GiB: batch %s, %s %s/s" % (
+            workload, alloc, budget / GIB, row["batch"], rate and round(rate), unit), flush=True)
+    print("RESULT " + json.dumps(out), flush=True)
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---------------------------------------------------------------------------------------
+# The driver and the report (plain Python, tested without torch).
+
+
+def budgets_between(allocated, reserved, shares):
+    """Budgets at `shares` of the way from peak allocated to peak reserved."""
+    return [int(allocated + s * (reserved - allocated)) for s in shares]
+
+
+def make_table(results):
+    """A markdown table: per workload and budget, each allocator's largest batch, work per
+    second, its ratio to PyTorch default's in the same run, and peak reserved."""
+    lines = ["| workload | budget GiB | allocator | largest batch | per second | vs torch "
+             "| peak reserved GiB | pages unmapped |", "|---|---|---|---|---|---|---|---|"]
+    by_key = {}
+    for r in results:
+        for b in r.get("budgets", []):
+            by_key[(r["workload"], b["budget"], r["alloc"])] = (r, b)
+    for (w, budget, alloc), (r, b) in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        ref = by_key.get((w, budget, "torch"))
+        ratio = ""
+        if ref and ref[1].get("rate") and b.get("rate"):
+            ratio = "%.2fx" % (b["rate"] / ref[1]["rate"])
+        rate = "%.0f %s" % (b["rate"], r["unit"]) if b.get("rate") else "-"
+        moved = (b.get("page_moves") or {}).get("pages_unmapped", "")
+        lines.append("| %s | %.2f | %s | %s | %s | %s | %.2f | %s |" % (
+            w, budget / GIB, alloc, b["batch"] or "none", rate, ratio,
+            b["peak_reserved"] / GIB, moved))
+    return "\n".join(lines) + "\n"
+
+
+def run_child(workload, alloc, budgets, steps, timeout):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc,
+           json.dumps(budgets), str(steps)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=cw.child_env(alloc, False))
+    except subprocess.TimeoutExpired:
+        return {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode == 0 and lines:
+        return json.loads(lines[-1][7:])
+    return {"workload": workload, "alloc": alloc,
+            "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("workloads", nargs="?", default=",".join(WORKLOADS))
+    ap.add_argument("allocs", nargs="?", default=",".join(DEFAULT_ALLOCS))
+    ap.add_argument("--shares", default="0.25,0.5,0.75",
+                    help="budgets as shares of the way from peak allocated to peak reserved")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="steps per batch tried (default: each workload's own, 20 or 6)")
+    ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--from-json", metavar="FILE")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            sys.stdout.write(make_table(json.load(f)))
+        return 0
+    shares = [float(s) for s in args.shares.split(",")]
+    allocs = cw._pick(args.allocs, DEFAULT_ALLOCS, DEFAULT_ALLOCS)
+    for a in allocs:
+        cw.parse_alloc(a)
+    if any(cw.parse_alloc(a)[0] == "gpualloc" for a in allocs):
+        cw.prebuild_bridge(300)
+    results = []
+    os.makedirs(args.out, exist_ok=True)
+    for w in args.workloads.split(","):
+        if w not in WORKLOADS:
+            ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
+        cal = run_child(w, "torch", [], args.steps, args.timeout)
+        results.append(cal)
+        if "error" in cal or not cal.get("ok"):
+            print("calibration of %s failed: %s" % (w, cal.get("error")), flush=True)
+            continue
+        budgets = budgets_between(cal["peak_allocated"], cal["peak_reserved"], shares)
+        print("%s: allocated %.2f GiB, reserved %.2f GiB at batch %d; budgets %s GiB" % (
+            w, cal["peak_allocated"] / GIB, cal["peak_reserved"] / GIB, cal["batch"],
+            ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
+        for a in allocs:
+            t0 = time.perf_counter()
+            res = run_child(w, a, budgets, args.steps, args.timeout)
+            res["proc_s"] = round(time.perf_counter() - t0, 1)
+            results.append(res)
+            if "error" in res:
+                print("FAILED %s %s: %s" % (w, a, res["error"][-800:]), flush=True)
+            with open(os.path.join(args.out, "budget.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            with open(os.path.join(args.out, "budget.md"), "w") as f:
+                f.write(make_table(results))
+    sys.stdout.write(make_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 5 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]))
+    else:
+        sys.exit(main())
