@@ -283,9 +283,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// The address and size of the block handed out for a request, before
     /// the statistics settle.
     // Address and size, not the block: read again after the settle (a
-    // call), the block cost a bounds check and its loads once more
-    // (callgrind: 719.3 -> 713.0 instructions per pair, 516.9 -> 513.0 per
-    // mixed_small op).
+    // call), the block cost a bounds check and its loads once more.
     #[inline]
     fn malloc_unsettled(
         &mut self,
@@ -313,8 +311,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // segment, as PyTorch's `MemPool(no_split=True)`).
         let whole = pool.is_some_and(|p| self.pools.no_split(p));
         // One call to find and carve: a call each dispatched twice on the
-        // variant of an enum of policies (callgrind: 683.6 -> 679.4
-        // instructions per pair; mixed_small and mixed_wide +0.3 per op).
+        // variant of an enum of policies.
         let cached = if whole {
             self.policy.take_free(&self.heap, &req)
         } else {
@@ -343,13 +340,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// cached block fits: carved (unless `whole`) from one awaiting events
     /// that stream-wait reuse hands over, else from a new segment.
     // Out of line: inlined, the cached block was tested twice, and the
-    // stack frame of every malloc held what this path needs (callgrind:
-    // 713.0 -> 683.6 instructions per pair, 513.0 -> 500.3 per mixed_small
-    // op).
+    // stack frame of every malloc held what this path needs.
     // The request planned again here (as in `map_or_refuse`), not passed:
-    // passed by reference, every malloc stored it to the stack (callgrind,
-    // the two: 673.1 -> 668.9 instructions per pair, 497.5 -> 495.9 per
-    // mixed_small op, 500.2 -> 498.5 per mixed_wide op).
+    // passed by reference, every malloc stored it to the stack.
     #[inline(never)]
     fn no_cached_block(
         &mut self,

@@ -127,9 +127,7 @@ impl Segment {
 /// reused by the next segment made, the last removed first, as in a slab;
 /// its old contents stay until then, never read.
 // Not a `Slab`: its index checked the slot's occupancy too, on every
-// access of a malloc, free, split and merge (callgrind: 631.1 -> 625.9
-// instructions per pair, 480.1 -> 477.5 per mixed_small op, 481.5 -> 478.7
-// per mixed_wide op).
+// access of a malloc, free, split and merge.
 #[derive(Debug, Default)]
 struct Segments {
     slots: Vec<Segment>,
@@ -539,9 +537,8 @@ impl Heap {
     /// block takes the rest; returns the new block.
     // A retired slot is reused without a call, and a new one is pushed out
     // of line: with no call on its common path, split saves fewer
-    // registers (callgrind: 748 -> 733 instructions per alloc+free pair,
-    // 526 -> 521.5 per mixed_small op). Out of line, as it was before this
-    // shrank it: inlined into the engine's malloc it cost more.
+    // registers. Out of line, as it was before this shrank it: inlined
+    // into the engine's malloc it cost more.
     #[inline(never)]
     pub fn split(&mut self, id: BlockId, first_size: u64) -> BlockId {
         match self.reuse_slot() {
@@ -620,9 +617,7 @@ impl Heap {
 
     /// [`Heap::merge_next`] with the successor `next` known.
     // Always inline, for `coalesce`, which knows the successor: called, it
-    // set up a frame and loaded the block arena and the successor again
-    // (callgrind: 651.1 -> 631.1 instructions per pair, 483.9 -> 480.1 per
-    // mixed_small op, 486.2 -> 481.5 per mixed_wide op).
+    // set up a frame and loaded the block arena and the successor again.
     #[inline(always)]
     fn merge_with(&mut self, id: BlockId, next: BlockId) {
         // One slice, as in `split`.
@@ -954,9 +949,7 @@ impl Heap {
     pub(crate) fn settle(&mut self) {
         // A pool's tally is read, not a flag of it kept: every split, merge
         // and state change stored a flag, and a zero change applies as
-        // nothing (callgrind: 625.9 -> 620.6 instructions per pair, 477.5 ->
-        // 475.7 per mixed_small op, 478.7 -> 476.9 per mixed_wide op).
-        // Block-state changes settle both pools.
+        // nothing. Block-state changes settle both pools.
         if self.states_tallied {
             self.settle_pool::<true>();
             self.settle_pool::<false>();
@@ -987,10 +980,8 @@ impl Heap {
     /// Applies one pool's tallied change of the inactive split counts,
     /// the settle of an operation that changed no block's state.
     // Out of line and apart from `settle_pool`, which no longer tests
-    // whether states were tallied on this path (callgrind: 611.2 -> 607.0
-    // instructions per pair, 467.9 -> 465.9 per mixed_small op, 469.6 ->
-    // 467.6 per mixed_wide op); inlined into `settle`, it was worse (616.4
-    // / 470.4 / 472.2).
+    // whether states were tallied on this path; inlined into `settle`, it
+    // cost more.
     #[inline(never)]
     fn settle_split<const SMALL: bool>(&mut self) {
         self.apply_split::<SMALL>();

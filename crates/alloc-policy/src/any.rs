@@ -222,11 +222,7 @@ impl Policy for AnyPolicy {
     // that are called, not inlined (buddy and gc-age), out of line with a
     // copy of the request and the plan returned field by field (see
     // `by_copy`), so that pytorch-bfc's and size-class's request stays in
-    // registers (callgrind, pytorch-bfc: 620.6 -> 611.2 instructions per
-    // pair, 475.7 -> 469.3 per mixed_small op, 476.9 -> 471.0 per
-    // mixed_wide op; size-class: 647.0 -> 631.3, 348.5 -> 341.0, 385.4 ->
-    // 378.1; buddy, one call more: 4511.0 -> 4516.3, 412.1 -> 414.6, 431.9
-    // -> 434.4).
+    // registers (buddy pays for it with one call more).
     #[inline]
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         match self {

@@ -156,9 +156,7 @@ impl Nodes {
         while let Some(id) = cur {
             let n = self.get(id);
             // u128::MAX for a block too small: a mask of its comparison,
-            // not a select, which became a branch (callgrind: 17 instead
-            // of 20 instructions per node, 519.3 -> 516.9 instructions per
-            // mixed_small op).
+            // not a select, which became a branch.
             let too_small = u64::from(n.size < size).wrapping_neg();
             let key = rank_key(n.size | too_small, n.addr | too_small);
             if key < best {
@@ -179,8 +177,6 @@ struct Bins {
     /// Bit `sl` of `second[fl]` set: bin `fl * SUBS + sl` is non-empty.
     /// One level more, always empty: a bin the compiler knows only to be
     /// at most [`BINS`] indexes it without a bounds check.
-    // (callgrind: 494.8 -> 491.9 instructions per mixed_small op, 497.3 ->
-    // 494.7 per mixed_wide op.)
     second: [SubMask; LEVELS + 1],
     /// The first block of each bin's list (in no particular order), and
     /// a scratch head at index [`BINS`] for writes that change nothing.
@@ -298,15 +294,13 @@ impl Bins {
     }
 
     /// [`Bins::unlink`] of a block known to lie in `bin` (found by
-    /// [`Bins::lower_bound`]): its bin is not computed again from its size
-    /// (callgrind: 532.4 -> 525.9 instructions per mixed_small op).
+    /// [`Bins::lower_bound`]): its bin is not computed again from its size.
     #[inline(always)]
     fn unlink_from(&mut self, nodes: &mut Nodes, id: BlockId, bin: usize) -> Entry {
         let slot = nodes.get_mut(id);
         let n = *slot;
         // Its size alone marks it unbinned: the whole node zeroed took
-        // three stores, not one (callgrind: 495.9 -> 494.8 instructions per
-        // mixed_small op, 498.5 -> 497.3 per mixed_wide op).
+        // three stores, not one.
         slot.size = 0;
         debug_assert!(n.size != 0, "unlinking a block that is not binned");
         debug_assert_eq!(bin, bin_of(n.size));
@@ -444,7 +438,7 @@ impl FreeIndex {
     /// Adds a free block to the bins of `key`.
     // Without a call where the key has the first bins and the node table
     // holds the id: the rest is out of line, so this path saves no
-    // registers (callgrind: 549 -> 535 instructions per mixed_small op).
+    // registers.
     #[inline(never)]
     fn insert_binned(&mut self, key: CacheKey, e: Entry) {
         if self.nodes.holds(e.id) {
@@ -495,10 +489,7 @@ impl FreeIndex {
     /// Removes the block `id`, indexed under `key`, if it is there: the
     /// same as [`FreeIndex::remove_block`] with its answer dropped.
     // A second path with nothing to return: `remove_block`'s out-of-line
-    // part returns its entry through memory and saves two registers more
-    // (callgrind: 607.0 -> 604.9
-    // instructions per pair, 465.9 -> 462.7 per mixed_small op, 467.6 ->
-    // 464.0 per mixed_wide op).
+    // part returns its entry through memory and saves two registers more.
     #[inline(always)]
     pub fn discard_block(&mut self, key: CacheKey, id: BlockId) {
         if self.take_recent(key, id).is_none() {
@@ -526,8 +517,7 @@ impl FreeIndex {
     }
 
     /// Removes the block `id` from the bins of `key`; returns it.
-    // The search past the first key out of line, as in `insert_binned`
-    // (callgrind: 535.5 -> 532.4 instructions per mixed_small op).
+    // The search past the first key out of line, as in `insert_binned`.
     #[inline(never)]
     fn remove_binned(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {
         self.unlink_binned(key, id)
@@ -586,8 +576,7 @@ impl FreeIndex {
         };
         // The recent slot is read after the search, not before: held in
         // registers across the bins' scan loops, its fields were spilled
-        // and reloaded around them (callgrind: 733 -> 723.5 instructions
-        // per pair, 521.5 -> 519.3 per mixed_small op).
+        // and reloaded around them.
         let recent = self.recent.fit(key, size);
         match (found, recent) {
             (Some((bins, (id, bin))), r) => {

@@ -228,8 +228,7 @@ impl PytorchBfc {
     #[inline(always)]
     fn take_best_fit(&mut self, req: &Request) -> Option<BlockId> {
         // The settings by reference, not copied into the closure: copied
-        // before the search, they were more values kept across its loops
-        // (callgrind: 518.0 -> 516.9 instructions per mixed_small op).
+        // before the search, they were more values kept across its loops.
         let settings = &self.settings;
         self.free[req.pool.index()]
             .take_lower_bound(req.key, req.size, |e| accepts(settings, req, e))
@@ -270,8 +269,7 @@ impl PytorchBfc {
 
     /// [`Policy::take_free`] with `plan_layout` or expandable segments.
     // Out of line: inlined, its calls and their results in memory enlarged
-    // the stack frame of every malloc's search (callgrind: 722.5 -> 719.3
-    // instructions per pair).
+    // the stack frame of every malloc's search.
     #[inline(never)]
     fn take_free_planned_or_growable(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         if let Some(plan) = self.plan.as_deref_mut() {
@@ -359,8 +357,7 @@ impl Policy for PytorchBfc {
     }
 
     // take_free, carve and insert_free run on every malloc and free: inlined
-    // into the engine through AnyPolicy, they save a call and its spills
-    // (2-4% of the instructions of a malloc+free, cachegrind, 2026-11-24).
+    // into the engine through AnyPolicy, they save a call and its spills.
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
@@ -387,9 +384,7 @@ impl Policy for PytorchBfc {
     }
 
     // Its own, not the default: without a plan or growable segments, the
-    // plan is tested once, not again in carve (callgrind: 679.4 -> 673.1
-    // instructions per pair, 500.7 -> 497.5 per mixed_small op, 503.4 ->
-    // 500.2 per mixed_wide op).
+    // plan is tested once, not again in carve.
     #[inline]
     fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
@@ -400,8 +395,7 @@ impl Policy for PytorchBfc {
     }
 
     // The plan tested once: without one, a free coalesces and indexes
-    // only (callgrind: 604.9 -> 596.5 instructions per pair, 462.7 -> 460.2
-    // per mixed_small op, 464.0 -> 461.4 per mixed_wide op).
+    // only.
     #[inline]
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         if self.plan.is_some() {

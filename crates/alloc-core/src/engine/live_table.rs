@@ -176,8 +176,7 @@ impl LiveTable {
     /// Removes `addr` from the slots; returns its block if it was there.
     // The hole's index masked again (`find`'s answer and every hole are
     // already within the mask): the compiler then drops the bounds checks
-    // of the hole's writes (callgrind: 469.3 -> 467.9 instructions per
-    // mixed_small op, 471.0 -> 469.6 per mixed_wide op).
+    // of the hole's writes.
     #[inline(never)]
     fn remove_slot(&mut self, addr: u64) -> Option<BlockId> {
         let hole = self.find(addr)?;
