@@ -95,7 +95,12 @@ __all__ = [
     "last_error",
     "version",
     "advise",
+    "set_per_process_memory_fraction",
+    "memory_snapshot",
 ]
+
+# The package's version: the workspace's (Cargo.toml), which the library reports too.
+__version__ = "0.1.0"
 
 LIB_NAME = "liballoc_ffi.so"
 ALLOC_FN = "gpualloc_malloc"
@@ -421,7 +426,7 @@ def enable(config=None, so_path=None, bridge=None):
             "replace: remove backend:%s from it to use gpualloc" % (var, backend, backend)
         )
 
-    import torch
+    torch = _import_torch("gpu_alloc.enable()")
 
     if not torch.cuda.is_available():
         raise GpuAllocError(
@@ -494,7 +499,7 @@ def pool(so_path=None):
     if _enabled_with is not None:
         raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpualloc is "
                             "already the allocator of this process (enable() was called)")
-    import torch
+    torch = _import_torch("gpu_alloc.pool()")
 
     load_library(so_path)
     if _pool_allocator is None:
@@ -683,7 +688,7 @@ def pinned_empty(nbytes):
     ``host_record_stream(t.data_ptr(), stream)`` before dropping it."""
     import weakref
 
-    import torch
+    torch = _import_torch("gpu_alloc.pinned_empty()")
 
     nbytes = int(nbytes)
     ptr = host_alloc(nbytes)
@@ -839,3 +844,48 @@ def snapshot(path=None, device=-1):
     finally:
         if path is None:
             os.unlink(target)
+
+
+# ---------------------------------------------------------------- torch's names
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """torch.cuda.set_per_process_memory_fraction's name for set_memory_fraction()."""
+    set_memory_fraction(fraction, device)
+
+
+def memory_snapshot(device=-1):
+    """torch.cuda.memory_snapshot()'s view: the segments of snapshot(device=device)."""
+    return snapshot(device=device)["segments"]
+
+
+# ---------------------------------------------------------------- other libraries
+
+
+def _import_torch(feature):
+    """torch, or ModuleNotFoundError saying what to install for ``feature``."""
+    from gpu_alloc import _libraries
+
+    return _libraries.require("torch", feature)
+
+
+# Attributes that import another GPU library, made on first access so that ``import
+# gpu_alloc`` needs none of them: gpu_alloc.cupy_allocator (CuPy's allocator),
+# gpu_alloc.cupy and gpu_alloc.numba (the modules), and _numba_memory_manager, which
+# NUMBA_CUDA_MEMORY_MANAGER=gpu_alloc makes Numba look up here.
+_LAZY = {
+    "cupy_allocator": ("gpu_alloc.cupy", "cupy_allocator"),
+    "cupy": ("gpu_alloc.cupy", None),
+    "numba": ("gpu_alloc.numba", None),
+    "_numba_memory_manager": ("gpu_alloc.numba", "GpuAllocNumbaManager"),
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError("module 'gpu_alloc' has no attribute %r" % name)
+    import importlib
+
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attribute is None else getattr(module, attribute)
