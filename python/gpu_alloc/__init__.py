@@ -133,7 +133,7 @@ _pool_allocator = None  # the CUDAPluggableAllocator behind pool()
 _WITHOUT_BRIDGE = (
     "torch.cuda.memory_stats/memory_allocated/memory_reserved/memory_summary and "
     "memory._snapshot raise; Tensor.record_stream, torch.cuda.empty_cache and "
-    "set_per_process_memory_fraction do not reach gpualloc (use gpu_alloc.record_stream "
+    "set_per_process_memory_fraction do not reach gpu_alloc (use gpu_alloc.record_stream "
     "etc.); an out-of-memory gives a NULL tensor instead of torch.OutOfMemoryError; CUDA "
     "graph capture fails"
 )
@@ -290,7 +290,7 @@ def check_config(config, so_path=None):
     """Validates a configuration string (PYTORCH_CUDA_ALLOC_CONF syntax); raises
     ValueError with the reason. Needs the library, not a GPU."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_check_config(config.encode()), "invalid gpualloc configuration %r" % config)
+    _check(lib.gpualloc_check_config(config.encode()), "invalid gpu_alloc configuration %r" % config)
 
 
 def update_settings(text, so_path=None):
@@ -303,7 +303,7 @@ def update_settings(text, so_path=None):
     string or an option fixed at creation (``policy``, ``unmap_free_pages``,
     ``unmap_page_mb``, ``unmap_worker``)."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_update_settings(text.encode()), "gpualloc settings %r" % text)
+    _check(lib.gpualloc_update_settings(text.encode()), "gpu_alloc settings %r" % text)
 
 
 def settings(so_path=None):
@@ -423,7 +423,7 @@ def enable(config=None, so_path=None, bridge=None):
         var, backend = requested
         raise GpuAllocError(
             "%s asks for PyTorch's %r allocator backend, which gpu_alloc.enable() would "
-            "replace: remove backend:%s from it to use gpualloc" % (var, backend, backend)
+            "replace: remove backend:%s from it to use gpu_alloc" % (var, backend, backend)
         )
 
     torch = _import_torch("gpu_alloc.enable()")
@@ -442,7 +442,7 @@ def enable(config=None, so_path=None, bridge=None):
             msg = last_error()
             if code == ERR_TOO_LATE:
                 raise GpuAllocError(
-                    "the gpualloc library was already used in this process with another "
+                    "the gpu_alloc library (liballoc_ffi.so) was already used in this process with another "
                     "configuration: %s" % msg,
                     code,
                 )
@@ -497,7 +497,7 @@ def pool(so_path=None):
     """
     global _pool_allocator
     if _enabled_with is not None:
-        raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpualloc is "
+        raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpu_alloc is "
                             "already the allocator of this process (enable() was called)")
     torch = _import_torch("gpu_alloc.pool()")
 
@@ -519,7 +519,7 @@ DEFAULT_TAG = "default"
 def _require_bridge(what):
     if _bridge is None:
         raise GpuAllocError(
-            "%s needs gpualloc installed as PyTorch's allocator through the C++ bridge: call "
+            "%s needs gpu_alloc installed as PyTorch's allocator through the C++ bridge: call "
             "gpu_alloc.enable() first (before any CUDA allocation)" % what
         )
 

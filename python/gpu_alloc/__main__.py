@@ -10,7 +10,7 @@ import sys
 def _parser(prog):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="gpu_alloc: the gpualloc caching allocator as PyTorch's CUDA allocator.",
+        description="gpu_alloc: a caching allocator as PyTorch's CUDA allocator.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     doctor = commands.add_parser(
