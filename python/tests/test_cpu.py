@@ -160,6 +160,12 @@ class InstalledPackage(unittest.TestCase):
         self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
         self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
 
+    def test_the_cffi_view_of_the_library_imports(self):
+        from gpu_alloc import alloc_ffi
+
+        version = alloc_ffi.ffi.string(alloc_ffi.lib.gpualloc_version()).decode()
+        self.assertEqual(version, gpu_alloc.version())
+
     def test_the_packaged_library_comes_before_the_env(self):
         with tempfile.NamedTemporaryFile(suffix=".so") as other, \
                 mock.patch.dict(os.environ, {"GPUALLOC_SO": other.name}):
