@@ -33,6 +33,12 @@ maps fresh memory at the same addresses, so tensors and CUDA graphs over them st
 ``pinned_empty()`` and ``host_alloc()`` hand out pinned host memory from the library's cached
 pool (the one host backups use).
 
+CuPy and Numba draw on the same cache: ``cupy.cuda.set_allocator(gpu_alloc.cupy_allocator)``
+(module gpu_alloc.cupy) and ``numba.cuda.set_memory_manager(gpu_alloc.numba.GpuAllocNumbaManager)``
+or ``NUMBA_CUDA_MEMORY_MANAGER=gpu_alloc`` (module gpu_alloc.numba); neither is imported until
+asked for. The command line: ``python -m gpu_alloc doctor|advise|version``, also installed as
+``gpu-alloc``.
+
 The library is ``so_path`` when given (nothing else is tried); otherwise the first that
 exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
 wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
