@@ -51,6 +51,7 @@ cd "$SCRATCH"
 GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_cpu.py"
 GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_doctor.py"
 GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_advise.py"
+GPUALLOC_TEST_INSTALLED=1 "$SCRATCH/wheel/bin/python" "$REPO/python/tests/test_libraries.py"
 "$SCRATCH/wheel/bin/python" -m gpu_alloc advise "$REPO/traces/small_mlp.snapshot.pickle" | grep "^recommended: "
 "$SCRATCH/wheel/bin/python" -m gpu_alloc version
 "$SCRATCH/wheel/bin/gpu-alloc" --help

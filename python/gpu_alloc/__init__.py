@@ -33,6 +33,12 @@ maps fresh memory at the same addresses, so tensors and CUDA graphs over them st
 ``pinned_empty()`` and ``host_alloc()`` hand out pinned host memory from the library's cached
 pool (the one host backups use).
 
+CuPy and Numba draw on the same cache: ``cupy.cuda.set_allocator(gpu_alloc.cupy_allocator)``
+(module gpu_alloc.cupy) and ``numba.cuda.set_memory_manager(gpu_alloc.numba.GpuAllocNumbaManager)``
+or ``NUMBA_CUDA_MEMORY_MANAGER=gpu_alloc`` (module gpu_alloc.numba); neither is imported until
+asked for. The command line: ``python -m gpu_alloc doctor|advise|version``, also installed as
+``gpu-alloc``.
+
 The library is ``so_path`` when given (nothing else is tried); otherwise the first that
 exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
 wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
@@ -95,7 +101,12 @@ __all__ = [
     "last_error",
     "version",
     "advise",
+    "set_per_process_memory_fraction",
+    "memory_snapshot",
 ]
+
+# The package's version: the workspace's (Cargo.toml), which the library reports too.
+__version__ = "0.1.0"
 
 LIB_NAME = "liballoc_ffi.so"
 ALLOC_FN = "gpualloc_malloc"
@@ -113,8 +124,8 @@ ERR_INTERNAL = -5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Where the wheel puts the library: maturin names this folder after the module
-# gpu_alloc.alloc_ffi (pyproject.toml), a cffi view of the library that this
-# package does not use.
+# gpu_alloc.alloc_ffi (pyproject.toml), a cffi view of the library (cffi is a
+# dependency of the package for it) that this package itself does not use.
 PACKAGED_DIR = "alloc_ffi"
 _log = logging.getLogger("gpu_alloc")
 _lib = None
@@ -128,7 +139,7 @@ _pool_allocator = None  # the CUDAPluggableAllocator behind pool()
 _WITHOUT_BRIDGE = (
     "torch.cuda.memory_stats/memory_allocated/memory_reserved/memory_summary and "
     "memory._snapshot raise; Tensor.record_stream, torch.cuda.empty_cache and "
-    "set_per_process_memory_fraction do not reach gpualloc (use gpu_alloc.record_stream "
+    "set_per_process_memory_fraction do not reach gpu_alloc (use gpu_alloc.record_stream "
     "etc.); an out-of-memory gives a NULL tensor instead of torch.OutOfMemoryError; CUDA "
     "graph capture fails"
 )
@@ -285,7 +296,7 @@ def check_config(config, so_path=None):
     """Validates a configuration string (PYTORCH_CUDA_ALLOC_CONF syntax); raises
     ValueError with the reason. Needs the library, not a GPU."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_check_config(config.encode()), "invalid gpualloc configuration %r" % config)
+    _check(lib.gpualloc_check_config(config.encode()), "invalid gpu_alloc configuration %r" % config)
 
 
 def update_settings(text, so_path=None):
@@ -298,7 +309,7 @@ def update_settings(text, so_path=None):
     string or an option fixed at creation (``policy``, ``unmap_free_pages``,
     ``unmap_page_mb``, ``unmap_worker``)."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_update_settings(text.encode()), "gpualloc settings %r" % text)
+    _check(lib.gpualloc_update_settings(text.encode()), "gpu_alloc settings %r" % text)
 
 
 def settings(so_path=None):
@@ -418,10 +429,10 @@ def enable(config=None, so_path=None, bridge=None):
         var, backend = requested
         raise GpuAllocError(
             "%s asks for PyTorch's %r allocator backend, which gpu_alloc.enable() would "
-            "replace: remove backend:%s from it to use gpualloc" % (var, backend, backend)
+            "replace: remove backend:%s from it to use gpu_alloc" % (var, backend, backend)
         )
 
-    import torch
+    torch = _import_torch("gpu_alloc.enable()")
 
     if not torch.cuda.is_available():
         raise GpuAllocError(
@@ -437,7 +448,7 @@ def enable(config=None, so_path=None, bridge=None):
             msg = last_error()
             if code == ERR_TOO_LATE:
                 raise GpuAllocError(
-                    "the gpualloc library was already used in this process with another "
+                    "the gpu_alloc library (liballoc_ffi.so) was already used in this process with another "
                     "configuration: %s" % msg,
                     code,
                 )
@@ -492,9 +503,9 @@ def pool(so_path=None):
     """
     global _pool_allocator
     if _enabled_with is not None:
-        raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpualloc is "
+        raise GpuAllocError("gpu_alloc.pool() is for PyTorch's own allocator; gpu_alloc is "
                             "already the allocator of this process (enable() was called)")
-    import torch
+    torch = _import_torch("gpu_alloc.pool()")
 
     load_library(so_path)
     if _pool_allocator is None:
@@ -514,7 +525,7 @@ DEFAULT_TAG = "default"
 def _require_bridge(what):
     if _bridge is None:
         raise GpuAllocError(
-            "%s needs gpualloc installed as PyTorch's allocator through the C++ bridge: call "
+            "%s needs gpu_alloc installed as PyTorch's allocator through the C++ bridge: call "
             "gpu_alloc.enable() first (before any CUDA allocation)" % what
         )
 
@@ -683,7 +694,7 @@ def pinned_empty(nbytes):
     ``host_record_stream(t.data_ptr(), stream)`` before dropping it."""
     import weakref
 
-    import torch
+    torch = _import_torch("gpu_alloc.pinned_empty()")
 
     nbytes = int(nbytes)
     ptr = host_alloc(nbytes)
@@ -839,3 +850,48 @@ def snapshot(path=None, device=-1):
     finally:
         if path is None:
             os.unlink(target)
+
+
+# ---------------------------------------------------------------- torch's names
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """torch.cuda.set_per_process_memory_fraction's name for set_memory_fraction()."""
+    set_memory_fraction(fraction, device)
+
+
+def memory_snapshot(device=-1):
+    """torch.cuda.memory_snapshot()'s view: the segments of snapshot(device=device)."""
+    return snapshot(device=device)["segments"]
+
+
+# ---------------------------------------------------------------- other libraries
+
+
+def _import_torch(feature):
+    """torch, or ModuleNotFoundError saying what to install for ``feature``."""
+    from gpu_alloc import _libraries
+
+    return _libraries.require("torch", feature)
+
+
+# Attributes that import another GPU library, made on first access so that ``import
+# gpu_alloc`` needs none of them: gpu_alloc.cupy_allocator (CuPy's allocator),
+# gpu_alloc.cupy and gpu_alloc.numba (the modules), and _numba_memory_manager, which
+# NUMBA_CUDA_MEMORY_MANAGER=gpu_alloc makes Numba look up here.
+_LAZY = {
+    "cupy_allocator": ("gpu_alloc.cupy", "cupy_allocator"),
+    "cupy": ("gpu_alloc.cupy", None),
+    "numba": ("gpu_alloc.numba", None),
+    "_numba_memory_manager": ("gpu_alloc.numba", "GpuAllocNumbaManager"),
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError("module 'gpu_alloc' has no attribute %r" % name)
+    import importlib
+
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    return module if attribute is None else getattr(module, attribute)

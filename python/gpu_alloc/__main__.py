@@ -10,7 +10,8 @@ import sys
 def _parser(prog):
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="gpu_alloc: the gpualloc caching allocator as PyTorch's CUDA allocator.",
+        description="gpu_alloc: a caching allocator as PyTorch's CUDA allocator (and CuPy's "
+        "and Numba's). The same commands: python -m gpu_alloc COMMAND or gpu-alloc COMMAND.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     doctor = commands.add_parser(

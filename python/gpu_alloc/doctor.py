@@ -206,7 +206,7 @@ def check_driver(report, load_cuda):
     try:
         cuda = load_cuda()
     except OSError as e:
-        report.add(PROBLEM, topic, "%s cannot be loaded (%s): gpualloc cannot reach a GPU"
+        report.add(PROBLEM, topic, "%s cannot be loaded (%s): gpu_alloc cannot reach a GPU"
                    % (CudaDriver.LIBRARY, e),
                    "install the NVIDIA driver (it provides %s); in a container, start it with "
                    "the GPUs (e.g. `docker run --gpus all` with the NVIDIA Container Toolkit)"
@@ -385,7 +385,7 @@ def check_bridge_build(report, torch, cuda_available, build):
                    "again (without the bridge, enable() falls back to a plain "
                    "CUDAPluggableAllocator, where %s)" % gpu_alloc._WITHOUT_BRIDGE)
         return
-    report.add(OK, topic, "built, cached in %s: enable() installs gpualloc with all of "
+    report.add(OK, topic, "built, cached in %s: enable() installs gpu_alloc with all of "
                "PyTorch's memory interface" % cache)
 
 
@@ -409,7 +409,7 @@ def check_config(report, library_loaded):
     torch_conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
     if torch_conf:
         report.add(NOTE, "$PYTORCH_CUDA_ALLOC_CONF",
-                   "%r: with the bridge its device options apply to gpualloc too, except those "
+                   "%r: with the bridge its device options apply to gpu_alloc too, except those "
                    "$%s or enable(config) names" % (torch_conf, gpu_alloc.ENV_CONF))
 
 
@@ -461,7 +461,7 @@ def summary(report, library_loaded):
     """The closing sentence."""
     problems = len(report.problems())
     if not problems:
-        return ("ready: gpu_alloc.enable() before the first CUDA tensor makes gpualloc "
+        return ("ready: gpu_alloc.enable() before the first CUDA tensor makes gpu_alloc "
                 "PyTorch's allocator")
     text = "%d problem%s: the PyTorch path (gpu_alloc.enable()) needs %s fixed" % (
         problems, "" if problems == 1 else "s", "it" if problems == 1 else "them")

@@ -69,6 +69,28 @@ class Advise(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertNotIn("Traceback", r.stderr)
 
+    def test_messages_name_the_file_once_and_no_internal_format(self):
+        with tempfile.TemporaryDirectory() as d:
+            empty = os.path.join(d, "empty.pickle")
+            open(empty, "wb").close()
+            r = run_gpu_alloc("advise", empty)
+            self.assertEqual(r.returncode, 1)
+            self.assertEqual(r.stderr.count("empty:"), 1, r.stderr)
+            self.assertIn("no allocations", r.stderr)
+            notes = os.path.join(d, "notes.txt")
+            with open(notes, "w") as f:
+                f.write("hello world\n")
+            r = run_gpu_alloc("advise", notes)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("notes.txt: not a PyTorch memory snapshot (pickle) or gpualloc trace",
+                          r.stderr)
+            self.assertNotIn("unknown operation", r.stderr)
+
+    def test_the_rule_is_linked_where_a_pip_user_can_read_it(self):
+        text = gpu_alloc.advise(SNAPSHOT)["text"]
+        self.assertIn("https://github.com/gpu-alloc/gpu-alloc/blob/main/docs/advise.md", text)
+        self.assertNotIn("(docs/advise.md)", text)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

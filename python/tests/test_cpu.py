@@ -160,6 +160,12 @@ class InstalledPackage(unittest.TestCase):
         self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
         self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
 
+    def test_the_cffi_view_of_the_library_imports(self):
+        from gpu_alloc import alloc_ffi
+
+        version = alloc_ffi.ffi.string(alloc_ffi.lib.gpualloc_version()).decode()
+        self.assertEqual(version, gpu_alloc.version())
+
     def test_the_packaged_library_comes_before_the_env(self):
         with tempfile.NamedTemporaryFile(suffix=".so") as other, \
                 mock.patch.dict(os.environ, {"GPUALLOC_SO": other.name}):
@@ -182,6 +188,32 @@ class Library(unittest.TestCase):
 
     def test_version(self):
         self.assertRegex(gpu_alloc.version(), r"^\d+\.\d+\.\d+")
+
+    def test_version_attribute_is_the_workspace_and_library_version(self):
+        import re
+
+        with open(os.path.join(os.path.dirname(PYROOT), "Cargo.toml")) as f:
+            cargo = re.search(r'^version = "([^"]+)"', f.read(), re.M)
+        if cargo is not None and not INSTALLED:
+            self.assertEqual(gpu_alloc.__version__, cargo.group(1))
+        self.assertTrue(gpu_alloc.version().startswith(gpu_alloc.__version__), gpu_alloc.version())
+
+    def test_torch_names_are_aliases(self):
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.set_per_process_memory_fraction(1.5, device=0)
+        self.assertIn("[0, 1]", str(cm.exception))
+        self.assertEqual(gpu_alloc.memory_snapshot(device=2), [])
+        for name in ("set_per_process_memory_fraction", "memory_snapshot"):
+            self.assertIn(name, gpu_alloc.__all__)
+
+    def test_enable_without_torch_says_what_to_install(self):
+        with mock.patch.dict(sys.modules, {"torch": None}), mock.patch.dict(os.environ):
+            os.environ.pop("GPUALLOC_CONF", None)
+            with self.assertRaises(ModuleNotFoundError) as cm:
+                gpu_alloc.enable(so_path=SO)
+        self.assertIn("gpu_alloc.enable() needs torch", str(cm.exception))
+        self.assertIn("pip install torch", str(cm.exception))
+        self.assertFalse(gpu_alloc.is_enabled())
 
     def test_check_config(self):
         gpu_alloc.check_config("")

@@ -15,7 +15,8 @@
 //!   `python/tests/gpu_torch.py`: the library inside PyTorch through the C++
 //!   bridge (record_stream, torch's memory functions, snapshots, CUDA graphs,
 //!   MemPool); it needs python3 with torch and a C++ compiler there
-//!   (`run.sh --no-torch` leaves it out).
+//!   (`run.sh --no-torch` leaves it out). Then `python/tests/gpu_libraries.py`:
+//!   one cache for PyTorch, CuPy and Numba (needs CuPy and numba-cuda too).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -396,7 +397,9 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # ${OUT:-.}/memcheck-*.log, summary lines here; a binary that makes no CUDA
 # call, like the CPU-only unit tests, is reported as SKIP). Exits nonzero on
 # any failure. Then the PyTorch tests (python/tests/gpu_torch.py with
-# lib/liballoc_ffi.so): they need python3 with torch and a C++ compiler.
+# lib/liballoc_ffi.so): they need python3 with torch and a C++ compiler; and
+# python/tests/gpu_libraries.py (one cache for PyTorch, CuPy and Numba), which
+# needs CuPy and numba-cuda too.
 set -u
 cd "$(dirname "$0")"
 BENCH=1
@@ -464,6 +467,8 @@ done
 if [ "$TORCH" = 1 ]; then
   run_step "torch gpu_torch.py" env GPUALLOC_SO="$PWD/lib/liballoc_ffi.so" OUT="$LOGS" \
     python3 python/tests/gpu_torch.py
+  run_step "libraries gpu_libraries.py" env GPUALLOC_SO="$PWD/lib/liballoc_ffi.so" \
+    python3 python/tests/gpu_libraries.py
 fi
 if [ "$BENCH" = 1 ]; then
   for b in bin/*; do

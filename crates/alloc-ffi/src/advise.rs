@@ -50,12 +50,30 @@ pub unsafe extern "C" fn gpualloc_advise(
 
 #[cfg(feature = "advise")]
 fn advice_json(name: &str, bytes: &[u8], device: Option<usize>) -> Result<String, FfiError> {
-    let invalid = |e: &dyn std::fmt::Display| FfiError::invalid(format!("{name}: {e}"));
-    let trace = alloc_replay::parse_bytes_of(name, bytes, device).map_err(|e| invalid(&e))?;
+    let trace = alloc_replay::parse_bytes_of(name, bytes, device).map_err(|e| match e {
+        // The first line of a file that is no pickle is not a trace line either: a file
+        // of some other kind, which the trace format's own words would not explain.
+        alloc_replay::TraceError::Parse { line: 1, .. } => FfiError::invalid(format!(
+            "{name}: not a PyTorch memory snapshot (pickle) or gpualloc trace"
+        )),
+        e => named(name, &e),
+    })?;
     let mut opts = alloc_replay::ReplayOptions::default();
     opts.timed_runs = 0;
-    let advice = alloc_replay::advise(&trace, &opts).map_err(|e| invalid(&e))?;
+    let advice = alloc_replay::advise(&trace, &opts).map_err(|e| named(name, &e))?;
     serde_json::to_string(&advice.to_json()).map_err(|e| FfiError::internal(e.to_string()))
+}
+
+/// `e` as an invalid-input error that starts with the trace's name once: the replay's
+/// errors name it already.
+#[cfg(feature = "advise")]
+fn named(name: &str, e: &dyn std::fmt::Display) -> FfiError {
+    let text = e.to_string();
+    if text.starts_with(&format!("{name}:")) || text.starts_with(&format!("{name} ")) {
+        FfiError::invalid(text)
+    } else {
+        FfiError::invalid(format!("{name}: {text}"))
+    }
 }
 
 #[cfg(not(feature = "advise"))]

@@ -294,7 +294,8 @@ impl Advice {
         out.push_str(&wrap(
             &format!(
                 "rule: the lowest peak reserved, each page moved per step charged {}% of \
-                 PyTorch's best peak (docs/advise.md)",
+                 PyTorch's best peak \
+                 (https://github.com/gpu-alloc/gpu-alloc/blob/main/docs/advise.md)",
                 MOVE_WEIGHT * 100.0
             ),
             "  ",
