@@ -173,7 +173,10 @@ mod tests {
         // Still too wide: one space between columns.
         t.row(["c", "3.000", &format!("{long}9")]);
         let plain = t.plain();
-        assert!(plain.lines().nth(1).unwrap().starts_with("trace class "), "{plain}");
+        assert!(
+            plain.lines().nth(1).unwrap().starts_with("trace class "),
+            "{plain}"
+        );
         assert!(plain.lines().all(|l| l.len() <= MAX_WIDTH), "{plain}");
     }
 
