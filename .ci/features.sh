@@ -3,7 +3,8 @@
 # all four, through alloc-policy (checked with every target, and tested:
 # each policy's tests run without the others), alloc-cuda and alloc-ffi
 # (checked); alloc-cuda with other CUDA versions and the dynamic-linking mode;
-# and the compile error of a build without a base policy.
+# and the compile errors of a build without a base policy or without a way
+# to reach libcuda.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,17 +18,31 @@ for set in "${sets[@]}"; do
     cargo check -p alloc-ffi "${only[@]}" "cuda-13000,$set"
 done
 
-# No base policy (`gc-age` wraps one): the build stops and says what to enable.
-for set in "" gc-age; do
-    if out=$(cargo check -p alloc-policy "${only[@]}" "$set" 2>&1); then
-        echo "alloc-policy built with features \"$set\" and no base policy" >&2
+# `fails_with MESSAGE PACKAGE FEATURES`: checking PACKAGE with only FEATURES
+# fails, with our MESSAGE and without a panic of a dependency's build script.
+fails_with() {
+    local message=$1 package=$2 set=$3 out
+    if out=$(cargo check -p "$package" "${only[@]}" "$set" 2>&1); then
+        echo "$package built with only the features \"$set\"" >&2
         exit 1
     fi
-    grep -q 'enable cargo feature `pytorch-bfc`, `buddy` or `size-class`' <<<"$out" || {
+    if ! grep -qF "$message" <<<"$out" || grep -q 'panicked' <<<"$out"; then
         echo "$out" >&2
+        echo "$package with only \"$set\": expected the error \"$message\"" >&2
         exit 1
-    }
+    fi
+}
+
+# No base policy (`gc-age` wraps one): the build stops and says what to enable.
+policy_missing='alloc-policy needs a base policy: enable cargo feature `pytorch-bfc`, `buddy` or `size-class`'
+for set in "" gc-age; do
+    fails_with "$policy_missing" alloc-policy "$set"
 done
+# alloc-cuda with its defaults off and only a CUDA version: our errors, not
+# cudarc's build script's "None between `dynamic-loading`, ... this is a bug".
+fails_with "$policy_missing" alloc-cuda cuda-12080
+fails_with 'alloc-cuda needs to know how libcuda is reached: enable its cargo feature `dynamic-loading`' \
+    alloc-cuda cuda-12080,pytorch-bfc
 
 # The driver API bindings of the oldest, a CUDA 12 and the newest version
 # cudarc has, with tests and examples: nothing may need a newer driver API.

@@ -92,3 +92,21 @@ pub fn workspace_root() -> std::path::PathBuf {
         .expect("xtask has a parent directory")
         .to_path_buf()
 }
+
+#[cfg(test)]
+mod tests {
+    /// `cargo xtask` builds the release binary on its first run (about a
+    /// minute): the alias must not hide cargo's progress with `--quiet`.
+    #[test]
+    fn the_alias_shows_the_first_builds_progress() {
+        let config = std::fs::read_to_string(super::workspace_root().join(".cargo/config.toml"))
+            .expect("the workspace's .cargo/config.toml");
+        let alias = config
+            .lines()
+            .find(|l| l.trim_start().starts_with("xtask ="))
+            .expect("an xtask alias");
+        assert!(alias.contains("--package xtask"), "{alias}");
+        let mut words = alias.split(|c: char| c.is_whitespace() || c == '"');
+        assert!(!words.any(|w| w == "--quiet" || w == "-q"), "{alias}");
+    }
+}

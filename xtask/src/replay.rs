@@ -15,11 +15,9 @@ use alloc_replay::{
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use crate::figure::{self, Line, Panel, Role};
-use crate::table::Table;
+use crate::figure::{self, Mark, Role, Row};
+use crate::table::{Table, MAX_WIDTH};
 
-/// Points per plotted line: enough for every peak's shape at panel size.
-const PLOT_POINTS: usize = 300;
 /// Timed repetitions per replay for the full table's host ns/op.
 const FULL_TABLE_RUNS: usize = 3;
 /// Runs shorter than this show no progress bar.
@@ -127,7 +125,8 @@ struct TraceResult {
     advice: Advice,
     /// The full table's other policies.
     others: Vec<ReplayReport>,
-    panel: Panel,
+    /// Its row of the picture.
+    row: Row,
 }
 
 /// Replays every trace and writes the reports.
@@ -156,20 +155,20 @@ pub fn run(args: Args) -> Result<(), String> {
         "simulated device: {} (--capacity-gib N to change)\n",
         human_bytes(args.opts.capacity)
     );
-    print_summary(&results);
+    print!("{}", summary(&results));
     if args.all || !args.policies.is_empty() {
         println!();
-        print_full_table(&results);
+        print!("{}", full_tables(&results));
     }
     if let Some(json) = &args.json {
         write(json, &json_report(&results, args.opts.capacity))?;
         println!("wrote {}", shown(json));
     }
     let png = args.plot.with_extension("png");
-    let panels: Vec<Panel> = results.into_iter().map(|r| r.panel).collect();
+    let rows: Vec<Row> = results.into_iter().map(|r| r.row).collect();
     figure::write(
-        &panels,
-        "Reserved memory over each trace (x: its events), PyTorch's settings and ours",
+        &rows,
+        "Peak reserved memory per trace, PyTorch's settings and ours, as a ratio to PyTorch's best",
         &args.plot,
         &png,
     )?;
@@ -295,25 +294,10 @@ fn replay_trace(
     progress: &mut Progress,
 ) -> Result<TraceResult, String> {
     let mut runs = Vec::new();
-    let mut lines = Vec::new();
     for setting in settings_for(trace) {
         progress.replaying(format!("{} {}", trace.name, setting.name));
         let run = replay(trace, setting.engine_config(), opts).map_err(|e| e.to_string())?;
         progress.replayed();
-        let role = match setting.name {
-            "default" => Some(Role::PyTorchDefault),
-            "expandable" => Some(Role::PyTorchExpandable),
-            "unmap16" => Some(Role::Unmap16),
-            "unmap8" => Some(Role::Unmap8),
-            "bound" => Some(Role::Bound),
-            _ => None,
-        };
-        if role == Some(Role::PyTorchDefault) {
-            lines.push(line(Role::Allocated, &run.timeline, |p| p.1));
-        }
-        if let Some(role) = role {
-            lines.push(line(role, &run.timeline, |p| p.2));
-        }
         runs.push((*setting, run.report));
     }
     let advice = Advice::new(trace, opts.capacity, runs);
@@ -334,21 +318,12 @@ fn replay_trace(
         );
         progress.replayed();
     }
-    let pick = advice.recommendation();
-    let panel = Panel {
-        title: trace.name.clone(),
-        subtitle: format!(
-            "recommended: {} ({:.3}x PyTorch's best)",
-            pick.setting.name, pick.vs_pytorch_best
-        ),
-        lines,
-    };
     Ok(TraceResult {
         label: trace.name.clone(),
         files: files.to_vec(),
+        row: figure_row(&trace.name, &advice),
         advice,
         others,
-        panel,
     })
 }
 
@@ -361,63 +336,84 @@ fn per_step(pages: f64) -> String {
     }
 }
 
-fn line(role: Role, timeline: &[(u64, u64, u64)], pick: fn(&(u64, u64, u64)) -> u64) -> Line {
-    let points: Vec<(f64, f64)> = timeline
+/// A trace's row of the picture: each drawn setting's ratio to PyTorch's
+/// best, the floor (peak allocated under PyTorch's default), the pick.
+fn figure_row(trace: &str, advice: &Advice) -> Row {
+    let best = advice.best_of_pytorch().report.peak_reserved_bytes.max(1) as f64;
+    let floor = Mark {
+        role: Role::Allocated,
+        ratio: advice.outcomes[0].report.peak_allocated_bytes as f64 / best,
+    };
+    let marks = advice
+        .outcomes
         .iter()
-        .map(|p| (p.0 as f64, pick(p) as f64))
+        .filter_map(|o| {
+            Role::of_setting(o.setting.name).map(|role| Mark {
+                role,
+                ratio: o.vs_pytorch_best,
+            })
+        })
+        .chain(std::iter::once(floor))
         .collect();
-    Line {
-        role,
-        points: figure::downsample(&points, PLOT_POINTS),
+    let pick = advice.recommendation();
+    let moves = match pick.setting.page_mb {
+        Some(_) => format!(" ({})", per_step(pick.pages_moved_per_step)),
+        None => String::new(),
+    };
+    Row {
+        trace: trace.to_string(),
+        marks,
+        pick: format!("{}: {:.3}{moves}", pick.setting.name, pick.vs_pytorch_best),
+        pick_role: Role::of_setting(pick.setting.name),
     }
 }
 
-/// Per trace: PyTorch's best, every setting against it, and the pick.
-fn print_summary(results: &[TraceResult]) {
+/// A setting's cell of the summary: its peak reserved as a ratio to
+/// PyTorch's best, and the pages it moved per step where it moved any.
+fn ratio_cell(o: &alloc_replay::Outcome) -> String {
+    match (o.setting.page_mb, o.report.pages_moved) {
+        (Some(_), moved) if moved > 0 => {
+            format!(
+                "{:.3} ({})",
+                o.vs_pytorch_best,
+                per_step(o.pages_moved_per_step)
+            )
+        }
+        _ => format!("{:.3}", o.vs_pytorch_best),
+    }
+}
+
+/// Per trace: every setting against PyTorch's best, the pick, the settings'
+/// strings.
+fn summary(results: &[TraceResult]) -> String {
     let names: Vec<&str> = alloc_replay::SETTINGS
         .iter()
         .map(|s| s.name)
         .filter(|n| results.iter().any(|r| r.advice.outcome(n).is_some()))
         .collect();
-    println!(
+    let mut out = String::from(
         "Peak reserved per trace as a ratio to PyTorch's best setting (its default or\n\
          expandable segments, which the replay reproduces byte for byte: 1.000 in its\n\
-         column); in parentheses, pages moved per step.\n"
+         column); in parentheses, pages moved per step.\n\n",
     );
-    let mut table = Table::new(
-        ["trace", "PyTorch's best"]
-            .into_iter()
-            .chain(names.iter().copied()),
-    );
+    let mut table = Table::new(std::iter::once("trace").chain(names.iter().copied()));
     for r in results {
-        let best = r.advice.best_of_pytorch();
-        let mut row = vec![
-            r.label.clone(),
-            human_bytes(best.report.peak_reserved_bytes),
-        ];
+        let mut row = vec![r.label.clone()];
         for name in &names {
-            row.push(r.advice.outcome(name).map_or(String::new(), |o| {
-                match (o.setting.page_mb, o.report.pages_moved) {
-                    (Some(_), moved) if moved > 0 => {
-                        format!(
-                            "{:.3} ({})",
-                            o.vs_pytorch_best,
-                            per_step(o.pages_moved_per_step)
-                        )
-                    }
-                    _ => format!("{:.3}", o.vs_pytorch_best),
-                }
-            }));
+            row.push(r.advice.outcome(name).map_or(String::new(), ratio_cell));
         }
         table.row(row);
     }
-    print!("{}", table.plain());
+    out.push_str(&table.plain());
 
-    println!("\nRecommended (the rule: docs/advise.md; `cargo xtask advise TRACE` explains one):");
+    out.push_str(
+        "\nRecommended (the rule: docs/advise.md; `cargo xtask advise TRACE` explains one):\n",
+    );
     let mut picks = Table::new([
         "trace",
         "setting",
         "peak",
+        "PyTorch's best",
         "x default",
         "x best",
         "moves/step",
@@ -428,6 +424,7 @@ fn print_summary(results: &[TraceResult]) {
             r.label.clone(),
             o.setting.name.to_string(),
             human_bytes(o.report.peak_reserved_bytes),
+            human_bytes(r.advice.best_of_pytorch().report.peak_reserved_bytes),
             format!("{:.3}", o.vs_pytorch_default),
             format!("{:.3}", o.vs_pytorch_best),
             match o.setting.page_mb {
@@ -436,9 +433,9 @@ fn print_summary(results: &[TraceResult]) {
             },
         ]);
     }
-    print!("{}", picks.plain());
+    out.push_str(&picks.plain());
 
-    println!("\nSettings (GPUALLOC_CONF / gpu_alloc.enable(...)):");
+    out.push_str("\nSettings (GPUALLOC_CONF / gpu_alloc.enable(...)):\n");
     for s in alloc_replay::SETTINGS
         .iter()
         .filter(|s| names.contains(&s.name))
@@ -448,35 +445,62 @@ fn print_summary(results: &[TraceResult]) {
             (config, Some(16)) => format!("{config} (16 MiB pages)"),
             (config, _) => config.to_string(),
         };
-        println!("  {:<11} {config}", s.name);
+        out.push_str(&wrapped(&format!("  {:<11} ", s.name), &config));
     }
     for r in results.iter().filter(|r| r.files.len() > 1) {
         let (last, rest) = r.files.split_last().expect("a trace has a file");
-        println!(
-            "{} and {last}\n  hold the same events: replayed once, as {}",
+        out.push_str(&format!(
+            "{} and {last}\n  hold the same events: replayed once, as {}\n",
             rest.join(", "),
             r.label
-        );
+        ));
     }
     for r in results {
         for note in &r.advice.notes {
-            println!("  {}: {note}", r.label);
+            out.push_str(&format!("  {}: {note}\n", r.label));
         }
     }
+    out
 }
 
-/// Every replay, every figure; columns zero in every row and `+gc-age`
-/// rows equal to their base are left out (and said so).
-fn print_full_table(results: &[TraceResult]) {
-    let mut table = Table::new([
+/// `head` then `text`, broken after commas into lines of at most
+/// [`MAX_WIDTH`] columns, the further lines indented under the first.
+fn wrapped(head: &str, text: &str) -> String {
+    let indent = " ".repeat(head.chars().count());
+    let mut out = String::new();
+    let mut line = head.to_string();
+    let mut empty = true;
+    for piece in text.split_inclusive(',') {
+        if !empty && line.chars().count() + piece.chars().count() > MAX_WIDTH {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = indent.clone();
+        }
+        line.push_str(piece);
+        empty = false;
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// Every replay, every figure, in two markdown tables (memory, then the
+/// device calls and host time) narrow enough for a terminal; columns zero
+/// in every row and `+gc-age` rows equal to their base are left out (and
+/// said so).
+fn full_tables(results: &[TraceResult]) -> String {
+    let mut memory = Table::new([
         "trace",
         "setting",
-        "peak requested",
-        "peak allocated",
-        "peak reserved",
+        "allocated",
+        "reserved",
         "x default",
         "x best",
-        "reserved/requested",
+        "res/req",
+    ]);
+    let mut calls = Table::new([
+        "trace",
+        "setting",
         "device allocs",
         "device frees",
         "pages moved",
@@ -506,15 +530,18 @@ fn print_full_table(results: &[TraceResult]) {
                     continue;
                 }
             }
-            table.row([
+            memory.row([
                 r.label.clone(),
-                name,
-                human_bytes(rep.peak_requested_bytes),
+                name.clone(),
                 human_bytes(rep.peak_allocated_bytes),
                 human_bytes(rep.peak_reserved_bytes),
                 format!("{:.3}", rep.peak_reserved_bytes as f64 / default),
                 format!("{:.3}", rep.peak_reserved_bytes as f64 / best),
                 format!("{:.3}", rep.reserved_over_requested),
+            ]);
+            calls.row([
+                r.label.clone(),
+                name,
                 rep.device_allocs.to_string(),
                 rep.device_frees.to_string(),
                 rep.pages_moved.to_string(),
@@ -529,10 +556,22 @@ fn print_full_table(results: &[TraceResult]) {
             ]);
         }
     }
-    let dropped = table.drop_zero_columns();
-    print!("{}", table.markdown());
+    let mut out = String::from(
+        "Peak memory per replay: allocated in blocks, reserved from the device; reserved\n\
+         as a ratio to PyTorch's default and best setting, and to the peak the program\n\
+         requested (the same under every setting; in the JSON report).\n\n",
+    );
+    out.push_str(&memory.markdown());
+    out.push_str(
+        "\nDevice calls, page moves, waits and failures per replay; host ns per operation.\n\n",
+    );
+    let dropped = calls.drop_zero_columns();
+    out.push_str(&calls.markdown());
     if !dropped.is_empty() {
-        println!("(zero in every row, left out: {})", dropped.join(", "));
+        out.push_str(&format!(
+            "(zero in every row, left out: {})\n",
+            dropped.join(", ")
+        ));
     }
     for (policy, traces) in same_as_base {
         let where_ = if traces.len() == results.len() {
@@ -540,8 +579,11 @@ fn print_full_table(results: &[TraceResult]) {
         } else {
             traces.join(", ")
         };
-        println!("({policy}: its base policy's figures on {where_}, left out)");
+        out.push_str(&format!(
+            "({policy}: its base policy's figures on {where_}, left out)\n"
+        ));
     }
+    out
 }
 
 /// The row of policy `base` of a trace: a setting's or another policy's.
@@ -627,6 +669,79 @@ mod tests {
         assert_eq!(out[0].1, ["mlp.trace.gz", "mlp.snapshot.pickle"]);
         assert_eq!(out[0].0.name, "mlp.trace.gz", "two traces named mlp differ");
         assert_eq!(out[1].0.name, "mlp.trace");
+    }
+
+    /// A trace's results under every setting of [`alloc_replay::SETTINGS`]
+    /// and every compiled-in policy, with figures as wide as the bundled
+    /// traces' widest (the longest name, GiB peaks, three-digit page moves
+    /// per step, four-digit device calls).
+    fn widest_result() -> TraceResult {
+        let trace = parse_text("bert_mlm_varlen_train", "a 1 1024 0\nf 1 0\n").unwrap();
+        let report = |policy: &str, i: u64| ReplayReport {
+            trace: trace.name.clone(),
+            policy: policy.to_string(),
+            ops: 61_351,
+            peak_requested_bytes: 13_580 << 20,
+            peak_allocated_bytes: 13_650 << 20,
+            peak_reserved_bytes: (15_640 - 500 * i) << 20,
+            reserved_over_requested: 1.152,
+            device_allocs: 2_755,
+            device_frees: 2_662,
+            pages_moved: 382 + i,
+            stream_waits: 1_021,
+            retries: 12,
+            ooms: 3,
+            ns_per_op: 1_234.5,
+        };
+        let runs = alloc_replay::SETTINGS
+            .iter()
+            .zip(0..)
+            .map(|(s, i)| (*s, report(s.name, i)))
+            .collect();
+        let advice = Advice::new(&trace, 80 * GIB, runs);
+        TraceResult {
+            label: trace.name.clone(),
+            files: vec!["bert_mlm_varlen_train.trace.gz".into()],
+            row: figure_row(&trace.name, &advice),
+            advice,
+            others: alloc_policy::policy_names()
+                .iter()
+                .map(|p| report(p, 1))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn every_table_fits_in_100_columns() {
+        let results = [widest_result(), widest_result()];
+        let summary = summary(&results);
+        assert!(summary.contains("stream-"), "{summary}");
+        assert!(summary.contains("0.967 (384)"), "{summary}");
+        let full = full_tables(&results);
+        assert!(full.contains("| buddy |"), "{full}");
+        for line in summary.lines().chain(full.lines()) {
+            assert!(
+                line.chars().count() <= MAX_WIDTH,
+                "{} columns: {line}",
+                line.len()
+            );
+        }
+    }
+
+    #[test]
+    fn long_settings_wrap_after_commas() {
+        let config = alloc_replay::SETTINGS
+            .iter()
+            .map(|s| s.config)
+            .max_by_key(|c| c.len())
+            .unwrap();
+        let text = wrapped("  bound       ", config);
+        assert!(text.lines().count() > 1, "{text}");
+        assert!(text.lines().all(|l| l.len() <= MAX_WIDTH), "{text}");
+        assert_eq!(
+            text.replace(&format!("\n{}", " ".repeat(14)), ""),
+            format!("  bound       {config}\n")
+        );
     }
 
     #[test]

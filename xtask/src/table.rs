@@ -1,5 +1,9 @@
 //! Text tables: aligned plain text for the terminal, markdown for the docs.
 
+/// The widest line a plain table should take (a terminal's width, less a
+/// little).
+pub const MAX_WIDTH: usize = 100;
+
 /// A table of text cells under a header.
 pub struct Table {
     header: Vec<String>,
@@ -48,11 +52,46 @@ impl Table {
         dropped
     }
 
-    /// Aligned columns, the first left-aligned, the others right-aligned.
+    /// Aligned columns two spaces apart, the first left-aligned, the others
+    /// right-aligned. Where that is wider than [`MAX_WIDTH`], a column name
+    /// wider than every cell under it breaks after a hyphen (`size-` over
+    /// `class`), and then, if still needed, columns are one space apart.
     pub fn plain(&self) -> String {
+        let fits = |text: &String| text.lines().all(|l| l.chars().count() <= MAX_WIDTH);
+        let mut text = String::new();
+        for (break_names, gap) in [(false, "  "), (true, "  "), (true, " ")] {
+            text = self.aligned(break_names, gap);
+            if fits(&text) {
+                break;
+            }
+        }
+        text
+    }
+
+    fn aligned(&self, break_names: bool, gap: &str) -> String {
+        let cell_width = |c: usize| self.rows.iter().map(|r| r[c].chars().count()).max();
+        let names: Vec<(String, String)> = self
+            .header
+            .iter()
+            .enumerate()
+            .map(|(c, name)| match name.split_once('-') {
+                Some((first, rest))
+                    if break_names && cell_width(c).is_some_and(|w| w < name.len()) =>
+                {
+                    (format!("{first}-"), rest.to_string())
+                }
+                _ => (String::new(), name.clone()),
+            })
+            .collect();
+        let mut header: Vec<Vec<String>> = Vec::new();
+        if names.iter().any(|(first, _)| !first.is_empty()) {
+            header.push(names.iter().map(|(first, _)| first.clone()).collect());
+        }
+        header.push(names.into_iter().map(|(_, last)| last).collect());
         let widths: Vec<usize> = (0..self.header.len())
             .map(|c| {
-                std::iter::once(&self.header)
+                header
+                    .iter()
                     .chain(&self.rows)
                     .map(|r| r[c].chars().count())
                     .max()
@@ -60,7 +99,7 @@ impl Table {
             })
             .collect();
         let mut out = String::new();
-        for row in std::iter::once(&self.header).chain(&self.rows) {
+        for row in header.iter().chain(&self.rows) {
             let cells: Vec<String> = row
                 .iter()
                 .zip(&widths)
@@ -73,7 +112,7 @@ impl Table {
                     }
                 })
                 .collect();
-            out.push_str(cells.join("  ").trim_end());
+            out.push_str(cells.join(gap).trim_end());
             out.push('\n');
         }
         out
@@ -111,6 +150,34 @@ mod tests {
         assert_eq!(t.drop_zero_columns(), ["waits"]);
         assert_eq!(t.header, ["trace", "peak", "x"]);
         assert_eq!(t.rows[1], ["long name", "12.00 GiB", ""]);
+    }
+
+    #[test]
+    fn a_name_wider_than_its_numbers_breaks_after_its_hyphen() {
+        let mut t = Table::new(["trace", "size-class", "x-long-number"]);
+        t.row(["a", "1.000", "123456789012345"]);
+        assert_eq!(
+            t.plain().lines().next(),
+            Some("trace  size-class    x-long-number")
+        );
+        // Too wide: the name goes on two lines.
+        let long = "9".repeat(MAX_WIDTH - 14);
+        t.row(["b", "2.000", &long]);
+        let plain = t.plain();
+        let lines: Vec<&str> = plain.lines().collect();
+        assert_eq!(lines[0], "       size-");
+        assert!(lines[1].starts_with("trace  class  "), "{plain}");
+        assert!(lines[1].ends_with("  x-long-number"), "{plain}");
+        assert!(lines[2].starts_with("a      1.000  "), "{plain}");
+        assert!(lines.iter().all(|l| l.len() <= MAX_WIDTH), "{plain}");
+        // Still too wide: one space between columns.
+        t.row(["c", "3.000", &format!("{long}9")]);
+        let plain = t.plain();
+        assert!(
+            plain.lines().nth(1).unwrap().starts_with("trace class "),
+            "{plain}"
+        );
+        assert!(plain.lines().all(|l| l.len() <= MAX_WIDTH), "{plain}");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
+use std::process::ExitCode;
 
 use alloc_cuda::alloc_core::{
     coalesce, BlockId, CacheKey, Heap, Policy, PoolKind, Request, KIB, MIB,
@@ -124,7 +125,19 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn main() -> Result<(), Box<dyn Error>> {
+/// Prints an error's message (its `Display` form: what went wrong, what to
+/// do), not its `Debug` form, and exits with status 1.
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
     let alloc = CudaAllocator::with_policy(0, FirstFit::default(), &AllocatorConfig::default())?;
     check(
         alloc.policy_name()? == "first-fit",

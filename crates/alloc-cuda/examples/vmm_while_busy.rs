@@ -13,6 +13,7 @@
 //! `cargo run --release -p alloc-cuda --example vmm_while_busy` (needs a GPU).
 
 use std::error::Error;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,7 +56,19 @@ struct Timed {
     still_running: bool,
 }
 
-fn main() -> BoxResult<()> {
+/// Prints an error's message (its `Display` form: what went wrong, what to
+/// do), not its `Debug` form, and exits with status 1.
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> BoxResult<()> {
     let alloc =
         CudaAllocator::with_config_str(0, "expandable_segments:true,unmap_free_pages:true")?;
     let ctx = alloc.context().clone();

@@ -1,5 +1,7 @@
 //! Typed errors of the CUDA layer.
 
+use std::fmt;
+
 use alloc_core::{AllocError, BackendError, ConfigError};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::DriverError;
@@ -10,11 +12,20 @@ use thiserror::Error;
 pub const CUDARC_CALL: &str = "a cudarc driver call";
 
 /// Everything that can go wrong in this crate; never a panic.
-#[derive(Debug, Clone, PartialEq, Error)]
+///
+/// Its `Debug` form is its message (below), so that a `main` returning
+/// `Result<(), CudaError>` or `Result<(), Box<dyn Error>>` prints what went
+/// wrong and what to do, not a variant's name; match on the variants to tell
+/// errors apart.
+#[derive(Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum CudaError {
     /// `libcuda` could not be loaded (no NVIDIA driver on this machine).
-    #[error("the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver here")]
+    #[error(
+        "the CUDA driver library (libcuda.so) could not be loaded: this machine has no NVIDIA \
+         driver, or the loader does not find it (install the driver, or add the folder that \
+         holds libcuda.so.1 to LD_LIBRARY_PATH)"
+    )]
     DriverNotFound,
     /// A driver call failed.
     #[error("{call} failed: {code:?} ({})", *code as u32)]
@@ -105,6 +116,13 @@ pub enum CudaError {
     /// A configuration string was not accepted.
     #[error(transparent)]
     Config(#[from] ConfigError),
+}
+
+/// The message, as `Display` writes it (see [`CudaError`]).
+impl fmt::Debug for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl CudaError {
@@ -241,5 +259,17 @@ mod tests {
         .to_string()
         .contains("device 3"));
         assert!(CudaError::DriverNotFound.to_string().contains("libcuda"));
+    }
+
+    #[test]
+    fn a_main_returning_the_error_prints_its_message() {
+        // What `fn main() -> Result<(), E>` prints is `Error: {:?}`.
+        let message = CudaError::DriverNotFound.to_string();
+        assert!(message.contains("install the driver"), "{message}");
+        assert_eq!(format!("{:?}", CudaError::DriverNotFound), message);
+        let boxed: Box<dyn std::error::Error> = CudaError::DriverNotFound.into();
+        assert_eq!(format!("{boxed:?}"), message);
+        let engine: CudaError = AllocError::DoubleFree { addr: 0x1000 }.into();
+        assert_eq!(format!("{engine:?}"), "double free of pointer 0x1000");
     }
 }

@@ -11,6 +11,7 @@
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::process::ExitCode;
 
 use alloc_core::{AllocError, AllocatorConfig, SimStreams, StreamId};
 use alloc_policy::AnyPolicy;
@@ -18,7 +19,19 @@ use alloc_replay::replay::DEFAULT_CAPACITY;
 use alloc_replay::{device_for, load_trace, TraceEvent};
 use rustc_hash::FxHashMap;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Prints an error's message (its `Display` form: what went wrong, what to
+/// do), not its `Debug` form, and exits with status 1.
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [path, config] = &args[..] else {
         return Err("usage: placements TRACE CONFIG".into());

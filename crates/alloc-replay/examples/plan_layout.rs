@@ -13,6 +13,7 @@
 //! ```
 
 use std::path::Path;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use alloc_core::{AllocError, AllocatorConfig, SimStreams, StreamId};
@@ -21,7 +22,19 @@ use alloc_replay::replay::DEFAULT_CAPACITY;
 use alloc_replay::{device_for, estimate_steps, load_trace, Trace, TraceEvent};
 use rustc_hash::FxHashMap;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// Prints an error's message (its `Display` form: what went wrong, what to
+/// do), not its `Debug` form, and exits with status 1.
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (path, config, extra) = match &args[..] {
         [path, config] => (path, config, 0),
