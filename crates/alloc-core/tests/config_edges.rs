@@ -184,3 +184,28 @@ fn messages_quote_a_short_excerpt() {
         .to_string();
     assert!(e.contains("(1048576 bytes)"), "{e}");
 }
+
+#[test]
+fn the_documented_names_and_options_are_the_parsers() {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/policies.md"
+    ))
+    .expect("docs/policies.md");
+    for s in NAMED_SETTINGS {
+        let expansion = if s.config.is_empty() {
+            "(empty: PyTorch's default rules)".to_string()
+        } else {
+            format!("`{}`", s.config)
+        };
+        let row = format!("| `{}` | {} | {} |", s.name, expansion, s.cost);
+        assert!(doc.contains(&row), "docs/policies.md lacks the row {row}");
+    }
+    for k in PYTORCH_KEYS {
+        assert!(
+            doc.contains(&format!("`{}`", k.key)),
+            "docs/policies.md lacks {}",
+            k.key
+        );
+    }
+}

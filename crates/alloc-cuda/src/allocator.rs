@@ -226,7 +226,9 @@ impl CudaAllocator {
         Ok(slot.get_or_init(|| alloc).clone())
     }
 
-    /// Sets the configuration of the global allocators; fails once one of
+    /// Sets the configuration of the global allocators (a configuration
+    /// string, or a setting's name such as `bound`, alone or followed by
+    /// options: `alloc_core::config::NAMED_SETTINGS`); fails once one of
     /// them exists.
     pub fn configure_global(config: &str) -> Result<(), CudaError> {
         let parsed = AllocatorConfig::parse(config)?;

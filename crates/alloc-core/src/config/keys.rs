@@ -1,6 +1,6 @@
 //! The options the parser knows: ours, and every option of PyTorch's
 //! allocator configuration (`c10/core/AllocatorConfig.h` and
-//! `c10/cuda/CUDAAllocatorConfig.h`, PyTorch 2.11 and its main branch), each
+//! `c10/cuda/CUDAAllocatorConfig.h` of PyTorch's main branch, which hold 2.11's), each
 //! with what this allocator does with it.
 
 /// What the allocator does with one of PyTorch's options.
