@@ -209,3 +209,35 @@ fn the_documented_names_and_options_are_the_parsers() {
         );
     }
 }
+
+#[test]
+fn every_named_setting_runs_on_the_simulated_device() {
+    use alloc_core::{SimMemory, SimStreams, StreamId, GIB};
+    use alloc_policy::AnyPolicy;
+    let s = StreamId(1);
+    for setting in NAMED_SETTINGS {
+        let cfg = parse(&format!("{},max_split_size_mb:64", setting.name)).unwrap();
+        let mut e = AnyPolicy::engine(&cfg, SimMemory::new(4 * GIB), SimStreams::new())
+            .unwrap_or_else(|e| panic!("{}: {e}", setting.name));
+        let held: Vec<_> = [512, 3 * MIB, 30 * MIB, 100 * MIB]
+            .into_iter()
+            .map(|size| e.malloc(size, s).unwrap())
+            .collect();
+        for a in held.iter().step_by(2) {
+            e.free(a.addr).unwrap();
+        }
+        let extra = e.malloc(20 * MIB, s).unwrap();
+        e.assert_valid();
+        e.free(extra.addr).unwrap();
+        for a in held.iter().skip(1).step_by(2) {
+            e.free(a.addr).unwrap();
+        }
+        e.empty_cache().unwrap();
+        assert_eq!(
+            e.stats().reserved_bytes.all.current,
+            0,
+            "{}: memory left reserved",
+            setting.name
+        );
+    }
+}
