@@ -292,11 +292,42 @@ def _check(code, what):
         raise GpuAllocError("%s: %s" % (what, msg), code)
 
 
+# Characters of a configuration that a message quotes at most (as the library does).
+_EXCERPT_CHARS = 48
+
+
+def _excerpt(text):
+    """``text`` quoted for a message: whole when short, else its start and its length."""
+    if len(text) <= _EXCERPT_CHARS:
+        return repr(text)
+    return "%r... (%d characters)" % (text[:_EXCERPT_CHARS], len(text))
+
+
+def _config_bytes(config, what):
+    """``config`` as the C string the library takes. A NUL would end the string there and
+    drop the rest unseen, so it is refused, as is text that UTF-8 cannot encode."""
+    if not isinstance(config, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(config).__name__))
+    at = config.find("\0")
+    if at >= 0:
+        raise ValueError(
+            "%s %s: contains a NUL byte at offset %d: C strings and the environment end "
+            "there" % (what, _excerpt(config), at)
+        )
+    try:
+        return config.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError("%s %s: not valid UTF-8 (%s)" % (what, _excerpt(config), e.reason))
+
+
 def check_config(config, so_path=None):
-    """Validates a configuration string (PYTORCH_CUDA_ALLOC_CONF syntax); raises
-    ValueError with the reason. Needs the library, not a GPU."""
+    """Validates a configuration: PYTORCH_CUDA_ALLOC_CONF syntax, a setting's name (``bound``,
+    ``unmap16``, ...: docs/policies.md, "Settings by name"), or a name followed by further
+    options (``bound,max_split_size_mb:64``); raises ValueError with the reason. Needs the
+    library, not a GPU."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_check_config(config.encode()), "invalid gpu_alloc configuration %r" % config)
+    text = _config_bytes(config, "gpu_alloc configuration")
+    _check(lib.gpualloc_check_config(text), "invalid gpu_alloc configuration %s" % _excerpt(config))
 
 
 def update_settings(text, so_path=None):
@@ -309,7 +340,8 @@ def update_settings(text, so_path=None):
     string or an option fixed at creation (``policy``, ``unmap_free_pages``,
     ``unmap_page_mb``, ``unmap_worker``)."""
     lib = load_library(so_path)
-    _check(lib.gpualloc_update_settings(text.encode()), "gpu_alloc settings %r" % text)
+    data = _config_bytes(text, "gpu_alloc settings")
+    _check(lib.gpualloc_update_settings(data), "gpu_alloc settings %s" % _excerpt(text))
 
 
 def settings(so_path=None):
@@ -395,10 +427,11 @@ def enable(config=None, so_path=None, bridge=None):
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
         ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``);
-        None keeps $GPUALLOC_CONF (if set). For memory at the bound:
-        ``"expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8,plan_layout:True,"
-        "first_fit_mb:8"`` (docs/policies.md, "Memory at the bound"); ``advise()`` says
-        which setting suits a recorded workload.
+        or a setting's name, alone or followed by options that override it
+        (``"bound"``, ``"unmap8,max_split_size_mb:64"``; docs/policies.md, "Settings by
+        name"); None keeps $GPUALLOC_CONF (if set). For memory at the bound: ``"bound"``
+        (docs/policies.md, "Memory at the bound"); ``advise()`` says which setting suits a
+        recorded workload.
     so_path: path of liballoc_ffi.so (default: see the module's docstring).
     bridge: None (default) installs through the C++ bridge and falls back, with a one-time
         message naming what will not work, to a plain CUDAPluggableAllocator when the bridge
@@ -443,7 +476,7 @@ def enable(config=None, so_path=None, bridge=None):
         raise GpuAllocError(_TOO_LATE)
     if config is not None:
         os.environ[ENV_CONF] = config
-        code = lib.gpualloc_configure(config.encode())
+        code = lib.gpualloc_configure(_config_bytes(config, "gpu_alloc configuration"))
         if code != OK:
             msg = last_error()
             if code == ERR_TOO_LATE:

@@ -23,10 +23,7 @@ class Advise(unittest.TestCase):
         advice = gpu_alloc.advise(SNAPSHOT)
         self.assertEqual(advice["trace"], "small_mlp_stacks")
         self.assertEqual(advice["recommended_setting"], "unmap16")
-        self.assertEqual(
-            advice["enable_call"],
-            'gpu_alloc.enable("expandable_segments:True,unmap_free_pages:True")',
-        )
+        self.assertEqual(advice["enable_call"], 'gpu_alloc.enable("unmap16")')
         self.assertEqual(advice["gpualloc_conf"], "expandable_segments:True,unmap_free_pages:True")
         names = [o["setting"]["name"] for o in advice["outcomes"]]
         self.assertEqual(names[:2], ["default", "expandable"])
@@ -51,7 +48,8 @@ class Advise(unittest.TestCase):
         r = run_gpu_alloc("advise", SNAPSHOT)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("recommended: unmap_free_pages, 16 MiB pages", r.stdout)
-        self.assertIn('gpu_alloc.enable("expandable_segments:True,unmap_free_pages:True")', r.stdout)
+        self.assertIn('gpu_alloc.enable("unmap16"), or GPUALLOC_CONF="unmap16"', r.stdout)
+        self.assertIn("expandable_segments:True,unmap_free_pages:True", r.stdout)
         self.assertIn("PyTorch's expandable segments", r.stdout)
         self.assertIn("cost: ", r.stdout)
         r = run_gpu_alloc("advise", "--json", SNAPSHOT)

@@ -232,6 +232,34 @@ class Library(unittest.TestCase):
             for w in words:
                 self.assertIn(w, str(cm.exception))
 
+    def test_check_config_takes_names_and_suggests(self):
+        for name in ["bound", "unmap16", "unmap8", "expandable", "default", "size-class"]:
+            gpu_alloc.check_config(name)
+        gpu_alloc.check_config("bound,max_split_size_mb:64")
+        for bad, meant in [("bund", "bound"), ("max_split_size:64", "max_split_size_mb")]:
+            with self.assertRaises(ValueError) as cm:
+                gpu_alloc.check_config(bad)
+            self.assertIn("did you mean `%s`?" % meant, str(cm.exception))
+
+    def test_check_config_refuses_nul_and_unencodable_text(self):
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.check_config("max_split_size_mb:64\x00garbage")
+        self.assertIn("NUL byte at offset 20", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.check_config("policy:buddy\udcff")
+        self.assertIn("not valid UTF-8", str(cm.exception))
+        with self.assertRaises(ValueError):
+            gpu_alloc.update_settings("max_split_size_mb:64\x00")
+        with self.assertRaises(TypeError):
+            gpu_alloc.check_config(b"policy:buddy")
+
+    def test_a_long_bad_config_is_quoted_in_part(self):
+        long = "max_split_size_mb:" + "x" * (1 << 20)
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.check_config(long)
+        self.assertLess(len(str(cm.exception)), 1500)
+        self.assertIn("max_split_size_mb", str(cm.exception))
+
     def test_stats_of_unused_device_are_zero(self):
         s = gpu_alloc.memory_stats(device=3)
         self.assertEqual(list(s), sorted(s))

@@ -4,6 +4,16 @@
 
 use thiserror::Error;
 
+pub mod keys;
+pub mod named;
+mod suggest;
+mod text;
+
+pub use keys::{all_keys, known_keys, PyTorchKey, Treatment, OUR_KEYS, PYTORCH_KEYS};
+pub use named::{named_setting, NamedSetting, NAMED_SETTINGS};
+pub use suggest::{closest, edit_distance};
+pub use text::{excerpt, EXCERPT_CHARS};
+
 use crate::page_layout::PageLayout;
 use crate::pytorch::LARGE_BUFFER;
 use crate::types::MIB;
@@ -12,17 +22,34 @@ use crate::types::MIB;
 /// `roundup_power2_divisions` configures.
 pub const ROUNDUP_INTERVALS: usize = 16;
 
-/// A configuration string that could not be accepted.
+/// A configuration string that could not be accepted. Messages quote at
+/// most an [`excerpt`] of the input.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The key is not an option of this allocator.
-    #[error("unknown allocator option `{key}` (known: {known})")]
+    #[error(
+        "unknown allocator option `{key}`{} (known: {})",
+        did_you_mean(.suggestion),
+        keys::known_keys()
+    )]
     UnknownKey {
-        /// The offending key.
+        /// The offending key (an excerpt).
         key: String,
-        /// The accepted keys, comma separated.
-        known: &'static str,
+        /// The known option or setting name closest to it.
+        suggestion: Option<&'static str>,
+    },
+    /// A word without `:value` that names no setting.
+    #[error(
+        "unknown setting name `{name}`{} (names: {}; an option takes a value, `key:value`)",
+        did_you_mean(.suggestion),
+        named::names()
+    )]
+    UnknownName {
+        /// The offending word (an excerpt).
+        name: String,
+        /// The setting name or option closest to it.
+        suggestion: Option<&'static str>,
     },
     /// The value is malformed or out of range.
     #[error("invalid value `{value}` for allocator option `{key}`: {reason}")]
@@ -39,11 +66,22 @@ pub enum ConfigError {
     Syntax {
         /// Token index where parsing stopped.
         position: usize,
-        /// The token found there.
+        /// The token found there (an excerpt).
         token: String,
         /// What was expected.
         reason: &'static str,
     },
+    /// The string holds a character no configuration may contain.
+    #[error("the allocator configuration contains {reason}")]
+    Unusable {
+        /// The character and where it is.
+        reason: String,
+    },
+}
+
+/// `; did you mean `x`?` when there is a suggestion.
+fn did_you_mean(suggestion: &Option<&'static str>) -> String {
+    suggestion.map_or_else(String::new, |s| format!("; did you mean `{s}`?"))
 }
 
 /// Parsed allocator settings.
@@ -191,12 +229,6 @@ fn unmap_page_value(pages: &PageLayout) -> String {
     }
 }
 
-const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, \
-roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
-stream_wait_reuse, unmap_free_pages, unmap_page_mb, unmap_worker, plan_layout, first_fit_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
-pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
-per_process_memory_fraction";
-
 impl AllocatorConfig {
     /// Parses a configuration string. An empty string gives the defaults.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
@@ -218,103 +250,32 @@ impl AllocatorConfig {
     /// # Ok::<(), alloc_core::ConfigError>(())
     /// ```
     pub fn with_settings(&self, text: &str) -> Result<Self, ConfigError> {
-        let tokens = lex(text);
-        let mut p = Parser { tokens, pos: 0 };
+        if let Some(reason) = text::unusable_character(text) {
+            return Err(ConfigError::Unusable { reason });
+        }
         let mut cfg = self.clone();
-        let mut page_set = false;
-        let mut worker_set = false;
+        let mut set = Explicit::default();
+        cfg.apply(text, &mut set, true)?;
+        cfg.check(set)?;
+        Ok(cfg)
+    }
+
+    /// Sets the options `text` names, in order; a setting name (when
+    /// `names` allows one) stands for its configuration string.
+    fn apply(&mut self, text: &str, set: &mut Explicit, names: bool) -> Result<(), ConfigError> {
+        let mut p = Parser {
+            tokens: lex(text),
+            pos: 0,
+        };
         while let Some(key) = p.next_token() {
             if key == "," {
                 continue;
             }
-            p.expect(":")?;
-            match key.as_str() {
-                "max_split_size_mb" => cfg.max_split_size = p.megabytes(&key)?,
-                "max_non_split_rounding_mb" => cfg.max_non_split_rounding = p.megabytes(&key)?,
-                "garbage_collection_threshold" => {
-                    let v = p.value(&key)?;
-                    let f: f64 = v
-                        .parse()
-                        .map_err(|_| invalid(&key, &v, "expected a number"))?;
-                    if !(f > 0.0 && f < 1.0) {
-                        return Err(invalid(&key, &v, "must be strictly between 0.0 and 1.0"));
-                    }
-                    cfg.garbage_collection_threshold = Some(f);
-                }
-                "roundup_power2_divisions" => p.divisions(&mut cfg.roundup_power2_divisions)?,
-                "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
-                "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
-                "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
-                "unmap_page_mb" => {
-                    page_set = true;
-                    let v = p.value(&key)?;
-                    cfg.unmap_pages = if v.eq_ignore_ascii_case("auto") {
-                        SCALED_UNMAP_PAGES
-                    } else {
-                        let mb = v
-                            .parse::<u64>()
-                            .ok()
-                            .filter(|mb| mb.is_power_of_two() && *mb <= 1 << 20)
-                            .ok_or_else(|| {
-                                invalid(
-                                    &key,
-                                    &v,
-                                    "expected auto or a power of two from 1 to 1048576 (MiB)",
-                                )
-                            })?;
-                        PageLayout::uniform(mb << 20)
-                    };
-                }
-                "unmap_worker" => {
-                    worker_set = true;
-                    cfg.unmap_worker = p.boolean(&key)?;
-                }
-                "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
-                "first_fit_mb" => {
-                    let bytes = p.mebibytes(&key)?;
-                    cfg.first_fit = (bytes > 0).then_some(bytes);
-                }
-                "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
-                "policy" => cfg.policy = Some(p.value(&key)?),
-                "backend" => {
-                    let v = p.value(&key)?;
-                    if v != "native" {
-                        return Err(invalid(
-                            &key,
-                            &v,
-                            "this allocator is itself the backend; only `native` is accepted",
-                        ));
-                    }
-                }
-                // PyTorch's host-side options: accepted so that an existing
-                // PYTORCH_CUDA_ALLOC_CONF works unchanged, but they do not
-                // concern device memory.
-                "release_lock_on_cudamalloc"
-                | "pinned_use_cuda_host_register"
-                | "pinned_use_background_threads" => {
-                    p.boolean(&key)?;
-                }
-                "pinned_num_register_threads" => {
-                    p.value(&key)?;
-                }
-                "graph_capture_record_stream_reuse" => {
-                    cfg.graph_capture_record_stream_reuse = p.boolean(&key)?
-                }
-                "per_process_memory_fraction" => {
-                    let v = p.value(&key)?;
-                    let f = v
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|f| (0.0..=1.0).contains(f))
-                        .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
-                    cfg.per_process_memory_fraction = Some(f);
-                }
-                _ => {
-                    return Err(ConfigError::UnknownKey {
-                        key,
-                        known: KNOWN_KEYS,
-                    })
-                }
+            if names && p.at_item_end() && !is_punctuation(&key) {
+                self.apply_name(&key, p.pos - 1, set)?;
+            } else {
+                p.expect(":")?;
+                self.apply_option(key, &mut p, set)?;
             }
             match p.next_token() {
                 None => break,
@@ -322,12 +283,164 @@ impl AllocatorConfig {
                 Some(t) => {
                     return Err(ConfigError::Syntax {
                         position: p.pos - 1,
-                        token: t,
+                        token: excerpt(&t),
                         reason: "expected `,` between options",
                     })
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Applies the setting called `name`.
+    fn apply_name(
+        &mut self,
+        name: &str,
+        position: usize,
+        set: &mut Explicit,
+    ) -> Result<(), ConfigError> {
+        if keys::all_keys().any(|k| k == name) {
+            // An option without its value: the old message, which says so.
+            return Err(ConfigError::Syntax {
+                position,
+                token: name.to_string(),
+                reason: "expected `:` after an option name",
+            });
+        }
+        match named::named_setting(name) {
+            // Named settings' strings hold options only: no name expands
+            // into another.
+            Some(setting) => self.apply(setting.config, set, false),
+            None => Err(ConfigError::UnknownName {
+                name: excerpt(name),
+                suggestion: closest(
+                    name,
+                    NAMED_SETTINGS
+                        .iter()
+                        .map(|s| s.name)
+                        .chain(keys::all_keys()),
+                ),
+            }),
+        }
+    }
+
+    /// Sets the option `key` from the value that `p` is at.
+    fn apply_option(
+        &mut self,
+        key: String,
+        p: &mut Parser,
+        set: &mut Explicit,
+    ) -> Result<(), ConfigError> {
+        let cfg = self;
+        match key.as_str() {
+            "max_split_size_mb" => cfg.max_split_size = p.megabytes(&key)?,
+            "max_non_split_rounding_mb" => cfg.max_non_split_rounding = p.megabytes(&key)?,
+            "garbage_collection_threshold" => {
+                let v = p.value(&key)?;
+                let f: f64 = v
+                    .parse()
+                    .map_err(|_| invalid(&key, &v, "expected a number"))?;
+                if !(f > 0.0 && f < 1.0) {
+                    return Err(invalid(&key, &v, "must be strictly between 0.0 and 1.0"));
+                }
+                cfg.garbage_collection_threshold = Some(f);
+            }
+            "roundup_power2_divisions" => p.divisions(&mut cfg.roundup_power2_divisions)?,
+            "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
+            "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
+            "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
+            "unmap_page_mb" => {
+                set.page = true;
+                let v = p.value(&key)?;
+                cfg.unmap_pages = if v.eq_ignore_ascii_case("auto") {
+                    SCALED_UNMAP_PAGES
+                } else {
+                    let mb = whole_number(&v)
+                        .filter(|mb| mb.is_power_of_two() && *mb <= 1 << 20)
+                        .ok_or_else(|| {
+                            invalid(
+                                &key,
+                                &v,
+                                "expected auto or a power of two from 1 to 1048576 (MiB)",
+                            )
+                        })?;
+                    PageLayout::uniform(mb << 20)
+                };
+            }
+            "unmap_worker" => {
+                set.worker = true;
+                cfg.unmap_worker = p.boolean(&key)?;
+            }
+            "plan_layout" => cfg.plan_layout = p.boolean(&key)?,
+            "first_fit_mb" => {
+                let bytes = p.mebibytes(&key)?;
+                cfg.first_fit = (bytes > 0).then_some(bytes);
+            }
+            "idle_slab_limit_mb" => cfg.idle_slab_limit = Some(p.mebibytes(&key)?),
+            "policy" => cfg.policy = Some(p.value(&key)?),
+            "backend" => {
+                let v = p.value(&key)?;
+                if v != "native" {
+                    return Err(invalid(&key, &v, keys::BACKEND_REASON));
+                }
+            }
+            "release_lock_on_cudamalloc" | "release_lock_on_hipmalloc" => {
+                p.boolean(&key)?;
+            }
+            "throw_on_cudamalloc_oom" => {
+                if p.boolean(&key)? {
+                    return Err(invalid(&key, "True", keys::THROW_ON_OOM_REASON));
+                }
+            }
+            // PyTorch's pinned host allocator stays PyTorch's and reads
+            // these itself: checked as PyTorch checks them, so that a
+            // string PyTorch refuses is refused here too.
+            "pinned_use_cuda_host_register"
+            | "pinned_use_hip_host_register"
+            | "pinned_use_background_threads"
+            | "pinned_free_catch_all" => {
+                p.boolean(&key)?;
+            }
+            "pinned_num_register_threads" => {
+                let v = p.value(&key)?;
+                whole_number(&v)
+                    .filter(|n| n.is_power_of_two() && *n <= keys::MAX_REGISTER_THREADS)
+                    .ok_or_else(|| invalid(&key, &v, "expected a power of two from 1 to 128"))?;
+            }
+            "pinned_reserve_segment_size_mb" => {
+                let v = p.value(&key)?;
+                whole_number(&v)
+                    .filter(|&mb| mb > 0)
+                    .ok_or_else(|| invalid(&key, &v, "expected a whole number of MiB above 0"))?;
+            }
+            "graph_capture_record_stream_reuse" => {
+                cfg.graph_capture_record_stream_reuse = p.boolean(&key)?
+            }
+            "per_process_memory_fraction" => {
+                let v = p.value(&key)?;
+                let f = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (0.0..=1.0).contains(f))
+                    .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
+                cfg.per_process_memory_fraction = Some(f);
+            }
+            _ => {
+                return Err(ConfigError::UnknownKey {
+                    suggestion: closest(
+                        &key,
+                        keys::all_keys().chain(NAMED_SETTINGS.iter().map(|s| s.name)),
+                    ),
+                    key: excerpt(&key),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the options together: those that need another.
+    fn check(&self, set: Explicit) -> Result<(), ConfigError> {
+        let cfg = self;
         if cfg.unmap_free_pages && !cfg.expandable_segments {
             return Err(invalid(
                 "unmap_free_pages",
@@ -359,21 +472,21 @@ impl AllocatorConfig {
                 "plan_layout needs pages of one size (unmap_page_mb:4 or 8, say)",
             ));
         }
-        if page_set && !cfg.unmap_free_pages {
+        if set.page && !cfg.unmap_free_pages {
             return Err(invalid(
                 "unmap_page_mb",
                 &unmap_page_value(&cfg.unmap_pages),
                 "needs unmap_free_pages:True (it sizes the pages that mode moves)",
             ));
         }
-        if worker_set && !cfg.unmap_free_pages {
+        if set.worker && !cfg.unmap_free_pages {
             return Err(invalid(
                 "unmap_worker",
                 if cfg.unmap_worker { "true" } else { "false" },
                 "needs unmap_free_pages:True (it places the unmaps that mode makes)",
             ));
         }
-        Ok(cfg)
+        Ok(())
     }
 
     /// Divisions that apply to a (non-zero) size, per PyTorch's interval rule.
@@ -384,20 +497,42 @@ impl AllocatorConfig {
     }
 }
 
+/// The options a string set explicitly, which some checks need.
+#[derive(Debug, Default, Clone, Copy)]
+struct Explicit {
+    /// `unmap_page_mb`.
+    page: bool,
+    /// `unmap_worker`.
+    worker: bool,
+}
+
+/// `v` as a whole number written in decimal digits only: no sign, space,
+/// fraction or trailing text (Rust's own parse takes a leading `+`).
+fn whole_number(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
 /// `v` whole MiB in bytes.
 fn parse_mebibytes(key: &str, v: &str) -> Result<u64, ConfigError> {
-    let mb: u64 = v
-        .parse()
-        .map_err(|_| invalid(key, v, "expected a whole number of MiB"))?;
+    let mb = whole_number(v).ok_or_else(|| invalid(key, v, "expected a whole number of MiB"))?;
     Ok(mb.saturating_mul(MIB))
 }
 
+/// A value error; the value quoted as an excerpt.
 fn invalid(key: &str, value: &str, reason: &str) -> ConfigError {
     ConfigError::InvalidValue {
-        key: key.to_string(),
-        value: value.to_string(),
+        key: excerpt(key),
+        value: excerpt(value),
         reason: reason.to_string(),
     }
+}
+
+/// `,`, `:`, `[` or `]`.
+fn is_punctuation(token: &str) -> bool {
+    matches!(token, "," | ":" | "[" | "]")
 }
 
 /// Splits like PyTorch's lexer: `,`, `:`, `[` and `]` are tokens of their
@@ -429,6 +564,14 @@ struct Parser {
 }
 
 impl Parser {
+    /// Whether the token just read ends an item: the next is `,` or none.
+    fn at_item_end(&self) -> bool {
+        matches!(
+            self.tokens.get(self.pos).map(String::as_str),
+            None | Some(",")
+        )
+    }
+
     fn next_token(&mut self) -> Option<String> {
         let t = self.tokens.get(self.pos).cloned();
         if t.is_some() {
@@ -442,7 +585,7 @@ impl Parser {
             Some(t) if t == want => Ok(()),
             other => Err(ConfigError::Syntax {
                 position: self.pos.saturating_sub(1),
-                token: other.unwrap_or_default(),
+                token: excerpt(&other.unwrap_or_default()),
                 reason: match want {
                     ":" => "expected `:` after an option name",
                     "," => "expected `,`",
@@ -485,9 +628,9 @@ impl Parser {
     }
 
     fn power_of_two(&self, key: &str, v: &str, allow_zero: bool) -> Result<u32, ConfigError> {
-        let n: u32 = v
-            .parse()
-            .map_err(|_| invalid(key, v, "expected an integer"))?;
+        let n = whole_number(v)
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| invalid(key, v, "expected a whole number"))?;
         if n.is_power_of_two() || (allow_zero && n == 0) {
             Ok(n)
         } else {
@@ -521,7 +664,7 @@ impl Parser {
             if interval == ">" {
                 out[last_index..].fill(divisions);
             } else {
-                let mb: u64 = interval.parse().map_err(|_| {
+                let mb = whole_number(&interval).ok_or_else(|| {
                     invalid(KEY, &interval, "interval must be a size in MiB or `>`")
                 })?;
                 if !mb.is_power_of_two() {

@@ -224,6 +224,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.expandable
     }
 
+    /// Whether expandable segments were asked for on a backend without
+    /// virtual memory, so that segments are ordinary ones instead, as
+    /// PyTorch falls back where the driver lacks virtual memory management
+    /// (the caller says so once).
+    pub fn expandable_fallback(&self) -> bool {
+        self.options.expandable_segments && self.granularity == 0
+    }
+
     /// Allocates at least `size` bytes for use on `stream`.
     pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<Allocation, AllocError> {
         self.malloc_in(size, stream, None)
@@ -955,7 +963,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
         self.trim_growable_segments()?;
-        if self.options.unmap_free_pages {
+        // Without virtual memory no page was ever unmapped: nothing to settle.
+        if self.options.unmap_free_pages && self.granularity > 0 {
             let mut everything = u64::MAX;
             self.unmap_free_pages(None, &mut everything, None, false)?;
             // Detached memory is physically freed when its old mapping goes.

@@ -136,3 +136,42 @@ fn busy_pages_move_only_where_the_backend_detaches_them() {
         "without detaching the new mapping raises the peak ({peak_without} vs {peak_detaching})"
     );
 }
+
+#[test]
+fn expandable_segments_without_virtual_memory_fall_back_to_ordinary_segments() {
+    let s = StreamId(0);
+    // The setting recommended for memory, on a device without virtual
+    // memory: ordinary segments, as PyTorch gives, and every call works.
+    let mut e = engine("bound", Restricted::new(false), SimStreams::new());
+    assert!(e.expandable_fallback() && !e.expandable());
+    let mut plain = engine("", Restricted::new(false), SimStreams::new());
+    assert!(!plain.expandable_fallback());
+    for (size, round) in [(3 * MIB, 0), (30 * MIB, 1), (5 * MIB, 2), (64 * MIB, 3)] {
+        let a = e.malloc(size, s).unwrap();
+        let b = plain.malloc(size, s).unwrap();
+        assert_eq!(
+            e.stats().reserved_bytes.all.current,
+            plain.stats().reserved_bytes.all.current,
+            "round {round}"
+        );
+        if round % 2 == 0 {
+            e.free(a.addr).unwrap();
+            plain.free(b.addr).unwrap();
+        }
+    }
+    e.empty_cache().unwrap();
+    e.assert_valid();
+    // Asked for at run time, as `_set_allocator_settings` would: accepted,
+    // and segments stay ordinary.
+    let mut late = engine("", Restricted::new(false), SimStreams::new());
+    let cfg = AllocatorConfig::default()
+        .with_settings("expandable_segments:True")
+        .unwrap();
+    late.reconfigure(&cfg).unwrap();
+    assert!(late.expandable_fallback() && !late.expandable());
+    late.malloc(3 * MIB, s).unwrap();
+    assert_eq!(late.stats().reserved_bytes.all.current, 20 * MIB as i64);
+    // With virtual memory nothing falls back.
+    let grown = engine("expandable", Restricted::new(true), SimStreams::new());
+    assert!(grown.expandable() && !grown.expandable_fallback());
+}

@@ -26,7 +26,8 @@ if [ "${1:-}" = "--tests" ]; then
   cd "$root"
   cargo test --workspace --test gpu_streams --test gpu_devices -- --ignored --exact \
     streams_created_and_dropped_by_the_hundred_are_let_go \
-    a_stream_in_the_place_of_one_let_go_is_checked_again
+    a_stream_in_the_place_of_one_let_go_is_checked_again \
+    expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory
   exit 0
 fi
 

@@ -4,8 +4,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
-    Allocation, AllocatorConfig, ConfigError, Engine, EngineOptions, MemoryBackend, Policy,
-    PoolCheckpoint, PoolId, RestoreOutcome, SegmentSource, Snapshot, Stats, StreamId,
+    Allocation, AllocatorConfig, ConfigError, Engine, EngineOptions, Policy, PoolCheckpoint,
+    PoolId, RestoreOutcome, SegmentSource, Snapshot, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -15,6 +15,7 @@ use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats};
 use crate::memory::CudaMemory;
+use crate::notice::NO_VIRTUAL_MEMORY;
 use crate::observer::{ObserverSlot, SegmentObserver};
 use crate::stream::{stream_ref, AsStream, StreamRef};
 use crate::CudaEngine;
@@ -162,7 +163,7 @@ fn check_own_policy<P: Policy>(policy: &P, config: &AllocatorConfig) -> Result<(
     if let Some(name) = &config.policy {
         return Err(ConfigError::InvalidValue {
             key: "policy".into(),
-            value: name.clone(),
+            value: alloc_core::config::excerpt(name),
             reason: format!(
                 "the allocator is given a policy of its own (`{}`)",
                 policy.name()
@@ -225,7 +226,9 @@ impl CudaAllocator {
         Ok(slot.get_or_init(|| alloc).clone())
     }
 
-    /// Sets the configuration of the global allocators; fails once one of
+    /// Sets the configuration of the global allocators (a configuration
+    /// string, or a setting's name such as `bound`, alone or followed by
+    /// options: `alloc_core::config::NAMED_SETTINGS`); fails once one of
     /// them exists.
     pub fn configure_global(config: &str) -> Result<(), CudaError> {
         let parsed = AllocatorConfig::parse(config)?;
@@ -280,15 +283,12 @@ impl<P: Policy> CudaAllocator<P> {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
         let observer = ObserverSlot::default();
-        let mut memory =
-            CudaMemory::with_observer(ctx.clone(), observer.clone(), config.unmap_worker)?;
-        if config.expandable_segments && memory.virtual_memory().is_none() {
-            return Err(CudaError::Unsupported(
-                "expandable_segments:true needs virtual memory management, which this device lacks",
-            ));
-        }
+        let memory = CudaMemory::with_observer(ctx.clone(), observer.clone(), config.unmap_worker)?;
         let streams = CudaStreams::new(ctx.clone());
         let mut engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        if engine.expandable_fallback() {
+            NO_VIRTUAL_MEMORY.say();
+        }
         if let Some(fraction) = config.per_process_memory_fraction {
             engine.set_memory_fraction(fraction)?;
         }
@@ -347,6 +347,9 @@ impl<P: Policy> CudaAllocator<P> {
             )));
         }
         engine.reconfigure(&wanted)?;
+        if engine.expandable_fallback() {
+            NO_VIRTUAL_MEMORY.say();
+        }
         if wanted.per_process_memory_fraction != config.per_process_memory_fraction {
             if let Some(fraction) = wanted.per_process_memory_fraction {
                 engine.set_memory_fraction(fraction)?;

@@ -101,6 +101,7 @@ mod error;
 mod events;
 mod ipc;
 mod memory;
+mod notice;
 mod observer;
 mod pinned;
 mod sleep;

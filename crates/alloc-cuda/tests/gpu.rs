@@ -96,6 +96,54 @@ fn every_policy_alloc_write_read_free_reuse() {
     }
 }
 
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn every_named_setting_allocates_and_keeps_data() {
+    use alloc_core::config::NAMED_SETTINGS;
+    use alloc_core::AllocatorConfig;
+    for setting in NAMED_SETTINGS {
+        for text in [
+            setting.name.to_string(),
+            format!("{},max_split_size_mb:64", setting.name),
+        ] {
+            let alloc = allocator(&text);
+            let mut want = AllocatorConfig::parse(setting.config).unwrap();
+            if text.contains("max_split") {
+                want.max_split_size = 64 * MIB;
+            }
+            assert_eq!(alloc.config(), want, "{text}");
+            let stream = new_stream(&alloc);
+            let sizes = [512, 3 * MIB as usize, 30 * MIB as usize, 100 * MIB as usize];
+            let mut held = Vec::new();
+            for (i, &size) in sizes.iter().enumerate() {
+                let data = pattern(size, i as u64);
+                let buf = alloc.alloc_from_host(&data, &stream).unwrap();
+                held.push((buf, data));
+            }
+            // Free every other one and allocate again over the holes.
+            let mut kept = Vec::new();
+            for (i, (buf, data)) in held.into_iter().enumerate() {
+                if i % 2 == 0 {
+                    drop(buf);
+                } else {
+                    kept.push((buf, data));
+                }
+            }
+            let again = pattern(20 * MIB as usize, 9);
+            let extra = alloc.alloc_from_host(&again, &stream).unwrap();
+            assert!(extra.copy_to_host().unwrap() == again, "{text}");
+            for (buf, data) in &kept {
+                assert!(buf.copy_to_host().unwrap() == *data, "{text}: data changed");
+            }
+            drop(extra);
+            drop(kept);
+            alloc.validate().unwrap().unwrap();
+            assert_drained(&alloc);
+            println!("{text:>40}: ok");
+        }
+    }
+}
+
 /// What the cross-stream scenario observed.
 struct CrossStream {
     reused_address: bool,

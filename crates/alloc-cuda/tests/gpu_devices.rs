@@ -259,3 +259,41 @@ fn a_stream_in_the_place_of_one_let_go_is_checked_again() {
     );
     assert_drained(&alloc);
 }
+
+/// `expandable_segments:True` (here through the name `bound`) where the
+/// device lacks virtual memory management gives ordinary segments, as
+/// PyTorch does, never an allocator that fails every call. Over the null
+/// driver, which has none (`null-driver/run.sh --tests`), the fallback is
+/// taken; on a GPU with it, segments grow.
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory() {
+    let alloc = CudaAllocator::with_config_str(0, "bound").unwrap();
+    let (grows, fallback) = alloc
+        .inspect(|e| (e.expandable(), e.expandable_fallback()))
+        .unwrap();
+    assert_ne!(grows, fallback);
+    let stream = new_stream(&alloc);
+    let a = alloc.malloc(3 * MIB, &stream).unwrap();
+    let b = alloc.malloc(30 * MIB, &stream).unwrap();
+    if fallback {
+        // PyTorch's plain rules: a 20 MiB segment for the small request,
+        // one of its own size for the large.
+        assert_eq!(alloc.reserved_bytes().unwrap(), 50 * MIB);
+    }
+    alloc.free(a).unwrap();
+    alloc.free(b).unwrap();
+    // Asked for again at run time: accepted, the same segments.
+    alloc.update_settings("expandable_segments:True").unwrap();
+    alloc.free(alloc.malloc(5 * MIB, &stream).unwrap()).unwrap();
+    println!(
+        "device {}: {}",
+        0,
+        if fallback {
+            "no virtual memory management, ordinary segments"
+        } else {
+            "segments grow"
+        }
+    );
+    assert_drained(&alloc);
+}

@@ -68,12 +68,14 @@ void* gpualloc_malloc(ssize_t size, int device, cudaStream_t stream);
 void gpualloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
 /* Sets the configuration (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
- * "policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True"), replacing
+ * "policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True", or a
+ * setting's name, alone or followed by options: "bound,max_split_size_mb:64"), replacing
  * GPUALLOC_CONF. Must be called before the first use of the allocator: then it
  * returns GPUALLOC_ERR_TOO_LATE. A bad string returns GPUALLOC_ERR_INVALID (-1). */
 int gpualloc_configure(const char* config);
 
-/* Parses and validates a configuration string without applying it (no CUDA call). */
+/* Parses and validates a configuration string or setting name without applying it
+ * (no CUDA call). */
 int gpualloc_check_config(const char* config);
 
 /* Changes the settings that `settings` names (configuration syntax) while the

@@ -98,7 +98,8 @@ pub const API: &[ApiFn] = &[
         name: "gpualloc_configure",
         params: &[("const char*", "config")],
         doc: "Sets the configuration (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.\n\
-              \"policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True\"), replacing\n\
+              \"policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True\", or a\n\
+              setting's name, alone or followed by options: \"bound,max_split_size_mb:64\"), replacing\n\
               GPUALLOC_CONF. Must be called before the first use of the allocator: then it\n\
               returns GPUALLOC_ERR_TOO_LATE. A bad string returns GPUALLOC_ERR_INVALID (-1).",
     },
@@ -106,7 +107,8 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_check_config",
         params: &[("const char*", "config")],
-        doc: "Parses and validates a configuration string without applying it (no CUDA call).",
+        doc: "Parses and validates a configuration string or setting name without applying it\n\
+              (no CUDA call).",
     },
     ApiFn {
         ret: "int",

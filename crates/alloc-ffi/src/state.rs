@@ -232,7 +232,10 @@ fn seal(s: &mut ConfigState) {
         return;
     }
     if let Err(e) = CudaAllocator::configure_global(&text) {
-        let msg = format!("invalid {ENV_CONF}=\"{text}\": {e}");
+        let msg = format!(
+            "invalid {ENV_CONF}=\"{}\": {e}",
+            alloc_core::config::excerpt(&text)
+        );
         s.env_error = Some(msg.clone());
         to_stderr(&format!(
             "{msg}; every allocation will fail until the process restarts"

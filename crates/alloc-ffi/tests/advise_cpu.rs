@@ -31,9 +31,10 @@ fn the_snapshot_gets_a_recommendation_with_its_call_and_cost() {
     let advice = advise(SNAPSHOT, -1).unwrap();
     assert_eq!(advice["trace"], "mlp");
     assert_eq!(advice["recommended_setting"], "unmap16");
+    assert_eq!(advice["enable_call"], "gpu_alloc.enable(\"unmap16\")");
     assert_eq!(
-        advice["enable_call"],
-        "gpu_alloc.enable(\"expandable_segments:True,unmap_free_pages:True\")"
+        advice["gpualloc_conf"],
+        "expandable_segments:True,unmap_free_pages:True"
     );
     assert_eq!(advice["steps"]["steps"], 3);
     let outcomes = advice["outcomes"].as_array().unwrap();

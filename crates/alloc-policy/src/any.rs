@@ -69,7 +69,7 @@ impl AnyPolicy {
             };
             ConfigError::InvalidValue {
                 key: "policy".into(),
-                value: name.into(),
+                value: alloc_core::config::excerpt(name),
                 reason,
             }
         };

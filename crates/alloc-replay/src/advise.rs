@@ -264,7 +264,11 @@ impl Advice {
         }
         let r = self.recommendation();
         let best = self.best_of_pytorch();
-        let _ = writeln!(out, "\nrecommended: {}", r.setting.label);
+        let _ = writeln!(
+            out,
+            "\nrecommended: {} (`{}`)",
+            r.setting.label, r.setting.name
+        );
         let _ = writeln!(
             out,
             "  {} peak reserved: {:.3}x PyTorch's default, {:.3}x its best ({})",
@@ -273,11 +277,19 @@ impl Advice {
             r.vs_pytorch_best,
             best.setting.label
         );
-        let _ = writeln!(out, "  {}", r.setting.enable_call());
         if r.setting.config.is_empty() {
-            let _ = writeln!(out, "  (GPUALLOC_CONF unset)");
+            let _ = writeln!(out, "  {} (GPUALLOC_CONF unset)", r.setting.enable_call());
         } else {
-            let _ = writeln!(out, "  or GPUALLOC_CONF=\"{}\"", r.setting.config);
+            // The name, which every configuration entry point takes, and
+            // the string it stands for.
+            let _ = writeln!(
+                out,
+                "  {}, or GPUALLOC_CONF=\"{}\"; `{}` stands for\n  {}",
+                r.setting.enable_call(),
+                r.setting.name,
+                r.setting.name,
+                r.setting.config
+            );
         }
         if r.setting.pytorch {
             let _ = writeln!(
@@ -444,10 +456,16 @@ mod tests {
     fn the_text_names_the_call_and_the_cost() {
         let a = advice(&[(0, 1_000_000, 0), (1, 1_000_000, 0), (2, 955_000, 100)]);
         let text = a.to_text();
+        assert!(text.contains("(`unmap16`)"), "{text}");
         assert!(
-            text.contains("gpu_alloc.enable(\"expandable_segments:True,unmap_free_pages:True\")"),
+            text.contains("gpu_alloc.enable(\"unmap16\"), or GPUALLOC_CONF=\"unmap16\""),
             "{text}"
         );
+        assert!(
+            text.contains("stands for\n  expandable_segments:True,unmap_free_pages:True\n"),
+            "{text}"
+        );
+        assert!(text.lines().all(|l| l.len() <= 100), "{text}");
         assert!(text.contains("100 pages of 16 MiB"), "{text}");
         assert!(text.contains("for the whole trace"), "{text}");
         let json = a.to_json();

@@ -7,6 +7,7 @@
 //! large requests), size classes (the lowest host cost), and, on traces with
 //! several streams, stream-wait reuse for FSDP-style training.
 
+use alloc_core::config::named::{self, NamedSetting};
 use serde::Serialize;
 
 use crate::trace::Trace;
@@ -32,9 +33,9 @@ pub struct Setting {
 
 /// PyTorch's default rules (ours reproduce them: `policy:pytorch-bfc`).
 pub const PYTORCH_DEFAULT: Setting = Setting {
-    name: "default",
+    name: named::DEFAULT.name,
     label: "PyTorch's default",
-    config: "",
+    config: named::DEFAULT.config,
     pytorch: true,
     page_mb: None,
     multi_stream: false,
@@ -42,9 +43,9 @@ pub const PYTORCH_DEFAULT: Setting = Setting {
 
 /// PyTorch's expandable segments (reproduced byte for byte).
 pub const PYTORCH_EXPANDABLE: Setting = Setting {
-    name: "expandable",
+    name: named::EXPANDABLE.name,
     label: "PyTorch's expandable segments",
-    config: "expandable_segments:True",
+    config: named::EXPANDABLE.config,
     pytorch: true,
     page_mb: None,
     multi_stream: false,
@@ -55,10 +56,9 @@ pub const PYTORCH_EXPANDABLE: Setting = Setting {
 /// a growing key/value cache from stranding holes that pages must then
 /// leave (docs/policies.md, "Memory at the bound").
 pub const BOUND: Setting = Setting {
-    name: "bound",
+    name: named::BOUND.name,
     label: "at the bound: 8 MiB pages, plan, first fit",
-    config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8,plan_layout:True,\
-             first_fit_mb:8",
+    config: named::BOUND.config,
     pytorch: false,
     page_mb: Some(8),
     multi_stream: false,
@@ -70,34 +70,34 @@ pub const SETTINGS: &[Setting] = &[
     PYTORCH_DEFAULT,
     PYTORCH_EXPANDABLE,
     Setting {
-        name: "unmap16",
+        name: named::UNMAP16.name,
         label: "unmap_free_pages, 16 MiB pages",
-        config: "expandable_segments:True,unmap_free_pages:True",
+        config: named::UNMAP16.config,
         pytorch: false,
         page_mb: Some(16),
         multi_stream: false,
     },
     Setting {
-        name: "unmap8",
+        name: named::UNMAP8.name,
         label: "unmap_free_pages, 8 MiB pages",
-        config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8",
+        config: named::UNMAP8.config,
         pytorch: false,
         page_mb: Some(8),
         multi_stream: false,
     },
     BOUND,
     Setting {
-        name: "size-class",
+        name: named::SIZE_CLASS.name,
         label: "size classes",
-        config: "policy:size-class",
+        config: named::SIZE_CLASS.config,
         pytorch: false,
         page_mb: None,
         multi_stream: false,
     },
     Setting {
-        name: "stream-wait",
+        name: named::STREAM_WAIT.name,
         label: "stream-wait reuse + unmap_free_pages (FSDP)",
-        config: "stream_wait_reuse:True,expandable_segments:True,unmap_free_pages:True",
+        config: named::STREAM_WAIT.config,
         pytorch: false,
         page_mb: Some(16),
         multi_stream: true,
@@ -115,13 +115,19 @@ impl Setting {
         }
     }
 
-    /// The Python call that selects it.
+    /// The Python call that selects it, by name.
     pub fn enable_call(&self) -> String {
         if self.config.is_empty() {
             "gpu_alloc.enable()".to_string()
         } else {
-            format!("gpu_alloc.enable(\"{}\")", self.config)
+            format!("gpu_alloc.enable(\"{}\")", self.name)
         }
+    }
+
+    /// The named setting of the configuration parser that it is: the name
+    /// and string that every configuration entry point takes.
+    pub fn named(&self) -> Option<&'static NamedSetting> {
+        named::named_setting(self.name)
     }
 }
 
@@ -152,8 +158,24 @@ mod tests {
         assert_eq!(PYTORCH_DEFAULT.enable_call(), "gpu_alloc.enable()");
         assert_eq!(
             PYTORCH_EXPANDABLE.enable_call(),
-            "gpu_alloc.enable(\"expandable_segments:True\")"
+            "gpu_alloc.enable(\"expandable\")"
         );
+    }
+
+    #[test]
+    fn every_setting_is_a_named_setting_of_the_parser() {
+        for s in SETTINGS {
+            let named = s
+                .named()
+                .unwrap_or_else(|| panic!("{} has no name", s.name));
+            assert_eq!(named.config, s.config, "{}", s.name);
+            assert_eq!(
+                alloc_core::AllocatorConfig::parse(s.name).unwrap(),
+                alloc_core::AllocatorConfig::parse(s.config).unwrap(),
+                "{}",
+                s.name
+            );
+        }
     }
 
     #[test]

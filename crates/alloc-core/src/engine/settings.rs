@@ -49,14 +49,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if wanted.unmap_free_pages && wanted.unmap_worker != self.options.unmap_worker {
             return Err(fixed("unmap_worker"));
         }
-        let growable_memory = self.granularity > 0;
-        if wanted.expandable_segments && !growable_memory {
-            return Err(AllocError::InvalidArgument(
-                "`expandable_segments` needs a memory backend with growable ranges".into(),
-            ));
-        }
         self.policy.reconfigure(cfg)?;
-        self.expandable = wanted.expandable_segments && self.policy.supports_growth();
+        // Without virtual memory, segments stay ordinary ones, as at
+        // construction ([`Engine::expandable_fallback`]).
+        let growable_memory = self.granularity > 0;
+        self.expandable =
+            wanted.expandable_segments && self.policy.supports_growth() && growable_memory;
         self.options = wanted;
         self.heap
             .set_oversize_threshold(self.policy.oversize_threshold());
