@@ -4,6 +4,7 @@
 
 use thiserror::Error;
 
+use crate::budget::MemoryBudget;
 use crate::page_layout::PageLayout;
 use crate::pytorch::LARGE_BUFFER;
 use crate::types::MIB;
@@ -142,6 +143,14 @@ pub struct AllocatorConfig {
     /// `per_process_memory_fraction`, like `set_memory_fraction`); `None`:
     /// no limit.
     pub per_process_memory_fraction: Option<f64>,
+    /// With `unmap_free_pages`: the memory budget (`memory_budget_mb`, or
+    /// `memory_budget_fraction` of the device; ours). Below it the heap
+    /// grows by mapping new pages, with no unmaps and no page moves; at it
+    /// free pages are unmapped and reused before the heap passes it; the
+    /// memory-fraction limit and the device's free memory count as budgets
+    /// too. `None` (the default): pages move whenever reserved memory would
+    /// pass its earlier peak ([`crate::budget`]).
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for AllocatorConfig {
@@ -162,6 +171,7 @@ impl Default for AllocatorConfig {
             policy: None,
             graph_capture_record_stream_reuse: false,
             per_process_memory_fraction: None,
+            memory_budget: None,
         }
     }
 }
@@ -195,7 +205,7 @@ const KNOWN_KEYS: &str = "policy, max_split_size_mb, max_non_split_rounding_mb, 
 roundup_power2_divisions, garbage_collection_threshold, expandable_segments, \
 stream_wait_reuse, unmap_free_pages, unmap_page_mb, unmap_worker, plan_layout, first_fit_mb, idle_slab_limit_mb, backend, release_lock_on_cudamalloc, pinned_use_cuda_host_register, \
 pinned_num_register_threads, pinned_use_background_threads, graph_capture_record_stream_reuse, \
-per_process_memory_fraction";
+per_process_memory_fraction, memory_budget_mb, memory_budget_fraction";
 
 impl AllocatorConfig {
     /// Parses a configuration string. An empty string gives the defaults.
@@ -309,6 +319,20 @@ impl AllocatorConfig {
                         .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
                     cfg.per_process_memory_fraction = Some(f);
                 }
+                "memory_budget_mb" => {
+                    cfg.memory_budget = Some(MemoryBudget::Bytes(p.mebibytes(&key)?));
+                }
+                "memory_budget_fraction" => {
+                    let v = p.value(&key)?;
+                    let f = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|f| *f > 0.0 && *f <= 1.0)
+                        .ok_or_else(|| {
+                            invalid(&key, &v, "expected a number above 0.0, up to 1.0")
+                        })?;
+                    cfg.memory_budget = Some(MemoryBudget::Fraction(f));
+                }
                 _ => {
                     return Err(ConfigError::UnknownKey {
                         key,
@@ -364,6 +388,17 @@ impl AllocatorConfig {
                 "unmap_page_mb",
                 &unmap_page_value(&cfg.unmap_pages),
                 "needs unmap_free_pages:True (it sizes the pages that mode moves)",
+            ));
+        }
+        if let (Some(budget), false) = (cfg.memory_budget, cfg.unmap_free_pages) {
+            let (key, value) = match budget {
+                MemoryBudget::Bytes(bytes) => ("memory_budget_mb", (bytes >> 20).to_string()),
+                MemoryBudget::Fraction(f) => ("memory_budget_fraction", f.to_string()),
+            };
+            return Err(invalid(
+                key,
+                &value,
+                "needs unmap_free_pages:True (the budget decides when that mode unmaps pages)",
             ));
         }
         if worker_set && !cfg.unmap_free_pages {
@@ -583,6 +618,26 @@ mod tests {
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert!(c.expandable_segments && c.stream_wait_reuse);
         assert_eq!(c.policy.as_deref(), Some("buddy"));
+    }
+
+    #[test]
+    fn parses_the_memory_budget() {
+        let base = "expandable_segments:True,unmap_free_pages:True";
+        let c = AllocatorConfig::parse(&format!("{base},memory_budget_mb:24576")).unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::Bytes(24 * 1024 * MIB)));
+        let c = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:0.5")).unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::Fraction(0.5)));
+        assert_eq!(AllocatorConfig::default().memory_budget, None);
+        for bad in ["0", "1.5", "-1", "half", "NaN"] {
+            let e = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:{bad}"))
+                .unwrap_err();
+            assert!(e.to_string().contains("memory_budget_fraction"), "{e}");
+        }
+        let e = AllocatorConfig::parse("memory_budget_mb:1024").unwrap_err();
+        assert!(e.to_string().contains("needs unmap_free_pages"), "{e}");
+        let e = AllocatorConfig::parse("expandable_segments:True,memory_budget_fraction:0.5")
+            .unwrap_err();
+        assert!(e.to_string().contains("memory_budget_fraction"), "{e}");
     }
 
     #[test]

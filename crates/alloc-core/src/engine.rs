@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
+use crate::budget::MemoryBudget;
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
@@ -63,6 +64,10 @@ pub struct EngineOptions {
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
     pub graph_capture_record_stream_reuse: bool,
+    /// With `unmap_free_pages`, the memory budget below which the heap grows
+    /// without unmapping or moving pages ([`crate::budget`]); `None`: the
+    /// reserved peak is that level.
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for EngineOptions {
@@ -81,6 +86,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_pages: cfg.unmap_pages,
             unmap_worker: cfg.unmap_worker,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
+            memory_budget: cfg.memory_budget,
         }
     }
 }
@@ -391,6 +397,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         key: CacheKey,
     ) -> Result<(), AllocError> {
         if self.map_pages_under(piece)? {
+            return Ok(());
+        }
+        // No out-of-memory error while free pages of ours, whatever stream
+        // cached them, could serve the request.
+        if self.reclaim_free_pages(Some(piece))? && self.map_pages_under(piece)? {
             return Ok(());
         }
         self.policy.insert_free(&mut self.heap, piece);
@@ -743,6 +754,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         &self.memory
     }
 
+    /// The memory backend, mutably (tests make another process take
+    /// simulated memory here).
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
+    }
+
     /// The stream backend.
     pub fn streams(&self) -> &S {
         &self.streams
@@ -962,16 +979,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
         self.trim_growable_segments()?;
-        if self.options.unmap_free_pages {
-            let mut everything = u64::MAX;
-            self.unmap_free_pages(None, &mut everything, None, false)?;
-            // Detached memory is physically freed when its old mapping goes.
-            let keys: Vec<_> = self.growable.keys().copied().collect();
-            for key in keys {
-                self.settle_detached(&key, 0, u64::MAX)?;
-            }
-            virtual_memory(&mut self.memory)?.release_spare()?;
-        }
+        self.reclaim_free_pages(None)?;
         let idle: Vec<SegmentId> = self
             .heap
             .segments()

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod budget;
 pub mod capture;
 pub mod config;
 pub mod engine;
@@ -33,6 +34,7 @@ pub mod types;
 mod validate;
 
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
+pub use budget::MemoryBudget;
 pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES};
 pub use engine::{

@@ -21,6 +21,23 @@ pub unsafe extern "C" fn gpualloc_advise(
     device: c_int,
     name: *const c_char,
 ) -> *mut c_char {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { gpualloc_advise_budget(data, len, device, name, 0) }
+}
+
+/// [`gpualloc_advise`] for a memory budget of `budget_bytes` (0: the
+/// device's memory); see `include/gpualloc.h`.
+///
+/// # Safety
+/// As [`gpualloc_advise`].
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_advise_budget(
+    data: *const c_void,
+    len: usize,
+    device: c_int,
+    name: *const c_char,
+    budget_bytes: u64,
+) -> *mut c_char {
     call_ptr(|| {
         if data.is_null() {
             return Err(FfiError::invalid("data is NULL"));
@@ -41,7 +58,8 @@ pub unsafe extern "C" fn gpualloc_advise(
                 ))
             })?),
         };
-        let json = advice_json(name, bytes, device)?;
+        let budget = (budget_bytes > 0).then_some(budget_bytes);
+        let json = advice_json(name, bytes, device, budget)?;
         CString::new(json)
             .map(CString::into_raw)
             .map_err(|e| FfiError::internal(e.to_string()))
@@ -49,17 +67,22 @@ pub unsafe extern "C" fn gpualloc_advise(
 }
 
 #[cfg(feature = "advise")]
-fn advice_json(name: &str, bytes: &[u8], device: Option<usize>) -> Result<String, FfiError> {
+fn advice_json(
+    name: &str,
+    bytes: &[u8],
+    device: Option<usize>,
+    budget: Option<u64>,
+) -> Result<String, FfiError> {
     let invalid = |e: &dyn std::fmt::Display| FfiError::invalid(format!("{name}: {e}"));
     let trace = alloc_replay::parse_bytes_of(name, bytes, device).map_err(|e| invalid(&e))?;
     let mut opts = alloc_replay::ReplayOptions::default();
     opts.timed_runs = 0;
-    let advice = alloc_replay::advise(&trace, &opts).map_err(|e| invalid(&e))?;
+    let advice = alloc_replay::advise_at(&trace, &opts, budget).map_err(|e| invalid(&e))?;
     serde_json::to_string(&advice.to_json()).map_err(|e| FfiError::internal(e.to_string()))
 }
 
 #[cfg(not(feature = "advise"))]
-fn advice_json(_: &str, _: &[u8], _: Option<usize>) -> Result<String, FfiError> {
+fn advice_json(_: &str, _: &[u8], _: Option<usize>, _: Option<u64>) -> Result<String, FfiError> {
     Err(FfiError::invalid(
         "this library was built without the `advise` feature",
     ))

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::growable::{growth, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
+use crate::budget::ReclaimInputs;
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_layout::PageLayout;
@@ -213,23 +214,57 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(false);
         }
         let peak = self.heap.stats.reserved_bytes.all_peak() as u64;
-        let mut deficit = (self.reserved_bytes() + needed).saturating_sub(peak);
+        let reserved = self.reserved_bytes();
+        let level = ReclaimInputs {
+            budget: self.options.memory_budget,
+            capacity: self.memory.capacity(),
+            peak,
+            reserved,
+            limit: self.limit,
+        }
+        .level(|| self.memory.free_bytes());
+        let mut deficit = reserved.saturating_add(needed).saturating_sub(level);
         if deficit == 0 {
             return Ok(false);
         }
-        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true)?;
+        // At a budget the host waits for streams whose free pages the GPU
+        // may still use rather than pass it; at the peak it never waits.
+        let wait = self.options.memory_budget.is_some();
+        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true, wait)?;
         if deficit > 0 && self.keeps_pages_mapped() {
             // The policy's kept range may raise the peak by its allowance
             // only; beyond it, its free pages move too.
             let allowance = (peak / KEPT_MAPPED_SHARE).saturating_sub(self.kept_growth);
             if deficit > allowance {
                 let mut over = deficit - allowance;
-                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false)?;
+                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false, wait)?;
                 deficit = allowance + over;
             }
             self.kept_growth += deficit.min(allowance);
         }
         Ok(detached)
+    }
+
+    /// With `unmap_free_pages`: unmaps every free page of ours (`keep`'s
+    /// excepted), waiting on the host for streams whose pages the GPU may
+    /// still use, and gives the physical memory back to the device: what
+    /// runs before a mapping the device (or the limit) refused is tried
+    /// again, and what `empty_cache` does. Returns whether reserved memory
+    /// went down.
+    pub(super) fn reclaim_free_pages(&mut self, keep: Option<BlockId>) -> Result<bool, AllocError> {
+        if !self.options.unmap_free_pages || self.pools.capture_underway() {
+            return Ok(false);
+        }
+        let before = self.reserved_bytes();
+        let mut everything = u64::MAX;
+        self.unmap_free_pages(keep, &mut everything, None, false, true)?;
+        // Detached memory is physically freed when its old mapping goes.
+        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
+        for key in keys {
+            self.settle_detached(&key, 0, u64::MAX)?;
+        }
+        virtual_memory(&mut self.memory)?.release_spare()?;
+        Ok(self.reserved_bytes() < before)
     }
 
     /// Whether the policy keeps part of a growable segment mapped
@@ -253,14 +288,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its stream and page size are detached for it (its work is queued
     /// after theirs) and the others stay, so that the host never waits here
     /// and the mapping raises the peak by what is missing; with no mapping
-    /// to come (emptying the cache), the host waits for each stream with
-    /// busy pages and unmaps them all. Returns whether pages were detached.
+    /// to come (emptying the cache) or with `wait` (at a memory budget),
+    /// the host waits for each stream with busy pages that stay and unmaps
+    /// them too. Returns whether pages were detached.
     pub(super) fn unmap_free_pages(
         &mut self,
         keep: Option<BlockId>,
         budget: &mut u64,
         mover: Option<(StreamId, u64)>,
         spare_kept: bool,
+        wait: bool,
     ) -> Result<bool, AllocError> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
@@ -317,8 +354,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             detached = true;
             self.unmap_runs(&key, busy, budget, true)?;
         }
-        if mover.is_none() {
-            // Emptying the cache: wait for every stream with busy pages.
+        if mover.is_none() || wait {
+            // Emptying the cache, or at a budget: wait for every stream with
+            // busy pages.
             for (key, busy) in waiting {
                 if *budget == 0 {
                     break;
