@@ -16,6 +16,7 @@ mod capture_reuse;
 mod checkpoint;
 mod event_queues;
 mod expandable;
+mod free_page_index;
 mod growable;
 mod idle_pages;
 mod live_table;
@@ -30,6 +31,7 @@ use crate::tags::Tags;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use event_queues::{EventQueues, Users};
+use free_page_index::FreePageIndex;
 use growable::Growable;
 pub(crate) use growable::SegmentKey;
 pub(crate) use live_table::LiveTable;
@@ -178,6 +180,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     limit: Option<u64>,
     /// Growable segments by (cache, pool), when expandable segments are on.
     growable: FxHashMap<SegmentKey, Growable<S::Event>>,
+    /// The growable segments that may hold free mapped pages: what
+    /// unmapping free pages visits.
+    free_pages: FreePageIndex,
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,
@@ -214,6 +219,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             events: EventQueues::default(),
             limit: None,
             growable: FxHashMap::default(),
+            free_pages: FreePageIndex::default(),
             expandable,
             granularity,
             pools: PrivatePools::default(),
@@ -737,6 +743,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             requested: b.requested,
             stream: b.stream,
         })
+    }
+
+    /// Growable segments that the unmapping of free pages visited so far
+    /// (`unmap_free_pages`): its work, which follows the segments that hold
+    /// free mapped pages, not the streams ever seen.
+    pub fn free_page_segments_visited(&self) -> u64 {
+        self.free_pages.visited()
     }
 
     /// Number of blocks awaiting stream events.

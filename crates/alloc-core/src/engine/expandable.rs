@@ -13,7 +13,7 @@ use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_layout::PageLayout;
 use crate::page_set::partition_pages;
-use crate::policy::{Policy, Request};
+use crate::policy::{KeptKeys, Policy, Request};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, StreamId};
 
@@ -31,11 +31,19 @@ fn elapsed_ns(started: Instant) -> u64 {
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Every growable segment's invariants ([`Growable::check`]).
+    /// Every growable segment's invariants ([`Growable::check`]), and with
+    /// `unmap_free_pages` each one with free mapped pages listed for unmapping.
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
-        for g in self.growable.values() {
+        for (key, g) in &self.growable {
             let paused = self.pools.is_paused_key(self.heap.segment(g.segment).key());
             g.check(&self.heap, paused)?;
+            let unlisted = self.options.unmap_free_pages && !self.free_pages.contains(key);
+            if unlisted && !g.free_mapped_runs(&self.heap, None).is_empty() {
+                return Err(format!(
+                    "segment {:#x} holds free mapped pages but is not listed for unmapping",
+                    self.heap.segment(g.segment).addr
+                ));
+            }
         }
         Ok(())
     }
@@ -92,6 +100,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.set_expandable(segment);
             let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
             self.growable.insert((req.key, req.pool), grown);
+            self.free_pages.note((req.key, req.pool));
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
@@ -107,6 +116,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .get_mut(&(req.key, req.pool))
             .expect("growable");
         g.pages_mapped(end, extra, reused_busy);
+        self.free_pages.note((req.key, req.pool));
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -270,13 +280,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Whether the policy keeps part of a growable segment mapped
     /// ([`Policy::kept_mapped`]).
     fn keeps_pages_mapped(&self) -> bool {
-        self.growable.iter().any(|(key, g)| {
+        let kept = |key: &SegmentKey, g: &Growable<S::Event>| {
             key.1 == PoolKind::Large
                 && self
                     .policy
                     .kept_mapped(self.heap.segment(g.segment).key())
                     .is_some()
-        })
+        };
+        match self.policy.kept_mapped_keys() {
+            KeptKeys::None => false,
+            KeptKeys::One(cache) => {
+                let key = (cache, PoolKind::Large);
+                self.growable.get(&key).is_some_and(|g| kept(&key, g))
+            }
+            KeptKeys::Any => self.growable.iter().any(|(key, g)| kept(key, g)),
+        }
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
@@ -302,11 +320,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
-        for key in keys {
+        for key in self.free_pages.to_visit() {
             if *budget == 0 {
                 break;
             }
+            self.free_pages.count_visit();
             let g = &self.growable[&key];
             let (seg_id, pages) = (g.segment, *g.pages());
             let seg_key = self.heap.segment(seg_id).key();
@@ -314,6 +332,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 continue;
             }
             let mut runs = g.free_mapped_runs(&self.heap, keep);
+            let keeps_one = keep.is_some_and(|b| self.heap.block(b).segment == seg_id);
+            if runs.is_empty() && !keeps_one {
+                // Nothing to find here until a free or a mapping notes it.
+                self.free_pages.forget(&key);
+                continue;
+            }
             // Making room for a mapping, the pages the policy keeps mapped
             // stay (a plan uses them again every step) within their
             // allowance; emptying the cache takes them too.
@@ -432,6 +456,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
     pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
+        self.free_pages.forget(key);
         if let Some(mut g) = self.growable.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
@@ -554,6 +579,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let g = self.growable.get_mut(key).expect("growable");
         g.pages_mapped(start, bytes, false);
         self.heap.pages_mapped(seg_id, bytes);
+        self.free_pages.note(*key);
         Ok(true)
     }
 
@@ -582,8 +608,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return;
         }
         let (lo, hi) = (b.addr, b.addr + b.size);
-        if let Some(g) = self.growable.get_mut(&(seg.key(), seg.pool)) {
+        let key = (seg.key(), seg.pool);
+        if let Some(g) = self.growable.get_mut(&key) {
             g.idle.freed(lo, hi);
+            self.free_pages.note(key);
         }
     }
 
@@ -605,6 +633,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let needed = runs.iter().map(|r| r.1).sum();
         let runs_empty = runs.is_empty();
         if !runs_empty {
+            // Pages shared with free neighbours, and those of a mapping that
+            // fails midway, are free mapped pages.
+            self.free_pages.note(key);
             // Detached pages lie only in unmapped runs: a block with none
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;
