@@ -763,7 +763,30 @@ def memory_stats(device=None):
     return collections.OrderedDict(sorted(data.items()))
 
 
-def advise(snapshot, device=None, name=None, so_path=None):
+def budget_bytes(budget):
+    """A memory budget as ``advise`` takes it: an int of bytes, or a string of bytes or of
+    whole MiB or GiB (``"24576MiB"``, ``"24GiB"``). Raises ValueError otherwise."""
+    if isinstance(budget, bool):
+        raise ValueError("budget %r: expected bytes, or a whole number of MiB or GiB" % (budget,))
+    if isinstance(budget, int):
+        value = budget
+    else:
+        text = str(budget).strip()
+        unit = 1
+        for suffix, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+            if text.endswith(suffix):
+                text, unit = text[: -len(suffix)].strip(), scale
+                break
+        if not text.isdigit():
+            raise ValueError("budget %r: expected bytes, or a whole number of MiB or GiB (24GiB)"
+                             % (budget,))
+        value = int(text) * unit
+    if not 0 < value < 1 << 64:
+        raise ValueError("budget %r: expected a positive number of bytes" % (budget,))
+    return value
+
+
+def advise(snapshot, device=None, name=None, so_path=None, budget=None):
     """Which allocator setting for the workload recorded in ``snapshot``: the path of a
     ``torch.cuda.memory._dump_snapshot()`` pickle (or of a trace file), or its bytes.
 
@@ -773,8 +796,12 @@ def advise(snapshot, device=None, name=None, so_path=None):
     ``gpu_alloc.enable(...)`` to use), ``gpualloc_conf``, ``cost`` (page moves per step, in
     words), ``outcomes`` (per setting: peak reserved, ratios to PyTorch's default and
     best, pages moved), ``steps`` and the printable ``text``. ``device``: the snapshot's
-    device (default: the first with events). Raises ValueError for a file that is not a
-    snapshot with events, GpuAllocError for a library without ``gpualloc_advise``."""
+    device (default: the first with events). ``budget``: the memory the workload may use
+    (bytes, or ``"24GiB"``; default: the device's memory): the ``budget`` setting reclaims
+    at it and settings whose peak passes it are not recommended. Raises ValueError for a
+    file that is not a snapshot with events or a bad budget, GpuAllocError for a library
+    without ``gpualloc_advise`` (or, with a budget, ``gpualloc_advise_budget``)."""
+    budget = 0 if budget is None else budget_bytes(budget)
     if isinstance(snapshot, (bytes, bytearray)):
         data = bytes(snapshot)
         name = name or "snapshot"
@@ -786,15 +813,21 @@ def advise(snapshot, device=None, name=None, so_path=None):
             for suffix in (".gz", ".pickle", ".pkl", ".snapshot", ".trace"):
                 name = name[: -len(suffix)] if name.endswith(suffix) and name != suffix else name
     lib = load_library(so_path)
-    entry = getattr(lib, "gpualloc_advise", None)
+    entry_name = "gpualloc_advise_budget" if budget else "gpualloc_advise"
+    entry = getattr(lib, entry_name, None)
     if entry is None:
         raise GpuAllocError(
-            "%s has no gpualloc_advise (built before it, or without the `advise` feature): "
-            "rebuild it" % _lib_path
+            "%s has no %s (built before it, or without the `advise` feature): "
+            "rebuild it" % (_lib_path, entry_name)
         )
     entry.restype = ctypes.c_void_p
-    entry.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p]
-    ptr = entry(data, len(data), -1 if device is None else int(device), name.encode())
+    argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p]
+    args = [data, len(data), -1 if device is None else int(device), name.encode()]
+    if budget:
+        argtypes.append(ctypes.c_uint64)
+        args.append(budget)
+    entry.argtypes = argtypes
+    ptr = entry(*args)
     if not ptr:
         raise ValueError(last_error() or "gpualloc_advise failed")
     try:

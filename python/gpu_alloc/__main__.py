@@ -39,6 +39,9 @@ def _parser(prog):
     advise.add_argument("snapshot", metavar="SNAPSHOT", help="the pickle (or a trace file)")
     advise.add_argument("--device", type=int, metavar="N", help="the snapshot's device "
                         "(default: the first with events)")
+    advise.add_argument("--budget", metavar="BYTES|NMiB|NGiB", help="the memory the workload "
+                        "may use (default: the device's memory): the budget setting reclaims at "
+                        "it, and settings that pass it are not recommended")
     advise.add_argument("--json", action="store_true", help="print the full advice as JSON")
     advise.add_argument("--so", metavar="PATH", help="the liballoc_ffi.so to use")
     version = commands.add_parser("version", help="print the library's version and path")
@@ -62,7 +65,9 @@ def main(argv=None):
         import gpu_alloc
 
         try:
-            advice = gpu_alloc.advise(args.snapshot, device=args.device, so_path=args.so)
+            advice = gpu_alloc.advise(
+                args.snapshot, device=args.device, so_path=args.so, budget=args.budget
+            )
         except (OSError, ValueError, gpu_alloc.GpuAllocError) as e:
             parser.exit(1, "%s advise: %s\n" % (prog, e))
         print(json.dumps(advice, indent=1) if args.json else advice["text"], end="")

@@ -33,6 +33,20 @@ class Advise(unittest.TestCase):
             same = gpu_alloc.advise(f.read(), name="small_mlp_stacks")
         self.assertEqual(same["text"], advice["text"])
 
+    def test_a_budget_is_passed_through(self):
+        advice = gpu_alloc.advise(SNAPSHOT, budget="100MiB")
+        self.assertEqual(advice["budget_bytes"], 100 << 20)
+        budget = [o for o in advice["outcomes"] if o["setting"]["name"] == "budget"]
+        self.assertEqual(len(budget), 1)
+        self.assertLessEqual(advice["outcomes"][advice["recommended"]]["report"]
+                             ["peak_reserved_bytes"], 100 << 20)
+        self.assertIsNone(gpu_alloc.advise(SNAPSHOT)["budget_bytes"])
+        self.assertEqual(gpu_alloc.budget_bytes("2GiB"), 2 << 30)
+        self.assertEqual(gpu_alloc.budget_bytes(4096), 4096)
+        for bad in ("", "0", "-1", "lots", "24 GB", True):
+            with self.assertRaises(ValueError):
+                gpu_alloc.budget_bytes(bad)
+
     def test_a_file_that_is_no_snapshot_is_a_value_error(self):
         with open(SNAPSHOT, "rb") as f:
             data = f.read()

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use alloc_core::GIB;
-use alloc_replay::{advise, load_trace_of, ReplayOptions};
+use alloc_replay::{advise_at, load_trace_of, parse_budget, ReplayOptions};
 
 /// `cargo xtask advise`'s options.
 pub struct Args {
@@ -12,6 +12,8 @@ pub struct Args {
     device: Option<usize>,
     json: Option<PathBuf>,
     opts: ReplayOptions,
+    /// The memory budget (`--budget`); `None`: the device's memory.
+    budget: Option<u64>,
 }
 
 /// The command line; a usage error.
@@ -24,6 +26,7 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
         device: None,
         json: None,
         opts: ReplayOptions::default(),
+        budget: None,
     };
     out.opts.timed_runs = 0;
     let mut p = lexopt::Parser::from_args(args);
@@ -34,6 +37,10 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             Long("capacity-gib") => {
                 let gib: u64 = p.value().map_err(text)?.parse().map_err(text)?;
                 out.opts.capacity = gib * GIB;
+            }
+            Long("budget") => {
+                let text = p.value().map_err(text)?;
+                out.budget = Some(parse_budget(&text.to_string_lossy())?);
             }
             Value(path) if trace.is_none() => trace = Some(PathBuf::from(path)),
             other => return Err(other.unexpected().to_string()),
@@ -47,7 +54,8 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
 pub fn run(args: Args) -> Result<(), String> {
     let path = &args.trace;
     let trace = load_trace_of(path, args.device).map_err(|e| format!("{}: {e}", path.display()))?;
-    let advice = advise(&trace, &args.opts).map_err(|e| format!("{}: {e}", path.display()))?;
+    let advice = advise_at(&trace, &args.opts, args.budget)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     print!("{}", advice.to_text());
     if let Some(json) = &args.json {
         let text = serde_json::to_string_pretty(&advice.to_json()).expect("the advice serializes");
@@ -68,5 +76,9 @@ mod tests {
         assert!(parse(&args(&["a.pickle", "b.pickle"])).is_err());
         let ok = parse(&args(&["--device=1", "a.pickle"])).unwrap();
         assert_eq!((ok.device, ok.trace), (Some(1), PathBuf::from("a.pickle")));
+        assert_eq!(ok.budget, None);
+        let at = parse(&args(&["--budget", "24GiB", "a.pickle"])).unwrap();
+        assert_eq!(at.budget, Some(24 << 30));
+        assert!(parse(&args(&["--budget", "lots", "a.pickle"])).is_err());
     }
 }

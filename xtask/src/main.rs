@@ -35,10 +35,12 @@ commands:
       device of a snapshot pickle (default: the first with events). --runs N: timed
       repetitions for the host ns/op (default 3 for the full table, 0 otherwise);
       --capacity-gib N: the simulated device's memory (printed first).
-  advise SNAPSHOT [--device N] [--json FILE] [--capacity-gib N]
+  advise SNAPSHOT [--device N] [--json FILE] [--capacity-gib N] [--budget BYTES|NMiB|NGiB]
       Which setting for one workload: replays a torch.cuda.memory._dump_snapshot()
       pickle (or a trace file) under each setting and prints the recommendation,
       the gpu_alloc.enable(...) call and its cost in page moves per step.
+      --budget: the memory the workload may use (default: the device's memory);
+      the budget setting reclaims at it and settings that pass it are not picked.
   test-gpu [--bundle DIR] [--features LIST] [--full]
       Builds alloc-cuda's GPU suite (tests run with --ignored --test-threads=1,
       the examples, the benchmark) and runs it here, or with --bundle packs it

@@ -14,6 +14,7 @@ pub use named::{named_setting, NamedSetting, NAMED_SETTINGS};
 pub use suggest::{closest, edit_distance};
 pub use text::{excerpt, EXCERPT_CHARS};
 
+use crate::budget::MemoryBudget;
 use crate::page_layout::PageLayout;
 use crate::pytorch::LARGE_BUFFER;
 use crate::types::MIB;
@@ -180,6 +181,14 @@ pub struct AllocatorConfig {
     /// `per_process_memory_fraction`, like `set_memory_fraction`); `None`:
     /// no limit.
     pub per_process_memory_fraction: Option<f64>,
+    /// With `unmap_free_pages`: the memory budget (`memory_budget_mb`, or
+    /// `memory_budget_fraction` of the device; ours). Below it the heap
+    /// grows by mapping new pages, with no unmaps and no page moves; at it
+    /// free pages are unmapped and reused before the heap passes it; the
+    /// memory-fraction limit and the device's free memory count as budgets
+    /// too. `None` (the default): pages move whenever reserved memory would
+    /// pass its earlier peak ([`crate::budget`]).
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for AllocatorConfig {
@@ -200,6 +209,7 @@ impl Default for AllocatorConfig {
             policy: None,
             graph_capture_record_stream_reuse: false,
             per_process_memory_fraction: None,
+            memory_budget: None,
         }
     }
 }
@@ -425,6 +435,18 @@ impl AllocatorConfig {
                     .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
                 cfg.per_process_memory_fraction = Some(f);
             }
+            "memory_budget_mb" => {
+                cfg.memory_budget = Some(MemoryBudget::Bytes(p.mebibytes(&key)?));
+            }
+            "memory_budget_fraction" => {
+                let v = p.value(&key)?;
+                let f = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| *f > 0.0 && *f <= 1.0)
+                    .ok_or_else(|| invalid(&key, &v, "expected a number above 0.0, up to 1.0"))?;
+                cfg.memory_budget = Some(MemoryBudget::Fraction(f));
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     suggestion: closest(
@@ -477,6 +499,17 @@ impl AllocatorConfig {
                 "unmap_page_mb",
                 &unmap_page_value(&cfg.unmap_pages),
                 "needs unmap_free_pages:True (it sizes the pages that mode moves)",
+            ));
+        }
+        if let (Some(budget), false) = (cfg.memory_budget, cfg.unmap_free_pages) {
+            let (key, value) = match budget {
+                MemoryBudget::Bytes(bytes) => ("memory_budget_mb", (bytes >> 20).to_string()),
+                MemoryBudget::Fraction(f) => ("memory_budget_fraction", f.to_string()),
+            };
+            return Err(invalid(
+                key,
+                &value,
+                "needs unmap_free_pages:True (the budget decides when that mode unmaps pages)",
             ));
         }
         if set.worker && !cfg.unmap_free_pages {
@@ -726,6 +759,26 @@ mod tests {
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert!(c.expandable_segments && c.stream_wait_reuse);
         assert_eq!(c.policy.as_deref(), Some("buddy"));
+    }
+
+    #[test]
+    fn parses_the_memory_budget() {
+        let base = "expandable_segments:True,unmap_free_pages:True";
+        let c = AllocatorConfig::parse(&format!("{base},memory_budget_mb:24576")).unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::Bytes(24 * 1024 * MIB)));
+        let c = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:0.5")).unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::Fraction(0.5)));
+        assert_eq!(AllocatorConfig::default().memory_budget, None);
+        for bad in ["0", "1.5", "-1", "half", "NaN"] {
+            let e = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:{bad}"))
+                .unwrap_err();
+            assert!(e.to_string().contains("memory_budget_fraction"), "{e}");
+        }
+        let e = AllocatorConfig::parse("memory_budget_mb:1024").unwrap_err();
+        assert!(e.to_string().contains("needs unmap_free_pages"), "{e}");
+        let e = AllocatorConfig::parse("expandable_segments:True,memory_budget_fraction:0.5")
+            .unwrap_err();
+        assert!(e.to_string().contains("memory_budget_fraction"), "{e}");
     }
 
     #[test]

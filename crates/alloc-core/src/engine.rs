@@ -6,6 +6,7 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
+use crate::budget::MemoryBudget;
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
@@ -15,6 +16,7 @@ mod capture_reuse;
 mod checkpoint;
 mod event_queues;
 mod expandable;
+mod free_page_index;
 mod growable;
 mod idle_pages;
 mod live_table;
@@ -29,6 +31,7 @@ use crate::tags::Tags;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use event_queues::{EventQueues, Users};
+use free_page_index::FreePageIndex;
 use growable::Growable;
 pub(crate) use growable::SegmentKey;
 pub(crate) use live_table::LiveTable;
@@ -63,6 +66,10 @@ pub struct EngineOptions {
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
     pub graph_capture_record_stream_reuse: bool,
+    /// With `unmap_free_pages`, the memory budget below which the heap grows
+    /// without unmapping or moving pages ([`crate::budget`]); `None`: the
+    /// reserved peak is that level.
+    pub memory_budget: Option<MemoryBudget>,
 }
 
 impl Default for EngineOptions {
@@ -81,6 +88,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_pages: cfg.unmap_pages,
             unmap_worker: cfg.unmap_worker,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
+            memory_budget: cfg.memory_budget,
         }
     }
 }
@@ -172,6 +180,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     limit: Option<u64>,
     /// Growable segments by (cache, pool), when expandable segments are on.
     growable: FxHashMap<SegmentKey, Growable<S::Event>>,
+    /// The growable segments that may hold free mapped pages: what
+    /// unmapping free pages visits.
+    free_pages: FreePageIndex,
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,
@@ -208,6 +219,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             events: EventQueues::default(),
             limit: None,
             growable: FxHashMap::default(),
+            free_pages: FreePageIndex::default(),
             expandable,
             granularity,
             pools: PrivatePools::default(),
@@ -392,6 +404,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         key: CacheKey,
     ) -> Result<(), AllocError> {
         if self.map_pages_under(piece)? {
+            return Ok(());
+        }
+        // No out-of-memory error while free pages of ours, whatever stream
+        // cached them, could serve the request.
+        if self.reclaim_free_pages(Some(piece))? && self.map_pages_under(piece)? {
             return Ok(());
         }
         self.policy.insert_free(&mut self.heap, piece);
@@ -729,6 +746,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         })
     }
 
+    /// Growable segments that the unmapping of free pages visited so far
+    /// (`unmap_free_pages`): its work, which follows the segments that hold
+    /// free mapped pages, not the streams ever seen.
+    pub fn free_page_segments_visited(&self) -> u64 {
+        self.free_pages.visited()
+    }
+
     /// Number of blocks awaiting stream events.
     pub fn awaiting_events(&self) -> usize {
         self.events.awaiting_len()
@@ -742,6 +766,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// The memory backend.
     pub fn memory(&self) -> &M {
         &self.memory
+    }
+
+    /// The memory backend, mutably (tests make another process take
+    /// simulated memory here).
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
     }
 
     /// The stream backend.
@@ -963,17 +993,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
         self.trim_growable_segments()?;
-        // Without virtual memory no page was ever unmapped: nothing to settle.
-        if self.options.unmap_free_pages && self.granularity > 0 {
-            let mut everything = u64::MAX;
-            self.unmap_free_pages(None, &mut everything, None, false)?;
-            // Detached memory is physically freed when its old mapping goes.
-            let keys: Vec<_> = self.growable.keys().copied().collect();
-            for key in keys {
-                self.settle_detached(&key, 0, u64::MAX)?;
-            }
-            virtual_memory(&mut self.memory)?.release_spare()?;
-        }
+        self.reclaim_free_pages(None)?;
         let idle: Vec<SegmentId> = self
             .heap
             .segments()

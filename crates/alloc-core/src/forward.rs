@@ -73,8 +73,8 @@ macro_rules! forward_policy {
     ($reach:tt; all) => {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
             take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
-            rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, indexed_blocks,
-            check);
+            rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys,
+            indexed_blocks, check);
     };
     ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+
@@ -197,6 +197,12 @@ macro_rules! forward_policy {
         #[inline]
         fn kept_mapped(&self, key: $crate::CacheKey) -> ::std::option::Option<(u64, u64)> {
             $crate::forward_policy!(@reach $reach, ref self, p => p.kept_mapped(key))
+        }
+    };
+    (@method $reach:tt kept_mapped_keys) => {
+        #[inline]
+        fn kept_mapped_keys(&self) -> $crate::KeptKeys {
+            $crate::forward_policy!(@reach $reach, ref self, p => p.kept_mapped_keys())
         }
     };
     (@method $reach:tt indexed_blocks) => {

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backend;
+pub mod budget;
 pub mod capture;
 pub mod config;
 pub mod engine;
@@ -33,6 +34,7 @@ pub mod types;
 mod validate;
 
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
+pub use budget::MemoryBudget;
 pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
 pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES};
 pub use engine::{
@@ -42,7 +44,7 @@ pub use engine::{
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use page_layout::{PageLayout, RangePages};
-pub use policy::{OomRelease, Policy, Pressure, Request};
+pub use policy::{KeptKeys, OomRelease, Policy, Pressure, Request};
 pub use private_pool::PoolId;
 pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};

@@ -7,6 +7,18 @@ use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
 
+/// The cache keys for which a policy keeps pages mapped
+/// ([`Policy::kept_mapped_keys`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeptKeys {
+    /// Any key may have a kept range: ask about each.
+    Any,
+    /// No key has one.
+    None,
+    /// This key alone may have one.
+    One(CacheKey),
+}
+
 /// A request after the policy has rounded it and chosen its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
@@ -146,6 +158,13 @@ pub trait Policy {
     /// unmapping them only moves them back later). Default: none.
     fn kept_mapped(&self, _key: CacheKey) -> Option<(u64, u64)> {
         None
+    }
+
+    /// The cache keys for which [`Policy::kept_mapped`] may answer, so that
+    /// the engine asks about those alone rather than about every growable
+    /// segment (one per stream ever seen). Default: any key.
+    fn kept_mapped_keys(&self) -> KeptKeys {
+        KeptKeys::Any
     }
 
     /// Every indexed block, for validation.

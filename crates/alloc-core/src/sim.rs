@@ -37,6 +37,8 @@ pub struct SimMemory {
     chunks: BTreeSet<u64>,
     /// Chunks still mapped whose memory was detached to a later map.
     detached: BTreeSet<u64>,
+    /// Bytes other processes hold on the device.
+    elsewhere: u64,
     /// Number of successful `allocate` calls.
     pub allocs: u64,
     /// Number of successful `free` calls.
@@ -55,6 +57,7 @@ impl SimMemory {
             ranges: BTreeMap::new(),
             chunks: BTreeSet::new(),
             detached: BTreeSet::new(),
+            elsewhere: 0,
             allocs: 0,
             frees: 0,
         }
@@ -77,6 +80,20 @@ impl SimMemory {
     /// Bytes currently allocated from the device.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// Another process now holds `bytes` of the device (as `cuMemGetInfo`
+    /// would then report): allocations and mappings fail where they would
+    /// not fit beside it, and [`MemoryBackend::free_bytes`] counts it.
+    pub fn set_used_elsewhere(&mut self, bytes: u64) {
+        self.elsewhere = bytes;
+    }
+
+    /// Bytes neither this allocator nor another process holds.
+    fn available(&self) -> u64 {
+        self.capacity
+            .saturating_sub(self.used)
+            .saturating_sub(self.elsewhere)
     }
 
     /// Whether `[addr, addr + size)` is memory the device can use now: inside
@@ -120,7 +137,7 @@ impl SimMemory {
 
 impl MemoryBackend for SimMemory {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        if size == 0 || size > self.capacity - self.used {
+        if size == 0 || size > self.available() {
             return Err(BackendError::OutOfMemory);
         }
         let addr = match self.planned(size) {
@@ -163,7 +180,7 @@ impl MemoryBackend for SimMemory {
     }
 
     fn free_bytes(&self) -> u64 {
-        self.capacity - self.used
+        self.available()
     }
 
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
@@ -201,7 +218,7 @@ impl VirtualMemory for SimMemory {
                 "map over mapped memory at {addr:#x}"
             )));
         }
-        if size > self.capacity - self.used {
+        if size > self.available() {
             return Err(BackendError::OutOfMemory);
         }
         self.chunks.extend(chunks_of(addr, size));

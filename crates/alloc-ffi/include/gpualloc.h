@@ -129,6 +129,12 @@ char* gpualloc_memory_stats_json(int device);
  * corrupt or foreign file, no events, a library built without `advise`). */
 char* gpualloc_advise(const void* data, size_t len, int device, const char* name);
 
+/* gpualloc_advise for a workload with a memory budget of `budget_bytes` (0: the
+ * device's memory): the "budget" setting is replayed reclaiming at it, and no
+ * setting whose peak reserved passes it is recommended while one stays under it
+ * (docs/advise.md). The same JSON, with "budget_bytes"; the same errors. */
+char* gpualloc_advise_budget(const void* data, size_t len, int device, const char* name, uint64_t budget_bytes);
+
 /* Frees a string returned by this library. NULL is a no-op. */
 void gpualloc_string_free(char* s);
 

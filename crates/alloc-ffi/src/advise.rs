@@ -21,6 +21,23 @@ pub unsafe extern "C" fn gpualloc_advise(
     device: c_int,
     name: *const c_char,
 ) -> *mut c_char {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { gpualloc_advise_budget(data, len, device, name, 0) }
+}
+
+/// [`gpualloc_advise`] for a memory budget of `budget_bytes` (0: the
+/// device's memory); see `include/gpualloc.h`.
+///
+/// # Safety
+/// As [`gpualloc_advise`].
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_advise_budget(
+    data: *const c_void,
+    len: usize,
+    device: c_int,
+    name: *const c_char,
+    budget_bytes: u64,
+) -> *mut c_char {
     call_ptr(|| {
         if data.is_null() {
             return Err(FfiError::invalid("data is NULL"));
@@ -41,7 +58,8 @@ pub unsafe extern "C" fn gpualloc_advise(
                 ))
             })?),
         };
-        let json = advice_json(name, bytes, device)?;
+        let budget = (budget_bytes > 0).then_some(budget_bytes);
+        let json = advice_json(name, bytes, device, budget)?;
         CString::new(json)
             .map(CString::into_raw)
             .map_err(|e| FfiError::internal(e.to_string()))
@@ -49,7 +67,12 @@ pub unsafe extern "C" fn gpualloc_advise(
 }
 
 #[cfg(feature = "advise")]
-fn advice_json(name: &str, bytes: &[u8], device: Option<usize>) -> Result<String, FfiError> {
+fn advice_json(
+    name: &str,
+    bytes: &[u8],
+    device: Option<usize>,
+    budget: Option<u64>,
+) -> Result<String, FfiError> {
     let trace = alloc_replay::parse_bytes_of(name, bytes, device).map_err(|e| match e {
         // The first line of a file that is no pickle is not a trace line either: a file
         // of some other kind, which the trace format's own words would not explain.
@@ -60,7 +83,7 @@ fn advice_json(name: &str, bytes: &[u8], device: Option<usize>) -> Result<String
     })?;
     let mut opts = alloc_replay::ReplayOptions::default();
     opts.timed_runs = 0;
-    let advice = alloc_replay::advise(&trace, &opts).map_err(|e| named(name, &e))?;
+    let advice = alloc_replay::advise_at(&trace, &opts, budget).map_err(|e| named(name, &e))?;
     serde_json::to_string(&advice.to_json()).map_err(|e| FfiError::internal(e.to_string()))
 }
 
@@ -77,7 +100,7 @@ fn named(name: &str, e: &dyn std::fmt::Display) -> FfiError {
 }
 
 #[cfg(not(feature = "advise"))]
-fn advice_json(_: &str, _: &[u8], _: Option<usize>) -> Result<String, FfiError> {
+fn advice_json(_: &str, _: &[u8], _: Option<usize>, _: Option<u64>) -> Result<String, FfiError> {
     Err(FfiError::invalid(
         "this library was built without the `advise` feature",
     ))

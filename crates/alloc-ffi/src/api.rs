@@ -198,6 +198,21 @@ pub const API: &[ApiFn] = &[
               corrupt or foreign file, no events, a library built without `advise`).",
     },
     ApiFn {
+        ret: "char*",
+        name: "gpualloc_advise_budget",
+        params: &[
+            ("const void*", "data"),
+            ("size_t", "len"),
+            ("int", "device"),
+            ("const char*", "name"),
+            ("uint64_t", "budget_bytes"),
+        ],
+        doc: "gpualloc_advise for a workload with a memory budget of `budget_bytes` (0: the\n\
+              device's memory): the \"budget\" setting is replayed reclaiming at it, and no\n\
+              setting whose peak reserved passes it is recommended while one stays under it\n\
+              (docs/advise.md). The same JSON, with \"budget_bytes\"; the same errors.",
+    },
+    ApiFn {
         ret: "void",
         name: "gpualloc_string_free",
         params: &[("char*", "s")],

@@ -65,7 +65,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use alloc_core::{AllocError, PoolId};
 use alloc_cuda::{CudaAllocator, CudaError, StreamHandle};
 
-pub use advise::gpualloc_advise;
+pub use advise::{gpualloc_advise, gpualloc_advise_budget};
 pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,

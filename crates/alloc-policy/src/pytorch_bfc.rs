@@ -11,8 +11,8 @@ use alloc_core::pytorch::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 use alloc_core::{
-    coalesce, BlockId, CacheKey, ConfigError, Heap, OomRelease, Policy, PoolKind, Pressure,
-    Request, SegmentId,
+    coalesce, BlockId, CacheKey, ConfigError, Heap, KeptKeys, OomRelease, Policy, PoolKind,
+    Pressure, Request, SegmentId,
 };
 
 /// Settings of the PyTorch policy, from the allocator configuration.
@@ -499,6 +499,13 @@ impl Policy for PytorchBfc {
 
     fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {
         self.plan.as_ref()?.kept_mapped(key)
+    }
+
+    fn kept_mapped_keys(&self) -> KeptKeys {
+        match self.plan.as_ref().and_then(|p| p.planned_key()) {
+            Some(key) => KeptKeys::One(key),
+            None => KeptKeys::None,
+        }
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {

@@ -87,6 +87,12 @@ pub fn configs() -> Vec<String> {
             "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,plan_layout:true"
                 .into(),
         );
+        // A memory budget: pages move only once reserved memory reaches it.
+        all.push(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2,\
+             memory_budget_mb:64"
+                .into(),
+        );
         // Reuse during captures once the graph joins the other streams.
         all.push("policy:pytorch-bfc,graph_capture_record_stream_reuse:true".into());
     }

@@ -22,7 +22,7 @@ use alloc_core::human_bytes;
 use serde::Serialize;
 
 use crate::replay::{replay, ReplayError, ReplayOptions, ReplayReport};
-use crate::settings::{settings_for, Setting};
+use crate::settings::{enable_call_of, settings_for, Setting};
 use crate::steps::{estimate_steps, StepEstimate};
 use crate::trace::Trace;
 
@@ -78,11 +78,26 @@ pub struct Advice {
     pub pytorch_best: usize,
     /// Index of the recommended setting in `outcomes`.
     pub recommended: usize,
+    /// The memory budget the advice was asked for (`--budget`); `None`:
+    /// the simulated device's memory.
+    pub budget_bytes: Option<u64>,
 }
 
 /// Replays `trace` under every setting that applies and picks one; a trace
 /// without allocations is an error.
 pub fn advise(trace: &Trace, opts: &ReplayOptions) -> Result<Advice, ReplayError> {
+    advise_at(trace, opts, None)
+}
+
+/// [`advise`] for a user with a memory budget of `budget` bytes (`None`:
+/// the simulated device's memory): the budget setting reclaims at it, and
+/// no setting whose peak reserved passes it is recommended while one stays
+/// under it.
+pub fn advise_at(
+    trace: &Trace,
+    opts: &ReplayOptions,
+    budget: Option<u64>,
+) -> Result<Advice, ReplayError> {
     if trace.alloc_count() == 0 {
         return Err(ReplayError::NoAllocations {
             trace: trace.name.clone(),
@@ -90,12 +105,13 @@ pub fn advise(trace: &Trace, opts: &ReplayOptions) -> Result<Advice, ReplayError
     }
     let mut runs = Vec::new();
     for setting in settings_for(trace) {
-        runs.push((
-            *setting,
-            replay(trace, setting.engine_config(), opts)?.report,
-        ));
+        let config = match setting.config_at(budget) {
+            c if c.is_empty() => setting.engine_config().into(),
+            c => c,
+        };
+        runs.push((*setting, replay(trace, &config, opts)?.report));
     }
-    Ok(Advice::new(trace, opts.capacity, runs))
+    Ok(Advice::new(trace, opts.capacity, runs).at_budget(budget))
 }
 
 impl Advice {
@@ -143,7 +159,7 @@ impl Advice {
                 0.0,
             )
         });
-        let recommended = lowest(&outcomes, |o| (o.score_bytes, o.pages_moved_per_step));
+        let recommended = recommend(&outcomes, capacity);
         Advice {
             trace: trace.name.clone(),
             allocations: trace.alloc_count() as u64,
@@ -159,7 +175,23 @@ impl Advice {
             outcomes,
             pytorch_best,
             recommended,
+            budget_bytes: None,
         }
+    }
+
+    /// The advice for a memory budget of `budget` bytes (`None`: the
+    /// device's memory), the budget setting replayed at it: the pick among
+    /// the settings whose peak stays under it.
+    pub fn at_budget(mut self, budget: Option<u64>) -> Advice {
+        self.budget_bytes = budget;
+        self.recommended = recommend(&self.outcomes, budget.unwrap_or(self.capacity_bytes));
+        self
+    }
+
+    /// The configuration string of `setting` as replayed here (the budget
+    /// setting's with the budget asked for).
+    pub fn config_of(&self, setting: &Setting) -> String {
+        setting.config_at(self.budget_bytes).into_owned()
     }
 
     /// The recommended setting's outcome.
@@ -239,6 +271,14 @@ impl Advice {
         for note in &self.notes {
             out.push_str(&wrap(&format!("note: {note}"), "  "));
         }
+        if let Some(budget) = self.budget_bytes {
+            let line = format!(
+                "memory budget: {} (the budget setting reclaims at it; settings that pass it \
+                 are not recommended)",
+                human_bytes(budget)
+            );
+            out.push_str(&wrap(&line, "  "));
+        }
         out.push_str(&wrap(&self.step_words(), "  "));
         out.push('\n');
         let _ = writeln!(
@@ -277,8 +317,16 @@ impl Advice {
             r.vs_pytorch_best,
             best.setting.label
         );
-        if r.setting.config.is_empty() {
+        let conf = self.config_of(&r.setting);
+        if conf.is_empty() {
             let _ = writeln!(out, "  {} (GPUALLOC_CONF unset)", r.setting.enable_call());
+        } else if conf != r.setting.config {
+            // The setting at the budget asked for: its full string.
+            let _ = writeln!(
+                out,
+                "  {}, or GPUALLOC_CONF=\"{conf}\"",
+                enable_call_of(&conf)
+            );
         } else {
             // The name, which every configuration entry point takes, and
             // the string it stands for.
@@ -322,8 +370,15 @@ impl Advice {
         let r = self.recommendation();
         if let serde_json::Value::Object(map) = &mut value {
             map.insert("recommended_setting".into(), r.setting.name.into());
-            map.insert("enable_call".into(), r.setting.enable_call().into());
-            map.insert("gpualloc_conf".into(), r.setting.config.into());
+            let conf = self.config_of(&r.setting);
+            // By name, unless a budget of the caller's changed its string.
+            let call = if conf == r.setting.config {
+                r.setting.enable_call()
+            } else {
+                enable_call_of(&conf)
+            };
+            map.insert("enable_call".into(), call.into());
+            map.insert("gpualloc_conf".into(), conf.into());
             map.insert("cost".into(), self.cost_words().into());
             map.insert("text".into(), self.to_text().into());
         }
@@ -354,6 +409,28 @@ fn wrap(text: &str, indent: &str) -> String {
     out
 }
 
+/// A memory budget as `advise --budget` takes it: bytes (`25769803776`),
+/// or a number with `MiB` or `GiB` after it (`24576MiB`, `24GiB`).
+pub fn parse_budget(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, unit) = if let Some(n) = text.strip_suffix("GiB") {
+        (n, 1u64 << 30)
+    } else if let Some(n) = text.strip_suffix("MiB") {
+        (n, 1 << 20)
+    } else {
+        (text, 1)
+    };
+    number
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| {
+            format!("budget {text:?}: expected bytes, or a whole number of MiB or GiB (24GiB)")
+        })
+}
+
 /// A page-move count for the tables: blank for settings that move none.
 fn moves_cell(o: &Outcome) -> String {
     match (o.setting.page_mb, o.report.pages_moved) {
@@ -361,6 +438,22 @@ fn moves_cell(o: &Outcome) -> String {
         (Some(_), 0) => "0".into(),
         (Some(_), _) => format!("{:.1}", o.pages_moved_per_step),
     }
+}
+
+/// The rule's pick (the lowest score, then fewer moves) among the outcomes
+/// whose peak reserved stays within `budget` bytes; among all of them when
+/// none does.
+fn recommend(outcomes: &[Outcome], budget: u64) -> usize {
+    let any_fits = outcomes
+        .iter()
+        .any(|o| o.report.peak_reserved_bytes <= budget);
+    lowest(outcomes, |o| {
+        if any_fits && o.report.peak_reserved_bytes > budget {
+            (f64::INFINITY, f64::INFINITY)
+        } else {
+            (o.score_bytes, o.pages_moved_per_step)
+        }
+    })
 }
 
 /// Index of the outcome with the lowest key; the earliest among equals.
@@ -405,6 +498,32 @@ mod tests {
             .map(|&(i, peak, moved)| (SETTINGS[i], report(peak, moved)))
             .collect();
         Advice::new(&Trace::default(), 1 << 30, runs)
+    }
+
+    #[test]
+    fn a_budget_rules_out_the_settings_that_pass_it() {
+        // The unmap setting saves 20 of 800 but pays for 500 moves.
+        let a = advice(&[(0, 1000, 0), (1, 800, 0), (2, 780, 500)]);
+        assert_eq!(a.recommendation().setting, PYTORCH_EXPANDABLE);
+        assert_eq!(a.budget_bytes, None);
+        // Under a budget of 790 only it fits.
+        let at = a.clone().at_budget(Some(790));
+        assert_eq!(at.recommendation().setting, SETTINGS[2]);
+        assert_eq!(at.budget_bytes, Some(790));
+        assert!(
+            at.to_text().contains("memory budget: 790"),
+            "{}",
+            at.to_text()
+        );
+        // Under 700 none fits: the rule picks among all, as without one.
+        let none = a.clone().at_budget(Some(700));
+        assert_eq!(none.recommendation().setting, PYTORCH_EXPANDABLE);
+        assert_eq!(parse_budget("24GiB"), Ok(24 << 30));
+        assert_eq!(parse_budget("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_budget("1048576"), Ok(1 << 20));
+        for bad in ["", "0", "-1", "24 GB", "lots", "99999999999GiB"] {
+            assert!(parse_budget(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

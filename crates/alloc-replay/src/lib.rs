@@ -18,11 +18,11 @@ pub mod settings;
 pub mod steps;
 pub mod trace;
 
-pub use advise::{advise, Advice, Outcome};
+pub use advise::{advise, advise_at, parse_budget, Advice, Outcome};
 pub use replay::{
     device_for, replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun,
 };
-pub use settings::{settings_for, Setting, SETTINGS};
+pub use settings::{enable_call_of, settings_for, Setting, SETTINGS};
 pub use steps::{estimate_steps, StepEstimate};
 pub use trace::{
     load_trace, load_trace_of, parse_bytes, parse_bytes_of, parse_pickle, parse_pickle_device,

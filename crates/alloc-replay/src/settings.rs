@@ -7,6 +7,8 @@
 //! large requests), size classes (the lowest host cost), and, on traces with
 //! several streams, stream-wait reuse for FSDP-style training.
 
+use std::borrow::Cow;
+
 use alloc_core::config::named::{self, NamedSetting};
 use serde::Serialize;
 
@@ -64,6 +66,23 @@ pub const BOUND: Setting = Setting {
     multi_stream: false,
 };
 
+/// The configuration of [`BUDGET`] ends with this budget: the device's
+/// memory, so that pages move only when the device runs short.
+const DEVICE_BUDGET: &str = "memory_budget_fraction:1";
+
+/// Reclaim at a memory budget: 16 MiB pages, unmapped and reused only once
+/// reserved memory reaches the budget (by default the device's memory, so
+/// only under real pressure), never below it (docs/policies.md, "A memory
+/// budget").
+pub const BUDGET: Setting = Setting {
+    name: named::BUDGET.name,
+    label: "at a budget: 16 MiB pages moved at it only",
+    config: named::BUDGET.config,
+    pytorch: false,
+    page_mb: Some(16),
+    multi_stream: false,
+};
+
 /// Every setting the advice replays, in the order of the tables; the first
 /// two are PyTorch's.
 pub const SETTINGS: &[Setting] = &[
@@ -102,6 +121,7 @@ pub const SETTINGS: &[Setting] = &[
         page_mb: Some(16),
         multi_stream: true,
     },
+    BUDGET,
 ];
 
 impl Setting {
@@ -112,6 +132,18 @@ impl Setting {
             "policy:pytorch-bfc"
         } else {
             self.config
+        }
+    }
+
+    /// Its configuration string under a memory budget of `budget` bytes
+    /// (whole MiB, at least one), for a setting with a budget ([`BUDGET`]);
+    /// `None`, or a setting without one: its own string.
+    pub fn config_at(&self, budget: Option<u64>) -> Cow<'static, str> {
+        match (self.config.strip_suffix(DEVICE_BUDGET), budget) {
+            (Some(base), Some(bytes)) => {
+                format!("{base}memory_budget_mb:{}", (bytes >> 20).max(1)).into()
+            }
+            _ => self.config.into(),
         }
     }
 
@@ -128,6 +160,16 @@ impl Setting {
     /// and string that every configuration entry point takes.
     pub fn named(&self) -> Option<&'static NamedSetting> {
         named::named_setting(self.name)
+    }
+}
+
+/// The Python call that selects the configuration `config` (a setting's
+/// string at a budget of the caller's, which no name stands for).
+pub fn enable_call_of(config: &str) -> String {
+    if config.is_empty() {
+        "gpu_alloc.enable()".to_string()
+    } else {
+        format!("gpu_alloc.enable(\"{config}\")")
     }
 }
 
@@ -176,6 +218,24 @@ mod tests {
                 s.name
             );
         }
+    }
+
+    #[test]
+    fn the_budget_setting_takes_a_budget_and_the_others_keep_their_string() {
+        assert_eq!(BUDGET.config_at(None), BUDGET.config);
+        let at = BUDGET.config_at(Some(24 << 30));
+        assert_eq!(
+            at,
+            "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,\
+             memory_budget_mb:24576"
+        );
+        let cfg = alloc_core::AllocatorConfig::parse(&at).unwrap();
+        assert_eq!(
+            cfg.memory_budget,
+            Some(alloc_core::MemoryBudget::Bytes(24 << 30))
+        );
+        assert_eq!(BUDGET.config_at(Some(1)), BUDGET.config_at(Some(1 << 20)));
+        assert_eq!(BOUND.config_at(Some(1 << 30)), BOUND.config);
     }
 
     #[test]

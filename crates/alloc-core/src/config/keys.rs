@@ -120,6 +120,8 @@ pub const OUR_KEYS: &[&str] = &[
     "plan_layout",
     "first_fit_mb",
     "idle_slab_limit_mb",
+    "memory_budget_mb",
+    "memory_budget_fraction",
 ];
 
 /// PyTorch's limit on `pinned_num_register_threads`.

@@ -65,6 +65,17 @@ pub const STREAM_WAIT: NamedSetting = NamedSetting {
     cost: "as unmap16, and a stream waits on another's events to reuse its freed blocks",
 };
 
+/// Expandable segments whose free pages are unmapped and reused only once
+/// reserved memory reaches a budget: by default the device's memory (or
+/// PyTorch's per-process memory fraction, where set), so pages move only
+/// under pressure (docs/policies.md, "A memory budget").
+pub const BUDGET: NamedSetting = NamedSetting {
+    name: "budget",
+    config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,\
+             memory_budget_fraction:1",
+    cost: "as expandable below the budget; at it, driver calls to move free 16 MiB pages",
+};
+
 /// Every named setting. A new one is one entry here.
 pub const NAMED_SETTINGS: &[NamedSetting] = &[
     DEFAULT,
@@ -74,6 +85,7 @@ pub const NAMED_SETTINGS: &[NamedSetting] = &[
     BOUND,
     SIZE_CLASS,
     STREAM_WAIT,
+    BUDGET,
 ];
 
 /// The setting called `name`, if there is one.

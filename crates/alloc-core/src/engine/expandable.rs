@@ -8,11 +8,12 @@ use std::time::Instant;
 use super::growable::{growth, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
+use crate::budget::ReclaimInputs;
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_layout::PageLayout;
 use crate::page_set::partition_pages;
-use crate::policy::{Policy, Request};
+use crate::policy::{KeptKeys, Policy, Request};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, StreamId};
 
@@ -30,11 +31,19 @@ fn elapsed_ns(started: Instant) -> u64 {
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Every growable segment's invariants ([`Growable::check`]).
+    /// Every growable segment's invariants ([`Growable::check`]), and with
+    /// `unmap_free_pages` each one with free mapped pages listed for unmapping.
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
-        for g in self.growable.values() {
+        for (key, g) in &self.growable {
             let paused = self.pools.is_paused_key(self.heap.segment(g.segment).key());
             g.check(&self.heap, paused)?;
+            let unlisted = self.options.unmap_free_pages && !self.free_pages.contains(key);
+            if unlisted && !g.free_mapped_runs(&self.heap, None).is_empty() {
+                return Err(format!(
+                    "segment {:#x} holds free mapped pages but is not listed for unmapping",
+                    self.heap.segment(g.segment).addr
+                ));
+            }
         }
         Ok(())
     }
@@ -91,6 +100,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.set_expandable(segment);
             let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
             self.growable.insert((req.key, req.pool), grown);
+            self.free_pages.note((req.key, req.pool));
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
@@ -106,6 +116,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .get_mut(&(req.key, req.pool))
             .expect("growable");
         g.pages_mapped(end, extra, reused_busy);
+        self.free_pages.note((req.key, req.pool));
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -213,18 +224,30 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(false);
         }
         let peak = self.heap.stats.reserved_bytes.all_peak() as u64;
-        let mut deficit = (self.reserved_bytes() + needed).saturating_sub(peak);
+        let reserved = self.reserved_bytes();
+        let level = ReclaimInputs {
+            budget: self.options.memory_budget,
+            capacity: self.memory.capacity(),
+            peak,
+            reserved,
+            limit: self.limit,
+        }
+        .level(|| self.memory.free_bytes());
+        let mut deficit = reserved.saturating_add(needed).saturating_sub(level);
         if deficit == 0 {
             return Ok(false);
         }
-        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true)?;
+        // At a budget the host waits for streams whose free pages the GPU
+        // may still use rather than pass it; at the peak it never waits.
+        let wait = self.options.memory_budget.is_some();
+        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true, wait)?;
         if deficit > 0 && self.keeps_pages_mapped() {
             // The policy's kept range may raise the peak by its allowance
             // only; beyond it, its free pages move too.
             let allowance = (peak / KEPT_MAPPED_SHARE).saturating_sub(self.kept_growth);
             if deficit > allowance {
                 let mut over = deficit - allowance;
-                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false)?;
+                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false, wait)?;
                 deficit = allowance + over;
             }
             self.kept_growth += deficit.min(allowance);
@@ -232,16 +255,49 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(detached)
     }
 
+    /// With `unmap_free_pages`: unmaps every free page of ours (`keep`'s
+    /// excepted), waiting on the host for streams whose pages the GPU may
+    /// still use, and gives the physical memory back to the device: what
+    /// runs before a mapping the device (or the limit) refused is tried
+    /// again, and what `empty_cache` does. Returns whether reserved memory
+    /// went down.
+    pub(super) fn reclaim_free_pages(&mut self, keep: Option<BlockId>) -> Result<bool, AllocError> {
+        // Without virtual memory (expandable segments fell back to ordinary
+        // ones) no page was ever unmapped: nothing to reclaim or settle.
+        if !self.options.unmap_free_pages || self.granularity == 0 || self.pools.capture_underway()
+        {
+            return Ok(false);
+        }
+        let before = self.reserved_bytes();
+        let mut everything = u64::MAX;
+        self.unmap_free_pages(keep, &mut everything, None, false, true)?;
+        // Detached memory is physically freed when its old mapping goes.
+        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
+        for key in keys {
+            self.settle_detached(&key, 0, u64::MAX)?;
+        }
+        virtual_memory(&mut self.memory)?.release_spare()?;
+        Ok(self.reserved_bytes() < before)
+    }
+
     /// Whether the policy keeps part of a growable segment mapped
     /// ([`Policy::kept_mapped`]).
     fn keeps_pages_mapped(&self) -> bool {
-        self.growable.iter().any(|(key, g)| {
+        let kept = |key: &SegmentKey, g: &Growable<S::Event>| {
             key.1 == PoolKind::Large
                 && self
                     .policy
                     .kept_mapped(self.heap.segment(g.segment).key())
                     .is_some()
-        })
+        };
+        match self.policy.kept_mapped_keys() {
+            KeptKeys::None => false,
+            KeptKeys::One(cache) => {
+                let key = (cache, PoolKind::Large);
+                self.growable.get(&key).is_some_and(|g| kept(&key, g))
+            }
+            KeptKeys::Any => self.growable.iter().any(|(key, g)| kept(key, g)),
+        }
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
@@ -253,23 +309,25 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// its stream and page size are detached for it (its work is queued
     /// after theirs) and the others stay, so that the host never waits here
     /// and the mapping raises the peak by what is missing; with no mapping
-    /// to come (emptying the cache), the host waits for each stream with
-    /// busy pages and unmaps them all. Returns whether pages were detached.
+    /// to come (emptying the cache) or with `wait` (at a memory budget),
+    /// the host waits for each stream with busy pages that stay and unmaps
+    /// them too. Returns whether pages were detached.
     pub(super) fn unmap_free_pages(
         &mut self,
         keep: Option<BlockId>,
         budget: &mut u64,
         mover: Option<(StreamId, u64)>,
         spare_kept: bool,
+        wait: bool,
     ) -> Result<bool, AllocError> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
-        for key in keys {
+        for key in self.free_pages.to_visit() {
             if *budget == 0 {
                 break;
             }
+            self.free_pages.count_visit();
             let g = &self.growable[&key];
             let (seg_id, pages) = (g.segment, *g.pages());
             let seg_key = self.heap.segment(seg_id).key();
@@ -277,6 +335,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 continue;
             }
             let mut runs = g.free_mapped_runs(&self.heap, keep);
+            let keeps_one = keep.is_some_and(|b| self.heap.block(b).segment == seg_id);
+            if runs.is_empty() && !keeps_one {
+                // Nothing to find here until a free or a mapping notes it.
+                self.free_pages.forget(&key);
+                continue;
+            }
             // Making room for a mapping, the pages the policy keeps mapped
             // stay (a plan uses them again every step) within their
             // allowance; emptying the cache takes them too.
@@ -317,8 +381,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             detached = true;
             self.unmap_runs(&key, busy, budget, true)?;
         }
-        if mover.is_none() {
-            // Emptying the cache: wait for every stream with busy pages.
+        if mover.is_none() || wait {
+            // Emptying the cache, or at a budget: wait for every stream with
+            // busy pages.
             for (key, busy) in waiting {
                 if *budget == 0 {
                     break;
@@ -394,6 +459,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
     pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
+        self.free_pages.forget(key);
         if let Some(mut g) = self.growable.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
@@ -516,6 +582,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let g = self.growable.get_mut(key).expect("growable");
         g.pages_mapped(start, bytes, false);
         self.heap.pages_mapped(seg_id, bytes);
+        self.free_pages.note(*key);
         Ok(true)
     }
 
@@ -544,8 +611,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return;
         }
         let (lo, hi) = (b.addr, b.addr + b.size);
-        if let Some(g) = self.growable.get_mut(&(seg.key(), seg.pool)) {
+        let key = (seg.key(), seg.pool);
+        if let Some(g) = self.growable.get_mut(&key) {
             g.idle.freed(lo, hi);
+            self.free_pages.note(key);
         }
     }
 
@@ -567,6 +636,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let needed = runs.iter().map(|r| r.1).sum();
         let runs_empty = runs.is_empty();
         if !runs_empty {
+            // Pages shared with free neighbours, and those of a mapping that
+            // fails midway, are free mapped pages.
+            self.free_pages.note(key);
             // Detached pages lie only in unmapped runs: a block with none
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;

@@ -145,6 +145,12 @@ impl LayoutPlan {
         self.stats
     }
 
+    /// The stream whose large pool is planned, once one asked: the only key
+    /// [`LayoutPlan::kept_mapped`] can answer for.
+    pub(crate) fn planned_key(&self) -> Option<CacheKey> {
+        self.key
+    }
+
     /// The planned range of `key`'s segment once a whole period followed it
     /// (the first one meets the last unplanned period's blocks): every step
     /// uses its pages again, so they stay mapped

@@ -1,0 +1,200 @@
+//! The memory budget of `unmap_free_pages` on the simulated device: below
+//! it the heap grows with no unmaps and no page moves; at it free pages are
+//! unmapped and reused before it is passed, whatever stream cached them;
+//! and when the device runs short (another process took memory) free pages
+//! of ours serve the request before any out-of-memory error.
+#![cfg(feature = "pytorch-bfc")]
+
+mod common;
+
+use alloc_core::{StreamId, GIB, MIB};
+use common::{engine, SimEngine};
+
+/// `unmap_free_pages` with 2 MiB pages, to which a budget is added.
+const UNMAP: &str = "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:2";
+
+fn with_budget(budget: &str) -> String {
+    format!("{UNMAP},{budget}")
+}
+
+/// A step that raises its largest request on two streams, freeing each
+/// buffer as the next one comes: without a budget every new high moves
+/// pages.
+fn growing_steps(e: &mut SimEngine) {
+    for step in 1..=8u64 {
+        for stream in [StreamId(0), StreamId(1)] {
+            let a = e.malloc(step * 20 * MIB, stream).unwrap();
+            let b = e.malloc(step * 6 * MIB, stream).unwrap();
+            e.free(a.addr).unwrap();
+            let c = e.malloc(step * 24 * MIB, stream).unwrap();
+            e.free(b.addr).unwrap();
+            e.free(c.addr).unwrap();
+        }
+        if step % 2 == 0 {
+            e.streams_mut().complete_all();
+        }
+    }
+    e.assert_valid();
+}
+
+#[test]
+fn below_the_budget_the_heap_grows_with_no_unmaps_and_no_page_moves() {
+    let mut peak_based = engine(UNMAP, 8 * GIB);
+    growing_steps(&mut peak_based);
+    let moves = peak_based.stats().page_moves;
+    assert!(
+        moves.pages_unmapped > 0 && moves.pages_mapped > 0,
+        "at the peak the same steps move pages: {moves:?}"
+    );
+    for budget in ["memory_budget_mb:4096", "memory_budget_fraction:1"] {
+        let mut e = engine(&with_budget(budget), 8 * GIB);
+        growing_steps(&mut e);
+        let moves = e.stats().page_moves;
+        assert_eq!(moves.rounds, 0, "{budget}: {moves:?}");
+        assert_eq!(moves.pages_unmapped, 0, "{budget}");
+        assert_eq!(moves.pages_mapped, 0, "{budget}");
+        assert_eq!(moves.busy_pages_reused, 0, "{budget}");
+        assert_eq!(moves.stream_waits, 0, "{budget}");
+        assert!(e.stats().reserved_bytes.all.peak as u64 <= 4 * GIB);
+        common::drain(&mut e, []);
+    }
+}
+
+/// A small generator of the same sequence every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+#[test]
+fn at_the_budget_reserved_never_passes_it_while_free_pages_exist() {
+    const BUDGET: u64 = 256 * MIB;
+    let mut e = engine(&with_budget("memory_budget_mb:256"), 8 * GIB);
+    let mut rng = Lcg(7);
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut live_bytes = 0;
+    for i in 0..3000 {
+        // Whole 2 MiB pages: every free block covers whole pages, so that
+        // reserved memory can always come down to what is allocated.
+        let size = (1 + rng.below(24)) * 2 * MIB;
+        let stream = StreamId(rng.below(4));
+        if live_bytes + size <= BUDGET / 2 && rng.below(3) > 0 {
+            let a = e.malloc(size, stream).unwrap();
+            live.push((a.addr, a.size));
+            live_bytes += a.size;
+        } else if !live.is_empty() {
+            let (addr, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            e.free(addr).unwrap();
+            live_bytes -= size;
+        }
+        if rng.below(2) == 0 {
+            e.streams_mut().complete_all(); // half the time the GPU keeps up
+        }
+        let reserved = e.reserved_bytes();
+        assert!(
+            reserved <= BUDGET && e.memory().used() <= BUDGET,
+            "op {i}: reserved {} MiB, device {} MiB, allocated {} MiB, budget 256 MiB",
+            reserved >> 20,
+            e.memory().used() >> 20,
+            e.allocated_bytes() >> 20
+        );
+        if i % 100 == 0 {
+            e.assert_valid();
+        }
+    }
+    let moves = e.stats().page_moves;
+    assert!(
+        moves.pages_unmapped > 0 && moves.stream_waits > 0,
+        "{moves:?}"
+    );
+    common::drain(&mut e, live.iter().map(|&(addr, _)| addr));
+}
+
+/// Stream 0 caches 600 MiB of free pages, busy (its work is queued), and
+/// another process takes memory: a new buffer on stream 1 gets pages of
+/// stream 0 rather than an out-of-memory error, with or without a budget.
+#[test]
+fn device_short_free_pages_of_another_stream_are_reclaimed_before_oom() {
+    for config in [UNMAP.to_string(), with_budget("memory_budget_fraction:1")] {
+        let mut e = engine(&config, GIB);
+        let a = e.malloc(600 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.memory_mut().set_used_elsewhere(300 * MIB);
+        let b = e
+            .malloc(400 * MIB, StreamId(1))
+            .unwrap_or_else(|err| panic!("{config}: {err}"));
+        assert!(e.memory().used() + 300 * MIB <= GIB);
+        assert_eq!(e.stats().num_ooms, 0);
+        e.assert_valid();
+        e.memory_mut().set_used_elsewhere(0);
+        common::drain(&mut e, [b.addr]);
+    }
+}
+
+/// A cached block whose pages were unmapped must be mapped again, and the
+/// device has no room for it although stream 0 holds free pages, busy: they
+/// go first (with a budget before the mapping, without one in the retry
+/// that follows the refused mapping), not an out-of-memory error.
+#[test]
+fn device_short_mapping_a_cached_block_reclaims_first() {
+    for config in [UNMAP.to_string(), with_budget("memory_budget_fraction:1")] {
+        let mut e = engine(&config, GIB);
+        let b = e.malloc(200 * MIB, StreamId(1)).unwrap();
+        let k = e.malloc(2 * MIB, StreamId(1)).unwrap();
+        e.free(b.addr).unwrap();
+        e.empty_cache().unwrap(); // b's pages go; k keeps the segment
+        let a = e.malloc(600 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        let c = e.malloc(300 * MIB, StreamId(0)).unwrap();
+        e.memory_mut().set_used_elsewhere(400 * MIB);
+        // 22 MiB left on the device, 300 MiB free in stream 0's cache.
+        let d = e
+            .malloc(200 * MIB, StreamId(1))
+            .unwrap_or_else(|err| panic!("{config}: {err}"));
+        assert_eq!(d.addr, b.addr, "{config}: the cached block serves it");
+        let used = e.memory().used();
+        assert!(used + 400 * MIB <= GIB, "{config}: {} MiB", used >> 20);
+        assert_eq!(e.stats().num_ooms, 0);
+        assert!(e.stats().page_moves.stream_waits > 0);
+        e.assert_valid();
+        e.memory_mut().set_used_elsewhere(0);
+        common::drain(&mut e, [c.addr, d.addr, k.addr]);
+    }
+}
+
+/// A fresh stream for every weight sync (each allocates and frees a big
+/// buffer, its work still queued): reserved memory stays flat at the budget
+/// where it would otherwise grow by a buffer a stream.
+#[test]
+fn fresh_streams_stay_flat_at_the_budget() {
+    let syncs = |config: &str, fraction: Option<f64>| {
+        let mut e = engine(config, 32 * GIB);
+        if let Some(f) = fraction {
+            e.set_memory_fraction(f).unwrap();
+        }
+        let mut most = 0;
+        for s in 0..16 {
+            let a = e.malloc(GIB, StreamId(100 + s)).unwrap();
+            e.free(a.addr).unwrap();
+            most = most.max(e.reserved_bytes());
+        }
+        e.assert_valid();
+        most
+    };
+    assert!(syncs("expandable_segments:True", None) >= 16 * GIB);
+    assert_eq!(syncs(&with_budget("memory_budget_mb:4096"), None), 4 * GIB);
+    // PyTorch's per-process fraction counts as the budget.
+    assert_eq!(
+        syncs(&with_budget("memory_budget_fraction:1"), Some(0.125)),
+        4 * GIB
+    );
+    // Under the device's own memory nothing moves: a buffer a stream.
+    assert!(syncs(&with_budget("memory_budget_fraction:1"), None) >= 16 * GIB);
+}
