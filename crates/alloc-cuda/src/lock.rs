@@ -4,8 +4,9 @@
 //! `lock()` returns `Err`. The C library catches panics at its boundary, so
 //! the process goes on, and a lock that stayed poisoned would turn every
 //! later call of that subsystem into an error for the rest of the process.
-//! Every lock of this crate and of the C library is therefore taken through
-//! this module:
+//! Every mutex of this crate and of the C library is therefore taken
+//! through this module (the segment observer's `RwLock` holds one value
+//! replaced whole, and is read as it is after a panic):
 //!
 //! - [`lock_consistent`] for state that every step leaves consistent (a
 //!   configuration replaced whole, a map of owned buffers): a poisoned lock
