@@ -9,12 +9,13 @@
 //! blocks apart (it indexes free blocks by [`CacheKey`]) without knowing
 //! about pools, and no stream value can stand for a pool.
 //!
-//! A pool exists from its first holder ([`PrivatePools::retain`],
-//! [`PrivatePools::begin`], a sleep tag) until its last one lets go; only
-//! then may allocations name it ([`PrivatePools::number`] refuses an unknown
-//! pool). Its number lives on while segments carry it, and is forgotten, and
-//! handed to the next new pool, once the last of them goes back: the
-//! bookkeeping is bounded by the pools in use, not by every id ever seen.
+//! A pool exists from its first holder (`Engine::retain_pool`,
+//! `Engine::begin_allocate_to_pool`, a sleep tag) until its last one lets
+//! go, and allocations may name it only while it exists (an unknown pool
+//! is [`crate::AllocError::UnknownPool`]). Its number lives on while segments
+//! carry it, and is forgotten, and handed to the next new pool, once the
+//! last of them goes back: the bookkeeping is bounded by the pools in use,
+//! not by every id ever seen.
 
 use rustc_hash::FxHashMap;
 
