@@ -774,6 +774,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 .map(|(_, block, _)| block)
                 .chain(self.events.unrecorded_blocks()),
         )?;
+        self.pools
+            .check(self.heap.segments().map(|(_, s)| s.key()))?;
         self.check_unmapped_pages()
     }
 

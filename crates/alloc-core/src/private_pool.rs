@@ -219,6 +219,40 @@ impl PrivatePools {
         self.pools.len() + self.numbers.len() + self.ids.len()
     }
 
+    /// Checks the bookkeeping against the cache keys of every segment: each
+    /// number's segment count, and that every number in use is held or
+    /// carried by a segment (else it should have been forgotten).
+    pub(crate) fn check(&self, segments: impl Iterator<Item = CacheKey>) -> Result<(), String> {
+        let mut counts: FxHashMap<PrivatePool, u32> = FxHashMap::default();
+        for n in segments.filter_map(|k| k.private_pool) {
+            *counts.entry(n).or_default() += 1;
+        }
+        for (&pool, &n) in &self.numbers {
+            let entry = self.ids[n.index()];
+            let carried = counts.remove(&n).unwrap_or(0);
+            if entry.pool != pool || entry.segments != carried {
+                return Err(format!(
+                    "private pool {pool:?}: number {} counts {} segments for {:?}, {carried} carry it",
+                    n.index(),
+                    entry.segments,
+                    entry.pool
+                ));
+            }
+            if carried == 0 && !self.pools.contains_key(&pool) {
+                return Err(format!(
+                    "private pool {pool:?}: released and unused, not forgotten"
+                ));
+            }
+        }
+        match counts.into_keys().next() {
+            Some(n) => Err(format!(
+                "segments carry the forgotten pool number {}",
+                n.index()
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The pool behind a cache key, if it names one.
     #[inline]
     pub(crate) fn pool_of(&self, key: CacheKey) -> Option<PoolId> {
@@ -383,6 +417,8 @@ mod tests {
         assert_eq!(p.numbered(), 1);
         p.segment_removed(key);
         assert_eq!(p.numbered(), 1, "one segment left");
+        assert!(p.check([key].into_iter()).is_ok());
+        assert!(p.check(std::iter::empty()).is_err(), "a segment uncounted");
         p.segment_removed(key);
         assert_eq!(p.numbered(), 0, "forgotten with its last segment");
         p.retain((2, 2));
