@@ -121,6 +121,7 @@ ERR_OUT_OF_MEMORY = -2
 ERR_CUDA = -3
 ERR_TOO_LATE = -4
 ERR_INTERNAL = -5
+ERR_UNKNOWN_POOL = -6
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Where the wheel puts the library: maturin names this folder after the module

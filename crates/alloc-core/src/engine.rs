@@ -321,9 +321,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.capture_frees.has_markers() {
             self.reuse_joined_frees(stream);
         }
+        let private_pool = match pool {
+            Some(p) => Some(self.pools.number(p)?),
+            None => None,
+        };
         let key = CacheKey {
             stream,
-            private_pool: pool.map(|p| self.pools.number(p)),
+            private_pool,
         };
         let req = self.policy.plan(size, key);
         self.heap.tick(req.pool);
@@ -662,9 +666,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// `empty_cache` or out-of-memory retry.
     pub fn release_pool(&mut self, pool: PoolId) -> Result<(), AllocError> {
         if !self.pools.release(pool) {
-            return Err(AllocError::InvalidArgument(format!(
-                "unknown private pool {pool:?}"
-            )));
+            return Err(AllocError::UnknownPool { pool });
         }
         if self.pools.use_count(pool) > 0 || self.pools.capture_underway() {
             return Ok(());
@@ -692,9 +694,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             )));
         }
         if !self.pools.set_no_split(pool) {
-            return Err(AllocError::InvalidArgument(format!(
-                "unknown private pool {pool:?}"
-            )));
+            return Err(AllocError::UnknownPool { pool });
         }
         Ok(())
     }
@@ -709,9 +709,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         source: Box<dyn SegmentSource>,
     ) -> Result<(), AllocError> {
         if self.pools.use_count(pool) == 0 {
-            return Err(AllocError::InvalidArgument(format!(
-                "unknown private pool {pool:?}"
-            )));
+            return Err(AllocError::UnknownPool { pool });
         }
         if !self.pool_segments(pool).is_empty()
             || self.sources.contains_key(&pool)
@@ -728,6 +726,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Holders of the private pool `pool` (0 once released).
     pub fn pool_use_count(&self, pool: PoolId) -> u32 {
         self.pools.use_count(pool)
+    }
+
+    /// Entries of the private pools' tables: bounded by the pools held or
+    /// with segments at once, not by every pool id ever named.
+    pub fn pool_table_len(&self) -> usize {
+        self.pools.table_len()
     }
 
     /// Whether a capture (an open allocation routing) is underway.
@@ -796,8 +800,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             &self.policy,
             &self.live,
             self.events.awaiting(),
-            self.events.pending().map(|(_, block, _)| block),
+            self.events
+                .pending()
+                .map(|(_, block, _)| block)
+                .chain(self.events.unrecorded_blocks()),
         )?;
+        self.pools
+            .check(self.heap.segments().map(|(_, s)| s.key()))?;
         self.check_unmapped_pages()
     }
 
@@ -979,6 +988,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             Ok(addr) => {
                 self.heap.stats.num_device_alloc += 1;
                 let (_, block) = self.heap.add_segment(addr, size, req.pool, req.key);
+                self.pools.segment_added(req.key);
                 Ok(Some(block))
             }
             Err(BackendError::OutOfMemory) => Ok(None),
@@ -1041,7 +1051,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             for b in blocks {
                 self.policy.remove_free(&self.heap, b);
             }
+            let key = self.heap.segment(seg_id).key();
             self.heap.remove_segment(seg_id);
+            self.pools.segment_removed(key);
             self.heap.stats.num_device_free += 1;
         }
         if !self.sources.is_empty() {

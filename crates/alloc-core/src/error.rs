@@ -109,6 +109,17 @@ pub enum AllocError {
         /// Why it was refused.
         reason: &'static str,
     },
+    /// A private pool that nothing holds: allocations may name a pool only
+    /// between its creation (a holder: `retain_pool`, a routing begun with
+    /// `begin_allocate_to_pool`, a sleep tag) and its last release.
+    #[error(
+        "unknown private pool {pool:?}: create it first (retain_pool or \
+         begin_allocate_to_pool); a pool released by its last holder is gone"
+    )]
+    UnknownPool {
+        /// The pool's id.
+        pool: crate::private_pool::PoolId,
+    },
     /// An argument other than a size was out of range.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

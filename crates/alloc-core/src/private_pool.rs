@@ -8,9 +8,18 @@
 //! engine gives each [`PoolId`] it meets, so every policy keeps a pool's
 //! blocks apart (it indexes free blocks by [`CacheKey`]) without knowing
 //! about pools, and no stream value can stand for a pool.
+//!
+//! A pool exists from its first holder (`Engine::retain_pool`,
+//! `Engine::begin_allocate_to_pool`, a sleep tag) until its last one lets
+//! go, and allocations may name it only while it exists (an unknown pool
+//! is [`crate::AllocError::UnknownPool`]). Its number lives on while segments
+//! carry it, and is forgotten, and handed to the next new pool, once the
+//! last of them goes back: the bookkeeping is bounded by the pools in use,
+//! not by every id ever seen.
 
 use rustc_hash::FxHashMap;
 
+use crate::error::AllocError;
 use crate::types::{CacheKey, PrivatePool};
 
 /// Identifies a private pool: PyTorch's `MempoolId_t` pair.
@@ -34,15 +43,25 @@ struct PoolState {
     paused: bool,
 }
 
+/// A number in use: its pool and the segments that carry the number.
+#[derive(Debug, Clone, Copy)]
+struct Numbered {
+    pool: PoolId,
+    segments: u32,
+}
+
 /// Bookkeeping of every private pool of one engine.
 #[derive(Debug, Default)]
 pub(crate) struct PrivatePools {
     pools: FxHashMap<PoolId, PoolState>,
-    /// The number of every pool met so far (kept after its release: its
-    /// segments keep it until they go back).
+    /// The number of every pool that is held or still has segments (kept
+    /// after its release while its segments keep it).
     numbers: FxHashMap<PoolId, PrivatePool>,
-    /// The pool of each number, by [`PrivatePool::index`].
-    ids: Vec<PoolId>,
+    /// The pool of each number, by [`PrivatePool::index`]; a spare number's
+    /// entry is stale until it is handed out again.
+    ids: Vec<Numbered>,
+    /// Numbers forgotten, for the next new pools.
+    spare: Vec<PrivatePool>,
     /// Open routings over all pools: while any is open the engine behaves
     /// as during a CUDA graph capture (no event queries, nothing returned to
     /// the device).
@@ -85,7 +104,7 @@ impl PrivatePools {
 
     /// One holder fewer; returns whether `pool` existed. At zero holders and
     /// no open routing the pool is forgotten, so its idle segments become
-    /// releasable like any other.
+    /// releasable like any other (and its number goes with the last of them).
     pub(crate) fn release(&mut self, pool: PoolId) -> bool {
         let Some(state) = self.pools.get_mut(&pool) else {
             return false;
@@ -93,8 +112,24 @@ impl PrivatePools {
         state.use_count = state.use_count.saturating_sub(1);
         if state.use_count == 0 && state.routing == 0 {
             self.pools.remove(&pool);
+            self.forget_if_unused(pool);
         }
         true
+    }
+
+    /// Whether `pool` exists: held, or with a routing open.
+    #[inline]
+    pub(crate) fn is_known(&self, pool: PoolId) -> bool {
+        self.pools.contains_key(&pool)
+    }
+
+    /// Fails with [`AllocError::UnknownPool`] unless `pool` exists.
+    pub(crate) fn check_known(&self, pool: PoolId) -> Result<(), AllocError> {
+        if self.is_known(pool) {
+            Ok(())
+        } else {
+            Err(AllocError::UnknownPool { pool })
+        }
     }
 
     /// Holders of `pool` (0 if unknown).
@@ -116,20 +151,112 @@ impl PrivatePools {
         self.pools.get(&pool).is_some_and(|s| s.no_split)
     }
 
-    /// The number blocks and segments of `pool` carry, given on first use.
-    pub(crate) fn number(&mut self, pool: PoolId) -> PrivatePool {
-        let next = PrivatePool::from_index(self.ids.len());
-        let number = *self.numbers.entry(pool).or_insert(next);
-        if number == next {
-            self.ids.push(pool);
+    /// The number blocks and segments of `pool` carry, given on first use
+    /// (a spare one if any); [`AllocError::UnknownPool`] unless the pool
+    /// exists.
+    pub(crate) fn number(&mut self, pool: PoolId) -> Result<PrivatePool, AllocError> {
+        self.check_known(pool)?;
+        if let Some(&number) = self.numbers.get(&pool) {
+            return Ok(number);
         }
-        number
+        let number = match self.spare.pop() {
+            Some(n) => {
+                self.ids[n.index()] = Numbered { pool, segments: 0 };
+                n
+            }
+            None => {
+                self.ids.push(Numbered { pool, segments: 0 });
+                PrivatePool::from_index(self.ids.len() - 1)
+            }
+        };
+        self.numbers.insert(pool, number);
+        Ok(number)
+    }
+
+    /// A segment of the cache `key` was made.
+    pub(crate) fn segment_added(&mut self, key: CacheKey) {
+        if let Some(n) = key.private_pool {
+            self.ids[n.index()].segments += 1;
+        }
+    }
+
+    /// A segment of the cache `key` went back: the last one of a released
+    /// pool takes its number with it.
+    pub(crate) fn segment_removed(&mut self, key: CacheKey) {
+        if let Some(n) = key.private_pool {
+            let entry = &mut self.ids[n.index()];
+            entry.segments = entry.segments.saturating_sub(1);
+            let pool = entry.pool;
+            self.forget_if_unused(pool);
+        }
+    }
+
+    /// Forgets the number of `pool` when nothing holds the pool and no
+    /// segment carries the number.
+    fn forget_if_unused(&mut self, pool: PoolId) {
+        if self.pools.contains_key(&pool) {
+            return;
+        }
+        let Some(&n) = self.numbers.get(&pool) else {
+            return;
+        };
+        if self.ids[n.index()].segments == 0 {
+            self.numbers.remove(&pool);
+            self.spare.push(n);
+        }
+    }
+
+    /// Pools with a number (held, or released with segments left): what
+    /// the bookkeeping keeps.
+    #[cfg(test)]
+    pub(crate) fn numbered(&self) -> usize {
+        self.numbers.len()
+    }
+
+    /// Entries of every table, spare numbers included: bounded by the most
+    /// pools numbered at once.
+    pub(crate) fn table_len(&self) -> usize {
+        self.pools.len() + self.numbers.len() + self.ids.len()
+    }
+
+    /// Checks the bookkeeping against the cache keys of every segment: each
+    /// number's segment count, and that every number in use is held or
+    /// carried by a segment (else it should have been forgotten).
+    pub(crate) fn check(&self, segments: impl Iterator<Item = CacheKey>) -> Result<(), String> {
+        let mut counts: FxHashMap<PrivatePool, u32> = FxHashMap::default();
+        for n in segments.filter_map(|k| k.private_pool) {
+            *counts.entry(n).or_default() += 1;
+        }
+        for (&pool, &n) in &self.numbers {
+            let entry = self.ids[n.index()];
+            let carried = counts.remove(&n).unwrap_or(0);
+            if entry.pool != pool || entry.segments != carried {
+                return Err(format!(
+                    "private pool {pool:?}: number {} counts {} segments for {:?}, {carried} carry it",
+                    n.index(),
+                    entry.segments,
+                    entry.pool
+                ));
+            }
+            if carried == 0 && !self.pools.contains_key(&pool) {
+                return Err(format!(
+                    "private pool {pool:?}: released and unused, not forgotten"
+                ));
+            }
+        }
+        match counts.into_keys().next() {
+            Some(n) => Err(format!(
+                "segments carry the forgotten pool number {}",
+                n.index()
+            )),
+            None => Ok(()),
+        }
     }
 
     /// The pool behind a cache key, if it names one.
     #[inline]
     pub(crate) fn pool_of(&self, key: CacheKey) -> Option<PoolId> {
-        key.private_pool.map(|p| self.ids[p.index()])
+        key.private_pool.map(|p| self.ids[p.index()].pool)
     }
 
     /// Whether a segment of the cache `key` may go back to the device:
@@ -190,9 +317,11 @@ mod tests {
     #[test]
     fn numbers_are_distinct_per_pool_and_map_back() {
         let mut p = PrivatePools::default();
-        let a = p.number((1, 0));
-        let b = p.number((2, 0));
-        assert_eq!(a, p.number((1, 0)));
+        p.retain((1, 0));
+        p.retain((2, 0));
+        let a = p.number((1, 0)).unwrap();
+        let b = p.number((2, 0)).unwrap();
+        assert_eq!(a, p.number((1, 0)).unwrap());
         assert_ne!(a, b);
         let key = |stream, private_pool| CacheKey {
             stream: StreamId(stream),
@@ -208,11 +337,11 @@ mod tests {
     #[test]
     fn pool_segments_are_kept_while_held() {
         let mut p = PrivatePools::default();
+        p.begin((3, 1));
         let key = CacheKey {
             stream: StreamId(0),
-            private_pool: Some(p.number((3, 1))),
+            private_pool: Some(p.number((3, 1)).unwrap()),
         };
-        p.begin((3, 1));
         assert!(p.capture_underway());
         assert!(!p.releasable(key));
         assert!(p.end((3, 1)));
@@ -233,11 +362,11 @@ mod tests {
     fn a_tagged_pool_is_ordinary_cache_unless_held_by_others_or_paused() {
         let mut p = PrivatePools::default();
         let pool = (0, 9);
+        p.retain(pool); // a MemPool object holds it
         let key = CacheKey {
             stream: StreamId(0),
-            private_pool: Some(p.number(pool)),
+            private_pool: Some(p.number(pool).unwrap()),
         };
-        p.retain(pool); // a MemPool object holds it
         p.tag(pool); // bound to a tag: the tag's hold and the MemPool's
         assert!(p.is_tagged(pool) && p.is_tagged_key(key));
         assert_eq!(p.use_count(pool), 2);
@@ -256,5 +385,69 @@ mod tests {
         assert!(p.release(pool) && p.release(pool));
         assert_eq!(p.use_count(pool), 0);
         assert!(!p.is_tagged(pool), "forgotten with its last holder");
+    }
+
+    #[test]
+    fn unknown_pools_get_no_number() {
+        let mut p = PrivatePools::default();
+        assert_eq!(
+            p.number((4, 2)),
+            Err(AllocError::UnknownPool { pool: (4, 2) })
+        );
+        p.retain((4, 2));
+        assert!(p.number((4, 2)).is_ok());
+        assert!(p.release((4, 2)));
+        assert!(p.number((4, 2)).is_err(), "released");
+        assert_eq!(p.numbered(), 0);
+    }
+
+    #[test]
+    fn a_number_lives_while_segments_carry_it_then_serves_a_new_pool() {
+        let mut p = PrivatePools::default();
+        p.retain((1, 1));
+        let n = p.number((1, 1)).unwrap();
+        let key = CacheKey {
+            stream: StreamId(0),
+            private_pool: Some(n),
+        };
+        p.segment_added(key);
+        p.segment_added(key);
+        assert!(p.release((1, 1)));
+        assert_eq!(p.pool_of(key), Some((1, 1)), "its segments keep it");
+        assert_eq!(p.numbered(), 1);
+        p.segment_removed(key);
+        assert_eq!(p.numbered(), 1, "one segment left");
+        assert!(p.check([key].into_iter()).is_ok());
+        assert!(p.check(std::iter::empty()).is_err(), "a segment uncounted");
+        p.segment_removed(key);
+        assert_eq!(p.numbered(), 0, "forgotten with its last segment");
+        p.retain((2, 2));
+        assert_eq!(p.number((2, 2)).unwrap(), n, "the spare number is reused");
+        assert_eq!(p.pool_of(key), Some((2, 2)));
+    }
+
+    #[test]
+    fn many_pools_made_used_and_released_keep_the_tables_bounded() {
+        let mut p = PrivatePools::default();
+        for i in 0..200_000u64 {
+            let pool = (i + 1, i);
+            p.retain(pool);
+            p.begin(pool);
+            let key = CacheKey {
+                stream: StreamId(i),
+                private_pool: Some(p.number(pool).unwrap()),
+            };
+            p.segment_added(key);
+            assert!(p.end(pool));
+            assert!(p.release(pool));
+            assert!(p.release(pool));
+            p.segment_removed(key);
+            assert!(
+                p.table_len() <= 2,
+                "{} entries after pool {i}",
+                p.table_len()
+            );
+        }
+        assert_eq!(p.numbered(), 0);
     }
 }

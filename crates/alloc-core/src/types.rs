@@ -32,8 +32,9 @@ impl fmt::LowerHex for StreamId {
 }
 
 /// A private pool as blocks and segments carry it: a small number the engine
-/// gives each [`PoolId`](crate::PoolId) it meets (four bytes, so that a
-/// [`Block`](crate::Block) stays one cache line).
+/// gives each [`PoolId`](crate::PoolId) in use (four bytes, so that a
+/// [`Block`](crate::Block) stays one cache line), handed to a new pool once
+/// its pool is released and its last segment gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PrivatePool(NonZeroU32);
 
@@ -45,7 +46,7 @@ impl PrivatePool {
         PrivatePool(NonZeroU32::new(n).expect("index + 1 is not zero"))
     }
 
-    /// Its 0-based index, in the order the engine met the pools.
+    /// Its 0-based index (below the most pools in use at once).
     #[inline]
     pub fn index(self) -> usize {
         self.0.get() as usize - 1

@@ -8,6 +8,14 @@
  * never dereferenced; nothing here is a substitute for the real driver in
  * any test of correctness.
  *
+ * Failure injection, for tests that check what the allocator does when a
+ * driver call fails: null_cuda_fail_at("cuMemAlloc_v2", 3, 2) makes the
+ * third call of cuMemAlloc_v2 from now return 2 (CUDA_ERROR_OUT_OF_MEMORY),
+ * once; null_cuda_calls(name) counts the calls of a function since the
+ * first null_cuda_fail_at (counting costs nothing before it), and
+ * null_cuda_function(i) names the i-th function that can fail (NULL past
+ * the last). One failure is armed at a time, for the whole process.
+ *
  * Build: cc -O2 -shared -fPIC -o libcuda.so.1 null_cuda.c (run.sh does it).
  */
 #include <stdint.h>
@@ -23,25 +31,107 @@ typedef unsigned long long CUdeviceptr;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define CUDA_ERROR_NOT_SUPPORTED 801
 
 #define DEVICE_BYTES (80ULL << 30)
+
+/* Every function that can be made to fail, in the order of the table. */
+#define NULL_CUDA_FUNCTIONS(X) \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) \
+    X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) \
+    X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) \
+    X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) \
+    X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemHostAlloc) \
+    X(cuMemFreeHost) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
+    X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
+    X(cuEventQuery) X(cuEventSynchronize)
+
+#define NULL_CUDA_ENUM(f) F_##f,
+enum { NULL_CUDA_FUNCTIONS(NULL_CUDA_ENUM) F_COUNT };
+#define NULL_CUDA_NAME(f) #f,
+static const char *const names[F_COUNT] = { NULL_CUDA_FUNCTIONS(NULL_CUDA_NAME) };
+
+static int injecting;               /* set by the first null_cuda_fail_at */
+static long long calls[F_COUNT];
+static int armed = -1;              /* the function to fail, or -1 */
+static long long fail_call;         /* ... at this value of its counter */
+static CUresult fail_code;
+
+/* Counts a call of `f` and returns the code armed for it, if this is the
+ * call to fail (0 otherwise). */
+static CUresult fault(int f) {
+    if (__builtin_expect(!injecting, 1)) return CUDA_SUCCESS;
+    long long n = __atomic_add_fetch(&calls[f], 1, __ATOMIC_RELAXED);
+    if (f == __atomic_load_n(&armed, __ATOMIC_ACQUIRE) && n == fail_call) {
+        __atomic_store_n(&armed, -1, __ATOMIC_RELEASE);
+        return fail_code;
+    }
+    return CUDA_SUCCESS;
+}
+#define FAULT(f) do { CUresult r_ = fault(F_##f); if (r_) return r_; } while (0)
+
+static int lookup(const char *name) {
+    for (int i = 0; name && i < F_COUNT; i++)
+        if (strcmp(names[i], name) == 0) return i;
+    return -1;
+}
+
+/* Makes the `nth` call (1: the next) of `name` from now return `code`;
+ * name NULL (or nth <= 0) disarms. -1 for a name this library lacks. */
+int null_cuda_fail_at(const char *name, long long nth, int code) {
+    injecting = 1;
+    __atomic_store_n(&armed, -1, __ATOMIC_RELEASE);
+    if (!name || nth <= 0) return 0;
+    int f = lookup(name);
+    if (f < 0) return -1;
+    fail_call = __atomic_load_n(&calls[f], __ATOMIC_RELAXED) + nth;
+    fail_code = code;
+    __atomic_store_n(&armed, f, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Calls of `name` counted so far; -1 for a name this library lacks. */
+long long null_cuda_calls(const char *name) {
+    int f = lookup(name);
+    return f < 0 ? -1 : __atomic_load_n(&calls[f], __ATOMIC_RELAXED);
+}
+
+/* Whether the armed failure is still to come (1) or was spent (0). */
+int null_cuda_armed(void) { return __atomic_load_n(&armed, __ATOMIC_ACQUIRE) >= 0; }
+
+/* The i-th function that can fail, NULL past the last. */
+const char *null_cuda_function(int i) { return i >= 0 && i < F_COUNT ? names[i] : 0; }
 
 static char contexts[1];
 static __thread CUcontext current;
 static CUdeviceptr next_addr = 0x7f0000000000ULL;
 
-CUresult cuInit(unsigned flags) { (void)flags; return CUDA_SUCCESS; }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return CUDA_SUCCESS; }
-CUresult cuDeviceGetCount(int *n) { *n = 1; return CUDA_SUCCESS; }
+CUresult cuInit(unsigned flags) {
+    FAULT(cuInit);
+    (void)flags;
+    return CUDA_SUCCESS;
+}
+CUresult cuDriverGetVersion(int *v) {
+    FAULT(cuDriverGetVersion);
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetCount(int *n) {
+    FAULT(cuDeviceGetCount);
+    *n = 1;
+    return CUDA_SUCCESS;
+}
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    FAULT(cuDeviceGet);
     if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE;
     *d = 0;
     return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    FAULT(cuDeviceGetName);
     (void)d;
     strncpy(name, "null driver (no device work)", (size_t)len);
     if (len > 0) name[len - 1] = 0;
@@ -51,6 +141,7 @@ CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
 /* Every capability is absent (0), so the allocator takes its plain paths:
  * no memory pools, no virtual memory management, no IPC handles. */
 CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    FAULT(cuDeviceGetAttribute);
     (void)attr; (void)d;
     *v = 0;
     return CUDA_SUCCESS;
@@ -62,14 +153,20 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) 
 }
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    FAULT(cuDevicePrimaryCtxRetain);
     (void)d;
     *c = (CUcontext)&contexts[0];
     return CUDA_SUCCESS;
 }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    FAULT(cuDevicePrimaryCtxRelease_v2);
+    (void)d;
+    return CUDA_SUCCESS;
+}
 
 /* Non-primary contexts: distinct heap addresses, as streams below. */
 CUresult cuCtxCreate_v4(CUcontext *c, void *params, unsigned flags, CUdevice d) {
+    FAULT(cuCtxCreate_v4);
     (void)params; (void)flags; (void)d;
     *c = malloc(16);
     if (!*c) return CUDA_ERROR_INVALID_VALUE;
@@ -77,51 +174,113 @@ CUresult cuCtxCreate_v4(CUcontext *c, void *params, unsigned flags, CUdevice d) 
     return CUDA_SUCCESS;
 }
 CUresult cuCtxDestroy_v2(CUcontext c) {
+    FAULT(cuCtxDestroy_v2);
     if (current == c) current = 0;
     free(c);
     return CUDA_SUCCESS;
 }
-CUresult cuCtxSetCurrent(CUcontext c) { current = c; return CUDA_SUCCESS; }
-CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return CUDA_SUCCESS; }
-CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return CUDA_SUCCESS; }
-CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
+CUresult cuCtxSetCurrent(CUcontext c) {
+    FAULT(cuCtxSetCurrent);
+    current = c;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetCurrent(CUcontext *c) {
+    FAULT(cuCtxGetCurrent);
+    *c = current;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxGetDevice(CUdevice *d) {
+    FAULT(cuCtxGetDevice);
+    *d = 0;
+    return CUDA_SUCCESS;
+}
+CUresult cuCtxSynchronize(void) {
+    FAULT(cuCtxSynchronize);
+    return CUDA_SUCCESS;
+}
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    FAULT(cuMemGetInfo_v2);
     *free_bytes = DEVICE_BYTES;
     *total = DEVICE_BYTES;
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+    FAULT(cuMemAlloc_v2);
     *p = next_addr;
     next_addr += (bytes + 0x1fffff) & ~(CUdeviceptr)0x1fffff;
     return CUDA_SUCCESS;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return CUDA_SUCCESS; }
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    FAULT(cuMemFree_v2);
+    (void)p;
+    return CUDA_SUCCESS;
+}
+
+/* Pinned host memory is ordinary memory here. */
+CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+    FAULT(cuMemHostAlloc);
+    (void)flags;
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult cuMemFreeHost(void *p) {
+    FAULT(cuMemFreeHost);
+    free(p);
+    return CUDA_SUCCESS;
+}
 
 /* Streams and events are distinct heap addresses, so that handles stay
  * unique while they live, as the driver's are. */
 CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    FAULT(cuStreamCreate);
     (void)flags;
     *s = malloc(16);
     return *s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
-CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
-CUresult cuStreamSynchronize(CUstream s) { (void)s; return CUDA_SUCCESS; }
+CUresult cuStreamDestroy_v2(CUstream s) {
+    FAULT(cuStreamDestroy_v2);
+    free(s);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+    FAULT(cuStreamSynchronize);
+    (void)s;
+    return CUDA_SUCCESS;
+}
 CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) {
+    FAULT(cuStreamWaitEvent);
     (void)s; (void)e; (void)f;
     return CUDA_SUCCESS;
 }
 
 CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    FAULT(cuEventCreate);
     (void)flags;
     *e = malloc(16);
     return *e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
-CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
-CUresult cuEventRecord(CUevent e, CUstream s) { (void)e; (void)s; return CUDA_SUCCESS; }
-CUresult cuEventQuery(CUevent e) { (void)e; return CUDA_SUCCESS; }
-CUresult cuEventSynchronize(CUevent e) { (void)e; return CUDA_SUCCESS; }
+CUresult cuEventDestroy_v2(CUevent e) {
+    FAULT(cuEventDestroy_v2);
+    free(e);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    FAULT(cuEventRecord);
+    (void)e; (void)s;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventQuery(CUevent e) {
+    FAULT(cuEventQuery);
+    (void)e;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventSynchronize(CUevent e) {
+    FAULT(cuEventSynchronize);
+    (void)e;
+    return CUDA_SUCCESS;
+}
 
 CUresult cuGetErrorString(CUresult r, const char **s) {
     (void)r;

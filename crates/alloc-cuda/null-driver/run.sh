@@ -9,8 +9,9 @@
 #     pair and per mixed operation of each path under valgrind
 #     (deterministic, unlike the clock on a shared machine).
 #   bash crates/alloc-cuda/null-driver/run.sh --tests
-#     The GPU-suite tests of stream registration that need no device work
-#     (.ci/run runs them).
+#     The GPU-suite tests of stream registration that need no device work,
+#     and the C library's tests that fail each driver call in turn
+#     (null_driver_faults.rs) (.ci/run runs them).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -28,6 +29,7 @@ if [ "${1:-}" = "--tests" ]; then
     streams_created_and_dropped_by_the_hundred_are_let_go \
     a_stream_in_the_place_of_one_let_go_is_checked_again \
     expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory
+  GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
   exit 0
 fi
 

@@ -14,6 +14,7 @@ use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats};
+use crate::lock::{lock_checked, lock_consistent};
 use crate::memory::CudaMemory;
 use crate::notice::NO_VIRTUAL_MEMORY;
 use crate::observer::{ObserverSlot, SegmentObserver};
@@ -218,7 +219,7 @@ impl CudaAllocator {
         if let Some(a) = slot.get() {
             return Ok(a.clone());
         }
-        let config = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        let config = lock_consistent(&GLOBAL_CONFIG);
         if let Some(a) = slot.get() {
             return Ok(a.clone());
         }
@@ -233,7 +234,7 @@ impl CudaAllocator {
     pub fn configure_global(config: &str) -> Result<(), CudaError> {
         let parsed = AllocatorConfig::parse(config)?;
         policy_for(&parsed)?;
-        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        let mut slot = lock_consistent(&GLOBAL_CONFIG);
         if let Some(ordinal) = GLOBALS.iter().position(|g| g.get().is_some()) {
             return Err(CudaError::AlreadyInitialized { ordinal });
         }
@@ -246,7 +247,7 @@ impl CudaAllocator {
     /// with. Stops at the first allocator that refuses (earlier ones keep
     /// the change).
     pub fn update_global_settings(settings: &str) -> Result<(), CudaError> {
-        let mut slot = GLOBAL_CONFIG.lock().map_err(|_| CudaError::Poisoned)?;
+        let mut slot = lock_consistent(&GLOBAL_CONFIG);
         let wanted = slot.clone().unwrap_or_default().with_settings(settings)?;
         policy_for(&wanted)?;
         for alloc in GLOBALS.iter().filter_map(|g| g.get()) {
@@ -326,7 +327,7 @@ impl<P: Policy> CudaAllocator<P> {
 
     fn lock_config(&self) -> MutexGuard<'_, AllocatorConfig> {
         // A configuration is replaced whole, never left half-written.
-        self.inner.config.lock().unwrap_or_else(|p| p.into_inner())
+        lock_consistent(&self.inner.config)
     }
 
     /// Changes the settings that `settings` names (in the configuration's
@@ -390,8 +391,11 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(f(&mut *self.engine()?))
     }
 
+    /// The engine and buffers, locked; after a panic with the lock held,
+    /// only once the engine passes its own invariant check (see
+    /// [`crate::lock`]).
     fn state(&self) -> Result<MutexGuard<'_, State<P>>, CudaError> {
-        self.inner.state.lock().map_err(|_| CudaError::Poisoned)
+        lock_checked(&self.inner.state, |state| state.engine.validate())
     }
 
     /// The engine, locked.

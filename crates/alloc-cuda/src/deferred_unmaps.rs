@@ -27,6 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crate::error::CudaError;
+use crate::lock::lock_consistent;
 
 /// The driver call a worker makes: unmap `[addr, addr + size)`.
 pub(crate) type UnmapFn = Arc<dyn Fn(u64, u64) -> Result<(), CudaError> + Send + Sync>;
@@ -62,7 +63,7 @@ impl Worker {
                             "an unmap on the unmap worker thread panicked",
                         )));
                     let (lock, cv) = &*shared;
-                    let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut p = lock_consistent(lock);
                     p.done += 1;
                     if let Err(e) = result {
                         p.error.get_or_insert(e);
@@ -78,8 +79,7 @@ impl Worker {
     }
 
     fn done(&self) -> u64 {
-        let p = self.progress.0.lock();
-        p.unwrap_or_else(PoisonError::into_inner).done
+        lock_consistent(&self.progress.0).done
     }
 }
 
@@ -186,7 +186,7 @@ impl DeferredUnmaps {
     pub(crate) fn settle(&mut self) -> Result<(), CudaError> {
         if let Some(w) = &self.worker {
             let (lock, cv) = &*w.progress;
-            let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut p = lock_consistent(lock);
             while p.done < self.sent {
                 p = cv.wait(p).unwrap_or_else(PoisonError::into_inner);
             }
@@ -201,7 +201,7 @@ impl DeferredUnmaps {
         let Some(w) = &self.worker else {
             return Ok(());
         };
-        let mut p = w.progress.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut p = lock_consistent(&w.progress.0);
         p.error.take().map_or(Ok(()), Err)
     }
 

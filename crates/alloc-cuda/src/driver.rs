@@ -37,9 +37,27 @@ pub(crate) fn ensure_driver() -> Result<(), CudaError> {
     }
 }
 
+/// `Ok(())` when the loaded driver exports the function `$name`, else
+/// [`CudaError::MissingFunction`]: cudarc would panic on the missing
+/// symbol (a driver older than the API version of the build, or a stand-in
+/// library), and a failure is an error here, never a panic. Looked up once
+/// per call site.
+macro_rules! require {
+    ($name:literal) => {{
+        static PRESENT: OnceLock<bool> = OnceLock::new();
+        if *PRESENT.get_or_init(|| symbol_present($name)) {
+            Ok(())
+        } else {
+            Err(CudaError::MissingFunction { call: $name })
+        }
+    }};
+}
+
 /// Number of CUDA devices (initialises the driver).
 pub(crate) fn device_count() -> Result<usize, CudaError> {
     ensure_driver()?;
+    require!("cuInit")?;
+    require!("cuDeviceGetCount")?;
     result::init().map_err(|e| driver_error("cuInit", e.0))?;
     let n = result::device::get_count().map_err(|e| driver_error("cuDeviceGetCount", e.0))?;
     Ok(n.max(0) as usize)
@@ -54,6 +72,7 @@ pub(crate) fn bind(ctx: &CudaContext) -> Result<(), CudaError> {
 
 /// `cuMemAlloc`: a new segment of `size` bytes in the current context.
 pub(crate) fn mem_alloc(size: u64) -> Result<u64, CudaError> {
+    require!("cuMemAlloc_v2")?;
     let bytes = usize::try_from(size)
         .map_err(|_| driver_error("cuMemAlloc_v2", sys::CUresult::CUDA_ERROR_INVALID_VALUE))?;
     // SAFETY: cuMemAlloc writes one device address into a local; the memory
@@ -64,6 +83,7 @@ pub(crate) fn mem_alloc(size: u64) -> Result<u64, CudaError> {
 
 /// `cuMemFree` of a segment obtained from [`mem_alloc`].
 pub(crate) fn mem_free(addr: u64) -> Result<(), CudaError> {
+    require!("cuMemFree_v2")?;
     // SAFETY: `CudaMemory` frees only segments it obtained from `mem_alloc`
     // and has not freed yet (it keeps their addresses), and the engine frees
     // a segment only when no block of it is allocated or awaiting events.
@@ -72,6 +92,7 @@ pub(crate) fn mem_free(addr: u64) -> Result<(), CudaError> {
 
 /// `cuMemGetInfo` of the current context: (free, total) bytes.
 pub(crate) fn mem_get_info() -> Result<(u64, u64), CudaError> {
+    require!("cuMemGetInfo_v2")?;
     let (free, total) = result::mem_get_info().map_err(|e| driver_error("cuMemGetInfo_v2", e.0))?;
     Ok((free as u64, total as u64))
 }
@@ -88,6 +109,7 @@ pub(crate) unsafe fn memset_d8_async(
     bytes: usize,
     stream: sys::CUstream,
 ) -> Result<(), CudaError> {
+    require!("cuMemsetD8Async")?;
     // SAFETY: forwarded to the caller's contract above.
     unsafe { result::memset_d8_async(addr, value, bytes, stream) }
         .map_err(|e| driver_error("cuMemsetD8Async", e.0))
@@ -104,6 +126,7 @@ unsafe impl Send for RawEvent {}
 
 /// `cuEventCreate` with `CU_EVENT_DISABLE_TIMING`, in the current context.
 pub(crate) fn event_create() -> Result<RawEvent, CudaError> {
+    require!("cuEventCreate")?;
     result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
         .map(RawEvent)
         .map_err(|e| driver_error("cuEventCreate", e.0))
@@ -115,6 +138,7 @@ pub(crate) fn event_create() -> Result<RawEvent, CudaError> {
 /// `stream` must be `0` (the legacy default stream), a per-thread default
 /// stream handle, or a live stream of the event's context.
 pub(crate) unsafe fn event_record(event: &RawEvent, stream: u64) -> Result<(), CudaError> {
+    require!("cuEventRecord")?;
     // SAFETY: the event is live (owned by the pool, destroyed only when the
     // pool is dropped); the stream is valid by the caller's contract.
     unsafe { result::event::record(event.0, stream as usize as sys::CUstream) }
@@ -123,6 +147,7 @@ pub(crate) unsafe fn event_record(event: &RawEvent, stream: u64) -> Result<(), C
 
 /// `cuEventQuery`: `true` once the work captured by the event is done.
 pub(crate) fn event_query(event: &RawEvent) -> Result<bool, CudaError> {
+    require!("cuEventQuery")?;
     // SAFETY: the event is live (see `event_record`).
     match unsafe { result::event::query(event.0) } {
         Ok(()) => Ok(true),
@@ -133,6 +158,7 @@ pub(crate) fn event_query(event: &RawEvent) -> Result<bool, CudaError> {
 
 /// `cuEventSynchronize`: blocks until the event's work is done.
 pub(crate) fn event_synchronize(event: &RawEvent) -> Result<(), CudaError> {
+    require!("cuEventSynchronize")?;
     // SAFETY: the event is live (see `event_record`).
     unsafe { result::event::synchronize(event.0) }
         .map_err(|e| driver_error("cuEventSynchronize", e.0))
@@ -144,6 +170,7 @@ pub(crate) fn event_synchronize(event: &RawEvent) -> Result<(), CudaError> {
 /// As for [`event_record`]: `stream` must be a valid stream of the event's
 /// context.
 pub(crate) unsafe fn stream_wait_event(stream: u64, event: &RawEvent) -> Result<(), CudaError> {
+    require!("cuStreamWaitEvent")?;
     // SAFETY: live event; valid stream by the caller's contract.
     unsafe {
         result::stream::wait_event(
@@ -157,6 +184,7 @@ pub(crate) unsafe fn stream_wait_event(stream: u64, event: &RawEvent) -> Result<
 
 /// `cuEventDestroy` of a pooled event that no one uses any more.
 pub(crate) fn event_destroy(event: RawEvent) -> Result<(), CudaError> {
+    require!("cuEventDestroy_v2")?;
     // SAFETY: the handle is consumed, so it is destroyed once; the driver
     // releases an event still pending asynchronously.
     unsafe { result::event::destroy(event.0) }.map_err(|e| driver_error("cuEventDestroy_v2", e.0))
@@ -183,6 +211,7 @@ impl HostPtr {
 /// `cuMemHostAlloc(CU_MEMHOSTALLOC_PORTABLE)`: `size` bytes of page-locked
 /// host memory, usable with every context of the process.
 pub(crate) fn host_alloc(size: usize) -> Result<HostPtr, CudaError> {
+    require!("cuMemHostAlloc")?;
     // SAFETY: writes one pointer into a local; the memory is uninitialised
     // and only ever reached through raw pointers (copies, `&[u8]` views
     // after a copy filled it or a caller wrote it).
@@ -193,6 +222,7 @@ pub(crate) fn host_alloc(size: usize) -> Result<HostPtr, CudaError> {
 
 /// `cuMemFreeHost` of a block from [`host_alloc`].
 pub(crate) fn host_free(ptr: HostPtr) -> Result<(), CudaError> {
+    require!("cuMemFreeHost")?;
     // SAFETY: consumes the handle, so the block is freed once; the pool
     // frees only blocks no copy or caller uses any more.
     unsafe { result::free_host(ptr.0.cast()) }.map_err(|e| driver_error("cuMemFreeHost", e.0))
@@ -211,6 +241,7 @@ pub(crate) unsafe fn copy_to_host_async(
     bytes: usize,
     stream: sys::CUstream,
 ) -> Result<(), CudaError> {
+    require!("cuMemcpyDtoHAsync_v2")?;
     // SAFETY: the caller's contract above.
     check("cuMemcpyDtoHAsync_v2", unsafe {
         sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, bytes, stream)
@@ -228,6 +259,7 @@ pub(crate) unsafe fn copy_to_device_async(
     bytes: usize,
     stream: sys::CUstream,
 ) -> Result<(), CudaError> {
+    require!("cuMemcpyHtoDAsync_v2")?;
     // SAFETY: the caller's contract above.
     check("cuMemcpyHtoDAsync_v2", unsafe {
         sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), bytes, stream)
@@ -545,6 +577,7 @@ fn device_allocation_prop(device: i32, shareable: bool) -> sys::CUmemAllocationP
 
 /// `cuMemGetAllocationGranularity` (minimum) of device memory on `device`.
 pub(crate) fn vmm_granularity(device: i32, shareable: bool) -> Result<u64, CudaError> {
+    require!("cuMemGetAllocationGranularity")?;
     let prop = device_allocation_prop(device, shareable);
     let mut granularity = 0usize;
     // SAFETY: both pointers are to live locals of the types the call expects;
@@ -562,6 +595,7 @@ pub(crate) fn vmm_granularity(device: i32, shareable: bool) -> Result<u64, CudaE
 
 /// `cuMemAddressReserve`: `size` bytes of address space, no memory.
 pub(crate) fn address_reserve(size: u64, alignment: u64) -> Result<u64, CudaError> {
+    require!("cuMemAddressReserve")?;
     let mut addr: sys::CUdeviceptr = 0;
     // SAFETY: writes one address into a local; reserves address space only.
     let code =
@@ -572,6 +606,7 @@ pub(crate) fn address_reserve(size: u64, alignment: u64) -> Result<u64, CudaErro
 
 /// `cuMemAddressFree` of a range from [`address_reserve`] with nothing mapped.
 pub(crate) fn address_free(addr: u64, size: u64) -> Result<(), CudaError> {
+    require!("cuMemAddressFree")?;
     // SAFETY: the backend frees only ranges it reserved, once, after
     // unmapping everything in them.
     check("cuMemAddressFree", unsafe {
@@ -586,6 +621,7 @@ pub(crate) fn mem_create(
     device: i32,
     shareable: bool,
 ) -> Result<PhysicalHandle, CudaError> {
+    require!("cuMemCreate")?;
     let prop = device_allocation_prop(device, shareable);
     let mut handle: sys::CUmemGenericAllocationHandle = 0;
     // SAFETY: pointers to live locals; the handle is owned by the returned
@@ -604,6 +640,7 @@ pub(crate) fn mem_create(
 /// (`pidfd_getfd`) for as long as the memory exists. The allocation must
 /// have been created shareable.
 pub(crate) fn export_fd(handle: &PhysicalHandle) -> Result<RawFd, CudaError> {
+    require!("cuMemExportToShareableHandle")?;
     if let Some(fd) = handle.fd.get() {
         return Ok(fd.as_raw_fd());
     }
@@ -638,6 +675,7 @@ pub(crate) fn export_fd(handle: &PhysicalHandle) -> Result<RawFd, CudaError> {
 /// `cuMemMap` of a whole physical allocation at `addr` (not yet accessible:
 /// see [`mem_set_access`]).
 pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(), CudaError> {
+    require!("cuMemMap")?;
     // SAFETY: `addr..addr+size` lies in a range this backend reserved and is
     // not mapped (the backend tracks every mapped page); `size` is the
     // handle's size.
@@ -650,6 +688,7 @@ pub(crate) fn mem_map(addr: u64, size: u64, handle: &PhysicalHandle) -> Result<(
 /// may span several mapped physical allocations (one call per run, as
 /// PyTorch's expandable segments do).
 pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), CudaError> {
+    require!("cuMemSetAccess")?;
     let access = sys::CUmemAccessDesc {
         location: device_location(device),
         flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
@@ -663,6 +702,7 @@ pub(crate) fn mem_set_access(addr: u64, size: u64, device: i32) -> Result<(), Cu
 
 /// `cuMemUnmap` of one mapped page.
 pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
+    require!("cuMemUnmap")?;
     // SAFETY: the backend unmaps only pages it mapped, when the engine holds
     // no live block in them and the GPU is done with them (after a context
     // synchronize, or for idle and detached pages once their streams passed
@@ -677,6 +717,7 @@ pub(crate) fn mem_unmap(addr: u64, size: u64) -> Result<(), CudaError> {
 /// its exported file descriptor first: the memory goes back to the device
 /// once no other process holds it either.
 pub(crate) fn mem_release(handle: PhysicalHandle) -> Result<(), CudaError> {
+    require!("cuMemRelease")?;
     let PhysicalHandle { raw, fd } = handle;
     drop(fd);
     // SAFETY: consumes the handle, so it is released once.
@@ -687,6 +728,7 @@ pub(crate) fn mem_release(handle: PhysicalHandle) -> Result<(), CudaError> {
 /// does not synchronize implicitly (unlike `cuMemFree`), so kernels still
 /// reading freed blocks must finish first.
 pub(crate) fn ctx_synchronize() -> Result<(), CudaError> {
+    require!("cuCtxSynchronize")?;
     // SAFETY: no arguments; blocks the host until the context is idle.
     check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
 }
@@ -700,6 +742,7 @@ pub(crate) struct RelaxedCaptureMode(sys::CUstreamCaptureMode);
 impl RelaxedCaptureMode {
     /// Switches to relaxed mode, remembering the previous one.
     pub(crate) fn enter() -> Result<Self, CudaError> {
+        require!("cuThreadExchangeStreamCaptureMode")?;
         let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: `mode` is a valid in/out pointer for the duration of the call.
         check("cuThreadExchangeStreamCaptureMode", unsafe {

@@ -107,9 +107,25 @@ pub enum CudaError {
         /// The device whose allocator exists.
         ordinal: usize,
     },
-    /// A thread panicked while holding the allocator's lock.
+    /// A thread panicked while holding the allocator's lock (no lock of
+    /// this crate reports it any more: see [`crate::lock`]).
     #[error("allocator lock poisoned: a thread panicked while holding it")]
     Poisoned,
+    /// A thread panicked while holding a lock and left the state behind it
+    /// failing its own check (see [`crate::lock`]): the operation is refused
+    /// rather than run on it.
+    #[error("internal state damaged by a panic: {0}")]
+    Damaged(String),
+    /// The loaded driver library lacks a function this build calls (a
+    /// driver older than the CUDA version the library was built for).
+    #[error(
+        "the loaded CUDA driver has no {call}: it is older than the CUDA version \
+         this library was built for (or not a complete driver)"
+    )]
+    MissingFunction {
+        /// The missing entry point.
+        call: &'static str,
+    },
     /// The engine refused the operation (out of memory, bad pointer, ...).
     #[error(transparent)]
     Alloc(#[from] AllocError),

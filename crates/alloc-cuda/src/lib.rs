@@ -100,6 +100,7 @@ mod driver;
 mod error;
 mod events;
 mod ipc;
+pub mod lock;
 mod memory;
 mod notice;
 mod observer;

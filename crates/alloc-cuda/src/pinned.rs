@@ -18,6 +18,7 @@ use cudarc::driver::CudaContext;
 use crate::driver::{self, HostPtr, RawEvent};
 use crate::error::{driver_error, CudaError};
 use crate::events::EventPool;
+use crate::lock::lock_checked;
 use crate::stream::{stream_ref, AsStream, StreamHandle};
 
 const MIB: u64 = 1 << 20;
@@ -171,6 +172,23 @@ impl<H, E> HostCache<H, E> {
     pub fn stats(&self) -> PinnedStats {
         self.stats
     }
+
+    /// Makes the counters of idle and pending bytes agree with the lists,
+    /// and the reserved bytes with the three kinds (after a panic left a
+    /// change half-done); returns whether any was off.
+    pub fn repair(&mut self) -> bool {
+        let cached: u64 = self.free.iter().map(|(b, l)| b * l.len() as u64).sum();
+        let pending: u64 = self.pending.iter().map(|p| p.1).sum();
+        let s = &mut self.stats;
+        let reserved = s.allocated_bytes + cached + pending;
+        let off =
+            (s.cached_bytes, s.pending_bytes, s.reserved_bytes) != (cached, pending, reserved);
+        s.cached_bytes = cached;
+        s.pending_bytes = pending;
+        s.reserved_bytes = reserved;
+        s.peak_reserved_bytes = s.peak_reserved_bytes.max(reserved);
+        off
+    }
 }
 
 struct PoolState {
@@ -231,8 +249,13 @@ impl PinnedPool {
         Ok(GLOBAL.get_or_init(|| Self::new(ctx)).clone())
     }
 
+    /// The cache, locked; after a panic with the lock held, its counters
+    /// are made to agree with its lists again (see [`crate::lock`]).
     fn state(&self) -> Result<MutexGuard<'_, PoolState>, CudaError> {
-        self.state.lock().map_err(|_| CudaError::Poisoned)
+        lock_checked(&self.state, |st| {
+            st.cache.repair();
+            Ok(())
+        })
     }
 
     /// A buffer of at least `len` bytes of pinned host memory. A new block
@@ -457,5 +480,21 @@ mod tests {
             (0, 24 * MIB, 1)
         );
         assert_eq!(s.peak_reserved_bytes, 34 * MIB);
+    }
+
+    #[test]
+    fn repair_makes_the_counters_agree_with_the_lists() {
+        let mut c: HostCache<u32, u8> = HostCache::default();
+        c.created(4 * MIB);
+        c.put(1, 4 * MIB, vec![]);
+        c.created(2 * MIB);
+        c.put(2, 2 * MIB, vec![9]);
+        let sound = c.stats();
+        assert!(!c.repair(), "nothing to repair");
+        assert_eq!(c.stats(), sound);
+        c.stats.cached_bytes = 0; // as if a change stopped halfway
+        c.stats.reserved_bytes += MIB;
+        assert!(c.repair());
+        assert_eq!(c.stats(), sound);
     }
 }

@@ -292,11 +292,8 @@ impl<P: Policy> CudaAllocator<P> {
     }
 
     fn backups(&self) -> Result<std::sync::MutexGuard<'_, Backups>, CudaError> {
-        self.inner
-            .sleep
-            .backups
-            .lock()
-            .map_err(|_| CudaError::Poisoned)
+        // A map of whole host copies: each insert or removal leaves it sound.
+        Ok(crate::lock::lock_consistent(&self.inner.sleep.backups))
     }
 
     /// The stream backups are copied on.

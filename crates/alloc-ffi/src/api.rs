@@ -27,8 +27,13 @@ pub const GPUALLOC_ERR_OUT_OF_MEMORY: i32 = -2;
 pub const GPUALLOC_ERR_CUDA: i32 = -3;
 /// `gpualloc_configure` after the first use of the allocator.
 pub const GPUALLOC_ERR_TOO_LATE: i32 = -4;
-/// An internal error (a caught panic, a poisoned lock): a bug, please report.
+/// An internal error (a caught panic, state a panic damaged): a bug, please
+/// report. The call that panicked fails; later calls work (see
+/// `alloc_cuda::lock`).
 pub const GPUALLOC_ERR_INTERNAL: i32 = -5;
+/// A private pool that does not exist: never created (`gpualloc_retain_pool`,
+/// `gpualloc_begin_allocate_to_pool`), or released by its last holder.
+pub const GPUALLOC_ERR_UNKNOWN_POOL: i32 = -6;
 
 /// The return codes, as `(name, value, meaning)`.
 pub const CODES: &[(&str, i32, &str)] = &[
@@ -56,7 +61,12 @@ pub const CODES: &[(&str, i32, &str)] = &[
     (
         "GPUALLOC_ERR_INTERNAL",
         GPUALLOC_ERR_INTERNAL,
-        "internal error (caught panic, poisoned lock): a bug",
+        "internal error (caught panic): a bug; later calls work",
+    ),
+    (
+        "GPUALLOC_ERR_UNKNOWN_POOL",
+        GPUALLOC_ERR_UNKNOWN_POOL,
+        "private pool never created (retain / begin_allocate_to_pool) or released",
     ),
 ];
 
@@ -229,9 +239,11 @@ pub const API: &[ApiFn] = &[
             ("uint64_t", "pool_second"),
         ],
         doc: "gpualloc_malloc from the private pool (pool_first, pool_second) (PyTorch's\n\
-              MempoolId_t), or from the ordinary cache when both are 0. For callers that\n\
-              check the result (the C++ bridge raises OutOfMemoryError): NULL on failure with\n\
-              the message in gpualloc_last_error(), nothing printed.",
+              MempoolId_t), or from the ordinary cache when both are 0. The pool must exist\n\
+              (gpualloc_retain_pool or gpualloc_begin_allocate_to_pool, not yet released by\n\
+              its last holder): else GPUALLOC_ERR_UNKNOWN_POOL. For callers that check the\n\
+              result (the C++ bridge raises OutOfMemoryError): NULL on failure with the\n\
+              message in gpualloc_last_error(), nothing printed.",
     },
     ApiFn {
         ret: "int",
@@ -275,7 +287,9 @@ pub const API: &[ApiFn] = &[
             ("uint64_t", "pool_second"),
         ],
         doc: "One holder fewer (a graph was deleted). With none left the pool's idle segments\n\
-              go back to the driver; its other blocks become ordinary cache once freed.",
+              go back to the driver; its other blocks become ordinary cache once freed, and the\n\
+              pool is gone: naming it again is GPUALLOC_ERR_UNKNOWN_POOL until it is created\n\
+              anew. Its bookkeeping goes with its last segment.",
     },
     ApiFn {
         ret: "int",

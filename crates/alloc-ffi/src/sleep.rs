@@ -204,7 +204,7 @@ static HOST_BUFFERS: Mutex<Option<HashMap<usize, PinnedBuffer>>> = Mutex::new(No
 
 fn host_buffers() -> MutexGuard<'static, Option<HashMap<usize, PinnedBuffer>>> {
     // A map of owned buffers stays consistent across a panic.
-    HOST_BUFFERS.lock().unwrap_or_else(|p| p.into_inner())
+    alloc_cuda::lock::lock_consistent(&HOST_BUFFERS)
 }
 
 /// `size` bytes of pinned host memory from the process-wide cached pool;

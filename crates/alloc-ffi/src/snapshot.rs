@@ -269,7 +269,7 @@ static HISTORY: Mutex<History> = Mutex::new(History {
 });
 
 fn history() -> std::sync::MutexGuard<'static, History> {
-    HISTORY.lock().unwrap_or_else(|p| p.into_inner())
+    alloc_cuda::lock::lock_consistent(&HISTORY)
 }
 
 /// Starts (clearing earlier events) or stops recording.

@@ -44,10 +44,11 @@ impl From<CudaError> for FfiError {
     fn from(e: CudaError) -> Self {
         let code = match &e {
             CudaError::Alloc(AllocError::OutOfMemory(_)) => api::GPUALLOC_ERR_OUT_OF_MEMORY,
+            CudaError::Alloc(AllocError::UnknownPool { .. }) => api::GPUALLOC_ERR_UNKNOWN_POOL,
             CudaError::Alloc(AllocError::Backend(_)) => api::GPUALLOC_ERR_CUDA,
             CudaError::Alloc(_) | CudaError::Config(_) => api::GPUALLOC_ERR_INVALID,
             CudaError::AlreadyInitialized { .. } => api::GPUALLOC_ERR_TOO_LATE,
-            CudaError::Poisoned => api::GPUALLOC_ERR_INTERNAL,
+            CudaError::Poisoned | CudaError::Damaged(_) => api::GPUALLOC_ERR_INTERNAL,
             CudaError::SizeOverflow { .. } | CudaError::LengthMismatch { .. } => {
                 api::GPUALLOC_ERR_INVALID
             }
@@ -149,7 +150,7 @@ static CONFIG: Mutex<ConfigState> = Mutex::new(ConfigState {
 
 fn config_state() -> MutexGuard<'static, ConfigState> {
     // The state stays consistent across a panic (plain field writes).
-    CONFIG.lock().unwrap_or_else(|p| p.into_inner())
+    alloc_cuda::lock::lock_consistent(&CONFIG)
 }
 
 /// The configuration string in effect (explicit, else the environment's,

@@ -907,3 +907,84 @@ fn a_kept_range_raises_the_peak_by_its_allowance_only() {
     );
     assert!(kept[11].1 > 0, "{kept:?}");
 }
+
+/// A pool must be created (held) before allocations name it: an unknown
+/// pool, or one its last holder released, is a typed error and changes
+/// nothing.
+#[test]
+fn allocations_into_an_unknown_pool_are_refused() {
+    for conf in ["", "expandable_segments:True"] {
+        let mut e = engine(conf, 8 * GIB);
+        let pool = (9, 1);
+        let before = e.stats();
+        let refused = e.malloc_in(MIB, StreamId(0), Some(pool));
+        assert_eq!(refused, Err(AllocError::UnknownPool { pool }), "[{conf}]");
+        assert_eq!(e.stats().reserved_bytes, before.reserved_bytes);
+        assert_eq!(e.pool_table_len(), 0, "[{conf}] nothing remembered");
+        e.retain_pool(pool);
+        let a = e.malloc_in(MIB, StreamId(0), Some(pool)).unwrap().addr;
+        e.release_pool(pool).unwrap();
+        assert_eq!(
+            e.malloc_in(MIB, StreamId(0), Some(pool)),
+            Err(AllocError::UnknownPool { pool }),
+            "[{conf}] released"
+        );
+        assert_eq!(e.release_pool(pool), Err(AllocError::UnknownPool { pool }));
+        e.free(a).unwrap();
+        e.assert_valid();
+    }
+}
+
+/// 200,000 pools, each created, used and released, leave the pool tables
+/// as small as one pool does: a pool is forgotten with its last segment.
+#[test]
+fn pools_created_used_and_released_are_forgotten() {
+    for conf in ["", "expandable_segments:True"] {
+        let mut e = engine(conf, 8 * GIB);
+        let mut most = 0;
+        for i in 0..200_000u64 {
+            let pool = (i + 1, 7);
+            if i % 2 == 0 {
+                e.retain_pool(pool); // a MemPool
+            } else {
+                e.begin_allocate_to_pool(pool); // a capture
+            }
+            let a = e.malloc_in(MIB, StreamId(i % 3), Some(pool)).unwrap().addr;
+            if i % 2 == 1 {
+                e.end_allocate_to_pool(pool).unwrap();
+            }
+            e.free(a).unwrap();
+            e.release_pool(pool).unwrap();
+            most = most.max(e.pool_table_len());
+        }
+        assert!(most <= 3, "[{conf}] pool tables reached {most} entries");
+        e.empty_cache().unwrap();
+        assert_eq!(e.stats().reserved_bytes.all.current, 0, "[{conf}]");
+        e.assert_valid();
+    }
+}
+
+/// A released pool whose block is still live keeps its number until the
+/// block's segment goes back, and only then forgets it.
+#[test]
+fn a_released_pool_is_forgotten_once_its_last_segment_goes() {
+    let mut e = engine("", 8 * GIB);
+    let pool = (5, 5);
+    e.retain_pool(pool);
+    let a = e.malloc_in(MIB, StreamId(0), Some(pool)).unwrap().addr;
+    e.release_pool(pool).unwrap();
+    assert_eq!(e.pool_table_len(), 2, "its live block's segment keeps it");
+    let snap = e.snapshot();
+    assert!(snap.segments.iter().any(|s| s.private_pool == Some(pool)));
+    e.free(a).unwrap();
+    e.empty_cache().unwrap();
+    assert_eq!(e.pool_table_len(), 1, "only the spare number is left");
+    e.retain_pool((6, 6));
+    e.malloc_in(MIB, StreamId(0), Some((6, 6))).unwrap();
+    assert_eq!(
+        e.pool_table_len(),
+        3,
+        "the spare number serves the new pool"
+    );
+    e.assert_valid();
+}

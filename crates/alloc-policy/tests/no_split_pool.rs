@@ -59,10 +59,10 @@ fn a_no_split_pool_hands_out_whole_segments() {
 #[test]
 fn no_split_is_refused_where_it_cannot_hold() {
     let mut e = engine("", 8 << 30);
-    assert!(matches!(
+    assert_eq!(
         e.set_pool_no_split((5, 5)),
-        Err(AllocError::InvalidArgument(_))
-    ));
+        Err(AllocError::UnknownPool { pool: (5, 5) })
+    );
     let mut grow = engine("expandable_segments:True", 8 << 30);
     grow.retain_pool(WHOLE);
     let err = grow.set_pool_no_split(WHOLE).unwrap_err();

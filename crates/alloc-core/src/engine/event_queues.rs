@@ -38,9 +38,15 @@ struct StreamQueue<E> {
 pub(super) struct EventQueues<E> {
     /// Extra streams that used an allocated block (`record_stream`).
     users: FxHashMap<BlockId, Users>,
-    /// Outstanding event count of each block awaiting events.
+    /// Outstanding event count of each block awaiting events (the events
+    /// still to record included).
     awaiting: FxHashMap<BlockId, u32>,
     queues: Vec<StreamQueue<E>>,
+    /// Events a free could not record (the driver failed): the block
+    /// awaits them too, and they are recorded at the next poll, host wait
+    /// or hand-over. An event recorded later covers more of the stream's
+    /// work, never less, so the block is never reused early.
+    unrecorded: Vec<(BlockId, StreamId)>,
 }
 
 impl<E> Default for EventQueues<E> {
@@ -49,6 +55,7 @@ impl<E> Default for EventQueues<E> {
             users: FxHashMap::default(),
             awaiting: FxHashMap::default(),
             queues: Vec::new(),
+            unrecorded: Vec::new(),
         }
     }
 }
@@ -125,33 +132,74 @@ impl<E> EventQueues<E> {
 
     /// The freed `block` awaits the work queued so far on each of `users`:
     /// an event is recorded on each and queued. If recording fails, the
-    /// block awaits the events recorded until then, so it is never reused
-    /// while the others run (at worst never reused: a leak, not a hazard).
+    /// block awaits the events recorded until then and those still to
+    /// record, which later calls record ([`EventQueues::record_missing`]):
+    /// it is never reused while the others run, and not lost either.
     pub(super) fn await_users<S: StreamBackend<Event = E>>(
         &mut self,
         streams: &mut S,
         block: BlockId,
         users: Users,
     ) -> Result<(), BackendError> {
-        let mut recorded = 0;
         let mut result = Ok(());
-        for stream in users {
+        for &stream in &users {
+            if result.is_err() {
+                self.unrecorded.push((block, stream));
+                continue;
+            }
             match streams.record(stream) {
-                Ok(event) => {
-                    recorded += 1;
-                    self.queue_of(stream).push_back(PendingEvent {
-                        event: Some(event),
-                        block,
-                    });
-                }
+                Ok(event) => self.queue_of(stream).push_back(PendingEvent {
+                    event: Some(event),
+                    block,
+                }),
                 Err(e) => {
+                    self.unrecorded.push((block, stream));
                     result = Err(e);
-                    break;
                 }
             }
         }
-        self.awaiting.insert(block, recorded);
+        self.awaiting.insert(block, users.len() as u32);
         result
+    }
+
+    /// Records the events that frees could not record; those that fail
+    /// again stay for the next call, and the first failure is returned.
+    pub(super) fn record_missing<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+    ) -> Result<(), BackendError> {
+        if self.unrecorded.is_empty() {
+            return Ok(());
+        }
+        self.record_missing_now(streams)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_missing_now<S: StreamBackend<Event = E>>(
+        &mut self,
+        streams: &mut S,
+    ) -> Result<(), BackendError> {
+        let mut result = Ok(());
+        for (block, stream) in std::mem::take(&mut self.unrecorded) {
+            match result.is_ok().then(|| streams.record(stream)) {
+                Some(Ok(event)) => self.queue_of(stream).push_back(PendingEvent {
+                    event: Some(event),
+                    block,
+                }),
+                Some(Err(e)) => {
+                    result = Err(e);
+                    self.unrecorded.push((block, stream));
+                }
+                None => self.unrecorded.push((block, stream)),
+            }
+        }
+        result
+    }
+
+    /// The block of every event still to record, once per event.
+    pub(super) fn unrecorded_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.unrecorded.iter().map(|&(block, _)| block)
     }
 
     /// The queue of `stream`, made on first use.
@@ -187,6 +235,9 @@ impl<E> EventQueues<E> {
         streams: &mut S,
         done: &mut Vec<BlockId>,
     ) -> Result<(), BackendError> {
+        // A failure is left to the next poll: the completed events of the
+        // other blocks are still taken.
+        let _ = self.record_missing(streams);
         for qi in 0..self.queues.len() {
             while let Some(front) = self.queues[qi].events.front() {
                 if let Some(ev) = &front.event {
@@ -204,12 +255,14 @@ impl<E> EventQueues<E> {
         Ok(())
     }
 
-    /// Waits on the host for every queued event.
+    /// Waits on the host for every queued event (those still to record
+    /// are recorded first).
     pub(super) fn synchronize<S: StreamBackend<Event = E>>(
         &mut self,
         streams: &mut S,
         done: &mut Vec<BlockId>,
     ) -> Result<(), BackendError> {
+        let recorded = self.record_missing(streams);
         for qi in 0..self.queues.len() {
             while let Some(entry) = self.queues[qi].events.pop_front() {
                 let Some(ev) = entry.event else { continue };
@@ -224,7 +277,7 @@ impl<E> EventQueues<E> {
                 self.event_done(entry.block, done);
             }
         }
-        Ok(())
+        recorded
     }
 
     /// Hands `block` to `waiter` without a host wait: `waiter` waits on
@@ -237,6 +290,8 @@ impl<E> EventQueues<E> {
         waiter: StreamId,
         done: &mut Vec<BlockId>,
     ) -> Result<(), BackendError> {
+        // Every event of the block must exist for `waiter` to wait on it.
+        self.record_missing(streams)?;
         for qi in 0..self.queues.len() {
             for ei in 0..self.queues[qi].events.len() {
                 let entry = &mut self.queues[qi].events[ei];
@@ -344,12 +399,13 @@ mod tests {
     }
 
     /// Streams whose `record` fails on one stream.
-    struct FailingOn(SimStreams, StreamId);
+    /// Recording on the stream named fails (none: the driver works).
+    struct FailingOn(SimStreams, Option<StreamId>);
 
     impl StreamBackend for FailingOn {
         type Event = SimEvent;
         fn record(&mut self, stream: StreamId) -> Result<SimEvent, BackendError> {
-            if stream == self.1 {
+            if Some(stream) == self.1 {
                 return Err(BackendError::Other("record failed".into()));
             }
             self.0.record(stream)
@@ -369,17 +425,40 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_record_leaves_the_block_awaiting_what_was_recorded() {
+    fn a_failed_record_is_recorded_later_and_the_block_awaits_it() {
         let mut q = EventQueues::default();
-        let mut s = FailingOn(SimStreams::new(), B);
+        let mut s = FailingOn(SimStreams::new(), Some(B));
         let users: Users = [A, B, C].into_iter().collect();
         assert!(q.await_users(&mut s, block(1), users).is_err());
-        assert_eq!(q.awaiting().get(&block(1)), Some(&1), "A's event only");
+        assert_eq!(q.awaiting().get(&block(1)), Some(&3), "every stream's");
+        assert_eq!(q.unrecorded_blocks().count(), 2, "B's and C's to record");
         let mut done = Vec::new();
-        q.poll(&mut s, &mut done).unwrap();
-        assert!(done.is_empty(), "not reused while A may run");
         s.0.complete_stream(A);
         q.poll(&mut s, &mut done).unwrap();
+        assert!(done.is_empty(), "not reused while B or C may run");
+        assert_eq!(q.unrecorded_blocks().count(), 2, "B still fails");
+        s.1 = None; // the driver works again
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(q.unrecorded_blocks().count(), 0);
+        assert!(done.is_empty(), "B's and C's new events are pending");
+        s.0.complete_stream(B);
+        s.0.complete_stream(C);
+        q.poll(&mut s, &mut done).unwrap();
         assert_eq!(done, vec![block(1)]);
+    }
+
+    #[test]
+    fn a_host_wait_records_what_was_missing_first() {
+        let mut q = EventQueues::default();
+        let mut s = FailingOn(SimStreams::new(), Some(A));
+        let users: Users = [A].into_iter().collect();
+        assert!(q.await_users(&mut s, block(2), users).is_err());
+        let mut done = Vec::new();
+        assert!(q.synchronize(&mut s, &mut done).is_err(), "A still fails");
+        assert!(done.is_empty());
+        s.1 = None;
+        q.synchronize(&mut s, &mut done).unwrap();
+        assert_eq!(done, vec![block(2)]);
+        assert!(!q.any_awaiting());
     }
 }

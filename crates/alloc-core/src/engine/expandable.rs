@@ -97,6 +97,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 return mapped.map(|_| None);
             }
             let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
+            self.pools.segment_added(req.key);
             self.heap.set_expandable(segment);
             let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
             self.growable.insert((req.key, req.pool), grown);

@@ -378,6 +378,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let mine = |heap: &crate::heap::Heap, id| segments.contains(&heap.block(id).segment);
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
+        // Events a free could not record are recorded now, to be waited for.
+        self.events.record_missing(&mut self.streams)?;
         for (stream, block, event) in self.events.pending() {
             if mine(&self.heap, block) {
                 self.streams.synchronize(event)?;
