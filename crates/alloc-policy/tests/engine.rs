@@ -284,6 +284,54 @@ fn garbage_collection_releases_old_idle_segments() {
     e.assert_valid();
 }
 
+/// A segment whose blocks were freed at different times is as old as its
+/// last free: merging keeps the later of the two free times, so PyTorch's
+/// collector (oldest first) releases the segment idle longer, not the one
+/// whose first half went idle early.
+#[test]
+fn garbage_collection_ages_a_merged_block_from_its_last_free() {
+    let mut e = engine("garbage_collection_threshold:0.5", GIB);
+    // A 20 MiB segment cut in two, and a 24 MiB one.
+    let head = e.malloc(4 * MIB, StreamId(0)).unwrap();
+    let tail = e.malloc(16 * MIB, StreamId(0)).unwrap();
+    assert_eq!(
+        tail.addr,
+        head.addr + 4 * MIB,
+        "carved from the same segment"
+    );
+    let whole = e.malloc(24 * MIB, StreamId(0)).unwrap();
+    let mut fillers = Vec::new();
+    // Each filler is one lookup in the large pool (a tick of its clock) and
+    // stays allocated, so it is never a candidate.
+    let mut pass_time = |e: &mut common::SimEngine| {
+        for _ in 0..4 {
+            fillers.push(e.malloc(32 * MIB, StreamId(0)).unwrap().addr);
+        }
+    };
+    e.free(head.addr).unwrap();
+    pass_time(&mut e);
+    e.free(whole.addr).unwrap();
+    pass_time(&mut e);
+    // Merges with `head`: the 20 MiB segment went idle just now.
+    e.free(tail.addr).unwrap();
+    // 44 MiB cached + 256 MiB fillers = 300 MiB reserved, 12 MiB past half
+    // of the 576 MiB limit: one idle segment (at least as old as the
+    // average) must go before the next one is made.
+    e.set_memory_fraction(576.0 / 1024.0).unwrap();
+    fillers.push(e.malloc(32 * MIB, StreamId(0)).unwrap().addr);
+    assert_eq!(e.stats().num_device_free, 1);
+    assert!(
+        e.heap().segment_containing(whole.addr).is_none(),
+        "the segment idle longest goes back"
+    );
+    assert!(
+        e.heap().segment_containing(head.addr).is_some(),
+        "the segment freed last stays"
+    );
+    e.assert_valid();
+    common::drain(&mut e, fillers);
+}
+
 #[test]
 fn snapshot_lists_segments_and_block_states() {
     let mut e = engine("", 8 * GIB);
