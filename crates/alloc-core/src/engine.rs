@@ -743,6 +743,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         &self.memory
     }
 
+    /// The memory backend, mutably (tests write into a simulated device's
+    /// memory here); the engine's segments must be left as they are.
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.memory
+    }
+
     /// The stream backend.
     pub fn streams(&self) -> &S {
         &self.streams

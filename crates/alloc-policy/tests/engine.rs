@@ -564,13 +564,14 @@ fn unmap_page_mb_moves_whole_large_pages() {
 /// byte back.
 #[test]
 fn pages_that_grow_with_the_heap_move_whole_and_add_up() {
-    use alloc_core::{AllocatorConfig, PageLayout, SimMemory, SimStreams};
+    use alloc_core::{AllocatorConfig, PageLayout, SimDataMemory, SimStreams};
     let mut cfg =
         AllocatorConfig::parse("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true")
             .unwrap();
     cfg.unmap_pages = PageLayout::scaled(2 * MIB, 8 * MIB, 4).unwrap();
     let mut e =
-        alloc_policy::AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
+        alloc_policy::AnyPolicy::engine(&cfg, SimDataMemory::new(1 << 30), SimStreams::new())
+            .unwrap();
     let mut next = alloc_policy::testing::xorshift(0x2545_f491_4f6c_dd1d);
     let mut live: Vec<u64> = Vec::new();
     let mut unmapped_above_32 = false;
