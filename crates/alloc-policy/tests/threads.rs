@@ -95,15 +95,15 @@ fn worker(
             .send(a.addr)
             .map_err(|_| "the next thread stopped early".to_string())?;
         if let Ok(addr) = inbox.try_recv() {
-            lock().use_and_free(addr, stream, next() % 3 == 0)?;
+            lock().use_and_free(addr, stream, next().is_multiple_of(3))?;
         }
-        if next() % 16 == 0 {
+        if next().is_multiple_of(16) {
             lock().complete(StreamId(1 + next() % THREADS))?;
         }
     }
     drop(to_next);
     for addr in inbox {
-        lock().use_and_free(addr, stream, next() % 3 == 0)?;
+        lock().use_and_free(addr, stream, next().is_multiple_of(3))?;
     }
     Ok(())
 }
