@@ -772,8 +772,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         &self.memory
     }
 
-    /// The memory backend, mutably (tests make another process take
-    /// simulated memory here).
+    /// The memory backend, mutably (tests write into a simulated device's
+    /// memory, or make another process take simulated memory, here); the
+    /// engine's segments must be left as they are.
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.memory
     }

@@ -46,7 +46,7 @@ pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use page_layout::{PageLayout, RangePages};
 pub use policy::{KeptKeys, OomRelease, Policy, Pressure, Request};
 pub use private_pool::PoolId;
-pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};
+pub use sim::{SimCapture, SimDataMemory, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use tags::{Backup, PauseReport, ResumeReport, TagInfo};

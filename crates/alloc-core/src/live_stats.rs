@@ -407,4 +407,39 @@ mod tests {
         }
         assert_eq!(s.num_ooms, 0);
     }
+
+    /// `reset_accumulated_memory_stats` clears every event count, the
+    /// page moves' included; the current values stay.
+    #[test]
+    fn reset_accumulated_clears_every_event_count() {
+        let mut live = LiveStats::default();
+        live.segment.increase(PoolKind::Large, 1);
+        live.num_alloc_retries = 1;
+        live.num_ooms = 2;
+        live.num_sync_all_streams = 3;
+        live.num_device_alloc = 4;
+        live.num_device_free = 5;
+        live.oversize_segments.increase(1);
+        live.page_moves = PageMoves {
+            rounds: 1,
+            pages_unmapped: 2,
+            busy_pages_reused: 3,
+            pages_mapped: 4,
+            stream_waits: 5,
+            host_ns: 6,
+        };
+        live.reset_accumulated();
+        let s = live.snapshot();
+        let counts = [
+            s.num_alloc_retries,
+            s.num_ooms,
+            s.num_sync_all_streams,
+            s.num_device_alloc,
+            s.num_device_free,
+            s.oversize_segments.allocated,
+        ];
+        assert_eq!(counts, [0; 6]);
+        assert_eq!(s.page_moves, PageMoves::default());
+        assert_eq!((s.segment.all.current, s.oversize_segments.current), (1, 1));
+    }
 }

@@ -855,6 +855,7 @@ mod tests {
                 }
             }
             prop_assert_eq!(index.len(), model.len());
+            prop_assert_eq!(index.is_empty(), model.is_empty());
         }
         let all: Vec<_> = index
             .iter()

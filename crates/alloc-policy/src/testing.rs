@@ -30,7 +30,7 @@ mod arbitrary;
 pub mod ops;
 pub mod shadow;
 
-use alloc_core::{AllocatorConfig, Engine, SimMemory, SimStreams};
+use alloc_core::{AllocatorConfig, Engine, SimDataMemory, SimStreams};
 
 use crate::{policy_names, AnyPolicy};
 
@@ -45,13 +45,14 @@ pub fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
     }
 }
 
-/// The engine the tests drive: every policy, on the simulated device.
-pub type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
+/// The engine the tests drive: every policy, on the simulated device that
+/// keeps what is written into it (which the [`shadow::Shadow`] checks).
+pub type SimEngine = Engine<AnyPolicy, SimDataMemory, SimStreams>;
 
 /// An engine for `config` on a simulated device of `capacity` bytes.
 pub fn engine_with(config: &str, capacity: u64, streams: SimStreams) -> Result<SimEngine, String> {
     let cfg = AllocatorConfig::parse(config).map_err(|e| e.to_string())?;
-    AnyPolicy::engine(&cfg, SimMemory::new(capacity), streams).map_err(|e| e.to_string())
+    AnyPolicy::engine(&cfg, SimDataMemory::new(capacity), streams).map_err(|e| e.to_string())
 }
 
 /// Every compiled-in policy, plus PyTorch's with each engine setting worth

@@ -284,6 +284,54 @@ fn garbage_collection_releases_old_idle_segments() {
     e.assert_valid();
 }
 
+/// A segment whose blocks were freed at different times is as old as its
+/// last free: merging keeps the later of the two free times, so PyTorch's
+/// collector (oldest first) releases the segment idle longer, not the one
+/// whose first half went idle early.
+#[test]
+fn garbage_collection_ages_a_merged_block_from_its_last_free() {
+    let mut e = engine("garbage_collection_threshold:0.5", GIB);
+    // A 20 MiB segment cut in two, and a 24 MiB one.
+    let head = e.malloc(4 * MIB, StreamId(0)).unwrap();
+    let tail = e.malloc(16 * MIB, StreamId(0)).unwrap();
+    assert_eq!(
+        tail.addr,
+        head.addr + 4 * MIB,
+        "carved from the same segment"
+    );
+    let whole = e.malloc(24 * MIB, StreamId(0)).unwrap();
+    let mut fillers = Vec::new();
+    // Each filler is one lookup in the large pool (a tick of its clock) and
+    // stays allocated, so it is never a candidate.
+    let mut pass_time = |e: &mut common::SimEngine| {
+        for _ in 0..4 {
+            fillers.push(e.malloc(32 * MIB, StreamId(0)).unwrap().addr);
+        }
+    };
+    e.free(head.addr).unwrap();
+    pass_time(&mut e);
+    e.free(whole.addr).unwrap();
+    pass_time(&mut e);
+    // Merges with `head`: the 20 MiB segment went idle just now.
+    e.free(tail.addr).unwrap();
+    // 44 MiB cached + 256 MiB fillers = 300 MiB reserved, 12 MiB past half
+    // of the 576 MiB limit: one idle segment (at least as old as the
+    // average) must go before the next one is made.
+    e.set_memory_fraction(576.0 / 1024.0).unwrap();
+    fillers.push(e.malloc(32 * MIB, StreamId(0)).unwrap().addr);
+    assert_eq!(e.stats().num_device_free, 1);
+    assert!(
+        e.heap().segment_containing(whole.addr).is_none(),
+        "the segment idle longest goes back"
+    );
+    assert!(
+        e.heap().segment_containing(head.addr).is_some(),
+        "the segment freed last stays"
+    );
+    e.assert_valid();
+    common::drain(&mut e, fillers);
+}
+
 #[test]
 fn snapshot_lists_segments_and_block_states() {
     let mut e = engine("", 8 * GIB);
@@ -516,13 +564,14 @@ fn unmap_page_mb_moves_whole_large_pages() {
 /// byte back.
 #[test]
 fn pages_that_grow_with_the_heap_move_whole_and_add_up() {
-    use alloc_core::{AllocatorConfig, PageLayout, SimMemory, SimStreams};
+    use alloc_core::{AllocatorConfig, PageLayout, SimDataMemory, SimStreams};
     let mut cfg =
         AllocatorConfig::parse("policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true")
             .unwrap();
     cfg.unmap_pages = PageLayout::scaled(2 * MIB, 8 * MIB, 4).unwrap();
     let mut e =
-        alloc_policy::AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
+        alloc_policy::AnyPolicy::engine(&cfg, SimDataMemory::new(1 << 30), SimStreams::new())
+            .unwrap();
     let mut next = alloc_policy::testing::xorshift(0x2545_f491_4f6c_dd1d);
     let mut live: Vec<u64> = Vec::new();
     let mut unmapped_above_32 = false;

@@ -6,9 +6,12 @@
 //! pools with streams forking from the captured one and joining back,
 //! snapshots), with every invariant checked after every step and a
 //! shadow of what was handed out checking that no block is reused while
-//! another stream may still use it, that live blocks never overlap, and
-//! that their memory stays mapped. The fuzz targets (`fuzz/`) drive the same
-//! model with operations decoded from their input.
+//! another stream may still use it, that live blocks never overlap, that
+//! their memory stays mapped, that every block is aligned to 512 bytes, and,
+//! by data, that the pattern written into each block at its malloc is intact
+//! at its free and no block is handed out over a live block's pattern. The
+//! fuzz targets (`fuzz/`) drive the same model with operations decoded from
+//! their input.
 
 use alloc_core::{StreamId, MIB};
 use alloc_policy::testing::configs;

@@ -328,6 +328,44 @@ mod tests {
     }
 
     #[test]
+    fn a_detached_run_waits_for_the_last_free_of_any_of_its_pages() {
+        let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
+        p.freed(0, 10); // page 0 in epoch 1
+        p.end_epoch(1);
+        p.freed(10, 20); // page 1 in epoch 2
+        p.end_epoch(2);
+        p.detached(0, 20); // one run over both
+        assert_eq!(p.detached_epoch_in(0, 10), Some(2));
+        assert_eq!(p.oldest_mark_done(), Some(1));
+        assert!(
+            p.take_idle_detached().is_empty(),
+            "page 1's old mapping may still be in use"
+        );
+        assert_eq!(p.oldest_mark_done(), Some(2));
+        assert_eq!(p.take_idle_detached(), vec![(0, 20)]);
+    }
+
+    #[test]
+    fn pages_mapped_with_memory_still_in_use_elsewhere_are_busy() {
+        let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
+        p.mapped(0, 30, true);
+        assert!(
+            !p.is_idle(0) && !p.is_idle(25),
+            "their memory came from detached pages the GPU may still use"
+        );
+        assert_eq!(p.split_runs(&[(0, 30)]), (vec![], vec![(0, 30)]));
+        p.end_epoch(1);
+        p.oldest_mark_done();
+        assert!(
+            p.is_idle(0) && p.is_idle(25),
+            "idle once the mark completed"
+        );
+        p.freed(0, 10);
+        p.mapped(0, 10, false);
+        assert!(p.is_idle(0), "fresh memory is unused");
+    }
+
+    #[test]
     fn runs_split_by_idleness() {
         let base = 1000;
         let mut p: IdlePages<()> = IdlePages::new(uniform(base, 10));

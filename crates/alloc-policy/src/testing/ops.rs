@@ -168,7 +168,7 @@ impl Run {
             Op::Alloc { size, stream } => self.alloc(size, stream)?,
             Op::Free { pick } if !self.live.is_empty() => {
                 let addr = self.live.swap_remove(pick % self.live.len());
-                self.shadow.freeing(e, addr, self.capture.is_some());
+                self.shadow.freeing(e, addr, self.capture.is_some())?;
                 e.free(addr).map_err(|err| format!("free: {err}"))?;
                 let again = e.free(addr);
                 if !matches!(
@@ -388,7 +388,11 @@ impl Run {
     /// the cache, then checks that all memory went back to the device.
     pub fn finish(mut self) -> Result<(), String> {
         let e = &mut self.engine;
+        let capturing = self.capture.is_some();
         for addr in self.live.drain(..) {
+            self.shadow
+                .freeing(e, addr, capturing)
+                .map_err(|msg| format!("final free: {msg}"))?;
             e.free(addr).map_err(|err| format!("final free: {err}"))?;
         }
         if let Some(pool) = self.capture.take() {

@@ -20,16 +20,32 @@
 //! at the free: each such node precedes one of its frontier's, as the
 //! simulated graph itself tells.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use alloc_core::{Allocation, CaptureGraph, GraphNode, SimEvent, StreamBackend, StreamId};
+use alloc_core::pytorch::MIN_BLOCK_SIZE;
+use alloc_core::{
+    Allocation, CaptureGraph, GraphNode, SimDataMemory, SimEvent, StreamBackend, StreamId,
+};
 
 use super::SimEngine;
+
+/// The alignment of every block address, whatever the policy: PyTorch's
+/// 512 bytes. Every policy cuts blocks in multiples of [`MIN_BLOCK_SIZE`]
+/// (best fit and size classes round to it, buddy blocks are powers of two
+/// of at least it, planned layouts pack at it) from segments aligned to the
+/// device's granularity.
+pub const BLOCK_ALIGN: u64 = MIN_BLOCK_SIZE;
+
+/// Spacing of the pattern's words inside a block, past its first ones: the
+/// simulated device's page.
+const PATTERN_STRIDE: u64 = 2 << 20;
 
 /// A block handed out and not yet freed.
 #[derive(Debug, Clone)]
 struct Live {
     end: u64,
+    /// Which allocation it is: the pattern in its memory names it.
+    id: u64,
     stream: StreamId,
     /// Other streams that used it (`record_stream`).
     uses: Vec<StreamId>,
@@ -65,12 +81,23 @@ pub struct Shadow {
     /// Frees during a capture, whose markers wait for its end (nothing may
     /// be recorded on a stream while it is captured).
     deferred: Vec<Deferred>,
+    /// The live blocks by allocation id: where each starts.
+    owners: HashMap<u64, u64>,
+    /// The last allocation id given (ids start at 1).
+    last_id: u64,
 }
 
 impl Shadow {
     /// The engine handed out `a`.
     pub fn allocated(&mut self, e: &mut SimEngine, a: Allocation) -> Result<(), String> {
         let (start, end) = (a.addr, a.addr + a.size);
+        if !start.is_multiple_of(BLOCK_ALIGN) {
+            return Err(format!(
+                "block {start:#x}+{} is not aligned to {BLOCK_ALIGN} bytes",
+                a.size
+            ));
+        }
+        self.check_unowned(e.memory(), start, end)?;
         if let Some((&other, l)) = self.live.range(..end).next_back() {
             if l.end > start {
                 return Err(format!(
@@ -121,10 +148,19 @@ impl Shadow {
                 }
             }
         }
+        self.last_id += 1;
+        let id = self.last_id;
+        for w in pattern_words(start, end) {
+            e.memory_mut()
+                .write(w, pattern(id, w))
+                .map_err(|err| format!("block {start:#x}+{}: {err}", a.size))?;
+        }
+        self.owners.insert(id, start);
         self.live.insert(
             start,
             Live {
                 end,
+                id,
                 stream: a.stream,
                 uses: Vec::new(),
                 uses_captured_in: None,
@@ -152,13 +188,16 @@ impl Shadow {
     }
 
     /// The block at `addr` is about to be freed (`capturing`: during a
-    /// capture): other streams that used it may run on.
-    pub fn freeing(&mut self, e: &mut SimEngine, addr: u64, capturing: bool) {
+    /// capture): its pattern must be intact; other streams that used it
+    /// may run on.
+    pub fn freeing(&mut self, e: &mut SimEngine, addr: u64, capturing: bool) -> Result<(), String> {
         let Some(l) = self.live.remove(&addr) else {
-            return;
+            return Ok(());
         };
+        self.owners.remove(&l.id);
+        check_pattern(e.memory(), addr, &l)?;
         if l.uses.is_empty() {
-            return;
+            return Ok(());
         }
         if capturing {
             let stood = l.uses_captured_in.and_then(|c| {
@@ -177,9 +216,26 @@ impl Shadow {
                 live: l,
                 stood,
             });
-            return;
+            return Ok(());
         }
         self.mark(e, addr, l);
+        Ok(())
+    }
+
+    /// Fails when a word of `[start, end)` holds the pattern of a live
+    /// allocation: the bytes still belong to it.
+    fn check_unowned(&self, memory: &SimDataMemory, start: u64, end: u64) -> Result<(), String> {
+        for (w, word) in memory.written(start, end) {
+            let Some(id) = writer(w, word) else { continue };
+            if let Some(&owner) = self.owners.get(&id) {
+                return Err(format!(
+                    "block {start:#x}+{} handed out over the word at {w:#x}, which holds \
+                     the pattern of allocation #{id}, live at {owner:#x}",
+                    end - start
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The capture is about to end: the frees made during it get their
@@ -232,6 +288,73 @@ impl Shadow {
         }
         Ok(())
     }
+}
+
+/// Where the pattern of the block `[start, end)` goes: its first and last
+/// two words, and the first word of every [`PATTERN_STRIDE`] inside it.
+fn pattern_words(start: u64, end: u64) -> BTreeSet<u64> {
+    const W: u64 = SimDataMemory::WORD;
+    let first = start.div_ceil(W) * W;
+    let last = (end / W * W).saturating_sub(W);
+    let mut words: BTreeSet<u64> = [first, first + W, last.saturating_sub(W), last]
+        .into_iter()
+        .filter(|&w| start <= w && w + W <= end)
+        .collect();
+    let mut page = start.div_ceil(PATTERN_STRIDE) * PATTERN_STRIDE;
+    while page + W <= end {
+        words.insert(page);
+        page += PATTERN_STRIDE;
+    }
+    words
+}
+
+/// The word written at `addr` for allocation `id`: the id (modulo 2^32)
+/// in the high half, a hash of the address and the id in the low half, so
+/// that a word read back names its writer and whether it was written there.
+fn pattern(id: u64, addr: u64) -> u64 {
+    let mut x = addr ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    // splitmix64's finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    ((id & 0xffff_ffff) << 32) | (x & 0xffff_ffff)
+}
+
+/// The allocation whose pattern `word`, read at `addr`, is (`None`: not a
+/// pattern written at this address).
+fn writer(addr: u64, word: u64) -> Option<u64> {
+    let id = word >> 32;
+    (pattern(id, addr) == word).then_some(id)
+}
+
+/// Fails unless the live block `l` at `addr` still holds its pattern.
+fn check_pattern(memory: &SimDataMemory, addr: u64, l: &Live) -> Result<(), String> {
+    for w in pattern_words(addr, l.end) {
+        let found = memory
+            .read(w)
+            .map_err(|err| format!("block {addr:#x}: its word at {w:#x}: {err}"))?;
+        match found {
+            Some(word) if word == pattern(l.id, w) => {}
+            Some(word) => {
+                let by = writer(w, word).map_or_else(
+                    || "with data no block wrote there".to_string(),
+                    |id| format!("by allocation #{id}"),
+                );
+                return Err(format!(
+                    "block {addr:#x} (allocation #{}): its word at {w:#x} was overwritten {by}",
+                    l.id
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "block {addr:#x} (allocation #{}): its word at {w:#x} was lost (its memory \
+                     went back to the device and was mapped again)",
+                    l.id
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The capture `stream` takes part in, if any.
