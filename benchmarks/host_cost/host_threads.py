@@ -120,7 +120,7 @@ def rotate(items, k):
 def warm_calls(w):
     """Calls each thread makes before the start line: enough for the cache to hold the
     workload's blocks (a mixed run's live set grows as a random walk)."""
-    return 2000 if not w["mixed"] else max(20000, 40 * w["max_live"])
+    return 2000 if not w["mixed"] else max(20000, 20 * w["max_live"])
 
 
 def run_cells(args, process, timers, log=print):
@@ -191,29 +191,36 @@ def python_cell(torch, w, devs, streams, args):
                 live[j] = live[-1]
                 live.pop()
 
-        with torch.cuda.device(dev), torch.cuda.stream(PY_STREAMS[devs[t]][idx]):
-            for _ in range(min(warm_calls(w), PYTHON_WARM_CALLS)):
-                call()
-            start.wait()
-            calls, clock, rounds = 0, time.perf_counter_ns, range(every - 1)
-            while True:  # rounds of `every` calls, the last one timed
-                for _ in rounds:
+        try:
+            with torch.cuda.device(dev), torch.cuda.stream(PY_STREAMS[devs[t]][idx]):
+                for _ in range(min(warm_calls(w), PYTHON_WARM_CALLS)):
                     call()
-                a = clock()
-                call()
-                lat.append(clock() - a)
-                calls += every
-                if stop.is_set():
-                    break
-            end = time.perf_counter_ns()
-            held.clear()
-            live.clear()
-        res[t] = (calls, end, lat)
+                start.wait()
+                calls, clock, rounds = 0, time.perf_counter_ns, range(every - 1)
+                while True:  # rounds of `every` calls, the last one timed
+                    for _ in rounds:
+                        call()
+                    a = clock()
+                    call()
+                    lat.append(clock() - a)
+                    calls += every
+                    if stop.is_set():
+                        break
+                end = time.perf_counter_ns()
+                held.clear()
+                live.clear()
+            res[t] = (calls, end, lat, None)
+        except Exception as e:  # out of memory, or another thread's failure
+            start.abort()  # nobody waits for this thread at the start line
+            res[t] = (0, 0, [], "%s: %s" % (type(e).__name__, e))
 
     ts = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
     for th in ts:
         th.start()
-    start.wait()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass
     t0 = time.perf_counter_ns()
     time.sleep(args.window)
     stop.set()
@@ -221,11 +228,15 @@ def python_cell(torch, w, devs, streams, args):
         th.join()
     for d in sorted(set(devs)):
         torch.cuda.synchronize(d)
-    lat = sorted(x for r in res for x in r[2])
-    return {"calls": sum(r[0] for r in res), "wall_ns": float(max(r[1] for r in res) - t0),
+    ok = [r for r in res if r[3] is None]
+    errors = [r[3] for r in res if r[3] is not None]
+    lat = sorted(x for r in ok for x in r[2])
+    return {"calls": sum(r[0] for r in ok),
+            "wall_ns": float(max(r[1] for r in ok) - t0) if ok else 0.0,
             "p50_ns": quantile(lat, 0.5), "p99_ns": quantile(lat, 0.99),
             "p999_ns": quantile(lat, 0.999), "max_ns": float(lat[-1]) if lat else 0.0,
-            "samples": len(lat), "failed_threads": 0, "error": ""}
+            "samples": len(lat), "failed_threads": len(errors),
+            "error": errors[0] if errors else ""}
 
 
 PY_STREAMS = {}
@@ -627,6 +638,8 @@ def main(argv=None):
         return cpu_child(args)
     if args.child:
         return child(args)
+    if args.config is not None:
+        os.environ["GPUALLOC_CONF"] = args.config  # the C library's, in every process
     t0 = time.time()
     info, cells = {}, []
     paths = active_paths(args)

@@ -2,11 +2,13 @@
 GPU), and host_threads.py end to end over the null driver (the C library and gpu_bench
 --threads of a cargo build; skipped when none is built, unless GPUALLOC_TESTS_REQUIRE_TOOLS=1):
 python3 benchmarks/host_cost/test_host_cost.py"""
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -160,6 +162,70 @@ class ThreadsReportTest(unittest.TestCase):
         text = ht.report(cells, ht.PATHS, True, {"gpu": "test"})
         self.assertIn("### at::empty via bridge (bridge process)", text)
         self.assertIn("| workload | streams | devices |", text)
+
+
+class FakeTorch:
+    """What python_cell uses of torch, on the host: torch.empty makes a bytearray (and
+    fails past `fail_after` calls on one thread, as an out-of-memory would)."""
+
+    uint8 = "uint8"
+
+    def __init__(self, fail_after=None):
+        self.fail_after = fail_after
+        self.made = {}
+        self.synced = []
+        outer = self
+
+        class Cuda:
+            @staticmethod
+            def device(d):
+                return contextlib.nullcontext()
+
+            @staticmethod
+            def stream(s):
+                return contextlib.nullcontext()
+
+            @staticmethod
+            def synchronize(d):
+                outer.synced.append(d)
+
+        self.cuda = Cuda
+
+    def device(self, kind, index):
+        return (kind, index)
+
+    def empty(self, n, dtype, device):
+        name = threading.current_thread().name
+        self.made[name] = self.made.get(name, 0) + 1
+        if self.fail_after is not None and self.made[name] > self.fail_after:
+            raise MemoryError("fake out of memory")
+        return bytearray(min(n, 64))
+
+
+class PythonThreadsTest(unittest.TestCase):
+    def setUp(self):
+        ht.PY_STREAMS.clear()
+        ht.PY_STREAMS.update({0: ["s0", "s1", "s2"], 1: ["t0"]})
+        self.args = ht.parse_args(["--so", __file__, "--window", "0.05", "--sample-every", "5"])
+
+    def test_threads_count_calls_and_sample_every_nth(self):
+        fake = FakeTorch()
+        for w in (ht.parse_workload("pair:512"), ht.parse_workload("mixed:512:64K:20")):
+            r = ht.python_cell(fake, w, [0, 0, 1], "own", self.args)
+            self.assertEqual(r["failed_threads"], 0)
+            self.assertGreater(r["calls"], 0)
+            self.assertEqual(r["calls"] % 5, 0)
+            self.assertEqual(r["samples"], r["calls"] // 5)
+            self.assertLessEqual(r["p50_ns"], r["p99_ns"])
+            self.assertGreater(r["wall_ns"], 0.04e9)
+        self.assertEqual(fake.synced[-2:], [0, 1])
+
+    def test_failing_threads_are_reported_not_counted_and_the_cell_ends(self):
+        fake = FakeTorch(fail_after=10)
+        r = ht.python_cell(fake, ht.parse_workload("pair:512"), [0, 0], "shared", self.args)
+        self.assertEqual(r["failed_threads"], 2)
+        self.assertIn("fake out of memory", r["error"])
+        self.assertEqual(r["calls"], 0)
 
 
 def built(name):
