@@ -598,7 +598,7 @@ def parse_args(argv=None):
     ap.add_argument("--devices", default=None,
                     help="one thread per device instead: device counts, e.g. 1,2,4")
     ap.add_argument("--workloads", default="pair:512,pair:8M,mixed:512:1M:1000")
-    ap.add_argument("--window", type=float, default=0.1, help="seconds per cell")
+    ap.add_argument("--window", type=float, default=0.08, help="seconds per cell")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sample-every", type=int, default=31, help="time every Nth call")
     ap.add_argument("--no-python", action="store_true", help="leave out the Python threads")
