@@ -92,6 +92,7 @@ def parse_workload(spec):
 
 
 def human(n):
+    """Bytes as the labels write them: 512 B, 64 KiB, 8 MiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return "%d %s" % (n // scale, unit)
@@ -113,6 +114,7 @@ def plan(args):
 
 
 def rotate(items, k):
+    """items rotated left by k: the order of the paths in cell k."""
     k %= max(len(items), 1)
     return items[k:] + items[:k]
 
@@ -143,6 +145,8 @@ def run_cells(args, process, timers, log=print):
 
 
 def active_paths(args):
+    """The paths this run times (PATHS, less the Python threads with --no-python; the
+    null driver's set with --null-driver)."""
     if args.null_driver:
         return NULL_DRIVER_PATHS
     if args.no_python:
@@ -253,6 +257,7 @@ def quantile(sorted_values, q):
 # ---------------------------------------------------------------- processes
 
 def build_ext(verbose=False):
+    """Builds (or loads from torch's extension cache) mt_torch.cpp with -O2."""
     from torch.utils.cpp_extension import load
 
     return load(name="host_threads_mt", sources=[os.path.join(HERE, "mt_torch.cpp")],
@@ -313,6 +318,7 @@ def run_child(args, which, env=None, extra=()):
 
 
 def common_argv(args):
+    """The options a child process of this script gets from the parent."""
     argv = ["--so", args.so, "--window", str(args.window), "--repeats", str(args.repeats),
             "--sample-every", str(args.sample_every),
             "--workloads", ",".join(w["spec"] for w in args.workloads)]
@@ -391,6 +397,7 @@ def null_driver_env(devices=1):
 
 
 def build_cpu_loops(out_dir):
+    """Compiles mt_cpu.cpp into out_dir; returns the library's path."""
     so = os.path.join(out_dir, "libmt_cpu.so")
     subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-o", so,
                     os.path.join(HERE, "mt_cpu.cpp"), "-ldl"], check=True)
@@ -444,6 +451,7 @@ def rate(cell):
 
 
 def key(cell):
+    """A cell's place in the plan: (workload, streams, threads, devices)."""
     return (cell["workload"], cell["streams"], cell["threads"], cell["devices"])
 
 
@@ -482,6 +490,7 @@ def ratio_to(cells, path, ref, k):
 
 
 def fmt_ratio(r):
+    """A ratio_to() result as two table cells, median and mean (* across processes)."""
     if r is None:
         return "n/a", "n/a"
     mark = "" if r[2] else "*"
@@ -587,6 +596,7 @@ def report(cells, paths, devices_mode, info):
 # ---------------------------------------------------------------- main
 
 def parse_args(argv=None):
+    """The command line, with workloads parsed and the library and gpu_bench found."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--so", default=None, help="liballoc_ffi.so (default: prepare.sh's, "
                     "else $GPUALLOC_SO, else target/release)")
@@ -629,10 +639,12 @@ def parse_args(argv=None):
 
 
 def first_file(candidates):
+    """The first of candidates that is a file, else None."""
     return next((c for c in candidates if c and os.path.isfile(c)), None)
 
 
 def main(argv=None):
+    """Runs the processes of the plan, prints the report and writes the JSON; 0 when done."""
     args = parse_args(argv)
     if args.child == "cpu":
         return cpu_child(args)
@@ -668,7 +680,7 @@ def main(argv=None):
     print("\n" + text)
     name = "host_threads_devices.json" if args.devices else "host_threads.json"
     with open(os.path.join(args.out, name), "w") as f:
-        json.dump({"argv": sys.argv[1:], "info": info, "cells": cells, "report": text,
+        json.dump({"argv": sys.argv[1:] if argv is None else argv, "info": info, "cells": cells, "report": text,
                    "seconds": round(time.time() - t0, 1)}, f, indent=1)
     print("\n%s written (%.0f s in all)" % (os.path.join(args.out, name), time.time() - t0))
     return 0
@@ -683,7 +695,7 @@ def prebuild():
             subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
                               "import gpu_alloc; gpu_alloc.build_bridge()"
                               % os.path.join(REPO, "python")])]
-    if any(j.wait() != 0 for j in jobs):
+    if any([j.wait() != 0 for j in jobs]):  # waits for both
         sys.exit("building the loops' extension or the bridge failed")
     print("extension and bridge built in %.0f s" % (time.time() - t), flush=True)
 

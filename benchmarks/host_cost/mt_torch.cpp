@@ -13,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include <stdexcept>
