@@ -569,7 +569,9 @@ mod tests {
         assert_eq!(c.failed, 1);
         assert_eq!(c.error, "no backend");
         assert!(c.calls > 0 && c.wall_ns > 0.0);
-        assert_eq!(c.samples as u64, c.calls / 7);
+        // Whole rounds of 7 calls, one timed (up to each thread's cap of samples).
+        assert_eq!(c.calls % 7, 0);
+        assert!(c.samples > 0 && c.samples as u64 <= c.calls / 7);
         assert!(c.p50 <= c.p99 && c.p99 <= c.max);
     }
 
