@@ -35,6 +35,7 @@ typedef unsigned long long CUdeviceptr;
 #define CUDA_ERROR_NOT_SUPPORTED 801
 
 #define DEVICE_BYTES (80ULL << 30)
+#define MAX_DEVICES 8
 
 /* Every function that can be made to fail, in the order of the table. */
 #define NULL_CUDA_FUNCTIONS(X) \
@@ -103,9 +104,18 @@ int null_cuda_armed(void) { return __atomic_load_n(&armed, __ATOMIC_ACQUIRE) >= 
 /* The i-th function that can fail, NULL past the last. */
 const char *null_cuda_function(int i) { return i >= 0 && i < F_COUNT ? names[i] : 0; }
 
-static char contexts[1];
+/* One primary context per device; NULL_CUDA_DEVICES (1 to 8, default 1)
+ * says how many devices there are. */
+static char contexts[MAX_DEVICES];
 static __thread CUcontext current;
+/* Taken by several threads at once (one allocator per device). */
 static CUdeviceptr next_addr = 0x7f0000000000ULL;
+
+static int device_count(void) {
+    const char *v = getenv("NULL_CUDA_DEVICES");
+    int n = v ? atoi(v) : 1;
+    return n < 1 ? 1 : n > MAX_DEVICES ? MAX_DEVICES : n;
+}
 
 CUresult cuInit(unsigned flags) {
     FAULT(cuInit);
@@ -119,14 +129,14 @@ CUresult cuDriverGetVersion(int *v) {
 }
 CUresult cuDeviceGetCount(int *n) {
     FAULT(cuDeviceGetCount);
-    *n = 1;
+    *n = device_count();
     return CUDA_SUCCESS;
 }
 
 CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     FAULT(cuDeviceGet);
-    if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE;
-    *d = 0;
+    if (ordinal < 0 || ordinal >= device_count()) return CUDA_ERROR_INVALID_VALUE;
+    *d = ordinal;
     return CUDA_SUCCESS;
 }
 
@@ -154,8 +164,8 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) 
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     FAULT(cuDevicePrimaryCtxRetain);
-    (void)d;
-    *c = (CUcontext)&contexts[0];
+    if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_VALUE;
+    *c = (CUcontext)&contexts[d];
     return CUDA_SUCCESS;
 }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
@@ -189,9 +199,11 @@ CUresult cuCtxGetCurrent(CUcontext *c) {
     *c = current;
     return CUDA_SUCCESS;
 }
+/* The device of a primary context; non-primary ones are device 0's. */
 CUresult cuCtxGetDevice(CUdevice *d) {
     FAULT(cuCtxGetDevice);
-    *d = 0;
+    char *c = (char *)current;
+    *d = c >= contexts && c < contexts + MAX_DEVICES ? (int)(c - contexts) : 0;
     return CUDA_SUCCESS;
 }
 CUresult cuCtxSynchronize(void) {
@@ -208,8 +220,8 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     FAULT(cuMemAlloc_v2);
-    *p = next_addr;
-    next_addr += (bytes + 0x1fffff) & ~(CUdeviceptr)0x1fffff;
+    CUdeviceptr span = (bytes + 0x1fffff) & ~(CUdeviceptr)0x1fffff;
+    *p = __atomic_fetch_add(&next_addr, span, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
@@ -230,6 +242,25 @@ CUresult cuMemFreeHost(void *p) {
     free(p);
     return CUDA_SUCCESS;
 }
+
+/* The driver's stream-ordered pool, for benchmarks that time it beside the
+ * allocator (gpu_bench --threads): addresses from the same bump counter. */
+static char pools[MAX_DEVICES];
+CUresult cuDeviceGetDefaultMemPool(void **pool, CUdevice d) {
+    if (d < 0 || d >= device_count()) return CUDA_ERROR_INVALID_VALUE;
+    *pool = &pools[d];
+    return CUDA_SUCCESS;
+}
+CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
+    (void)pool; (void)attr; (void)value;
+    return CUDA_SUCCESS;
+}
+CUresult cuMemPoolTrimTo(void *pool, size_t keep) { (void)pool; (void)keep; return CUDA_SUCCESS; }
+CUresult cuMemAllocAsync(CUdeviceptr *p, size_t bytes, CUstream s) {
+    (void)s;
+    return cuMemAlloc_v2(p, bytes);
+}
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)p; (void)s; return CUDA_SUCCESS; }
 
 /* Streams and events are distinct heap addresses, so that handles stay
  * unique while they live, as the driver's are. */

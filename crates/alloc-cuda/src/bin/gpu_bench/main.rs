@@ -12,8 +12,13 @@
 //! GPU, or the null driver of `null-driver/` for `--paths`). `--paths`: only
 //! the comparison of the Rust and C paths; `--only`: of those, one path and
 //! no table (for a profiler's counts); `--so`: the C library to load.
+//!
+//! `gpu_bench --threads LIST ...` or `--devices LIST ...`: many threads on
+//! one device, or one thread per device (see `threads.rs`; driven by
+//! `benchmarks/host_cost/host_threads.py`).
 
 mod paths;
+mod threads;
 
 use std::error::Error;
 use std::sync::Arc;
@@ -327,6 +332,10 @@ fn compare_paths(
 }
 
 fn main() -> BoxResult<()> {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.iter().any(|a| a == "--threads" || a == "--devices") {
+        return threads::run(&argv);
+    }
     let args = Args::parse()?;
     let quick = args.quick;
     let (pair_iters, mixed_ops, sync_pair_iters, sync_mixed_ops, reps) = if quick {

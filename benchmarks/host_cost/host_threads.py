@@ -1,0 +1,704 @@
+"""Host cost with many threads on one device, and with one thread per device, side by side
+with PyTorch's allocator and cudaMallocAsync (method and columns: README.md here).
+
+    bash benchmarks/host_cost/prepare.sh          # where Rust is: gpu_bench + liballoc_ffi.so
+    python3 benchmarks/host_cost/host_threads.py --out $OUT             # one GPU
+    python3 benchmarks/host_cost/host_threads.py --devices 1,2,4 --out $OUT  # 1 thread/device
+    python3 benchmarks/host_cost/host_threads.py --null-driver --out DIR  # no GPU, no torch
+
+Paths (each its own column of cells; "process" says which process times it):
+- native process: PyTorch's allocator (raw_alloc_with_stream / raw_delete), cudaMallocAsync,
+  the C library (liballoc_ffi.so called as a pluggable .so), a null allocator (the loop's own
+  cost), at::empty in C++ threads, torch.empty / del in Python threads;
+- bridge process (gpu_alloc.enable(bridge=True)): at::empty, raw_alloc and torch.empty, which
+  now reach gpualloc through the C++ bridge, and cudaMallocAsync as the anchor between
+  processes;
+- rust process: gpu_bench --threads (CudaAllocator, and cuMemAllocAsync as the anchor).
+With --null-driver: the C library, the null allocator and gpu_bench over the null driver of
+crates/alloc-cuda/null-driver (a libcuda.so doing no device work): host code only, never GPU
+figures.
+
+Writes DIR/host_threads.json (every cell of every repeat, and the tables) and prints the
+tables: one per path, ratios to its PyTorch reference (same process: median and mean of the
+per-repeat ratios; across processes: ratio of the medians, marked *).
+"""
+import argparse
+import ctypes
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+BUNDLE = os.path.join(REPO, "gpu-bundle", "host_cost")
+
+TORCH_RAW = "torch raw_alloc"
+AT_EMPTY = "at::empty, PyTorch's allocator"
+PY_EMPTY = "torch.empty (Python), PyTorch's allocator"
+ANCHOR = "cudaMallocAsync"
+
+# (path, process, kind, reference path or None). The kinds are mt_torch.cpp's, plus
+# "python" (this file's Python threads) and the gpu_bench --threads columns.
+PATHS = [
+    (TORCH_RAW, "native", "torch", None),
+    (ANCHOR, "native", "async", TORCH_RAW),
+    ("gpualloc C library", "native", "so", TORCH_RAW),
+    ("null (loop cost)", "native", "null", None),
+    (AT_EMPTY, "native", "empty", None),
+    (PY_EMPTY, "native", "python", None),
+    ("at::empty via bridge", "bridge", "empty", AT_EMPTY),
+    ("raw_alloc via bridge", "bridge", "torch", TORCH_RAW),
+    ("torch.empty (Python) via bridge", "bridge", "python", PY_EMPTY),
+    ("cudaMallocAsync (bridge process)", "bridge", "async", ANCHOR),
+    ("gpualloc CudaAllocator (Rust)", "rust", "ours", TORCH_RAW),
+    ("cuMemAllocAsync (Rust process)", "rust", "driver-async", ANCHOR),
+]
+NULL_DRIVER_PATHS = [
+    ("gpualloc C library", "cpu", "so", None),
+    ("null (loop cost)", "cpu", "null", None),
+    ("gpualloc CudaAllocator (Rust)", "rust", "ours", "gpualloc C library"),
+    ("cuMemAllocAsync (Rust process)", "rust", "driver-async", None),
+]
+# Python threads hold the GIL for most of each call: fewer calls per window suffice.
+PYTHON_WARM_CALLS = 2000
+
+
+def parse_size(text):
+    """'512', '64K', '8M' -> bytes."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def parse_workload(spec):
+    """'pair:SIZE' or 'mixed:LO:HI:LIVE' -> dict (sizes in bytes, with a label)."""
+    parts = spec.split(":")
+    if parts[0] == "pair" and len(parts) == 2:
+        size = parse_size(parts[1])
+        return {"spec": "pair:%d" % size, "mixed": False, "size": size, "lo": 0, "hi": 0,
+                "max_live": 0, "label": "%s pair" % human(size)}
+    if parts[0] == "mixed" and len(parts) == 4:
+        lo, hi, live = parse_size(parts[1]), parse_size(parts[2]), int(parts[3])
+        if not 0 < lo <= hi or live < 1:
+            raise ValueError("mixed:LO:HI:LIVE needs 0 < LO <= HI and LIVE >= 1: " + spec)
+        return {"spec": "mixed:%d:%d:%d" % (lo, hi, live), "mixed": True, "size": 0, "lo": lo,
+                "hi": hi, "max_live": live,
+                "label": "mixed %s..%s, %d live" % (human(lo), human(hi), live)}
+    raise ValueError("a workload is pair:SIZE or mixed:LO:HI:LIVE, not " + spec)
+
+
+def human(n):
+    """Bytes as the labels write them: 512 B, 64 KiB, 8 MiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return "%d %s" % (n // scale, unit)
+    return "%d B" % n
+
+
+def plan(args):
+    """The cells of one repeat, in order: (workload, streams, device_of_thread)."""
+    cells = []
+    for w in args.workloads:
+        if args.devices:
+            for n in args.devices:
+                cells.append((w, "own", list(range(n))))
+        else:
+            for streams in args.streams:
+                for t in args.threads:
+                    cells.append((w, streams, [0] * t))
+    return cells
+
+
+def rotate(items, k):
+    """items rotated left by k: the order of the paths in cell k."""
+    k %= max(len(items), 1)
+    return items[k:] + items[:k]
+
+
+def warm_calls(w):
+    """Calls each thread makes before the start line: enough for the cache to hold the
+    workload's blocks (a mixed run's live set grows as a random walk)."""
+    return 2000 if not w["mixed"] else max(20000, 20 * w["max_live"])
+
+
+def run_cells(args, process, timers, log=print):
+    """Runs every cell of the plan, `args.repeats` times, the paths of `process` rotated
+    from cell to cell; timers: kind -> function(w, streams, device_of_thread) -> dict."""
+    paths = [p for p in active_paths(args) if p[1] == process]
+    out = []
+    for rep in range(args.repeats):
+        for i, (w, streams, devs) in enumerate(plan(args)):
+            for name, _, kind, _ in rotate(paths, rep + i):
+                r = timers[kind](w, streams, devs)
+                cell = {"path": name, "process": process, "repeat": rep, "workload": w["label"],
+                        "streams": streams, "threads": len(devs), "devices": len(set(devs))}
+                cell.update(r)
+                out.append(cell)
+                if r.get("failed_threads"):
+                    log("%s, %s, %d threads: %d thread(s) failed: %s" % (
+                        name, w["label"], len(devs), r["failed_threads"], r.get("error")))
+    return out
+
+
+def active_paths(args):
+    """The paths this run times (PATHS, less the Python threads with --no-python; the
+    null driver's set with --null-driver)."""
+    if args.null_driver:
+        return NULL_DRIVER_PATHS
+    if args.no_python:
+        return [p for p in PATHS if p[2] != "python"]
+    return PATHS
+
+
+# ---------------------------------------------------------------- Python threads
+
+def python_cell(torch, w, devs, streams, args):
+    """torch.empty / del in Python threads (one per entry of devs), timed as mt_loops.h
+    times its threads: warm, start line, rounds of sample_every calls (the last timed)
+    until the window ends."""
+    n = len(devs)
+    stop = threading.Event()
+    start = threading.Barrier(n + 1)
+    res = [None] * n
+    every = args.sample_every
+
+    def worker(t):
+        dev = torch.device("cuda", devs[t])
+        idx = 0 if streams == "shared" else sum(1 for d in devs[:t] if d == devs[t])
+        rng = random.Random(42 + t)
+        live, held = [], []
+        empty, u8 = torch.empty, torch.uint8
+        lat = []
+        log_lo = lo_span = 0.0
+        if w["mixed"]:
+            import math
+
+            log_lo = math.log(w["lo"])
+            lo_span = math.log(w["hi"]) - log_lo
+            exp = math.exp
+
+        def call():
+            if not w["mixed"]:
+                if held:
+                    held.pop()
+                else:
+                    held.append(empty(w["size"], dtype=u8, device=dev))
+                return
+            if not live or (len(live) < w["max_live"] and rng.random() < 0.5):
+                live.append(empty(int(exp(log_lo + rng.random() * lo_span)), dtype=u8, device=dev))
+            else:
+                j = int(rng.random() * len(live))
+                live[j] = live[-1]
+                live.pop()
+
+        try:
+            with torch.cuda.device(dev), torch.cuda.stream(PY_STREAMS[devs[t]][idx]):
+                for _ in range(min(warm_calls(w), PYTHON_WARM_CALLS)):
+                    call()
+                start.wait()
+                calls, clock, rounds = 0, time.perf_counter_ns, range(every - 1)
+                while True:  # rounds of `every` calls, the last one timed
+                    for _ in rounds:
+                        call()
+                    a = clock()
+                    call()
+                    lat.append(clock() - a)
+                    calls += every
+                    if stop.is_set():
+                        break
+                end = time.perf_counter_ns()
+                held.clear()
+                live.clear()
+            res[t] = (calls, end, lat, None)
+        except Exception as e:  # out of memory, or another thread's failure
+            start.abort()  # nobody waits for this thread at the start line
+            res[t] = (0, 0, [], "%s: %s" % (type(e).__name__, e))
+
+    ts = [threading.Thread(target=worker, args=(t,)) for t in range(n)]
+    for th in ts:
+        th.start()
+    try:
+        start.wait()
+    except threading.BrokenBarrierError:
+        pass
+    t0 = time.perf_counter_ns()
+    time.sleep(args.window)
+    stop.set()
+    for th in ts:
+        th.join()
+    for d in sorted(set(devs)):
+        torch.cuda.synchronize(d)
+    ok = [r for r in res if r[3] is None]
+    errors = [r[3] for r in res if r[3] is not None]
+    lat = sorted(x for r in ok for x in r[2])
+    return {"calls": sum(r[0] for r in ok),
+            "wall_ns": float(max(r[1] for r in ok) - t0) if ok else 0.0,
+            "p50_ns": quantile(lat, 0.5), "p99_ns": quantile(lat, 0.99),
+            "p999_ns": quantile(lat, 0.999), "max_ns": float(lat[-1]) if lat else 0.0,
+            "samples": len(lat), "failed_threads": len(errors),
+            "error": errors[0] if errors else ""}
+
+
+PY_STREAMS = {}
+
+
+def quantile(sorted_values, q):
+    """Nearest-rank quantile of a sorted list, as mt_loops.h computes it."""
+    if not sorted_values:
+        return 0.0
+    i = max(int(-(-q * len(sorted_values) // 1)) - 1, 0)
+    return float(sorted_values[min(i, len(sorted_values) - 1)])
+
+
+# ---------------------------------------------------------------- processes
+
+def build_ext(verbose=False):
+    """Builds (or loads from torch's extension cache) mt_torch.cpp with -O2."""
+    from torch.utils.cpp_extension import load
+
+    return load(name="host_threads_mt", sources=[os.path.join(HERE, "mt_torch.cpp")],
+                extra_cflags=["-O2", "-I" + HERE], extra_ldflags=["-ldl"],
+                with_cuda=True, verbose=verbose)
+
+
+def child(args):
+    """One process of the GPU run (--child native|bridge): prints RESULT <json>."""
+    if args.child == "bridge":
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        import gpu_alloc
+
+        gpu_alloc.enable(args.config, so_path=args.so, bridge=True)
+    import torch
+
+    torch.cuda.init()
+    ndev = max(args.devices) if args.devices else 1
+    for d in range(ndev):
+        torch.empty(1, device=torch.device("cuda", d))
+    ext = build_ext()
+    per_device = 1 if args.devices else max(args.threads)
+    ext.make_streams(ndev, per_device)
+    for d in range(ndev):
+        PY_STREAMS[d] = [torch.cuda.Stream(device=d) for _ in range(per_device)]
+    if args.child == "native":
+        assert ext.load_so(os.path.abspath(args.so), "gpualloc_malloc", "gpualloc_free"), \
+            "cannot load " + args.so
+
+    def native(kind):
+        return lambda w, streams, devs: ext.cell(
+            kind, w["mixed"], w["size"], w["lo"], w["hi"], w["max_live"], devs,
+            streams == "shared", args.window, warm_calls(w), args.sample_every)
+
+    timers = {k: native(k) for k in ("torch", "async", "so", "null", "empty")}
+    timers["python"] = lambda w, streams, devs: python_cell(torch, w, devs, streams, args)
+    cells = run_cells(args, args.child, timers, log=lambda m: print(m, file=sys.stderr))
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(),
+            "clock_pair_ns": ext.clock_pair_ns()}
+    print("RESULT " + json.dumps({"cells": cells, "info": info}), flush=True)
+
+
+def run_child(args, which, env=None, extra=()):
+    """Runs this script as process `which` and returns its RESULT."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", which] + common_argv(args)
+    t = time.time()
+    r = subprocess.run(cmd + list(extra), capture_output=True, text=True, env=env)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+    if r.returncode != 0 or not lines:
+        sys.exit("%s process failed (exit %d):\n%s%s" % (which, r.returncode, r.stdout[-3000:],
+                                                         r.stderr[-5000:]))
+    if r.stderr.strip():
+        print(r.stderr.strip()[-2000:], file=sys.stderr)
+    got = json.loads(lines[-1][7:])
+    print("%s process: %d cells in %.0f s" % (which, len(got["cells"]), time.time() - t), flush=True)
+    return got
+
+
+def common_argv(args):
+    """The options a child process of this script gets from the parent."""
+    argv = ["--so", args.so, "--window", str(args.window), "--repeats", str(args.repeats),
+            "--sample-every", str(args.sample_every),
+            "--workloads", ",".join(w["spec"] for w in args.workloads)]
+    if args.devices:
+        argv += ["--devices", ",".join(map(str, args.devices))]
+    else:
+        argv += ["--threads", ",".join(map(str, args.threads)), "--streams",
+                 ",".join(args.streams)]
+    if args.config is not None:
+        argv += ["--config", args.config]
+    if args.no_python:
+        argv.append("--no-python")
+    if args.null_driver:
+        argv.append("--null-driver")
+    return argv
+
+
+def rust_argv(args):
+    """gpu_bench --threads's command line for this plan."""
+    argv = [args.gpu_bench, "--window", str(args.window), "--repeats", str(args.repeats),
+            "--sample-every", str(args.sample_every)]
+    for w in args.workloads:
+        argv += ["--workload", w["spec"], "--warm", str(warm_calls(w))]
+    if args.devices:
+        argv += ["--devices", ",".join(map(str, args.devices))]
+    else:
+        argv += ["--threads", ",".join(map(str, args.threads)), "--streams",
+                 ",".join(args.streams)]
+    if args.config is not None:
+        argv += ["--config", args.config]
+    return argv
+
+
+def run_rust(args, env=None):
+    """gpu_bench --threads: one CELL <json> line per cell."""
+    t = time.time()
+    r = subprocess.run(rust_argv(args), capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("gpu_bench --threads failed (exit %d):\n%s%s" % (
+            r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
+    cells = rust_cells(r.stdout, args.workloads)
+    print("rust process: %d cells in %.0f s" % (len(cells), time.time() - t), flush=True)
+    return cells
+
+
+def rust_cells(stdout, workloads):
+    """gpu_bench's CELL lines as cells of this script (path names, workload labels)."""
+    names = {kind: name for name, proc, kind, _ in PATHS if proc == "rust"}
+    labels = {w["spec"]: w["label"] for w in workloads}
+    cells = []
+    for line in stdout.splitlines():
+        if line.startswith("CELL "):
+            c = json.loads(line[5:])
+            c["path"] = names[c.pop("kind")]
+            c["workload"] = labels[c.pop("spec")]
+            c["process"] = "rust"
+            cells.append(c)
+    return cells
+
+
+def null_driver_env(devices=1):
+    """Builds the null driver (as its run.sh does) and returns an environment with it first
+    on LD_LIBRARY_PATH, showing `devices` devices."""
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(REPO, "target"))
+    drv = os.path.join(target, "null-driver")
+    os.makedirs(drv, exist_ok=True)
+    src = os.path.join(REPO, "crates", "alloc-cuda", "null-driver", "null_cuda.c")
+    lib = os.path.join(drv, "libcuda.so.1")
+    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-o", lib, src], check=True)
+    link = os.path.join(drv, "libcuda.so")
+    if not os.path.lexists(link):
+        os.symlink("libcuda.so.1", link)
+    env = dict(os.environ, NULL_CUDA_DEVICES=str(devices))
+    env["LD_LIBRARY_PATH"] = drv + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+def build_cpu_loops(out_dir):
+    """Compiles mt_cpu.cpp into out_dir; returns the library's path."""
+    so = os.path.join(out_dir, "libmt_cpu.so")
+    subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-o", so,
+                    os.path.join(HERE, "mt_cpu.cpp"), "-ldl"], check=True)
+    return so
+
+
+def cpu_child(args):
+    """--child cpu: the C library and the null allocator through mt_cpu.cpp (the null driver
+    is on LD_LIBRARY_PATH): prints RESULT <json>."""
+    lib = ctypes.CDLL(args.cpu_loops)
+    lib.mt_error.restype = ctypes.c_char_p
+    lib.mt_clock_pair_ns.restype = ctypes.c_double
+    lib.mt_cell.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_int64] * 4 + [
+        ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_double,
+        ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_double)]
+
+    def ok(rc):
+        if rc != 0:
+            sys.exit("mt_cpu: " + lib.mt_error().decode())
+
+    ok(lib.mt_load(os.path.abspath(args.so).encode(), b"gpualloc_malloc", b"gpualloc_free"))
+    ndev = max(args.devices) if args.devices else 1
+    ok(lib.mt_make_streams(ndev, 1 if args.devices else max(args.threads)))
+
+    def timer(backend):
+        def run(w, streams, devs):
+            out = (ctypes.c_double * 8)()
+            ok(lib.mt_cell(backend, int(w["mixed"]), w["size"], w["lo"], w["hi"], w["max_live"],
+                           len(devs), (ctypes.c_int * len(devs))(*devs), int(streams == "shared"),
+                           args.window, warm_calls(w), args.sample_every, out))
+            keys = ["calls", "wall_ns", "p50_ns", "p99_ns", "p999_ns", "max_ns", "samples",
+                    "failed_threads"]
+            r = dict(zip(keys, out))
+            for k in ("calls", "samples", "failed_threads"):
+                r[k] = int(r[k])
+            r["error"] = lib.mt_error().decode() if r["failed_threads"] else ""
+            return r
+        return run
+
+    cells = run_cells(args, "cpu", {"so": timer(0), "null": timer(1)},
+                      log=lambda m: print(m, file=sys.stderr))
+    info = {"driver": "null driver (no device work)", "clock_pair_ns": lib.mt_clock_pair_ns()}
+    print("RESULT " + json.dumps({"cells": cells, "info": info}), flush=True)
+
+
+# ---------------------------------------------------------------- report
+
+def rate(cell):
+    """Calls (allocs + frees) per second of all threads of one cell."""
+    return cell["calls"] / cell["wall_ns"] * 1e9 if cell["wall_ns"] > 0 else 0.0
+
+
+def key(cell):
+    """A cell's place in the plan: (workload, streams, threads, devices)."""
+    return (cell["workload"], cell["streams"], cell["threads"], cell["devices"])
+
+
+def summarize(cells):
+    """(path, workload, streams, threads, devices) -> figures over the repeats: median and
+    mean calls/s, median p50 / p99 ns, repeats, failed threads."""
+    groups = {}
+    for c in cells:
+        groups.setdefault((c["path"],) + key(c), []).append(c)
+    out = {}
+    for k, cs in groups.items():
+        rates = [rate(c) for c in cs]
+        out[k] = {"median": statistics.median(rates), "mean": statistics.fmean(rates),
+                  "p50_ns": statistics.median(c["p50_ns"] for c in cs),
+                  "p99_ns": statistics.median(c["p99_ns"] for c in cs),
+                  "repeats": len(cs), "failed": sum(c.get("failed_threads", 0) for c in cs)}
+    return out
+
+
+def ratio_to(cells, path, ref, k):
+    """Throughput of `path` over `ref` for one cell key: (median, mean, same_process).
+    Same process: the per-repeat ratios' median and mean; else the medians' ratio (twice)."""
+    mine = {c["repeat"]: c for c in cells if c["path"] == path and key(c) == k}
+    theirs = {c["repeat"]: c for c in cells if c["path"] == ref and key(c) == k}
+    if not mine or not theirs:
+        return None
+    same = {c["process"] for c in mine.values()} == {c["process"] for c in theirs.values()}
+    if same:
+        rs = [rate(mine[r]) / rate(theirs[r]) for r in sorted(mine) if r in theirs
+              and rate(theirs[r]) > 0]
+        if rs:
+            return statistics.median(rs), statistics.fmean(rs), True
+    a = statistics.median(rate(c) for c in mine.values())
+    b = statistics.median(rate(c) for c in theirs.values())
+    return (a / b, a / b, False) if b > 0 else None
+
+
+def fmt_ratio(r):
+    """A ratio_to() result as two table cells, median and mean (* across processes)."""
+    if r is None:
+        return "n/a", "n/a"
+    mark = "" if r[2] else "*"
+    return "%.2f%s" % (r[0], mark), "%.2f%s" % (r[1], mark)
+
+
+def path_table(cells, summary, path, ref, devices_mode):
+    """One path's table: a row per workload, streams and thread (or device) count."""
+    scale_col = "vs 1 device" if devices_mode else "vs 1 thread"
+    count_col = "devices" if devices_mode else "threads"
+    ref_cols = ["vs %s (median)" % ref, "(mean)"] if ref else []
+    head = ["workload", "streams", count_col, "M calls/s (median)", "(mean)", "p50 ns", "p99 ns"]
+    head += ref_cols + [scale_col]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    keys = sorted((k for k in summary if k[0] == path), key=lambda k: (
+        order_of(cells, k[1]), k[2], k[4] if devices_mode else k[3]))
+    for k in keys:
+        s = summary[k]
+        base = summary.get((path, k[1], k[2], 1, 1))
+        count = k[4] if devices_mode else k[3]
+        row = [k[1], k[2], str(count), "%.2f" % (s["median"] / 1e6), "%.2f" % (s["mean"] / 1e6),
+               "%.0f" % s["p50_ns"], "%.0f" % s["p99_ns"]]
+        if ref:
+            row += list(fmt_ratio(ratio_to(cells, path, ref, k[1:])))
+        row.append("%.2f" % (s["median"] / base["median"]) if base and base["median"] else "n/a")
+        if s["failed"]:
+            row[0] += " (%d failed threads)" % s["failed"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def order_of(cells, workload):
+    """Workloads in the order the run met them."""
+    seen = list(dict.fromkeys(c["workload"] for c in cells))
+    return seen.index(workload) if workload in seen else len(seen)
+
+
+def targets(cells, summary, paths):
+    """The issue's targets, each as a line: measured figure and whether it holds."""
+    lines = []
+    names = {p[0] for p in paths}
+    for ours in ("gpualloc C library", "gpualloc CudaAllocator (Rust)"):
+        if ours not in names or TORCH_RAW not in names:
+            continue
+        for k in sorted({k[1:] for k in summary if k[0] == ours and k[4] == 1},
+                        key=lambda k: (order_of(cells, k[0]), k[1], k[2])):
+            r = ratio_to(cells, ours, TORCH_RAW, k)
+            if r is None:
+                continue
+            need = 4.0 if k[2] == 8 else 1.0
+            lines.append("%s / %s, %s, %s streams, %d threads: %.2f%s (target >= %.0f: %s)" % (
+                ours, TORCH_RAW, k[0], k[1], k[2], r[0], "" if r[2] else "*", need,
+                "met" if r[0] >= need else "NOT met"))
+    for ours, ref in (("at::empty via bridge", AT_EMPTY),
+                      ("torch.empty (Python) via bridge", PY_EMPTY)):
+        if ours not in names or ref not in names:
+            continue
+        for k in sorted({k[1:] for k in summary if k[0] == ours},
+                        key=lambda k: (order_of(cells, k[0]), k[1], k[2], k[3])):
+            r = ratio_to(cells, ours, ref, k)
+            if r is not None:
+                lines.append("%s / %s, %s, %s streams, %d threads, %d devices: %.2f%s "
+                             "(target >= 2, per-op cost at most half: %s)" % (
+                                 ours, ref, k[0], k[1], k[2], k[3], r[0], "" if r[2] else "*",
+                                 "met" if r[0] >= 2 else "NOT met"))
+    return lines
+
+
+def device_scaling(summary):
+    """With one thread per device: each path's throughput on n devices over 1 device."""
+    lines = []
+    for k, s in sorted(summary.items()):
+        path, workload, streams, threads, devices = k
+        base = summary.get((path, workload, streams, 1, 1))
+        if devices > 1 and threads == devices and base and base["median"] > 0:
+            lines.append("%s, %s: %d devices %.2fx one device's throughput (ideal %d)" % (
+                path, workload, devices, s["median"] / base["median"], devices))
+    return lines
+
+
+def report(cells, paths, devices_mode, info):
+    """The whole report: a header, one table per path, the targets."""
+    summary = summarize(cells)
+    out = ["Aggregate calls per second (an alloc or a free is one call) of all threads, and "
+           "the latency of one call (every Nth call timed), over the repeats. Ratios: "
+           "throughput over the reference's; * = the two ran in different processes "
+           "(ratio of medians)."]
+    if info:
+        out.append("Run: " + ", ".join("%s %s" % (k, v) for k, v in sorted(info.items())))
+    for name, process, _, ref in paths:
+        if any(k[0] == name for k in summary):
+            out += ["", "### %s (%s process)" % (name, process), "",
+                    path_table(cells, summary, name, ref, devices_mode)]
+    t = targets(cells, summary, paths)
+    if t:
+        out += ["", "### Targets (issue 37)", ""] + ["- " + line for line in t]
+    d = device_scaling(summary) if devices_mode else []
+    if d:
+        out += ["", "### Scaling with one thread per device", ""] + ["- " + line for line in d]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    """The command line, with workloads parsed and the library and gpu_bench found."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--so", default=None, help="liballoc_ffi.so (default: prepare.sh's, "
+                    "else $GPUALLOC_SO, else target/release)")
+    ap.add_argument("--gpu-bench", default=None, help="gpu_bench (default: beside --so)")
+    ap.add_argument("--config", default=None, help="GPUALLOC_CONF of every gpualloc path")
+    ap.add_argument("--threads", default="1,2,4,8,16")
+    ap.add_argument("--streams", default="own,shared",
+                    help="own: each thread its own stream; shared: all on one")
+    ap.add_argument("--devices", default=None,
+                    help="one thread per device instead: device counts, e.g. 1,2,4")
+    ap.add_argument("--workloads", default="pair:512,pair:8M,mixed:512:1M:1000")
+    ap.add_argument("--window", type=float, default=0.08, help="seconds per cell")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sample-every", type=int, default=31, help="time every Nth call")
+    ap.add_argument("--no-python", action="store_true", help="leave out the Python threads")
+    ap.add_argument("--no-rust", action="store_true", help="leave out gpu_bench --threads")
+    ap.add_argument("--null-driver", action="store_true",
+                    help="no GPU: C library and Rust paths over the null driver")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
+    ap.add_argument("--child", choices=("native", "bridge", "cpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-loops", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.streams = args.streams.split(",")
+    if any(s not in ("own", "shared") for s in args.streams):
+        ap.error("--streams takes own and/or shared")
+    args.devices = [int(d) for d in args.devices.split(",")] if args.devices else None
+    args.workloads = [parse_workload(w) for w in args.workloads.split(",")]
+    if args.sample_every < 1 or args.repeats < 1 or args.window <= 0:
+        ap.error("--sample-every and --repeats are at least 1, --window above 0")
+    if args.so is None:
+        args.so = first_file([os.path.join(BUNDLE, "liballoc_ffi.so"),
+                              os.environ.get("GPUALLOC_SO"),
+                              os.path.join(REPO, "target", "release", "liballoc_ffi.so")])
+    if args.so is None:
+        ap.error("no liballoc_ffi.so: run prepare.sh or give --so")
+    if args.gpu_bench is None:
+        args.gpu_bench = os.path.join(os.path.dirname(os.path.abspath(args.so)), "gpu_bench")
+    return args
+
+
+def first_file(candidates):
+    """The first of candidates that is a file, else None."""
+    return next((c for c in candidates if c and os.path.isfile(c)), None)
+
+
+def main(argv=None):
+    """Runs the processes of the plan, prints the report and writes the JSON; 0 when done."""
+    args = parse_args(argv)
+    if args.child == "cpu":
+        return cpu_child(args)
+    if args.child:
+        return child(args)
+    if args.config is not None:
+        os.environ["GPUALLOC_CONF"] = args.config  # the C library's, in every process
+    t0 = time.time()
+    info, cells = {}, []
+    paths = active_paths(args)
+    if args.null_driver:
+        import tempfile
+
+        env = null_driver_env(max(args.devices) if args.devices else 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            loops = build_cpu_loops(tmp)
+            got = run_child(args, "cpu", env, ["--cpu-loops", loops])
+        cells += got["cells"]
+        info.update(got["info"])
+    else:
+        prebuild()
+        for which in ("native", "bridge"):
+            got = run_child(args, which)
+            cells += got["cells"]
+            info.update(got["info"])
+        env = None
+    if not args.no_rust:
+        if os.path.isfile(args.gpu_bench):
+            cells += run_rust(args, env)
+        else:
+            print("gpu_bench --threads left out: no %s (prepare.sh builds it)" % args.gpu_bench)
+    text = report(cells, paths, bool(args.devices), info)
+    print("\n" + text)
+    name = "host_threads_devices.json" if args.devices else "host_threads.json"
+    with open(os.path.join(args.out, name), "w") as f:
+        json.dump({"argv": sys.argv[1:] if argv is None else argv, "info": info, "cells": cells, "report": text,
+                   "seconds": round(time.time() - t0, 1)}, f, indent=1)
+    print("\n%s written (%.0f s in all)" % (os.path.join(args.out, name), time.time() - t0))
+    return 0
+
+
+def prebuild():
+    """Compiles the loops' extension and gpu_alloc's bridge at once (two processes), before
+    anything is timed: the children then load both from torch's extension cache."""
+    t = time.time()
+    jobs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
+                              "import host_threads; host_threads.build_ext()" % HERE]),
+            subprocess.Popen([sys.executable, "-c", "import sys; sys.path.insert(0, %r); "
+                              "import gpu_alloc; gpu_alloc.build_bridge()"
+                              % os.path.join(REPO, "python")])]
+    if any([j.wait() != 0 for j in jobs]):  # waits for both
+        sys.exit("building the loops' extension or the bridge failed")
+    print("extension and bridge built in %.0f s" % (time.time() - t), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
