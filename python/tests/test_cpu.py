@@ -657,5 +657,60 @@ class DeviceStatsStruct(unittest.TestCase):
                          gpu_alloc.ERR_INVALID)
 
 
+@needs_so
+class BridgeDeclarations(unittest.TestCase):
+    """bridge_api.h, the bridge's pointers to the library typed decltype(&gpualloc_...) from
+    gpualloc.h, compiled without torch and resolved against the library: a function the
+    bridge uses that the header or the library lacks, or a call that does not match the
+    header, fails here rather than on a GPU machine."""
+
+    PROGRAM = r"""
+#include "bridge_api.h"
+
+#include <cstdio>
+
+int main(int, char** argv) {
+  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::printf("dlopen: %s\n", dlerror());
+    return 2;
+  }
+  gpu_alloc_bridge::Api api;
+  if (const char* missing = api.resolve(lib)) {
+    std::printf("missing %s\n", missing);
+    return 3;
+  }
+  GpuallocDeviceStats stats{};
+  stats.size = sizeof stats;
+  if (api.device_stats(3, &stats) != GPUALLOC_OK || stats.max_split_size != -1 ||
+      stats.size != sizeof stats) {
+    return 4;
+  }
+  std::printf("ok\n");
+  return 0;
+}
+"""
+
+    def test_the_bridge_api_compiles_against_the_header_and_resolves(self):
+        import subprocess
+
+        compiler = gpu_alloc.cxx_compiler()
+        if compiler is None:
+            if os.environ.get("GPUALLOC_TESTS_REQUIRE_TOOLS"):
+                self.fail("no C++ compiler, and GPUALLOC_TESTS_REQUIRE_TOOLS is set")
+            self.skipTest("no C++ compiler")
+        package = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = os.path.join(tmp, "main.cpp"), os.path.join(tmp, "main")
+            with open(src, "w") as f:
+                f.write(self.PROGRAM)
+            build = subprocess.run(
+                [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", package, src,
+                 "-o", exe, "-ldl"], capture_output=True, text=True)
+            self.assertEqual(build.returncode, 0, build.stderr)
+            run = subprocess.run([exe, SO], capture_output=True, text=True)
+            self.assertEqual((run.returncode, run.stdout), (0, "ok\n"), run.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
