@@ -4,7 +4,7 @@
 //! C++ bridge are read from) equals the generated text and that every
 //! `extern "C"` function of this crate has the C signature the table gives
 //! (see `tests/header.rs`). The structs of the interface are declared once,
-//! with [`c_struct!`], which makes both the Rust type and its C text.
+//! with `c_struct!`, which makes both the Rust type and its C text.
 
 /// One exported function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,7 +32,7 @@ pub struct CField {
     pub offset: usize,
 }
 
-/// A C struct of the interface, as [`c_struct!`] describes it.
+/// A C struct of the interface, as `c_struct!` describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CStruct {
     /// Type name, the same in C and Rust.

@@ -268,8 +268,10 @@ mod tests {
     #[test]
     fn an_older_caller_gets_the_fields_it_knows_and_no_more() {
         let stats = GpuallocDeviceStats::new(&busy_stats(), 64 * MIB);
-        let mut out = GpuallocDeviceStats::default();
-        out.num_ooms = 77;
+        let mut out = GpuallocDeviceStats {
+            num_ooms: 77,
+            ..Default::default()
+        };
         let known = std::mem::offset_of!(GpuallocDeviceStats, num_ooms);
         // SAFETY: `out` has more than `known` bytes.
         unsafe { stats.write_to(&mut out, known + 3) };
