@@ -129,8 +129,8 @@ ERR_INTERNAL = HEADER.constants["GPUALLOC_ERR_INTERNAL"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Where the wheel puts the library: maturin names this folder after the module
-# gpu_alloc.alloc_ffi (pyproject.toml), a cffi view of the library (cffi is a
-# dependency of the package for it) that this package itself does not use.
+# gpu_alloc.alloc_ffi (pyproject.toml), a cffi module it generates that declares nothing
+# (the library is called through ctypes alone).
 PACKAGED_DIR = "alloc_ffi"
 _log = logging.getLogger("gpu_alloc")
 _lib = None

@@ -70,6 +70,10 @@ fn header_file_matches_the_api_table() {
 
 #[test]
 fn python_package_header_matches_the_api_table() {
+    // The crate built from its .crate file has no Python package beside it.
+    if !Path::new(PYTHON_HEADER).parent().is_some_and(Path::is_dir) {
+        return;
+    }
     check_generated(PYTHON_HEADER, &header_text());
 }
 
