@@ -360,20 +360,20 @@ class Bridge : public CUDAAllocator {
     c.size = sizeof c;
     check(api.device_stats(device, &c), "device_stats");
     DeviceStats s;
-    auto copy = [](c10::CachingDeviceAllocator::StatArray& to, const GpuallocStat (&from)[3]) {
+    auto copy_pools = [](c10::CachingDeviceAllocator::StatArray& to, const GpuallocStat (&from)[3]) {
       for (size_t pool = 0; pool < 3; ++pool) {
         to[pool] = to_stat(from[pool]);  // [all, small pool, large pool] in both
       }
     };
-    copy(s.allocation, c.allocation);
-    copy(s.segment, c.segment);
-    copy(s.active, c.active);
-    copy(s.inactive_split, c.inactive_split);
-    copy(s.allocated_bytes, c.allocated_bytes);
-    copy(s.reserved_bytes, c.reserved_bytes);
-    copy(s.active_bytes, c.active_bytes);
-    copy(s.inactive_split_bytes, c.inactive_split_bytes);
-    copy(s.requested_bytes, c.requested_bytes);
+    copy_pools(s.allocation, c.allocation);
+    copy_pools(s.segment, c.segment);
+    copy_pools(s.active, c.active);
+    copy_pools(s.inactive_split, c.inactive_split);
+    copy_pools(s.allocated_bytes, c.allocated_bytes);
+    copy_pools(s.reserved_bytes, c.reserved_bytes);
+    copy_pools(s.active_bytes, c.active_bytes);
+    copy_pools(s.inactive_split_bytes, c.inactive_split_bytes);
+    copy_pools(s.requested_bytes, c.requested_bytes);
     s.oversize_allocations = to_stat(c.oversize_allocations);
     s.oversize_segments = to_stat(c.oversize_segments);
     s.num_alloc_retries = c.num_alloc_retries;
