@@ -360,7 +360,8 @@ class Bridge : public CUDAAllocator {
     c.size = sizeof c;
     check(api.device_stats(device, &c), "device_stats");
     DeviceStats s;
-    auto copy_pools = [](c10::CachingDeviceAllocator::StatArray& to, const GpuallocStat (&from)[3]) {
+    auto copy_pools = [](c10::CachingDeviceAllocator::StatArray& to,
+                         const GpuallocStat (&from)[3]) {
       for (size_t pool = 0; pool < 3; ++pool) {
         to[pool] = to_stat(from[pool]);  // [all, small pool, large pool] in both
       }
