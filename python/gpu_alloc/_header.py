@@ -120,9 +120,10 @@ def parse(text):
     code = _EXTERN_C.sub(" ", code)
 
     def struct(m):
-        if m.group(1) != m.group(3):
-            raise ValueError("gpualloc.h: struct %s is typedef'd as %s" % (m.group(1), m.group(3)))
-        header.structs[m.group(1)] = header.types[m.group(1)] = _struct(m.group(1), m.group(2), header)
+        name, body, alias = m.groups()
+        if name != alias:
+            raise ValueError("gpualloc.h: struct %s is typedef'd as %s" % (name, alias))
+        header.structs[name] = header.types[name] = _struct(name, body, header)
         return " "
 
     # Structs first, in order, so that later declarations can name them.
