@@ -22,8 +22,9 @@ PATH="$SCRATCH/build/bin:$PATH" maturin build --release --zig --compatibility ma
 WHEEL=$(echo "$REPO"/.whl/gpu_alloc-*-py3-none-manylinux*_x86_64.whl)
 test -f "$WHEEL"
 "$SCRATCH/build/bin/python" - "$WHEEL" "$SCRATCH/lib.so" "$REPO/python" <<'EOF'
-"""The wheel holds every file of the package (the bridge's sources included) and the
-library, and the library does not link libcuda."""
+"""The wheel holds every file of the package (the bridge's sources and gpualloc.h
+included) and the library, the cffi module maturin generates declares nothing (ctypes is
+the one way the package calls the library), and the library does not link libcuda."""
 import os, subprocess, sys, zipfile
 wheel, extracted, python_dir = sys.argv[1:]
 names = set(zipfile.ZipFile(wheel).namelist())
@@ -34,6 +35,9 @@ sources = sorted(
     for f in files if not f.endswith(".pyc"))
 for name in sources + ["gpu_alloc/alloc_ffi/liballoc_ffi.so"]:
     assert name in names, "%s is not in the wheel: %s" % (name, sorted(names))
+assert "gpu_alloc/gpualloc.h" in names, sorted(names)
+cffi_view = zipfile.ZipFile(wheel).read("gpu_alloc/alloc_ffi/ffi.py").decode()
+assert "gpualloc_" not in cffi_view, cffi_view
 with open(extracted, "wb") as f:
     f.write(zipfile.ZipFile(wheel).read("gpu_alloc/alloc_ffi/liballoc_ffi.so"))
 needed = subprocess.run(["readelf", "-d", extracted], check=True, capture_output=True, text=True).stdout

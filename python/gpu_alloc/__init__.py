@@ -60,6 +60,8 @@ import shutil
 import tempfile
 import warnings
 
+from gpu_alloc import _header
+
 __all__ = [
     "GpuAllocError",
     "enable",
@@ -114,19 +116,22 @@ FREE_FN = "gpualloc_free"
 ENV_CONF = "GPUALLOC_CONF"
 ENV_SO = "GPUALLOC_SO"
 
-# Return codes (include/gpualloc.h).
-OK = 0
-ERR_INVALID = -1
-ERR_OUT_OF_MEMORY = -2
-ERR_CUDA = -3
-ERR_TOO_LATE = -4
-ERR_INTERNAL = -5
-ERR_UNKNOWN_POOL = -6
+# The C interface, read from the packaged gpualloc.h: functions, structs, constants.
+HEADER = _header.load()
+
+# Return codes (gpualloc.h).
+OK = HEADER.constants["GPUALLOC_OK"]
+ERR_INVALID = HEADER.constants["GPUALLOC_ERR_INVALID"]
+ERR_OUT_OF_MEMORY = HEADER.constants["GPUALLOC_ERR_OUT_OF_MEMORY"]
+ERR_CUDA = HEADER.constants["GPUALLOC_ERR_CUDA"]
+ERR_TOO_LATE = HEADER.constants["GPUALLOC_ERR_TOO_LATE"]
+ERR_INTERNAL = HEADER.constants["GPUALLOC_ERR_INTERNAL"]
+ERR_UNKNOWN_POOL = HEADER.constants["GPUALLOC_ERR_UNKNOWN_POOL"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # Where the wheel puts the library: maturin names this folder after the module
-# gpu_alloc.alloc_ffi (pyproject.toml), a cffi view of the library (cffi is a
-# dependency of the package for it) that this package itself does not use.
+# gpu_alloc.alloc_ffi (pyproject.toml), a cffi module it generates that declares nothing
+# (the library is called through ctypes alone).
 PACKAGED_DIR = "alloc_ffi"
 _log = logging.getLogger("gpu_alloc")
 _lib = None
@@ -212,40 +217,9 @@ def library_path(so_path=None):
 
 
 def _declare(lib):
-    c = ctypes
-    sigs = {
-        "gpualloc_malloc": (c.c_void_p, [c.c_ssize_t, c.c_int, c.c_void_p]),
-        "gpualloc_free": (None, [c.c_void_p, c.c_ssize_t, c.c_int, c.c_void_p]),
-        "gpualloc_configure": (c.c_int, [c.c_char_p]),
-        "gpualloc_check_config": (c.c_int, [c.c_char_p]),
-        "gpualloc_update_settings": (c.c_int, [c.c_char_p]),
-        "gpualloc_settings_text": (c.c_void_p, []),
-        "gpualloc_empty_cache": (c.c_int, [c.c_int]),
-        "gpualloc_set_memory_fraction": (c.c_int, [c.c_double, c.c_int]),
-        "gpualloc_record_stream": (c.c_int, [c.c_void_p, c.c_int, c.c_void_p]),
-        "gpualloc_reset_peak_stats": (c.c_int, [c.c_int]),
-        "gpualloc_reset_accumulated_stats": (c.c_int, [c.c_int]),
-        # char*: c_void_p keeps the pointer so that it can be freed.
-        "gpualloc_memory_stats_json": (c.c_void_p, [c.c_int]),
-        "gpualloc_string_free": (None, [c.c_void_p]),
-        "gpualloc_write_snapshot": (c.c_int, [c.c_char_p, c.c_int]),
-        "gpualloc_record_history": (c.c_int, [c.c_int, c.c_ssize_t]),
-        "gpualloc_bind_tag": (c.c_int, [c.c_int, c.c_char_p, c.c_uint64, c.c_uint64]),
-        "gpualloc_pause": (c.c_int, [c.c_int, c.c_char_p, c.c_char_p]),
-        "gpualloc_resume": (c.c_int, [c.c_int, c.c_char_p]),
-        "gpualloc_tags_json": (c.c_void_p, [c.c_int]),
-        "gpualloc_host_alloc": (c.c_void_p, [c.c_size_t]),
-        "gpualloc_host_free": (c.c_int, [c.c_void_p]),
-        "gpualloc_host_record_stream": (c.c_int, [c.c_void_p, c.c_void_p]),
-        "gpualloc_host_empty_cache": (c.c_int, []),
-        "gpualloc_host_stats_json": (c.c_void_p, []),
-        "gpualloc_last_error": (c.c_char_p, []),
-        "gpualloc_version": (c.c_char_p, []),
-    }
-    for name, (res, args) in sigs.items():
-        f = getattr(lib, name)
-        f.restype = res
-        f.argtypes = args
+    """Declares the library's functions as gpualloc.h gives them (module _header): the one
+    declaration of the C interface, which the C++ bridge compiles against too."""
+    _header.declare(lib, HEADER)
     return lib
 
 
@@ -821,13 +795,9 @@ def advise(snapshot, device=None, name=None, so_path=None, budget=None):
             "%s has no %s (built before it, or without the `advise` feature): "
             "rebuild it" % (_lib_path, entry_name)
         )
-    entry.restype = ctypes.c_void_p
-    argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_char_p]
     args = [data, len(data), -1 if device is None else int(device), name.encode()]
     if budget:
-        argtypes.append(ctypes.c_uint64)
         args.append(budget)
-    entry.argtypes = argtypes
     ptr = entry(*args)
     if not ptr:
         raise ValueError(last_error() or "gpualloc_advise failed")

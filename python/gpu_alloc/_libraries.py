@@ -36,16 +36,8 @@ def require(module, feature):
 
 
 def library():
-    """gpu_alloc.load_library() with the entry points only these modules use declared."""
-    lib = gpu_alloc.load_library()
-    lib.gpualloc_last_error_code.restype = ctypes.c_int
-    lib.gpualloc_last_error_code.argtypes = []
-    lib.gpualloc_block_segment.restype = ctypes.c_int
-    lib.gpualloc_block_segment.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64),
-        ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_int),
-    ]
-    return lib
+    """gpu_alloc.load_library(): every entry point declared from gpualloc.h."""
+    return gpu_alloc.load_library()
 
 
 def address(value):

@@ -10,7 +10,8 @@
 //
 // Built on first use by python/gpu_alloc (torch.utils.cpp_extension.load),
 // against the installed torch. The library is opened with dlopen at the path
-// the helper passes, so the bridge and the ctypes helper share one allocator.
+// the helper passes, so the bridge and the ctypes helper share one allocator;
+// its functions are declared by gpualloc.h (bridge_api.h).
 
 #include <dlfcn.h>
 
@@ -38,6 +39,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bridge_api.h"
 #include "bridge_history.h"
 #include "bridge_ipc.h"
 #include "bridge_settings.h"
@@ -54,57 +56,11 @@ using c10::cuda::MempoolId_t;
 using c10::cuda::CUDACachingAllocator::CUDAAllocator;
 using c10::cuda::CUDACachingAllocator::SnapshotInfo;
 
-constexpr int kErrInvalid = -1;      // GPUALLOC_ERR_INVALID
-constexpr int kErrOutOfMemory = -2;  // GPUALLOC_ERR_OUT_OF_MEMORY
-
-// The gpualloc_* functions the bridge uses, resolved from the library.
-struct Api {
-  void* (*malloc_in_pool)(ssize_t, int, cudaStream_t, uint64_t, uint64_t);
-  void (*free)(void*, ssize_t, int, cudaStream_t);
-  int (*empty_cache)(int);
-  int (*set_memory_fraction)(double, int);
-  int (*record_stream)(void*, int, cudaStream_t);
-  int (*reset_peak_stats)(int);
-  int (*reset_accumulated_stats)(int);
-  char* (*memory_stats_json)(int);
-  char* (*snapshot_text)(int);
-  void (*string_free)(char*);
-  int (*begin_allocate_to_pool)(int, uint64_t, uint64_t);
-  int (*end_allocate_to_pool)(int, uint64_t, uint64_t);
-  int (*retain_pool)(int, uint64_t, uint64_t);
-  int (*release_pool)(int, uint64_t, uint64_t);
-  int (*pool_use_count)(int, uint64_t, uint64_t);
-  int (*set_pool_no_split)(int, uint64_t, uint64_t);
-  int (*set_pool_allocator)(int, uint64_t, uint64_t, void* (*)(size_t, int, void*),
-                            void (*)(void*, size_t, int, void*), void*);
-  void* (*checkpoint_pool)(int, uint64_t, uint64_t);
-  void (*pool_checkpoint_free)(void*);
-  int (*restore_pool)(int, void*, uint64_t**, size_t*, uint64_t**, size_t*);
-  void (*u64_array_free)(uint64_t*, size_t);
-  int (*pool_live_allocations_are)(int, uint64_t, uint64_t, const uint64_t*, size_t);
-  const char* (*last_error)();
-  int (*last_error_code)();
-  int (*set_segment_callback)(void (*)(int, int, uint64_t, uint64_t));
-  int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
-  int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
-  int (*update_settings)(const char*);
-  int (*empty_pool_cache)(int, uint64_t, uint64_t);
-  char* (*settings_text)();
-};
-
 Api api;
 
 // Stacks, trace and trackers of torch.cuda.memory._record_memory_history.
 // Never destroyed: its entries may hold Python stacks at interpreter exit.
 History& history = *new History();
-
-template <typename F>
-void resolve(void* lib, const char* name, F& fn) {
-  void* sym = dlsym(lib, name);
-  TORCH_CHECK(sym != nullptr, "gpu_alloc bridge: ", name, " not found in the library (",
-              dlerror(), "); is it an older liballoc_ffi.so?");
-  fn = reinterpret_cast<F>(sym);
-}
 
 std::string last_error() {
   const char* e = api.last_error();
@@ -360,7 +316,7 @@ class Bridge : public CUDAAllocator {
     const bool whole = mempool_id.first == 0 && mempool_id.second == 0;
     int code = whole ? api.empty_cache(-1)
                      : api.empty_pool_cache(-1, mempool_id.first, mempool_id.second);
-    if (code == kErrInvalid) {
+    if (code == GPUALLOC_ERR_INVALID) {
       TORCH_WARN_ONCE("gpu_alloc: empty_cache freed nothing: ", last_error());
       return;
     }
@@ -400,21 +356,33 @@ class Bridge : public CUDAAllocator {
 
   // ---------------------------------------------------------------- statistics
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    std::string json = take_string(api.memory_stats_json(device), "memory_stats");
+    GpuallocDeviceStats c{};
+    c.size = sizeof c;
+    check(api.device_stats(device, &c), "device_stats");
     DeviceStats s;
-    // A flat JSON object of integer values: {"key":123,...}.
-    size_t pos = 0;
-    while ((pos = json.find('"', pos)) != std::string::npos) {
-      size_t end = json.find('"', pos + 1);
-      size_t colon = json.find(':', end);
-      if (end == std::string::npos || colon == std::string::npos) {
-        break;
+    auto copy_pools = [](c10::CachingDeviceAllocator::StatArray& to,
+                         const GpuallocStat (&from)[3]) {
+      for (size_t pool = 0; pool < 3; ++pool) {
+        to[pool] = to_stat(from[pool]);  // [all, small pool, large pool] in both
       }
-      std::string key = json.substr(pos + 1, end - pos - 1);
-      int64_t value = std::strtoll(json.c_str() + colon + 1, nullptr, 10);
-      store_stat(s, key, value);
-      pos = colon + 1;
-    }
+    };
+    copy_pools(s.allocation, c.allocation);
+    copy_pools(s.segment, c.segment);
+    copy_pools(s.active, c.active);
+    copy_pools(s.inactive_split, c.inactive_split);
+    copy_pools(s.allocated_bytes, c.allocated_bytes);
+    copy_pools(s.reserved_bytes, c.reserved_bytes);
+    copy_pools(s.active_bytes, c.active_bytes);
+    copy_pools(s.inactive_split_bytes, c.inactive_split_bytes);
+    copy_pools(s.requested_bytes, c.requested_bytes);
+    s.oversize_allocations = to_stat(c.oversize_allocations);
+    s.oversize_segments = to_stat(c.oversize_segments);
+    s.num_alloc_retries = c.num_alloc_retries;
+    s.num_ooms = c.num_ooms;
+    s.num_sync_all_streams = c.num_sync_all_streams;
+    s.num_device_alloc = c.num_device_alloc;
+    s.num_device_free = c.num_device_free;
+    s.max_split_size = c.max_split_size;
     return s;
   }
 
@@ -781,7 +749,7 @@ class Bridge : public CUDAAllocator {
       return handed_out(ptr, size, device, stream, pool);
     }
     std::string message = too_large ? std::string("larger than any device") : last_error();
-    if (too_large || api.last_error_code() == kErrOutOfMemory) {
+    if (too_large || api.last_error_code() == GPUALLOC_ERR_OUT_OF_MEMORY) {
       if (!too_large && pool == MempoolId_t{0, 0}) {
         for (MempoolId_t spare : oom_pools(device)) {
           ptr = api.malloc_in_pool(static_cast<ssize_t>(size), device, stream, spare.first,
@@ -814,74 +782,13 @@ class Bridge : public CUDAAllocator {
                 std::to_string(device), ": ", message);
   }
 
-  // Stores one flat statistic ("allocated_bytes.all.peak", "num_ooms", ...).
-  static void store_stat(DeviceStats& s, const std::string& key, int64_t value) {
-    static const std::pair<const char*, c10::CachingDeviceAllocator::StatArray DeviceStats::*>
-        arrays[] = {
-            {"allocation", &DeviceStats::allocation},
-            {"segment", &DeviceStats::segment},
-            {"active", &DeviceStats::active},
-            {"inactive_split", &DeviceStats::inactive_split},
-            {"allocated_bytes", &DeviceStats::allocated_bytes},
-            {"reserved_bytes", &DeviceStats::reserved_bytes},
-            {"active_bytes", &DeviceStats::active_bytes},
-            {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
-            {"requested_bytes", &DeviceStats::requested_bytes},
-        };
-    static const std::pair<const char*, int64_t DeviceStats::*> counters[] = {
-        {"num_alloc_retries", &DeviceStats::num_alloc_retries},
-        {"num_ooms", &DeviceStats::num_ooms},
-        {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
-        {"num_device_alloc", &DeviceStats::num_device_alloc},
-        {"num_device_free", &DeviceStats::num_device_free},
-        {"max_split_size", &DeviceStats::max_split_size},
-    };
-    for (const auto& [name, field] : counters) {
-      if (key == name) {
-        s.*field = value;
-        return;
-      }
-    }
-    size_t dot = key.find('.');
-    if (dot == std::string::npos) {
-      return;
-    }
-    std::string head = key.substr(0, dot), rest = key.substr(dot + 1);
-    Stat* stat = nullptr;
-    if (head == "oversize_allocations") {
-      stat = &s.oversize_allocations;
-    } else if (head == "oversize_segments") {
-      stat = &s.oversize_segments;
-    } else {
-      for (const auto& [name, field] : arrays) {
-        if (head == name) {
-          size_t dot2 = rest.find('.');
-          if (dot2 == std::string::npos) {
-            return;
-          }
-          std::string pool = rest.substr(0, dot2);
-          int index = pool == "all" ? 0 : pool == "small_pool" ? 1 : pool == "large_pool" ? 2 : -1;
-          if (index < 0) {
-            return;
-          }
-          stat = &(s.*field)[index];
-          rest = rest.substr(dot2 + 1);
-          break;
-        }
-      }
-    }
-    if (stat == nullptr) {
-      return;
-    }
-    if (rest == "current") {
-      stat->current = value;
-    } else if (rest == "peak") {
-      stat->peak = value;
-    } else if (rest == "allocated") {
-      stat->allocated = value;
-    } else if (rest == "freed") {
-      stat->freed = value;
-    }
+  static Stat to_stat(const GpuallocStat& g) {
+    Stat stat;
+    stat.current = g.current;
+    stat.peak = g.peak;
+    stat.allocated = g.allocated;
+    stat.freed = g.freed;
+    return stat;
   }
 
   std::mutex mutex_;
@@ -933,36 +840,9 @@ void install(const std::string& library_path) {
   TORCH_CHECK(!installed, "gpu_alloc bridge: already installed");
   void* lib = dlopen(library_path.c_str(), RTLD_NOW | RTLD_GLOBAL);
   TORCH_CHECK(lib != nullptr, "gpu_alloc bridge: cannot open ", library_path, ": ", dlerror());
-  resolve(lib, "gpualloc_malloc_in_pool", api.malloc_in_pool);
-  resolve(lib, "gpualloc_free", api.free);
-  resolve(lib, "gpualloc_empty_cache", api.empty_cache);
-  resolve(lib, "gpualloc_set_memory_fraction", api.set_memory_fraction);
-  resolve(lib, "gpualloc_record_stream", api.record_stream);
-  resolve(lib, "gpualloc_reset_peak_stats", api.reset_peak_stats);
-  resolve(lib, "gpualloc_reset_accumulated_stats", api.reset_accumulated_stats);
-  resolve(lib, "gpualloc_memory_stats_json", api.memory_stats_json);
-  resolve(lib, "gpualloc_snapshot_text", api.snapshot_text);
-  resolve(lib, "gpualloc_string_free", api.string_free);
-  resolve(lib, "gpualloc_begin_allocate_to_pool", api.begin_allocate_to_pool);
-  resolve(lib, "gpualloc_end_allocate_to_pool", api.end_allocate_to_pool);
-  resolve(lib, "gpualloc_retain_pool", api.retain_pool);
-  resolve(lib, "gpualloc_release_pool", api.release_pool);
-  resolve(lib, "gpualloc_pool_use_count", api.pool_use_count);
-  resolve(lib, "gpualloc_set_pool_no_split", api.set_pool_no_split);
-  resolve(lib, "gpualloc_set_pool_allocator", api.set_pool_allocator);
-  resolve(lib, "gpualloc_checkpoint_pool", api.checkpoint_pool);
-  resolve(lib, "gpualloc_pool_checkpoint_free", api.pool_checkpoint_free);
-  resolve(lib, "gpualloc_restore_pool", api.restore_pool);
-  resolve(lib, "gpualloc_u64_array_free", api.u64_array_free);
-  resolve(lib, "gpualloc_pool_live_allocations_are", api.pool_live_allocations_are);
-  resolve(lib, "gpualloc_last_error", api.last_error);
-  resolve(lib, "gpualloc_last_error_code", api.last_error_code);
-  resolve(lib, "gpualloc_set_segment_callback", api.set_segment_callback);
-  resolve(lib, "gpualloc_block_segment", api.block_segment);
-  resolve(lib, "gpualloc_export_pages", api.export_pages);
-  resolve(lib, "gpualloc_update_settings", api.update_settings);
-  resolve(lib, "gpualloc_empty_pool_cache", api.empty_pool_cache);
-  resolve(lib, "gpualloc_settings_text", api.settings_text);
+  const char* missing = api.resolve(lib);
+  TORCH_CHECK(missing == nullptr, "gpu_alloc bridge: ", missing, " not found in the library (",
+              library_path, "); is it an older liballoc_ffi.so?");
   check(api.set_segment_callback(&on_segment_event), "set_segment_callback");
   // PyTorch's settings are parsed (and an invalid PYTORCH_CUDA_ALLOC_CONF
   // raised, as PyTorch's allocator raises it) before the swap.

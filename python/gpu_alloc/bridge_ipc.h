@@ -59,6 +59,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "gpualloc.h"
+
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
 #endif
@@ -87,12 +89,11 @@ static_assert(sizeof(cudaIpcMemHandle_t) == kIpcHandleSize, "cudaIpcMemHandle_t 
 
 // ------------------------------------------------------------------ sender
 
-// The library functions the sender uses (gpualloc_block_segment,
-// gpualloc_export_pages, gpualloc_last_error; include/gpualloc.h).
+// The library functions the sender uses, typed by gpualloc.h.
 struct Library {
-  int (*block_segment)(void*, int, uint64_t*, uint64_t*, int*);
-  int (*export_pages)(void*, int, uint64_t*, uint64_t*, int*, size_t, size_t*);
-  const char* (*last_error)();
+  decltype(&gpualloc_block_segment) block_segment;
+  decltype(&gpualloc_export_pages) export_pages;
+  decltype(&gpualloc_last_error) last_error;
 };
 
 inline void check_library(const Library& lib, int code, const char* what) {

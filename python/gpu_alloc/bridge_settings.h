@@ -22,6 +22,8 @@
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/util/Exception.h>
 
+#include "gpualloc.h"
+
 namespace gpu_alloc_bridge::settings {
 
 // The device options PyTorch keeps, in gpualloc's syntax (numbers through
@@ -65,10 +67,10 @@ struct Options {
 // Applies changes of PyTorch's settings to the library.
 class Sync {
  public:
-  using Update = int (*)(const char*);
-  using Text = char* (*)();
-  using Free = void (*)(char*);
-  using LastError = const char* (*)();
+  using Update = decltype(&gpualloc_update_settings);
+  using Text = decltype(&gpualloc_settings_text);
+  using Free = decltype(&gpualloc_string_free);
+  using LastError = decltype(&gpualloc_last_error);
   // Told the memory fraction now in effect on every device.
   using OnFraction = std::function<void(double)>;
 

@@ -160,11 +160,15 @@ class InstalledPackage(unittest.TestCase):
         self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
         self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
 
-    def test_the_cffi_view_of_the_library_imports(self):
+    def test_the_cffi_module_declares_nothing(self):
+        # maturin always generates it; ctypes with gpualloc.h is the one way to call the
+        # library, so the cffi view imports but offers no function.
         from gpu_alloc import alloc_ffi
 
-        version = alloc_ffi.ffi.string(alloc_ffi.lib.gpualloc_version()).decode()
-        self.assertEqual(version, gpu_alloc.version())
+        self.assertEqual(dir(alloc_ffi.lib), [])
+        here = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
+        for name in ("gpualloc.h", "bridge_api.h"):
+            self.assertTrue(os.path.isfile(os.path.join(here, name)), name)
 
     def test_the_packaged_library_comes_before_the_env(self):
         with tempfile.NamedTemporaryFile(suffix=".so") as other, \
@@ -534,6 +538,210 @@ else:
         if "NULL:" in r.stdout:
             self.assertRegex(r.stdout, r"libcuda|CUDA|device")
             self.assertIn("gpualloc_malloc(1048576 bytes, device 0) returned NULL", r.stderr)
+
+
+class HeaderDeclarations(unittest.TestCase):
+    """The ctypes declarations come from gpualloc.h (gpu_alloc._header), the header the C++
+    bridge compiles against: one declaration of the C interface."""
+
+    SAMPLE = """
+#ifndef SAMPLE_H
+#define SAMPLE_H
+#include <stdint.h>
+typedef struct CUstream_st* cudaStream_t;
+typedef void (*done_fn)(int device, uint64_t addr, void* ctx);
+#ifdef __cplusplus
+extern "C" {
+#endif
+#define SAMPLE_OK (0) /* success */
+#define SAMPLE_BAD (-7)
+/* A pair. */
+typedef struct Pair {
+  int64_t first; /* one */
+  int64_t second[2]; /* two */
+} Pair;
+typedef struct Outer {
+  size_t size;
+  Pair pairs[3];
+} Outer;
+/* Comments are ignored: int not_a_function(void); */
+char* owned_text(int device);
+const char* static_text(void);
+void give_back(char* s);
+int fill(int device, Outer* out, const uint64_t* in, uint64_t** arrays, size_t* n);
+void* take(ssize_t size, cudaStream_t stream, const void* data, done_fn done);
+double ratio(double x);
+#ifdef __cplusplus
+}
+#endif
+#endif
+"""
+
+    def test_the_parser_reads_every_construct_of_the_header(self):
+        c = ctypes
+        h = gpu_alloc._header.parse(self.SAMPLE)
+        self.assertEqual(h.constants, {"SAMPLE_OK": 0, "SAMPLE_BAD": -7})
+        pair, outer = h.structs["Pair"], h.structs["Outer"]
+        self.assertEqual(c.sizeof(pair), 24)
+        self.assertEqual(c.sizeof(outer), 8 + 3 * 24)
+        self.assertEqual(outer.pairs.offset, 8)
+        self.assertEqual(set(h.functions), {"owned_text", "static_text", "give_back", "fill",
+                                            "take", "ratio"})
+        self.assertEqual(h.functions["owned_text"], (c.c_void_p, [c.c_int]))
+        self.assertEqual(h.functions["static_text"], (c.c_char_p, []))
+        self.assertEqual(h.functions["give_back"], (None, [c.c_void_p]))
+        self.assertEqual(h.functions["ratio"], (c.c_double, [c.c_double]))
+        ret, args = h.functions["fill"]
+        self.assertEqual(ret, c.c_int)
+        self.assertEqual(args[:2], [c.c_int, c.POINTER(outer)])
+        self.assertEqual(args[2:], [c.POINTER(c.c_uint64), c.POINTER(c.POINTER(c.c_uint64)),
+                                    c.POINTER(c.c_size_t)])
+        ret, args = h.functions["take"]
+        self.assertEqual(ret, c.c_void_p)
+        self.assertEqual(args[:3], [c.c_ssize_t, c.c_void_p, c.c_void_p])
+        self.assertIs(args[3], h.types["done_fn"])
+        self.assertEqual(args[3]._argtypes_, (c.c_int, c.c_uint64, c.c_void_p))
+        self.assertIsNone(args[3]._restype_)
+
+    def test_the_parser_refuses_what_it_cannot_read(self):
+        for text in ["enum mode { A, B };", "int f(unknown_t x);", "int f(int x[4]);",
+                     "typedef struct A { int x; } B;"]:
+            with self.assertRaises(ValueError, msg=text):
+                gpu_alloc._header.parse(text)
+
+    def test_the_package_reads_its_own_header(self):
+        self.assertEqual(os.path.dirname(gpu_alloc._header.HEADER_PATH),
+                         os.path.dirname(os.path.abspath(gpu_alloc.__file__)))
+        with open(gpu_alloc._header.HEADER_PATH) as f:
+            text = f.read()
+        import re
+
+        prototypes = set(re.findall(r"^[\w* ]+?\b(gpualloc_\w+)\(", text, re.M))
+        self.assertEqual(set(gpu_alloc.HEADER.functions), prototypes)
+        self.assertIn("gpualloc_device_stats", prototypes)
+        self.assertEqual(gpu_alloc.ERR_INVALID, -1)
+        self.assertEqual(gpu_alloc.ERR_TOO_LATE, -4)
+
+    @unittest.skipIf(INSTALLED, "the crate's header is in the clone")
+    def test_the_packaged_header_is_the_crate_header(self):
+        crate = os.path.join(os.path.dirname(PYROOT), "crates", "alloc-ffi", "include",
+                             "gpualloc.h")
+        with open(crate) as a, open(gpu_alloc._header.HEADER_PATH) as b:
+            self.assertEqual(a.read(), b.read(), "regenerate: GPUALLOC_BLESS=1 cargo test "
+                             "-p alloc-ffi --test header")
+
+
+@needs_so
+class DeviceStatsStruct(unittest.TestCase):
+    """gpualloc_device_stats through ctypes, with the struct read from the header."""
+
+    def setUp(self):
+        self.lib = gpu_alloc.load_library(SO)
+        self.struct = gpu_alloc.HEADER.structs["GpuallocDeviceStats"]
+
+    def test_every_header_function_is_declared_on_the_library(self):
+        self.assertEqual(gpu_alloc._header.declare(self.lib, gpu_alloc.HEADER), [])
+        for name, (restype, argtypes) in gpu_alloc.HEADER.functions.items():
+            f = getattr(self.lib, name)
+            self.assertEqual((f.restype, f.argtypes), (restype, argtypes), name)
+
+    def test_an_unused_device_has_zero_statistics(self):
+        out = self.struct(size=ctypes.sizeof(self.struct))
+        out.num_ooms = 99
+        self.assertEqual(self.lib.gpualloc_device_stats(3, ctypes.byref(out)), gpu_alloc.OK)
+        self.assertEqual(out.size, ctypes.sizeof(self.struct))
+        self.assertEqual(out.max_split_size, -1)
+        self.assertEqual(out.num_ooms, 0)
+        flat = gpu_alloc.memory_stats(device=3)
+        for name, _ in self.struct._fields_:
+            value = getattr(out, name)
+            if name == "size":
+                continue
+            if isinstance(value, ctypes.Array):
+                for stat, pool in zip(value, ["all", "small_pool", "large_pool"]):
+                    for part in ("current", "peak", "allocated", "freed"):
+                        key = "%s.%s.%s" % (name, pool, part)
+                        self.assertEqual(getattr(stat, part), flat[key], key)
+            elif isinstance(value, int):
+                self.assertEqual(value, flat[name], name)
+            else:
+                for part in ("current", "peak", "allocated", "freed"):
+                    key = "%s.%s" % (name, part)
+                    self.assertEqual(getattr(value, part), flat[key], key)
+
+    def test_an_older_caller_gets_only_the_fields_it_has(self):
+        out = self.struct()
+        out.max_split_size = 12345
+        known = self.struct.max_split_size.offset
+        out.size = known
+        self.assertEqual(self.lib.gpualloc_device_stats(3, ctypes.byref(out)), gpu_alloc.OK)
+        self.assertEqual(out.size, known)
+        self.assertEqual(out.max_split_size, 12345)
+
+    def test_bad_arguments_are_errors(self):
+        out = self.struct(size=0)
+        self.assertEqual(self.lib.gpualloc_device_stats(3, ctypes.byref(out)),
+                         gpu_alloc.ERR_INVALID)
+        self.assertIn("sizeof(GpuallocDeviceStats)", gpu_alloc.last_error())
+        self.assertEqual(self.lib.gpualloc_device_stats(3, None), gpu_alloc.ERR_INVALID)
+        out.size = ctypes.sizeof(self.struct)
+        self.assertEqual(self.lib.gpualloc_device_stats(100000, ctypes.byref(out)),
+                         gpu_alloc.ERR_INVALID)
+
+
+@needs_so
+class BridgeDeclarations(unittest.TestCase):
+    """bridge_api.h, the bridge's pointers to the library typed decltype(&gpualloc_...) from
+    gpualloc.h, compiled without torch and resolved against the library: a function the
+    bridge uses that the header or the library lacks, or a call that does not match the
+    header, fails here rather than on a GPU machine."""
+
+    PROGRAM = r"""
+#include "bridge_api.h"
+
+#include <cstdio>
+
+int main(int, char** argv) {
+  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    std::printf("dlopen: %s\n", dlerror());
+    return 2;
+  }
+  gpu_alloc_bridge::Api api;
+  if (const char* missing = api.resolve(lib)) {
+    std::printf("missing %s\n", missing);
+    return 3;
+  }
+  GpuallocDeviceStats stats{};
+  stats.size = sizeof stats;
+  if (api.device_stats(3, &stats) != GPUALLOC_OK || stats.max_split_size != -1 ||
+      stats.size != sizeof stats) {
+    return 4;
+  }
+  std::printf("ok\n");
+  return 0;
+}
+"""
+
+    def test_the_bridge_api_compiles_against_the_header_and_resolves(self):
+        import subprocess
+
+        compiler = gpu_alloc.cxx_compiler()
+        if compiler is None:
+            if os.environ.get("GPUALLOC_TESTS_REQUIRE_TOOLS"):
+                self.fail("no C++ compiler, and GPUALLOC_TESTS_REQUIRE_TOOLS is set")
+            self.skipTest("no C++ compiler")
+        package = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = os.path.join(tmp, "main.cpp"), os.path.join(tmp, "main")
+            with open(src, "w") as f:
+                f.write(self.PROGRAM)
+            build = subprocess.run(
+                [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", package, src,
+                 "-o", exe, "-ldl"], capture_output=True, text=True)
+            self.assertEqual(build.returncode, 0, build.stderr)
+            run = subprocess.run([exe, SO], capture_output=True, text=True)
+            self.assertEqual((run.returncode, run.stdout), (0, "ok\n"), run.stderr)
 
 
 if __name__ == "__main__":

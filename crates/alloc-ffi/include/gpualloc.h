@@ -52,6 +52,38 @@ extern "C" {
 #define GPUALLOC_SEGMENT_MAP (2) /* pages were mapped into an expandable segment */
 #define GPUALLOC_SEGMENT_UNMAP (3) /* pages of an expandable segment were unmapped */
 
+/* One statistic as torch.cuda.memory_stats() keeps it. */
+typedef struct GpuallocStat {
+  int64_t current; /* Present value. */
+  int64_t peak; /* Highest value since creation or the last reset of peaks. */
+  int64_t allocated; /* Sum of all increases since the last reset of accumulated counters. */
+  int64_t freed; /* Sum of all decreases since the last reset of accumulated counters. */
+} GpuallocStat;
+
+/* The statistics of a device, with PyTorch's names (DeviceStats). Arrays of three
+ * are indexed [all pools, small pool, large pool]. Set `size` to
+ * sizeof(GpuallocDeviceStats) before the call. */
+typedef struct GpuallocDeviceStats {
+  size_t size; /* In: the size of the struct the caller has. Out: the bytes the library filled (fields are only ever appended; those past it are left untouched). */
+  GpuallocStat allocation[3]; /* Blocks handed out to callers. */
+  GpuallocStat segment[3]; /* Device allocations (segments) held. */
+  GpuallocStat active[3]; /* Blocks in use or waiting for stream events. */
+  GpuallocStat inactive_split[3]; /* Free blocks inside split segments. */
+  GpuallocStat allocated_bytes[3]; /* Bytes of blocks handed out (after rounding). */
+  GpuallocStat reserved_bytes[3]; /* Bytes reserved from the device. */
+  GpuallocStat active_bytes[3]; /* Bytes of active blocks. */
+  GpuallocStat inactive_split_bytes[3]; /* Bytes of free blocks inside split segments. */
+  GpuallocStat requested_bytes[3]; /* Bytes callers asked for (before rounding), over active blocks. */
+  GpuallocStat oversize_allocations; /* Allocations at or above max_split_size. */
+  GpuallocStat oversize_segments; /* Segments at or above max_split_size. */
+  int64_t num_alloc_retries; /* Device allocations retried after freeing the cache. */
+  int64_t num_ooms; /* Allocations that failed with out of memory. */
+  int64_t num_sync_all_streams; /* Times every pending stream event was waited for. */
+  int64_t num_device_alloc; /* Device allocation calls. */
+  int64_t num_device_free; /* Device free calls. */
+  int64_t max_split_size; /* max_split_size in bytes; -1 when unlimited. */
+} GpuallocDeviceStats;
+
 /* Allocates `size` bytes on `device` for use on `stream` (the allocation function
  * of torch.cuda.memory.CUDAPluggableAllocator). Returns NULL on failure with the
  * message in gpualloc_last_error(); size 0 returns NULL with no error (the block
@@ -118,6 +150,14 @@ int gpualloc_reset_accumulated_stats(int device);
  * moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns), all zero
  * for a device never used. Free the string with gpualloc_string_free. NULL on error. */
 char* gpualloc_memory_stats_json(int device);
+
+/* Statistics of `device` in *out (all zero, max_split_size -1, for a device never
+ * used): the numbers of gpualloc_memory_stats_json without the JSON. Set out->size
+ * to sizeof(GpuallocDeviceStats) first; the library fills the fields that fit in
+ * it and sets out->size to the bytes filled, so callers built against an older or
+ * newer header work. GPUALLOC_ERR_INVALID for a NULL out, out->size too small
+ * for its first field, or a bad device index. */
+int gpualloc_device_stats(int device, GpuallocDeviceStats* out);
 
 /* Which setting for a workload: replays the PyTorch memory snapshot in `data` (the
  * `len` bytes of a torch.cuda.memory._dump_snapshot() pickle, or a trace file)

@@ -1,7 +1,10 @@
 //! The C API as one table: the header `include/gpualloc.h` is generated from
-//! it ([`header_text`]), and the tests check that the header file equals the
-//! generated text and that every `extern "C"` function of this crate has the
-//! C signature the table gives (see `tests/header.rs`).
+//! it ([`header_text`]), and the tests check that the header file (and its
+//! copy in the Python package, which the package's ctypes declarations and
+//! C++ bridge are read from) equals the generated text and that every
+//! `extern "C"` function of this crate has the C signature the table gives
+//! (see `tests/header.rs`). The structs of the interface are declared once,
+//! with `c_struct!`, which makes both the Rust type and its C text.
 
 /// One exported function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +18,76 @@ pub struct ApiFn {
     /// Comment placed above the declaration (lines joined with `\n`).
     pub doc: &'static str,
 }
+
+/// A field of a C struct of the interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CField {
+    /// C type, with the array length if any (`GpuallocStat[3]`).
+    pub c_type: &'static str,
+    /// Field name.
+    pub name: &'static str,
+    /// Comment placed after the field.
+    pub doc: &'static str,
+    /// Byte offset in the Rust (`repr(C)`) struct, for the layout tests.
+    pub offset: usize,
+}
+
+/// A C struct of the interface, as `c_struct!` describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CStruct {
+    /// Type name, the same in C and Rust.
+    pub name: &'static str,
+    /// Comment placed above the definition (lines joined with `\n`).
+    pub doc: &'static str,
+    /// The fields, in order.
+    pub fields: &'static [CField],
+    /// `size_of` the Rust struct, for the layout tests.
+    pub size: usize,
+}
+
+/// Defines a `#[repr(C)]` struct of the interface and its C declaration
+/// (an associated `C: CStruct`), so that the two cannot differ: each field
+/// is written `pub name: RustType = "C type",`.
+macro_rules! c_struct {
+    (
+        $(#[doc = $doc:literal])*
+        pub struct $name:ident {
+            $( $(#[doc = $fdoc:literal])* pub $field:ident : $ty:ty = $cty:literal, )*
+        }
+    ) => {
+        $(#[doc = $doc])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $name {
+            $( $(#[doc = $fdoc])* pub $field: $ty, )*
+        }
+
+        impl $name {
+            /// The C declaration of this struct (include/gpualloc.h).
+            pub const C: $crate::api::CStruct = $crate::api::CStruct {
+                name: stringify!($name),
+                doc: concat!($($doc, "\n"),*),
+                fields: &[$(
+                    $crate::api::CField {
+                        c_type: $cty,
+                        name: stringify!($field),
+                        doc: concat!($($fdoc, "\n"),*),
+                        offset: ::std::mem::offset_of!($name, $field),
+                    },
+                )*],
+                size: ::std::mem::size_of::<$name>(),
+            };
+        }
+    };
+}
+pub(crate) use c_struct;
+
+/// The structs of the interface, in header order (a struct before those
+/// that contain it).
+pub const STRUCTS: &[CStruct] = &[
+    crate::device_stats::GpuallocStat::C,
+    crate::device_stats::GpuallocDeviceStats::C,
+];
 
 /// Success.
 pub const GPUALLOC_OK: i32 = 0;
@@ -187,6 +260,17 @@ pub const API: &[ApiFn] = &[
               \"max_split_size\" and our \"page_moves.*\" counters (what unmap_free_pages\n\
               moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns), all zero\n\
               for a device never used. Free the string with gpualloc_string_free. NULL on error.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_device_stats",
+        params: &[("int", "device"), ("GpuallocDeviceStats*", "out")],
+        doc: "Statistics of `device` in *out (all zero, max_split_size -1, for a device never\n\
+              used): the numbers of gpualloc_memory_stats_json without the JSON. Set out->size\n\
+              to sizeof(GpuallocDeviceStats) first; the library fills the fields that fit in\n\
+              it and sets out->size to the bytes filled, so callers built against an older or\n\
+              newer header work. GPUALLOC_ERR_INVALID for a NULL out, out->size too small\n\
+              for its first field, or a bad device index.",
     },
     ApiFn {
         ret: "char*",
@@ -681,6 +765,9 @@ pub fn header_text() -> String {
         h.push_str(&format!("#define {name} ({value}) /* {meaning} */\n"));
     }
     h.push('\n');
+    for s in STRUCTS {
+        h.push_str(&struct_text(s));
+    }
     for f in API {
         h.push_str("/* ");
         h.push_str(&f.doc.replace('\n', "\n * "));
@@ -704,6 +791,36 @@ pub fn header_text() -> String {
          #endif /* GPUALLOC_H */\n",
     );
     h
+}
+
+/// A doc text of `///` lines as one comment body: lines trimmed, joined
+/// with `sep`.
+fn doc_lines(doc: &str, sep: &str) -> String {
+    doc.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+/// The C definition of a struct: `typedef struct Name { ... } Name;`.
+fn struct_text(s: &CStruct) -> String {
+    let mut t = format!("/* {} */\n", doc_lines(s.doc, "\n * "));
+    t.push_str(&format!("typedef struct {} {{\n", s.name));
+    for f in s.fields {
+        // An array type `T[N]` is declared `T name[N]`.
+        let (ty, len) = match f.c_type.find('[') {
+            Some(i) => (&f.c_type[..i], &f.c_type[i..]),
+            None => (f.c_type, ""),
+        };
+        t.push_str(&format!(
+            "  {ty} {}{len}; /* {} */\n",
+            f.name,
+            doc_lines(f.doc, " ")
+        ));
+    }
+    t.push_str(&format!("}} {};\n\n", s.name));
+    t
 }
 
 #[cfg(test)]

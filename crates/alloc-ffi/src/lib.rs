@@ -52,6 +52,7 @@
 mod advise;
 pub mod api;
 mod checkpoint;
+mod device_stats;
 mod ipc;
 mod pool_allocator;
 mod segments;
@@ -70,6 +71,7 @@ pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,
 };
+pub use device_stats::{gpualloc_device_stats, GpuallocDeviceStats, GpuallocStat};
 pub use pool_allocator::{gpualloc_set_pool_allocator, PoolAllocFn, PoolFreeFn};
 pub use segments::{
     gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,

@@ -23,6 +23,49 @@ fn stats() -> BTreeMap<String, i64> {
     serde_json::from_str(&json).unwrap()
 }
 
+/// `gpualloc_device_stats(0)` gives the numbers of `stats()`.
+fn assert_struct_stats_match_json() {
+    let mut c = GpuallocDeviceStats {
+        size: std::mem::size_of::<GpuallocDeviceStats>(),
+        ..Default::default()
+    };
+    // SAFETY: a sized struct.
+    assert_eq!(unsafe { gpualloc_device_stats(0, &mut c) }, GPUALLOC_OK);
+    let json = stats();
+    let arrays = [
+        ("allocation", &c.allocation),
+        ("segment", &c.segment),
+        ("active", &c.active),
+        ("inactive_split", &c.inactive_split),
+        ("allocated_bytes", &c.allocated_bytes),
+        ("reserved_bytes", &c.reserved_bytes),
+        ("active_bytes", &c.active_bytes),
+        ("inactive_split_bytes", &c.inactive_split_bytes),
+        ("requested_bytes", &c.requested_bytes),
+    ];
+    for (name, array) in arrays {
+        for (stat, pool) in array.iter().zip(["all", "small_pool", "large_pool"]) {
+            for (value, part) in [
+                (stat.current, "current"),
+                (stat.peak, "peak"),
+                (stat.allocated, "allocated"),
+                (stat.freed, "freed"),
+            ] {
+                let key = format!("{name}.{pool}.{part}");
+                assert_eq!(value, json[&key], "{key}");
+            }
+        }
+    }
+    for (value, key) in [
+        (c.num_ooms, "num_ooms"),
+        (c.num_device_alloc, "num_device_alloc"),
+        (c.num_device_free, "num_device_free"),
+        (c.max_split_size, "max_split_size"),
+    ] {
+        assert_eq!(value, json[key], "{key}");
+    }
+}
+
 fn current_ctx() -> usize {
     alloc_cuda::cudarc::driver::result::ctx::get_current()
         .unwrap()
@@ -50,6 +93,7 @@ fn ffi_on_the_gpu() {
     assert_eq!(s["allocation.all.current"], sizes.len() as i64);
     assert!(s["reserved_bytes.all.current"] >= s["allocated_bytes.all.current"]);
     assert!(s["segment.all.current"] >= 2, "small and large pools");
+    assert_struct_stats_match_json();
 
     // A snapshot with the blocks and the recorded events.
     let dir = std::env::temp_dir().join(format!("gpualloc_gpu_{}", std::process::id()));
@@ -85,6 +129,7 @@ fn ffi_on_the_gpu() {
     }
     let s = stats();
     assert_eq!(s["allocated_bytes.all.current"], 0);
+    assert_struct_stats_match_json();
     // Double free and garbage: errors, no crash.
     gpualloc_free(ptrs[0], 0, 0, null_mut());
     assert!(last_error().contains("double free"), "{}", last_error());

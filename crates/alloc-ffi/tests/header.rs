@@ -1,23 +1,31 @@
 //! The C header, the API table and the exported Rust functions agree.
 //!
-//! - `include/gpualloc.h` must equal the text generated from `api::API`
-//!   (regenerate: `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
+//! - `include/gpualloc.h` and its copy in the Python package
+//!   (`python/gpu_alloc/gpualloc.h`, which the package's ctypes declarations
+//!   and C++ bridge read) must equal the text generated from `api::API`
+//!   (regenerate both: `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
 //! - every `#[no_mangle] extern "C" fn` in `src/` must appear in the
 //!   table with the same parameter and return types (mapped to C), and the
 //!   table must list nothing else;
 //! - with a C compiler present, a C and a C++ program include the header,
-//!   link against the built `liballoc_ffi.so` and call it.
+//!   link against the built `liballoc_ffi.so` and call it, and the structs
+//!   have the layout of their Rust definitions.
 
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use alloc_ffi::api::{header_text, API};
+use alloc_ffi::api::{header_text, API, STRUCTS};
 use alloc_ffi::CudaStream;
 
 mod common;
 
 const HEADER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpualloc.h");
+/// The copy the Python package ships next to its C++ bridge.
+const PYTHON_HEADER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../python/gpu_alloc/gpualloc.h"
+);
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 
 /// Every Rust source file of the crate, concatenated.
@@ -34,13 +42,13 @@ fn crate_source() -> String {
         .collect()
 }
 
-#[test]
-fn header_file_matches_the_api_table() {
-    let want = header_text();
+/// Fails unless the file at `path` holds `want` (after writing it there
+/// with `GPUALLOC_BLESS` set).
+fn check_generated(path: &str, want: &str) {
     if std::env::var_os("GPUALLOC_BLESS").is_some() {
-        std::fs::write(HEADER, &want).expect("write header");
+        std::fs::write(path, want).expect("write header");
     }
-    let have = std::fs::read_to_string(HEADER).unwrap_or_default();
+    let have = std::fs::read_to_string(path).unwrap_or_default();
     if have != want {
         let line = have
             .lines()
@@ -48,11 +56,25 @@ fn header_file_matches_the_api_table() {
             .position(|(a, b)| a != b)
             .map_or(have.lines().count().min(want.lines().count()), |i| i);
         panic!(
-            "include/gpualloc.h differs from the API table in src/api.rs (first at line {}); \
+            "{path} differs from the API table in src/api.rs (first at line {}); \
              regenerate it with GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header",
             line + 1
         );
     }
+}
+
+#[test]
+fn header_file_matches_the_api_table() {
+    check_generated(HEADER, &header_text());
+}
+
+#[test]
+fn python_package_header_matches_the_api_table() {
+    // The crate built from its .crate file has no Python package beside it.
+    if !Path::new(PYTHON_HEADER).parent().is_some_and(Path::is_dir) {
+        return;
+    }
+    check_generated(PYTHON_HEADER, &header_text());
 }
 
 /// A Rust FFI type as its C spelling.
@@ -71,6 +93,7 @@ fn c_type(rust: &str) -> String {
         "*mut *mut u64" => "uint64_t**",
         "*mut usize" => "size_t*",
         "*mut c_int" => "int*",
+        "*mut GpuallocDeviceStats" => "GpuallocDeviceStats*",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
         "*const c_void" => "const void*",
@@ -144,11 +167,31 @@ fn built_library() -> Option<PathBuf> {
         .find(|d| d.join("liballoc_ffi.so").exists())
 }
 
+/// C assertions that every struct of the header has the size and field
+/// offsets of its Rust definition.
+fn layout_checks() -> String {
+    // static_assert: a keyword in C++, a macro of <assert.h> in C11.
+    let mut c = String::from("#include <assert.h>\n#include <stddef.h>\n");
+    for s in STRUCTS {
+        c.push_str(&format!(
+            "static_assert(sizeof({0}) == {1}, \"size of {0}\");\n",
+            s.name, s.size
+        ));
+        for f in s.fields {
+            c.push_str(&format!(
+                "static_assert(offsetof({0}, {1}) == {2}, \"offset of {0}.{1}\");\n",
+                s.name, f.name, f.offset
+            ));
+        }
+    }
+    c
+}
+
 fn compile_and_run(compiler: &str, source: &str, ext: &str, libdir: &Path) {
     let tmp = std::env::temp_dir().join(format!("gpualloc_header_{}_{ext}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let src = tmp.join(format!("main.{ext}"));
-    std::fs::write(&src, source).unwrap();
+    std::fs::write(&src, format!("{source}\n{}", layout_checks())).unwrap();
     let exe = tmp.join("main");
     let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
     let out = Command::new(compiler)
@@ -199,6 +242,14 @@ int main(void) {
   char* s = gpualloc_memory_stats_json(0);
   if (s == NULL || strstr(s, "\"reserved_bytes.all.peak\":0") == NULL) return 6;
   gpualloc_string_free(s);
+  GpuallocDeviceStats stats;
+  memset(&stats, 0xff, sizeof stats);
+  stats.size = sizeof stats;
+  if (gpualloc_device_stats(3, &stats) != GPUALLOC_OK) return 7;
+  if (stats.size != sizeof stats || stats.max_split_size != -1) return 8;
+  if (stats.reserved_bytes[0].peak != 0 || stats.num_device_free != 0) return 9;
+  stats.size = 0;
+  if (gpualloc_device_stats(3, &stats) != GPUALLOC_ERR_INVALID) return 10;
   printf("ok %s\n", gpualloc_version());
   return 0;
 }

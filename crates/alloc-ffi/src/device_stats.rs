@@ -1,0 +1,322 @@
+//! `gpualloc_device_stats`: a device's statistics as a plain C struct, for
+//! callers that want numbers rather than JSON (the C++ bridge fills
+//! PyTorch's `DeviceStats` from it).
+//!
+//! The struct is versioned by its first field, `size`: the caller writes the
+//! size of the struct it was compiled with, the library fills the fields that
+//! fit and writes back how many bytes it filled. New fields are only ever
+//! appended, so an older caller keeps working with a newer library and a newer
+//! caller learns which fields an older library knew.
+
+use std::ffi::c_int;
+use std::mem::size_of;
+
+use alloc_core::{Stat, StatArray, Stats};
+
+use crate::state::{self, FfiResult};
+use crate::{call_int, FfiError};
+
+crate::api::c_struct! {
+    /// One statistic as torch.cuda.memory_stats() keeps it.
+    pub struct GpuallocStat {
+        /// Present value.
+        pub current: i64 = "int64_t",
+        /// Highest value since creation or the last reset of peaks.
+        pub peak: i64 = "int64_t",
+        /// Sum of all increases since the last reset of accumulated counters.
+        pub allocated: i64 = "int64_t",
+        /// Sum of all decreases since the last reset of accumulated counters.
+        pub freed: i64 = "int64_t",
+    }
+}
+
+crate::api::c_struct! {
+    /// The statistics of a device, with PyTorch's names (DeviceStats). Arrays of three
+    /// are indexed [all pools, small pool, large pool]. Set `size` to
+    /// sizeof(GpuallocDeviceStats) before the call.
+    pub struct GpuallocDeviceStats {
+        /// In: the size of the struct the caller has. Out: the bytes the library filled
+        /// (fields are only ever appended; those past it are left untouched).
+        pub size: usize = "size_t",
+        /// Blocks handed out to callers.
+        pub allocation: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Device allocations (segments) held.
+        pub segment: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Blocks in use or waiting for stream events.
+        pub active: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Free blocks inside split segments.
+        pub inactive_split: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of blocks handed out (after rounding).
+        pub allocated_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes reserved from the device.
+        pub reserved_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of active blocks.
+        pub active_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of free blocks inside split segments.
+        pub inactive_split_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes callers asked for (before rounding), over active blocks.
+        pub requested_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Allocations at or above max_split_size.
+        pub oversize_allocations: GpuallocStat = "GpuallocStat",
+        /// Segments at or above max_split_size.
+        pub oversize_segments: GpuallocStat = "GpuallocStat",
+        /// Device allocations retried after freeing the cache.
+        pub num_alloc_retries: i64 = "int64_t",
+        /// Allocations that failed with out of memory.
+        pub num_ooms: i64 = "int64_t",
+        /// Times every pending stream event was waited for.
+        pub num_sync_all_streams: i64 = "int64_t",
+        /// Device allocation calls.
+        pub num_device_alloc: i64 = "int64_t",
+        /// Device free calls.
+        pub num_device_free: i64 = "int64_t",
+        /// max_split_size in bytes; -1 when unlimited.
+        pub max_split_size: i64 = "int64_t",
+    }
+}
+
+/// A counter as C's `int64_t`, saturating.
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+impl From<&Stat> for GpuallocStat {
+    fn from(s: &Stat) -> Self {
+        GpuallocStat {
+            current: s.current,
+            peak: s.peak,
+            allocated: signed(s.allocated),
+            freed: signed(s.freed),
+        }
+    }
+}
+
+fn triple(a: &StatArray) -> [GpuallocStat; 3] {
+    [
+        (&a.all).into(),
+        (&a.small_pool).into(),
+        (&a.large_pool).into(),
+    ]
+}
+
+impl GpuallocDeviceStats {
+    /// The statistics `stats` of an allocator whose `max_split_size` is
+    /// `max_split` (`u64::MAX`: unlimited), with `size` the whole struct.
+    pub fn new(stats: &Stats, max_split: u64) -> Self {
+        GpuallocDeviceStats {
+            size: size_of::<Self>(),
+            allocation: triple(&stats.allocation),
+            segment: triple(&stats.segment),
+            active: triple(&stats.active),
+            inactive_split: triple(&stats.inactive_split),
+            allocated_bytes: triple(&stats.allocated_bytes),
+            reserved_bytes: triple(&stats.reserved_bytes),
+            active_bytes: triple(&stats.active_bytes),
+            inactive_split_bytes: triple(&stats.inactive_split_bytes),
+            requested_bytes: triple(&stats.requested_bytes),
+            oversize_allocations: (&stats.oversize_allocations).into(),
+            oversize_segments: (&stats.oversize_segments).into(),
+            num_alloc_retries: signed(stats.num_alloc_retries),
+            num_ooms: signed(stats.num_ooms),
+            num_sync_all_streams: signed(stats.num_sync_all_streams),
+            num_device_alloc: signed(stats.num_device_alloc),
+            num_device_free: signed(stats.num_device_free),
+            max_split_size: if max_split == u64::MAX {
+                -1
+            } else {
+                signed(max_split)
+            },
+        }
+    }
+
+    /// Copies the fields that fit in a caller's struct of `caller_size`
+    /// bytes to `out`, setting its `size` to the bytes filled.
+    ///
+    /// # Safety
+    /// `out` points to at least `caller_size` writable bytes.
+    unsafe fn write_to(mut self, out: *mut GpuallocDeviceStats, caller_size: usize) {
+        // Whole fields only: every field is 8 bytes wide and aligned.
+        let filled = caller_size.min(size_of::<Self>()) & !7;
+        self.size = filled;
+        // SAFETY: `self` is a plain `repr(C)` value of `size_of::<Self>()`
+        // bytes and `filled` is no more than that nor than what the caller
+        // said `out` holds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&self as *const Self).cast::<u8>(),
+                out.cast::<u8>(),
+                filled,
+            );
+        }
+    }
+}
+
+/// The statistics of `device` in `out` (zeros for a device never used); see
+/// `include/gpualloc.h`.
+///
+/// # Safety
+/// `out` is NULL or points to a struct whose `size` field holds the number
+/// of writable bytes it has.
+#[no_mangle]
+pub unsafe extern "C" fn gpualloc_device_stats(
+    device: c_int,
+    out: *mut GpuallocDeviceStats,
+) -> c_int {
+    call_int(|| {
+        if out.is_null() {
+            return Err(FfiError::invalid("out is NULL"));
+        }
+        // SAFETY: non-NULL; the caller's contract makes its first field
+        // readable. Read unaligned: C gives no stronger promise we check.
+        let caller_size = unsafe { std::ptr::addr_of!((*out).size).read_unaligned() };
+        if caller_size < size_of::<usize>() {
+            return Err(FfiError::invalid(format!(
+                "out->size is {caller_size}: set it to sizeof(GpuallocDeviceStats)"
+            )));
+        }
+        let stats = device_stats(device)?;
+        // SAFETY: the caller said `out` has `caller_size` writable bytes.
+        unsafe { stats.write_to(out, caller_size) };
+        Ok(())
+    })
+}
+
+/// The statistics of `device`, zeros for a device never used.
+fn device_stats(device: c_int) -> FfiResult<GpuallocDeviceStats> {
+    Ok(match state::existing(device)? {
+        Some(a) => GpuallocDeviceStats::new(&a.stats()?, a.config().max_split_size),
+        None => GpuallocDeviceStats::new(&Stats::default(), u64::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, MIB};
+    use alloc_policy::AnyPolicy;
+
+    /// Stats with every counter different from the others, from a small
+    /// workload on a simulated device.
+    fn busy_stats() -> Stats {
+        let cfg = AllocatorConfig::parse("max_split_size_mb:64").unwrap();
+        let mut engine =
+            AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).expect("engine");
+        let small = engine.malloc(1000, StreamId(0)).unwrap();
+        let _large = engine.malloc(3 * MIB, StreamId(0)).unwrap();
+        let huge = engine.malloc(100 * MIB, StreamId(0)).unwrap();
+        engine.free(small.addr).unwrap();
+        engine.free(huge.addr).unwrap();
+        engine.stats()
+    }
+
+    fn same(c: &GpuallocStat, flat: &std::collections::BTreeMap<String, i64>, key: &str) {
+        assert_eq!(c.current, flat[&format!("{key}.current")], "{key}");
+        assert_eq!(c.peak, flat[&format!("{key}.peak")], "{key}");
+        assert_eq!(c.allocated, flat[&format!("{key}.allocated")], "{key}");
+        assert_eq!(c.freed, flat[&format!("{key}.freed")], "{key}");
+    }
+
+    #[test]
+    fn every_field_is_the_flat_statistic_of_the_same_name() {
+        let stats = busy_stats();
+        let flat = stats.to_flat_map();
+        let c = GpuallocDeviceStats::new(&stats, 64 * MIB);
+        let arrays = [
+            ("allocation", &c.allocation),
+            ("segment", &c.segment),
+            ("active", &c.active),
+            ("inactive_split", &c.inactive_split),
+            ("allocated_bytes", &c.allocated_bytes),
+            ("reserved_bytes", &c.reserved_bytes),
+            ("active_bytes", &c.active_bytes),
+            ("inactive_split_bytes", &c.inactive_split_bytes),
+            ("requested_bytes", &c.requested_bytes),
+        ];
+        for (name, array) in arrays {
+            for (stat, pool) in array.iter().zip(["all", "small_pool", "large_pool"]) {
+                same(stat, &flat, &format!("{name}.{pool}"));
+            }
+        }
+        same(&c.oversize_allocations, &flat, "oversize_allocations");
+        same(&c.oversize_segments, &flat, "oversize_segments");
+        for (value, key) in [
+            (c.num_alloc_retries, "num_alloc_retries"),
+            (c.num_ooms, "num_ooms"),
+            (c.num_sync_all_streams, "num_sync_all_streams"),
+            (c.num_device_alloc, "num_device_alloc"),
+            (c.num_device_free, "num_device_free"),
+        ] {
+            assert_eq!(value, flat[key], "{key}");
+        }
+        assert_eq!(c.max_split_size, (64 * MIB) as i64);
+        assert_eq!(c.size, size_of::<GpuallocDeviceStats>());
+        // The workload moved the numbers, so equal fields are not all zeros.
+        assert_eq!(c.allocation[1].allocated, 1);
+        assert_eq!(c.allocation[2].allocated, 2);
+        assert_eq!(c.oversize_allocations.allocated, 1);
+        assert!(c.allocated_bytes[0].peak > c.allocated_bytes[0].current);
+    }
+
+    #[test]
+    fn unlimited_split_size_is_minus_one() {
+        let c = GpuallocDeviceStats::new(&Stats::default(), u64::MAX);
+        assert_eq!(c.max_split_size, -1);
+        assert_eq!(c.allocated_bytes, [GpuallocStat::default(); 3]);
+    }
+
+    #[test]
+    fn an_older_caller_gets_the_fields_it_knows_and_no_more() {
+        let stats = GpuallocDeviceStats::new(&busy_stats(), 64 * MIB);
+        let mut out = GpuallocDeviceStats {
+            num_ooms: 77,
+            ..Default::default()
+        };
+        let known = std::mem::offset_of!(GpuallocDeviceStats, num_ooms);
+        // SAFETY: `out` has more than `known` bytes.
+        unsafe { stats.write_to(&mut out, known + 3) };
+        assert_eq!(out.size, known);
+        assert_eq!(out.allocation, stats.allocation);
+        assert_eq!(out.num_alloc_retries, stats.num_alloc_retries);
+        assert_eq!(out.num_ooms, 77, "past the caller's size: untouched");
+    }
+
+    #[test]
+    fn a_newer_caller_learns_what_was_filled() {
+        #[repr(C)]
+        struct Newer {
+            stats: GpuallocDeviceStats,
+            later_field: i64,
+        }
+        let mut out = Newer {
+            stats: GpuallocDeviceStats::default(),
+            later_field: 5,
+        };
+        out.stats.size = size_of::<Newer>();
+        // SAFETY: `out` is a valid struct whose size field holds its size.
+        let code = unsafe { gpualloc_device_stats(7, &mut out.stats) };
+        assert_eq!(code, crate::api::GPUALLOC_OK);
+        assert_eq!(out.stats.size, size_of::<GpuallocDeviceStats>());
+        assert_eq!(out.stats.max_split_size, -1, "device 7 is unused");
+        assert_eq!(out.later_field, 5);
+    }
+
+    #[test]
+    fn null_and_unsized_structs_are_refused() {
+        // SAFETY: NULL is allowed.
+        let code = unsafe { gpualloc_device_stats(0, std::ptr::null_mut()) };
+        assert_eq!(code, crate::api::GPUALLOC_ERR_INVALID);
+        let mut out = GpuallocDeviceStats::default();
+        // SAFETY: a valid struct; its size field says 0.
+        let code = unsafe { gpualloc_device_stats(0, &mut out) };
+        assert_eq!(code, crate::api::GPUALLOC_ERR_INVALID);
+        out.size = size_of::<GpuallocDeviceStats>();
+        // SAFETY: as above, sized.
+        let code = unsafe { gpualloc_device_stats(100_000, &mut out) };
+        assert_eq!(
+            code,
+            crate::api::GPUALLOC_ERR_INVALID,
+            "no such device slot"
+        );
+    }
+}
