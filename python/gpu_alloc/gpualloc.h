@@ -45,7 +45,8 @@ extern "C" {
 #define GPUALLOC_ERR_OUT_OF_MEMORY (-2) /* out of memory after freeing the cache and retrying */
 #define GPUALLOC_ERR_CUDA (-3) /* CUDA driver failure, no driver, or no such device */
 #define GPUALLOC_ERR_TOO_LATE (-4) /* gpualloc_configure after the allocator was first used */
-#define GPUALLOC_ERR_INTERNAL (-5) /* internal error (caught panic, poisoned lock): a bug */
+#define GPUALLOC_ERR_INTERNAL (-5) /* internal error (caught panic): a bug; later calls work */
+#define GPUALLOC_ERR_UNKNOWN_POOL (-6) /* private pool never created (retain / begin_allocate_to_pool) or released */
 #define GPUALLOC_SEGMENT_ALLOC (0) /* a segment was allocated (cuMemAlloc) */
 #define GPUALLOC_SEGMENT_FREE (1) /* a segment was freed (cuMemFree) */
 #define GPUALLOC_SEGMENT_MAP (2) /* pages were mapped into an expandable segment */
@@ -100,12 +101,14 @@ void* gpualloc_malloc(ssize_t size, int device, cudaStream_t stream);
 void gpualloc_free(void* ptr, ssize_t size, int device, cudaStream_t stream);
 
 /* Sets the configuration (PYTORCH_CUDA_ALLOC_CONF syntax, e.g.
- * "policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True"), replacing
+ * "policy:pytorch-bfc,max_split_size_mb:128,expandable_segments:True", or a
+ * setting's name, alone or followed by options: "bound,max_split_size_mb:64"), replacing
  * GPUALLOC_CONF. Must be called before the first use of the allocator: then it
  * returns GPUALLOC_ERR_TOO_LATE. A bad string returns GPUALLOC_ERR_INVALID (-1). */
 int gpualloc_configure(const char* config);
 
-/* Parses and validates a configuration string without applying it (no CUDA call). */
+/* Parses and validates a configuration string or setting name without applying it
+ * (no CUDA call). */
 int gpualloc_check_config(const char* config);
 
 /* Changes the settings that `settings` names (configuration syntax) while the
@@ -167,13 +170,21 @@ int gpualloc_device_stats(int device, GpuallocDeviceStats* out);
  * corrupt or foreign file, no events, a library built without `advise`). */
 char* gpualloc_advise(const void* data, size_t len, int device, const char* name);
 
+/* gpualloc_advise for a workload with a memory budget of `budget_bytes` (0: the
+ * device's memory): the "budget" setting is replayed reclaiming at it, and no
+ * setting whose peak reserved passes it is recommended while one stays under it
+ * (docs/advise.md). The same JSON, with "budget_bytes"; the same errors. */
+char* gpualloc_advise_budget(const void* data, size_t len, int device, const char* name, uint64_t budget_bytes);
+
 /* Frees a string returned by this library. NULL is a no-op. */
 void gpualloc_string_free(char* s);
 
 /* gpualloc_malloc from the private pool (pool_first, pool_second) (PyTorch's
- * MempoolId_t), or from the ordinary cache when both are 0. For callers that
- * check the result (the C++ bridge raises OutOfMemoryError): NULL on failure with
- * the message in gpualloc_last_error(), nothing printed. */
+ * MempoolId_t), or from the ordinary cache when both are 0. The pool must exist
+ * (gpualloc_retain_pool or gpualloc_begin_allocate_to_pool, not yet released by
+ * its last holder): else GPUALLOC_ERR_UNKNOWN_POOL. For callers that check the
+ * result (the C++ bridge raises OutOfMemoryError): NULL on failure with the
+ * message in gpualloc_last_error(), nothing printed. */
 void* gpualloc_malloc_in_pool(ssize_t size, int device, cudaStream_t stream, uint64_t pool_first, uint64_t pool_second);
 
 /* A CUDA graph capture (or MemPool context) into the pool begins: holds the pool
@@ -189,7 +200,9 @@ int gpualloc_end_allocate_to_pool(int device, uint64_t pool_first, uint64_t pool
 int gpualloc_retain_pool(int device, uint64_t pool_first, uint64_t pool_second);
 
 /* One holder fewer (a graph was deleted). With none left the pool's idle segments
- * go back to the driver; its other blocks become ordinary cache once freed. */
+ * go back to the driver; its other blocks become ordinary cache once freed, and the
+ * pool is gone: naming it again is GPUALLOC_ERR_UNKNOWN_POOL until it is created
+ * anew. Its bookkeeping goes with its last segment. */
 int gpualloc_release_pool(int device, uint64_t pool_first, uint64_t pool_second);
 
 /* Makes a held private pool with no segment yet take its segments from `alloc` and
