@@ -907,3 +907,25 @@ fn a_kept_range_raises_the_peak_by_its_allowance_only() {
     );
     assert!(kept[11].1 > 0, "{kept:?}");
 }
+
+/// A device that reports `u64::MAX` bytes: a growable segment's range is
+/// sized by the largest request, not by a product that overflows (debug
+/// builds panicked, release builds wrapped and refused a 1-byte request).
+#[test]
+fn a_device_of_u64_max_bytes_serves_requests() {
+    for config in [
+        "expandable_segments:True",
+        "expandable_segments:True,unmap_free_pages:True",
+        "",
+    ] {
+        let mut e = common::engine(config, u64::MAX);
+        let a = e.malloc(1, StreamId(0)).unwrap();
+        let b = e.malloc(64 * MIB, StreamId(0)).unwrap();
+        assert!(matches!(
+            e.malloc(u64::MAX, StreamId(0)),
+            Err(AllocError::InvalidSize { .. })
+        ));
+        e.set_memory_fraction(1.0).unwrap();
+        common::drain(&mut e, [a.addr, b.addr]);
+    }
+}
