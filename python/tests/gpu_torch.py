@@ -441,6 +441,29 @@ def scenario_ipc_share():
     return [l for l in r.stdout.splitlines() if l.startswith("RESULT ")][-1][len("RESULT "):]
 
 
+def scenario_budget_fresh_streams():
+    """A fresh stream for every weight sync (vLLM issue 52950's pattern): 16 streams, each
+    filling a 1 GiB buffer and dropping it, under a 4 GiB memory budget. Reserved memory
+    stays flat at the budget (PyTorch's allocator keeps each stream's buffer: 16 GiB)."""
+    gpu_alloc, torch = enabled(
+        "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,memory_budget_mb:4096"
+    )
+    most = 0
+    for i in range(16):
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            buf = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+            buf.fill_(i)
+            check(buf[-1].item() == i, "the buffer holds what was written")
+        del buf
+        most = max(most, torch.cuda.memory_reserved())
+    torch.cuda.synchronize()
+    check(most <= (4 << 30) + 64 * MIB, "reserved %d MiB passed the 4 GiB budget" % (most >> 20))
+    stats = torch.cuda.memory_stats()
+    return "16 fresh streams x 1 GiB: most reserved %d MiB (budget 4096), %d OOMs" % (
+        most >> 20, stats.get("num_ooms", 0))
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc

@@ -999,7 +999,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     fn would_pass_limit(&self, extra: u64) -> bool {
         self.limit
-            .is_some_and(|limit| self.reserved_bytes() + extra > limit)
+            .is_some_and(|limit| self.reserved_bytes().saturating_add(extra) > limit)
     }
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {

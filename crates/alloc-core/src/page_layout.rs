@@ -132,14 +132,16 @@ impl PageLayout {
         offset / page * page
     }
 
-    /// The first page boundary at or after `offset`.
+    /// The first page boundary at or after `offset`; `u64::MAX` when the
+    /// page holding `offset` ends past the address space (no boundary lies
+    /// beyond it).
     #[inline]
     pub fn ceil(&self, offset: u64) -> u64 {
         let start = self.floor(offset);
         if start == offset {
             offset
         } else {
-            start + self.size_at(start)
+            start.saturating_add(self.size_at(start))
         }
     }
 
@@ -151,13 +153,13 @@ impl PageLayout {
     /// The pages `(start, size)` from the one holding `lo` up to the one
     /// holding `hi - 1`, in address order.
     pub fn pages(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let mut at = self.floor(lo);
+        let mut at = Some(self.floor(lo));
         std::iter::from_fn(move || {
-            (at < hi).then(|| {
-                let page = (at, self.size_at(at));
-                at += page.1;
-                page
-            })
+            let start = at.filter(|&a| a < hi)?;
+            let page = (start, self.size_at(start));
+            // The last page of the address space ends the run.
+            at = start.checked_add(page.1);
+            Some(page)
         })
     }
 
@@ -267,6 +269,37 @@ mod tests {
 
     fn scaled() -> PageLayout {
         PageLayout::scaled(2 * MIB, 16 * MIB, 512).unwrap()
+    }
+
+    #[test]
+    fn offsets_at_the_end_of_the_address_space_do_not_overflow() {
+        let layouts = [
+            scaled(),
+            PageLayout::scaled(2 * MIB, 4 * MIB, 512).unwrap(),
+            PageLayout::uniform(2 * MIB),
+            PageLayout::scaled(1, 1 << 63, 1).unwrap(),
+        ];
+        for pages in layouts {
+            for offset in [u64::MAX, u64::MAX - 1, u64::MAX - 3 * MIB] {
+                let size = pages.size_at(offset);
+                assert!(size.is_power_of_two() && size <= pages.largest());
+                let floor = pages.floor(offset);
+                assert!(floor <= offset && offset - floor < size);
+                let ceil = pages.ceil(offset);
+                assert!(ceil >= offset, "{pages}: ceil({offset:#x}) = {ceil:#x}");
+                assert!(pages.is_boundary(floor));
+                let run: Vec<_> = pages.pages(offset, u64::MAX).take(4).collect();
+                assert!(!run.is_empty() && run.len() <= 3, "{pages}: {run:?}");
+                assert_eq!(run[0].0, floor);
+                assert!(pages.count(offset, u64::MAX) >= 1);
+            }
+        }
+        assert_eq!(
+            PageLayout::scaled(2 * MIB, 4 * MIB, 512)
+                .unwrap()
+                .size_at(u64::MAX),
+            4 * MIB
+        );
     }
 
     #[test]

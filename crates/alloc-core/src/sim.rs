@@ -148,7 +148,12 @@ impl MemoryBackend for SimMemory {
                 let addr = self.next_addr;
                 // Leave a gap so that no two segments are address neighbours:
                 // the engine must never merge across segments.
-                self.next_addr += size.div_ceil(SIM_ALIGN) * SIM_ALIGN + SIM_ALIGN;
+                self.next_addr = size
+                    .div_ceil(SIM_ALIGN)
+                    .checked_mul(SIM_ALIGN)
+                    .and_then(|s| s.checked_add(SIM_ALIGN))
+                    .and_then(|s| s.checked_add(addr))
+                    .ok_or(BackendError::OutOfMemory)?;
                 addr
             }
         };
@@ -207,8 +212,17 @@ impl VirtualMemory for SimMemory {
                  of at least the granularity"
             )));
         }
-        let addr = self.next_addr.div_ceil(page) * page;
-        self.next_addr = addr + size + SIM_ALIGN;
+        // Address space runs out as memory does: a typed error, no overflow.
+        let exhausted = || BackendError::Other("simulated address space exhausted".into());
+        let addr = self
+            .next_addr
+            .div_ceil(page)
+            .checked_mul(page)
+            .ok_or_else(exhausted)?;
+        self.next_addr = addr
+            .checked_add(size)
+            .and_then(|end| end.checked_add(SIM_ALIGN))
+            .ok_or_else(exhausted)?;
         self.ranges.insert(addr, (size, pages));
         Ok(addr)
     }
@@ -315,7 +329,9 @@ impl SimMemory {
             .ranges
             .range(..=addr)
             .next_back()
-            .filter(|(&start, &(len, _))| addr + size <= start + len)
+            .filter(|(&start, &(len, _))| {
+                addr.checked_add(size).is_some_and(|end| end <= start + len)
+            })
             .map(|(&base, &(_, layout))| RangePages { base, layout });
         if !pages.is_some_and(|p| p.is_whole(addr, size)) {
             return Err(BackendError::Other(format!(

@@ -152,7 +152,9 @@ impl MemoryBackend for CudaMemory {
     }
 
     fn free_bytes(&self) -> u64 {
-        // Used for reports only: a failing query reads as nothing free.
+        // Read for reports, and before each mapping under a memory budget
+        // (another process may have taken memory): a failing query reads as
+        // nothing free, so that free pages are reclaimed first.
         self.mem_get_info().map(|(free, _)| free).unwrap_or(0)
     }
 

@@ -1037,3 +1037,25 @@ fn a_released_pool_is_forgotten_once_its_last_segment_goes() {
     );
     e.assert_valid();
 }
+
+/// A device that reports `u64::MAX` bytes: a growable segment's range is
+/// sized by the largest request, not by a product that overflows (debug
+/// builds panicked, release builds wrapped and refused a 1-byte request).
+#[test]
+fn a_device_of_u64_max_bytes_serves_requests() {
+    for config in [
+        "expandable_segments:True",
+        "expandable_segments:True,unmap_free_pages:True",
+        "",
+    ] {
+        let mut e = common::engine(config, u64::MAX);
+        let a = e.malloc(1, StreamId(0)).unwrap();
+        let b = e.malloc(64 * MIB, StreamId(0)).unwrap();
+        assert!(matches!(
+            e.malloc(u64::MAX, StreamId(0)),
+            Err(AllocError::InvalidSize { .. })
+        ));
+        e.set_memory_fraction(1.0).unwrap();
+        common::drain(&mut e, [a.addr, b.addr]);
+    }
+}

@@ -13,7 +13,7 @@
 //! fuzz targets (`fuzz/`) drive the same model with operations decoded from
 //! their input.
 
-use alloc_core::{StreamId, MIB};
+use alloc_core::{StreamId, MAX_REQUEST, MIB};
 use alloc_policy::testing::configs;
 use alloc_policy::testing::ops::{log_size, run, Op, POOLS, STREAMS};
 use proptest::prelude::*;
@@ -76,6 +76,19 @@ proptest! {
         every_config(600 * MIB, &ops)?;
     }
 
+    /// Sizes and capacities at the limits of `u64` (debug builds check every
+    /// addition and product): a device that reports up to `u64::MAX` bytes,
+    /// requests of 0, of 1 PiB and one byte more, and near `u64::MAX`, among
+    /// ordinary ones, under every configuration. Refusals are typed errors;
+    /// nothing overflows.
+    #[test]
+    fn sizes_and_capacities_near_the_limits_do_not_overflow(
+        capacity in limit_capacity(),
+        ops in proptest::collection::vec(limit_op(), 1..40),
+    ) {
+        every_config(capacity, &ops)?;
+    }
+
     /// A random step repeated: the layout plan learns it, plans it and
     /// places later steps by the plan, under the same checks.
     #[cfg(feature = "pytorch-bfc")]
@@ -86,6 +99,38 @@ proptest! {
             run(config, 64 << 30, &ops).map_err(TestCaseError::fail)?;
         }
     }
+}
+
+/// Device capacities near the top of `u64`.
+fn limit_capacity() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(u64::MAX),
+        (0u64..1 << 32).prop_map(|below| u64::MAX - below),
+        Just(1 << 63),
+        Just(MAX_REQUEST),
+        Just(MAX_REQUEST + 1),
+    ]
+}
+
+/// Allocations of sizes at the limits, frees, memory fractions (of a
+/// capacity near `u64::MAX`) and emptying the cache. Sizes that would be
+/// served stay at most 16 GiB: the simulated device keeps a set entry per
+/// mapped 2 MiB.
+fn limit_op() -> impl Strategy<Value = Op> {
+    let size = prop_oneof![
+        3 => (0.0f64..34.0).prop_map(log_size),
+        1 => Just(0u64),
+        1 => Just(MAX_REQUEST + 1),
+        1 => (0u64..1 << 20).prop_map(|below| u64::MAX - below),
+        1 => MAX_REQUEST + 1..=u64::MAX,
+    ];
+    prop_oneof![
+        5 => (size, stream()).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
+        1 => stream().prop_map(|stream| Op::CompleteStream { stream }),
+        1 => Just(Op::EmptyCache),
+        1 => (0u8..=10).prop_map(|tenths| Op::SetFraction { fraction: f64::from(tenths) / 10.0 }),
+    ]
 }
 
 /// The operations of a training step: allocations (mostly in the large

@@ -159,7 +159,7 @@ impl Advice {
                 0.0,
             )
         });
-        let recommended = recommend(&outcomes, capacity);
+        let recommended = recommend(&outcomes, capacity, false);
         Advice {
             trace: trace.name.clone(),
             allocations: trace.alloc_count() as u64,
@@ -180,11 +180,17 @@ impl Advice {
     }
 
     /// The advice for a memory budget of `budget` bytes (`None`: the
-    /// device's memory), the budget setting replayed at it: the pick among
-    /// the settings whose peak stays under it.
+    /// device's memory and the rule as without one), the budget setting
+    /// replayed at it: among the settings whose peak stays under a budget
+    /// given, memory below it costs nothing, so the fewest page moves per
+    /// step win (then the rule's score).
     pub fn at_budget(mut self, budget: Option<u64>) -> Advice {
         self.budget_bytes = budget;
-        self.recommended = recommend(&self.outcomes, budget.unwrap_or(self.capacity_bytes));
+        self.recommended = recommend(
+            &self.outcomes,
+            budget.unwrap_or(self.capacity_bytes),
+            budget.is_some(),
+        );
         self
     }
 
@@ -273,8 +279,8 @@ impl Advice {
         }
         if let Some(budget) = self.budget_bytes {
             let line = format!(
-                "memory budget: {} (the budget setting reclaims at it; settings that pass it \
-                 are not recommended)",
+                "memory budget: {} (the budget setting reclaims at it; among the settings \
+                 that stay under it, the fewest page moves win)",
                 human_bytes(budget)
             );
             out.push_str(&wrap(&line, "  "));
@@ -440,16 +446,21 @@ fn moves_cell(o: &Outcome) -> String {
     }
 }
 
-/// The rule's pick (the lowest score, then fewer moves) among the outcomes
-/// whose peak reserved stays within `budget` bytes; among all of them when
-/// none does.
-fn recommend(outcomes: &[Outcome], budget: u64) -> usize {
+/// The rule's pick (the lowest score, then fewer moves; with
+/// `moves_first`, fewer moves, then the score) among the outcomes whose
+/// peak reserved stays within `budget` bytes; among all of them, by the
+/// score, when none does.
+fn recommend(outcomes: &[Outcome], budget: u64, moves_first: bool) -> usize {
     let any_fits = outcomes
         .iter()
         .any(|o| o.report.peak_reserved_bytes <= budget);
     lowest(outcomes, |o| {
-        if any_fits && o.report.peak_reserved_bytes > budget {
+        if !any_fits {
+            (o.score_bytes, o.pages_moved_per_step)
+        } else if o.report.peak_reserved_bytes > budget {
             (f64::INFINITY, f64::INFINITY)
+        } else if moves_first {
+            (o.pages_moved_per_step, o.score_bytes)
         } else {
             (o.score_bytes, o.pages_moved_per_step)
         }
@@ -518,6 +529,21 @@ mod tests {
         // Under 700 none fits: the rule picks among all, as without one.
         let none = a.clone().at_budget(Some(700));
         assert_eq!(none.recommendation().setting, PYTORCH_EXPANDABLE);
+        // Memory under a budget given costs nothing: fewer moves win.
+        let b = advice(&[(0, 1000, 0), (1, 950, 0), (2, 700, 60), (3, 690, 120)]);
+        assert_eq!(b.recommendation().setting, SETTINGS[2]);
+        assert_eq!(
+            b.clone().at_budget(Some(900)).recommendation().setting,
+            SETTINGS[2]
+        );
+        assert_eq!(
+            b.clone().at_budget(Some(960)).recommendation().setting,
+            PYTORCH_EXPANDABLE
+        );
+        assert_eq!(
+            b.clone().at_budget(Some(695)).recommendation().setting,
+            SETTINGS[3]
+        );
         assert_eq!(parse_budget("24GiB"), Ok(24 << 30));
         assert_eq!(parse_budget("512MiB"), Ok(512 << 20));
         assert_eq!(parse_budget("1048576"), Ok(1 << 20));

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::growable::{growth, Growable, SegmentKey};
-use super::{detach_pages, virtual_memory, Engine};
+use super::{detach_pages, virtual_memory, Engine, MAX_REQUEST};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::budget::ReclaimInputs;
 use crate::error::{AllocError, BackendError};
@@ -83,10 +83,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(None);
         }
         let Some((segment, range)) = grown else {
-            // The device's size in whole growth steps and largest pages.
+            // The device's size in whole growth steps and largest pages; no
+            // request is larger than MAX_REQUEST, so neither is the range of
+            // a device that reports more (a backend's value: no overflow).
             let step = growth(req.pool, &pages, self.granularity, 0, 1, 0);
-            let range =
-                (self.memory.capacity().div_ceil(step) * step).next_multiple_of(pages.largest());
+            let capacity = self.memory.capacity().min(MAX_REQUEST + step);
+            let range = (capacity.div_ceil(step) * step).next_multiple_of(pages.largest());
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
             }
