@@ -39,7 +39,14 @@ _lib = None  # the library, once the first allocation loaded it
 _streams = _libraries.StreamKeeper()
 _MemoryPointer = cupy.cuda.MemoryPointer
 _UnownedMemory = cupy.cuda.UnownedMemory
-_current_stream_ptr = cupy.cuda.stream.get_current_stream_ptr
+
+
+def _current_stream_ptr():
+    """The handle of CuPy's current stream on the current device (0: the legacy default
+    stream), through CuPy's public API."""
+    return cupy.cuda.get_current_stream().ptr
+
+
 _get_device = cupy.cuda.runtime.getDevice
 
 

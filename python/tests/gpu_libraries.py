@@ -181,7 +181,18 @@ def scenario_dlpack():
     return "DLPack both ways from one pool; neither block reused while the other side read it"
 
 
+def numba_kernels_on_this_numpy():
+    """numba-cuda releases made before numpy 2.4 name np.row_stack (removed there; it was
+    np.vstack) when their first kernel compiles: alias it, so that this test's kernels
+    compile on such a pairing. Our memory manager is not involved."""
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
 def with_numba():
+    numba_kernels_on_this_numpy()
     from numba import cuda
 
     import gpu_alloc.numba

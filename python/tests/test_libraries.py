@@ -98,7 +98,6 @@ def fake_cupy(device=0):
         UnownedMemory=UnownedMemory,
         Stream=Stream,
         get_current_stream=get_current_stream,
-        stream=types.SimpleNamespace(get_current_stream_ptr=lambda: state.stream),
         runtime=types.SimpleNamespace(getDevice=lambda: state.device),
         memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError),
     )
