@@ -289,7 +289,7 @@ def main(argv=None):
             ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
         cal = run_child(w, "torch", [], args.steps, args.timeout)
         results.append(cal)
-        if "error" in cal or not cal.get("ok"):
+        if cal.get("error") or not cal.get("ok"):
             print("calibration of %s failed: %s" % (w, cal.get("error")), flush=True)
             continue
         budgets = budgets_between(cal["peak_allocated"], cal["peak_reserved"], shares)
@@ -301,7 +301,7 @@ def main(argv=None):
             res = run_child(w, a, budgets, args.steps, args.timeout)
             res["proc_s"] = round(time.perf_counter() - t0, 1)
             results.append(res)
-            if "error" in res:
+            if res.get("error"):
                 print("FAILED %s %s: %s" % (w, a, res["error"][-800:]), flush=True)
             with open(os.path.join(args.out, "budget.json"), "w") as f:
                 json.dump(results, f, indent=1)
