@@ -125,3 +125,17 @@ fn the_walk_follows_every_opcode_a_snapshot_uses() {
         assert_eq!(at, bytes.len());
     }
 }
+
+#[test]
+fn marks_count_while_they_are_open() {
+    // serde-pickle gives each MARK a fresh 4 KiB stack: a run of them took
+    // 4 KB per input byte (100 KB of pickle, 406 MB).
+    let run = pickle(&vec![b'('; 100 << 10]);
+    assert!(refused(&run).contains("marks open"));
+    // The same number closed as they open costs nothing that lasts.
+    let closed = pickle(&b"(1".repeat(50 << 10));
+    assert!(check(&closed).unwrap() < 16, "{:?}", check(&closed));
+    // A list or tuple made from a mark keeps its stack.
+    let tuples = pickle(&b"(t".repeat(8 << 10));
+    assert!(refused(&tuples).contains("would build more than"));
+}
