@@ -13,10 +13,12 @@
 //!
 //! [`check`] walks the opcodes as serde-pickle's unpickler does, keeping the
 //! size of each item (a copy where serde-pickle copies) and of each memo
-//! entry with the number of times it is used, and refuses a pickle whose
-//! decoding would build more than the budget allows ([`max_units`]:
-//! proportional to the input), or that makes a set (a memory snapshot has
-//! none). A PyTorch snapshot costs under one unit per input byte. Anything
+//! entry with the number of times it is used, and of each open `MARK` (a
+//! fresh stack of 128 slots in serde-pickle, which a run of them once made
+//! cost 4 KiB per input byte), and refuses a pickle whose decoding would
+//! build more than the budget allows ([`max_units`]: proportional to the
+//! input), or that makes a set (a memory snapshot has none). A PyTorch
+//! snapshot costs about one unit per input byte. Anything
 //! the walk does not follow (an unknown opcode, a stack underflow, a
 //! truncated argument) ends it: serde-pickle then reports the error itself,
 //! having built no more than the walk counted.
