@@ -4,10 +4,13 @@ inputs kept from fuzzing runs (`arbitrary` decodes them), not written here.
 
 config/  valid configuration strings, one per file, and a few refused ones
 trace/   the small MLP trace cut to 60 lines (text and gzip'd), a hand-written
-         trace with segment addresses and two streams, a cut snapshot pickle
+         trace with segment addresses and two streams, a cut snapshot pickle,
+         and runs of MARKs gzip'd (64 KiB in 100 bytes, which inflates within
+         the limit, 2 MiB in 2 KB, 16 MiB in 16 KB: inputs that cost the
+         most memory per byte, to mutate from)
 pickle/  the small MLP snapshots cut to a few events and segments (protocols
          2 and 4, with and without stack frames), the synthetic snapshot of
-         crates/alloc-replay/tests/data
+         crates/alloc-replay/tests/data, and a 16 KiB run of MARKs
 """
 import gzip
 import os
@@ -98,6 +101,18 @@ def main():
         b"f 0 0\nf 9 7\na 0 3000000 7\nf 1 7\nf 0 7\n",
     )
     shutil.copy(f"{HERE}/pickle/small_mlp_12_events.pickle", f"{HERE}/trace/")
+
+    # Runs of MARK, each of which cost the decoder 4 KiB before they were
+    # counted: the shapes that cost the most memory per input byte.
+    write(f"{HERE}/pickle/marks_16_kib.pickle", marks(16 << 10))
+    for name, n in (("64_kib", 64 << 10), ("2_mib", 2 << 20), ("16_mib", 16 << 20)):
+        data = gzip.compress(marks(n), 9, mtime=0)
+        write(f"{HERE}/trace/marks_{name}.pickle.gz", data)
+
+
+def marks(n):
+    """A protocol 4 pickle of `n` MARK opcodes."""
+    return b"\x80\x04" + b"(" * n + b"."
 
 
 if __name__ == "__main__":

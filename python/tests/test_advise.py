@@ -4,12 +4,16 @@ snapshot.
 
 Run with ``python3 python/tests/test_advise.py`` (see support.py for which library)."""
 
+import gzip
 import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import unittest
 
-from support import REPO, gpu_alloc, needs_so, run_gpu_alloc, SO
+from support import REPO, child_env, gpu_alloc, needs_so, run_gpu_alloc, SO
 
 SNAPSHOT = os.path.join(REPO, "traces", "small_mlp_stacks.snapshot.pickle")
 
@@ -102,6 +106,28 @@ class Advise(unittest.TestCase):
         text = gpu_alloc.advise(SNAPSHOT)["text"]
         self.assertIn("https://github.com/gpu-alloc/gpu-alloc/blob/main/docs/advise.md", text)
         self.assertNotIn("(docs/advise.md)", text)
+
+    def test_runs_of_marks_are_refused_under_a_small_address_space(self):
+        # 2 MiB of MARKs gzip'd to 2 KB took 8.4 GB, and under a 4 GB
+        # address-space limit aborted the process; 100 KB raw took 406 MB.
+        marks = gzip.compress(b"\x80\x04" + b"(" * (2 << 20) + b".", 9)
+        raw = b"\x80\x04" + b"(" * (100 << 10) + b"."
+        self.assertLess(len(marks), 2100)
+        for data, reason in ((marks, "decompression bomb"), (raw, "would build more than")):
+            with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+                f.write(data)
+                f.flush()
+                r = subprocess.run(
+                    [sys.executable, "-m", "gpu_alloc", "advise", f.name],
+                    env=child_env(), capture_output=True, text=True,
+                    preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)),
+                )
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn(reason, r.stderr)
+            self.assertNotIn("Traceback", r.stderr)
+            with self.assertRaises(ValueError) as cm:
+                gpu_alloc.advise(data, name="marks")
+            self.assertIn(reason, str(cm.exception))
 
 
 if __name__ == "__main__":

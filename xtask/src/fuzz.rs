@@ -14,6 +14,29 @@ const INSTALL: &str = "the fuzz targets need nightly Rust and cargo-fuzz:\n  \
 /// Seconds a run lasts when `--seconds` is not given.
 const DEFAULT_SECONDS: u64 = 60;
 
+/// The libFuzzer options the reader targets run with unless given after
+/// `--`: inputs of up to 64 KiB, which hold a gzip'd file that inflates to
+/// 2 MiB (libFuzzer's default of 4 KiB never reaches the costly shapes),
+/// and 2 GiB of memory at most, past which the run fails. Each target
+/// checks its own peak heap against `read_memory_bound` too.
+const READER_OPTIONS: &[&str] = &["-max_len=65536", "-rss_limit_mb=2048"];
+
+/// The libFuzzer options `target` runs with unless `extra` names them.
+fn options(target: &str, extra: &[String]) -> Vec<String> {
+    let defaults: &[&str] = match target {
+        "trace" | "pickle" => READER_OPTIONS,
+        _ => &[],
+    };
+    let name = |o: &str| o.split('=').next().unwrap_or_default().to_string();
+    let given: Vec<String> = extra.iter().map(|o| name(o)).collect();
+    defaults
+        .iter()
+        .filter(|d| !given.contains(&name(d)))
+        .map(|d| d.to_string())
+        .chain(extra.iter().cloned())
+        .collect()
+}
+
 /// `cargo xtask fuzz`'s options.
 #[derive(Debug, PartialEq)]
 pub enum Args {
@@ -191,7 +214,7 @@ fn fuzz_run(fuzz: &Path, target: &str, seconds: u64, extra: &[String]) -> Result
     }
     cmd.arg("--")
         .arg(format!("-max_total_time={seconds}"))
-        .args(extra)
+        .args(options(target, extra))
         .stderr(Stdio::piped());
     eprintln!(
         "fuzz: {target} for {seconds} s (corpus {})",
@@ -287,6 +310,19 @@ mod tests {
                 t.name
             );
         }
+    }
+
+    #[test]
+    fn the_readers_run_with_long_inputs_and_a_memory_limit_unless_told() {
+        assert_eq!(
+            options("trace", &[]),
+            ["-max_len=65536", "-rss_limit_mb=2048"]
+        );
+        assert_eq!(
+            options("pickle", &args(&["-max_len=4096", "-jobs=1"])),
+            ["-rss_limit_mb=2048", "-max_len=4096", "-jobs=1"]
+        );
+        assert_eq!(options("engine", &args(&["-jobs=1"])), ["-jobs=1"]);
     }
 
     #[test]

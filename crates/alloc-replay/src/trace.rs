@@ -200,9 +200,9 @@ pub fn parse_bytes_of(
             return Err(TraceError::Gzip(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "{} bytes inflate to more than {} MiB: a decompression bomb, not a trace",
+                    "{} bytes inflate to more than {} KiB: a decompression bomb, not a trace",
                     bytes.len(),
-                    limit >> 20
+                    limit >> 10
                 ),
             )));
         }
@@ -211,12 +211,53 @@ pub fn parse_bytes_of(
     parse_plain(name, bytes, device)
 }
 
-/// Most bytes `len` gzip'd bytes may inflate to: 64 times as many, and
-/// 16 MiB. Traces and snapshots compress about 4:1; far more is a
-/// decompression bomb (deflate reaches 1032:1), which would take memory out
-/// of all proportion to the file.
+/// How many times its size a gzip'd file may inflate to, besides
+/// [`INFLATED_BASE`]. Text traces compress 3.6 to 4.7:1 and snapshot
+/// pickles about 6.5:1; far more is a decompression bomb (deflate reaches
+/// 1032:1), which would take memory out of all proportion to the file.
+pub const MAX_INFLATION: u64 = 32;
+
+/// Bytes any gzip'd file may inflate to, however short (64 KiB).
+pub const INFLATED_BASE: u64 = 64 << 10;
+
+/// Most bytes `len` gzip'd bytes may inflate to: [`MAX_INFLATION`] times as
+/// many, and [`INFLATED_BASE`].
 fn max_inflated(len: usize) -> u64 {
-    (len as u64).saturating_mul(64).saturating_add(16 << 20)
+    (len as u64)
+        .saturating_mul(MAX_INFLATION)
+        .saturating_add(INFLATED_BASE)
+}
+
+/// Bytes of memory a reader may take per byte it reads (of text or pickle,
+/// after any inflation): 896. The pickle reader's budget of values per
+/// byte three times over (a vector holds up to twice what it uses, and
+/// both its buffers while it moves; a dict's tree adds about half), and
+/// 128 for the passes that walk the opcodes before decoding. The text
+/// reader takes less: at most about 18 bytes per byte (a line of `#`
+/// alone is a header entry of 24 bytes).
+pub const READ_BYTES_PER_BYTE: u64 = 3 * pickle::UNIT_BYTES * pickle::UNITS_PER_BYTE + 128;
+
+/// Bytes of memory a reader may take for any input, however short
+/// (8 MiB): the pickle reader's budget for any pickle three times over,
+/// and buffers of fixed size.
+pub const READ_BASE_BYTES: u64 = 3 * pickle::UNIT_BYTES * pickle::BASE_UNITS + (2 << 20);
+
+/// The most heap [`parse_bytes`] takes to read `len` bytes, `gzipped` or
+/// not: [`READ_BYTES_PER_BYTE`] per byte of text or pickle (after inflation:
+/// at most [`MAX_INFLATION`] times `len` and [`INFLATED_BASE`]), and
+/// [`READ_BASE_BYTES`]; the inflated bytes themselves count once more, and
+/// twice while their buffer grows.
+pub fn read_memory_bound(len: usize, gzipped: bool) -> u64 {
+    let plain = if gzipped {
+        max_inflated(len)
+    } else {
+        len as u64
+    };
+    let inflated = if gzipped { 3 * plain } else { 0 };
+    plain
+        .saturating_mul(READ_BYTES_PER_BYTE)
+        .saturating_add(READ_BASE_BYTES)
+        .saturating_add(inflated)
 }
 
 /// Dispatches uncompressed content to the pickle or the text reader.

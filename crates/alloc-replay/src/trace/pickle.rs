@@ -15,6 +15,8 @@ use super::{Trace, TraceError, TraceEvent};
 
 mod preflight;
 
+pub(crate) use preflight::{BASE_UNITS, UNITS_PER_BYTE, UNIT_BYTES};
+
 /// Parses a PyTorch memory snapshot pickle, taking the trace of the first
 /// device that has events (a snapshot recorded on device 1 has an empty
 /// trace for device 0).

@@ -13,10 +13,12 @@
 //!
 //! [`check`] walks the opcodes as serde-pickle's unpickler does, keeping the
 //! size of each item (a copy where serde-pickle copies) and of each memo
-//! entry with the number of times it is used, and refuses a pickle whose
-//! decoding would build more than the budget allows ([`max_units`]:
-//! proportional to the input), or that makes a set (a memory snapshot has
-//! none). A PyTorch snapshot costs under one unit per input byte. Anything
+//! entry with the number of times it is used, and of each open `MARK` (a
+//! fresh stack of 128 slots in serde-pickle, which a run of them once made
+//! cost 4 KiB per input byte), and refuses a pickle whose decoding would
+//! build more than the budget allows ([`max_units`]: proportional to the
+//! input), or that makes a set (a memory snapshot has none). A PyTorch
+//! snapshot costs about one unit per input byte. Anything
 //! the walk does not follow (an unknown opcode, a stack underflow, a
 //! truncated argument) ends it: serde-pickle then reports the error itself,
 //! having built no more than the walk counted.
@@ -25,13 +27,31 @@ use std::collections::HashMap;
 
 /// Bytes of decoded value one unit stands for: a value's slot, or this
 /// many bytes of a string's payload.
-const UNIT_BYTES: u64 = 32;
+pub(crate) const UNIT_BYTES: u64 = 32;
 
-/// The most units decoding `len` input bytes may build: 16 per input byte
-/// (512 bytes of values per byte read) and 1 Mi units (32 MiB) for any
-/// pickle.
+/// Units an open `MARK` holds: serde-pickle starts a fresh stack of 128
+/// value slots at each one (4 KiB), and keeps the one it set aside.
+const MARK_UNITS: u64 = 129;
+
+/// Units a memo entry takes besides its value: its place in serde-pickle's
+/// memo (a B-tree entry, about one slot) and the reference left on the
+/// stack.
+const MEMO_UNITS: u64 = 2;
+
+/// Units per input byte decoding may build (256 bytes of values per byte
+/// read): the bundled snapshots take 0.85 and 1.06, the one with stack
+/// frames the more; the rest is room for deeper stacks and longer names.
+pub(crate) const UNITS_PER_BYTE: u64 = 8;
+
+/// Units any pickle may build, however short (2 MiB).
+pub(crate) const BASE_UNITS: u64 = 1 << 16;
+
+/// The most units decoding `len` input bytes may build:
+/// [`UNITS_PER_BYTE`] per input byte and [`BASE_UNITS`].
 pub(super) fn max_units(len: usize) -> u64 {
-    (len as u64).saturating_mul(16).saturating_add(1 << 20)
+    (len as u64)
+        .saturating_mul(UNITS_PER_BYTE)
+        .saturating_add(BASE_UNITS)
 }
 
 /// Checks that decoding the pickle in `bytes` stays within the budget and
@@ -130,8 +150,10 @@ enum Op<'a> {
     Get(u64),
     /// Pops this many items and pushes a container of them.
     Collect(usize),
-    /// Pops to the mark and pushes a container of the items.
-    CollectMark,
+    /// Pops to the mark and pushes a container of the items; `true` where
+    /// the container keeps the mark's stack (a list or tuple: its 128
+    /// slots however few items it holds).
+    CollectMark(bool),
     /// Pops this many items into the item below them.
     AddTo(usize),
     /// Pops to the mark, into the item below the mark.
@@ -241,7 +263,7 @@ impl Walk {
         if op == Op::Set || self.names_a_set {
             return Err("the pickle makes a set, which no memory snapshot has".into());
         }
-        if self.built > self.limit {
+        if self.live() > self.limit {
             return Err(self.over_budget());
         }
         Ok(step)
@@ -284,19 +306,25 @@ impl Walk {
                         uses: uses.saturating_add(1),
                     },
                 );
+                self.built = self.built.saturating_add(MEMO_UNITS);
                 self.stack.push(Item::Memo(id));
             }
             Op::Get(id) => {
                 let entry = self.memo.get_mut(&id)?;
                 entry.uses = entry.uses.saturating_add(1);
+                // The reference's slot on serde-pickle's stack.
+                self.built = self.built.saturating_add(1);
                 self.stack.push(Item::Memo(id));
             }
             Op::Collect(n) => {
                 let items = self.pop_n(n)?;
                 self.collect(items);
             }
-            Op::CollectMark => {
+            Op::CollectMark(keeps_stack) => {
                 let items = self.pop_mark()?;
+                if keeps_stack {
+                    self.built = self.built.saturating_add(MARK_UNITS);
+                }
                 self.collect(items);
             }
             Op::AddTo(n) => {
@@ -349,10 +377,18 @@ impl Walk {
         self.stack.push(Item::Value(container));
     }
 
+    /// Units built so far and held by open marks: the open marks' stacks
+    /// are given back when they close, so they count while they are open.
+    fn live(&self) -> u64 {
+        let marks = (self.marks.len() as u64).saturating_mul(MARK_UNITS);
+        self.built.saturating_add(marks)
+    }
+
     fn over_budget(&self) -> String {
         format!(
             "decoding the pickle would build more than {} MiB of values: not a memory snapshot \
-             (a pickle that copies values over and over)",
+             (a pickle that copies values over and over, or leaves marks open by the \
+             thousand)",
             self.limit.saturating_mul(UNIT_BYTES) >> 20
         )
     }
@@ -462,7 +498,8 @@ fn opcode(bytes: &[u8], at: usize) -> Option<(Op<'_>, usize)> {
         b'a' => (Op::AddTo(1), arg),
         b's' => (Op::AddTo(2), arg),
         b'e' | b'u' => (Op::AddMarkTo, arg),
-        b'l' | b't' | b'd' => (Op::CollectMark, arg),
+        b'l' | b't' => (Op::CollectMark(true), arg),
+        b'd' => (Op::CollectMark(false), arg),
         0x85 => (Op::Collect(1), arg),
         0x86 => (Op::Collect(2), arg),
         0x87 => (Op::Collect(3), arg),
