@@ -19,7 +19,7 @@ mod expandable;
 mod free_page_index;
 mod growable;
 mod idle_pages;
-mod live_table;
+pub(crate) mod live_table;
 mod settings;
 mod sleep;
 mod streams_in_use;

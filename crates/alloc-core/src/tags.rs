@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::engine::SegmentKey;
 use crate::private_pool::PoolId;
+use crate::types::SegmentKey;
 
 /// Pool ids the engine picks for tags it creates: `(0, TAG_POOL_BASE + n)`.
 /// PyTorch numbers its own pools from 1 in one half of the pair, so these

@@ -150,6 +150,10 @@ impl PoolKind {
     }
 }
 
+/// Names a growable segment: its cache key and pool. (Here rather than in
+/// `engine/growable.rs` because sleep tags keep such keys too.)
+pub(crate) type SegmentKey = (CacheKey, PoolKind);
+
 /// Index of a block in the engine's arena.
 ///
 /// Never zero (the arena's slot 0 is never handed out), so that

@@ -4,7 +4,7 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::engine::LiveTable;
+use crate::engine::live_table::LiveTable;
 use crate::heap::{BlockState, Heap};
 use crate::policy::Policy;
 use crate::stats::{Stat, StatArray, Stats};

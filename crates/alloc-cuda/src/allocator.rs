@@ -1,11 +1,18 @@
-//! The thread-safe allocator handle: one engine per device behind a mutex.
+//! The thread-safe allocator handle: one engine per device behind a mutex,
+//! and the facade over the parts it holds. The engine does the allocating;
+//! [`BufferRanges`] keeps live typed buffers' blocks apart, [`HostBackups`]
+//! copies paused sleep tags to the host and back, and `ipc.rs` reads what a
+//! live block shares with another process. The handles that hold an
+//! allocator ([`crate::DeviceBuffer`], [`crate::Tag`]) are built in their
+//! own files, above this one, so that no file uses one that uses it back.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
-    Allocation, AllocatorConfig, ConfigError, Engine, EngineOptions, Policy, PoolCheckpoint,
-    PoolId, RestoreOutcome, SegmentSource, Snapshot, Stats, StreamId,
+    Allocation, AllocatorConfig, Backup, ConfigError, Engine, EngineOptions, PauseReport, Policy,
+    PoolCheckpoint, PoolId, RestoreOutcome, ResumeReport, SegmentSource, Snapshot, Stats, StreamId,
+    TagInfo,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -14,11 +21,15 @@ use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats};
+use crate::ipc::{self, SharedRange};
 use crate::lock::{lock_checked, lock_consistent};
 use crate::memory::CudaMemory;
 use crate::notice::NO_VIRTUAL_MEMORY;
 use crate::observer::{ObserverSlot, SegmentObserver};
+use crate::pinned::PinnedPool;
+use crate::sleep::HostBackups;
 use crate::stream::{stream_ref, AsStream, StreamRef};
+use crate::vmm::SharedPages;
 use crate::CudaEngine;
 
 /// Highest number of devices [`CudaAllocator::global`] serves.
@@ -28,7 +39,7 @@ static GLOBALS: [OnceLock<CudaAllocator>; MAX_DEVICES] = [const { OnceLock::new(
 /// Serialises the creation of global allocators and their configuration.
 static GLOBAL_CONFIG: Mutex<Option<AllocatorConfig>> = Mutex::new(None);
 
-pub(crate) struct Inner<P: Policy> {
+struct Inner<P: Policy> {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     /// The configuration in effect (settings may change at run time).
@@ -36,7 +47,7 @@ pub(crate) struct Inner<P: Policy> {
     state: Mutex<State<P>>,
     observer: ObserverSlot,
     /// Host backups of paused sleep tags, and the stream that copies them.
-    pub(crate) sleep: crate::sleep::SleepState,
+    sleep: HostBackups,
 }
 
 /// The engine and the blocks of live typed buffers, under one lock.
@@ -131,7 +142,7 @@ impl<P: Policy> Drop for Inner<P> {
 /// # Ok::<(), alloc_cuda::CudaError>(())
 /// ```
 pub struct CudaAllocator<P: Policy = AnyPolicy> {
-    pub(crate) inner: Arc<Inner<P>>,
+    inner: Arc<Inner<P>>,
 }
 
 impl<P: Policy> Clone for CudaAllocator<P> {
@@ -303,7 +314,7 @@ impl<P: Policy> CudaAllocator<P> {
                     buffers: BufferRanges::default(),
                 }),
                 observer,
-                sleep: crate::sleep::SleepState::default(),
+                sleep: HostBackups::default(),
             }),
         })
     }
@@ -663,6 +674,62 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(self.engine()?.policy().name().to_string())
     }
 
+    /// Makes the existing private pool `pool` (a PyTorch `MemPool` with no
+    /// segment yet) the pool of the new sleep tag `name`.
+    pub fn bind_tag(&self, name: &str, pool: PoolId) -> Result<(), CudaError> {
+        Ok(self.engine()?.bind_tag(name, pool)?)
+    }
+
+    /// Every sleep tag with its state and memory.
+    pub fn tags(&self) -> Result<Vec<TagInfo>, CudaError> {
+        Ok(self.engine()?.tags())
+    }
+
+    /// The process-wide pinned host pool that backups go to.
+    pub fn pinned_pool(&self) -> Result<Arc<PinnedPool>, CudaError> {
+        PinnedPool::global()
+    }
+
+    /// Pauses the sleep tag `tag`: waits (host, through events) for the
+    /// streams that used its blocks, never the whole device; with
+    /// [`Backup::Host`] copies its live blocks to pinned host memory; then
+    /// unmaps and releases every page of its segments (`cuMemUnmap`,
+    /// `cuMemRelease`), keeping the address ranges. `cuMemGetInfo` shows
+    /// the memory given back. Allocating from the tag fails until
+    /// [`CudaAllocator::resume`]; freeing its blocks is fine.
+    pub fn pause(&self, tag: &str, backup: Backup) -> Result<PauseReport, CudaError> {
+        self.inner
+            .sleep
+            .pause(&self.inner.ctx, || self.engine(), tag, backup)
+    }
+
+    /// Resumes the paused sleep tag `tag`: maps fresh memory at the same
+    /// addresses (freeing this allocator's other idle cache first if the
+    /// device is full) and copies host backups back before returning.
+    /// Out of memory leaves the tag paused, its backup kept.
+    pub fn resume(&self, tag: &str) -> Result<ResumeReport, CudaError> {
+        self.inner
+            .sleep
+            .resume(&self.inner.ctx, || self.engine(), tag)
+    }
+
+    /// The memory shared with another process for the live block that
+    /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
+    /// in memory of this allocator.
+    pub fn shared_range(&self, ptr: u64) -> Result<Option<SharedRange>, CudaError> {
+        self.inspect(|e| ipc::shared_range(e, ptr))?
+    }
+
+    /// The pages of an expandable segment under the live block that
+    /// contains `ptr`, exported as POSIX file descriptors of this process
+    /// (each physical page once; the descriptors stay open, owned by the
+    /// allocator, until the page's memory is released). `Ok(None)` when
+    /// `ptr` is not in memory of this allocator; an error for a block of a
+    /// `cuMemAlloc` segment (shared with `cuIpcGetMemHandle` instead).
+    pub fn export_pages(&self, ptr: u64) -> Result<Option<SharedPages>, CudaError> {
+        self.inspect(|e| ipc::export_pages(e, ptr))?
+    }
+
     /// `(free, total)` bytes of the device from `cuMemGetInfo` (no lock).
     pub fn mem_get_info(&self) -> Result<(u64, u64), CudaError> {
         driver::bind(&self.inner.ctx)?;
@@ -679,7 +746,6 @@ mod tests {
     #[test]
     fn handle_is_send_and_sync() {
         assert_send_sync::<CudaAllocator>();
-        assert_send_sync::<crate::DeviceBuffer<f32>>();
     }
 
     // These fail before any driver call, so they run without a GPU and

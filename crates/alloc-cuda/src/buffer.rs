@@ -302,3 +302,15 @@ unsafe impl<'a, 'b: 'a, T, P: Policy> PushKernelArg<&'b mut DeviceBuffer<T, P>> 
         self.arg(&arg.ptr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn buffer_is_send_and_sync() {
+        assert_send_sync::<DeviceBuffer<f32>>();
+    }
+}

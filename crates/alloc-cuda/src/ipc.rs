@@ -10,12 +10,15 @@
 //!   cover it (the driver maps a physical allocation only whole); every page
 //!   of a segment has the same size, so one page size describes them, as
 //!   PyTorch's `'e'` handle requires.
+//!
+//! The part keeps no state: it reads the engine it is given (the allocator
+//! lends its locked engine), so that it does not depend on the allocator.
 
-use alloc_core::{AllocError, BlockState, Policy};
+use alloc_core::{AllocError, BlockState, Engine, MemoryBackend, Policy, StreamBackend};
 
-use crate::allocator::CudaAllocator;
 use crate::error::CudaError;
 use crate::vmm::SharedPages;
+use crate::CudaEngine;
 
 /// The memory shared with another process for one live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,13 +64,22 @@ impl SharedRange {
     }
 }
 
-/// The live block containing `ptr` in `engine`: `(address, size)`, `None`
-/// when no segment of this allocator contains `ptr`, an error when the
-/// memory there is not allocated.
-fn live_block<P: Policy>(
-    engine: &crate::CudaEngine<P>,
+/// Where the live block containing an address lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Located {
+    /// In the `cuMemAlloc` segment at `base` of `size` bytes.
+    Segment { base: u64, size: u64 },
+    /// In an expandable segment: the block's address and size.
+    Expandable { addr: u64, size: u64 },
+}
+
+/// The live block containing `ptr` in `engine`: `None` when no segment of
+/// the engine contains `ptr`, an error when the memory there is not
+/// allocated. Reads only the heap, so any backend will do.
+fn locate<P: Policy, M: MemoryBackend, S: StreamBackend>(
+    engine: &Engine<P, M, S>,
     ptr: u64,
-) -> Result<Option<(u64, u64, bool)>, CudaError> {
+) -> Result<Option<Located>, CudaError> {
     let heap = engine.heap();
     let Some(seg) = heap.segment_containing(ptr) else {
         return Ok(None);
@@ -78,7 +90,18 @@ fn live_block<P: Policy>(
         .find(|b| b.addr <= ptr && ptr < b.addr + b.size);
     match found {
         Some(b) if b.state == BlockState::Allocated => {
-            Ok(Some((b.addr, b.size, heap.segment(seg).expandable)))
+            let segment = heap.segment(seg);
+            Ok(Some(if segment.expandable {
+                Located::Expandable {
+                    addr: b.addr,
+                    size: b.size,
+                }
+            } else {
+                Located::Segment {
+                    base: segment.addr,
+                    size: segment.size,
+                }
+            }))
         }
         _ => Err(CudaError::Alloc(AllocError::InvalidArgument(format!(
             "pointer {ptr:#x} lies in memory of gpualloc that is not allocated (a cached \
@@ -87,48 +110,105 @@ fn live_block<P: Policy>(
     }
 }
 
-impl<P: Policy> CudaAllocator<P> {
-    /// The memory shared with another process for the live block that
-    /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
-    /// in memory of this allocator.
-    pub fn shared_range(&self, ptr: u64) -> Result<Option<SharedRange>, CudaError> {
-        self.inspect(|e| {
-            let Some((addr, size, expandable)) = live_block(e, ptr)? else {
-                return Ok(None);
-            };
-            if !expandable {
-                let seg = e
-                    .heap()
-                    .segment_containing(ptr)
-                    .map(|s| e.heap().segment(s));
-                return Ok(seg.map(|s| SharedRange::Segment {
-                    base: s.addr,
-                    size: s.size,
-                }));
-            }
-            let (first, page, count) = e.memory().vmm().covering_pages(addr, size)?;
+/// The memory shared with another process for the live block of `engine`
+/// that contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
+/// in memory of the engine.
+pub(crate) fn shared_range<P: Policy>(
+    engine: &CudaEngine<P>,
+    ptr: u64,
+) -> Result<Option<SharedRange>, CudaError> {
+    match locate(engine, ptr)? {
+        None => Ok(None),
+        Some(Located::Segment { base, size }) => Ok(Some(SharedRange::Segment { base, size })),
+        Some(Located::Expandable { addr, size }) => {
+            let (first, page, count) = engine.memory().vmm().covering_pages(addr, size)?;
             Ok(Some(SharedRange::Pages { first, page, count }))
-        })?
+        }
+    }
+}
+
+/// The pages of an expandable segment under the live block of `engine` that
+/// contains `ptr`, exported as POSIX file descriptors; `Ok(None)` when `ptr`
+/// is not in memory of the engine, an error for a block of a `cuMemAlloc`
+/// segment.
+pub(crate) fn export_pages<P: Policy>(
+    engine: &CudaEngine<P>,
+    ptr: u64,
+) -> Result<Option<SharedPages>, CudaError> {
+    match locate(engine, ptr)? {
+        None => Ok(None),
+        Some(Located::Segment { .. }) => Err(CudaError::Unsupported(
+            "the block lies in a cuMemAlloc segment, not an expandable one: share \
+             its segment with cuIpcGetMemHandle (see shared_range)",
+        )),
+        Some(Located::Expandable { addr, size }) => {
+            engine.memory().export_pages(addr, size).map(Some)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_core::sim::{SimMemory, SimStreams};
+    use alloc_core::{AllocatorConfig, StreamId};
+    use alloc_policy::AnyPolicy;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_live_block_is_located_in_its_segment() {
+        let cfg = AllocatorConfig::default();
+        let mut engine =
+            AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
+        let a = engine.malloc(3 * MIB, StreamId(7)).unwrap();
+        let b = engine.malloc(3 * MIB, StreamId(7)).unwrap();
+        let seg = engine.heap().segment_containing(a.addr).unwrap();
+        let (base, size) = (
+            engine.heap().segment(seg).addr,
+            engine.heap().segment(seg).size,
+        );
+        assert!(size >= 6 * MIB, "both blocks in one segment");
+        let whole = Some(Located::Segment { base, size });
+        assert_eq!(locate(&engine, a.addr).unwrap(), whole);
+        assert_eq!(
+            locate(&engine, b.addr + b.size - 1).unwrap(),
+            whole,
+            "an inner address"
+        );
+        assert_eq!(
+            locate(&engine, base + size).unwrap(),
+            None,
+            "past the segment"
+        );
+        engine.free(b.addr).unwrap();
+        let e = locate(&engine, b.addr).unwrap_err();
+        assert!(e.to_string().contains("not allocated"), "{e}");
+        assert_eq!(
+            locate(&engine, a.addr).unwrap(),
+            whole,
+            "its neighbour lives on"
+        );
     }
 
-    /// The pages of an expandable segment under the live block that
-    /// contains `ptr`, exported as POSIX file descriptors of this process
-    /// (each physical page once; the descriptors stay open, owned by the
-    /// allocator, until the page's memory is released). `Ok(None)` when
-    /// `ptr` is not in memory of this allocator; an error for a block of a
-    /// `cuMemAlloc` segment (shared with `cuIpcGetMemHandle` instead).
-    pub fn export_pages(&self, ptr: u64) -> Result<Option<SharedPages>, CudaError> {
-        self.inspect(|e| {
-            let Some((addr, size, expandable)) = live_block(e, ptr)? else {
-                return Ok(None);
-            };
-            if !expandable {
-                return Err(CudaError::Unsupported(
-                    "the block lies in a cuMemAlloc segment, not an expandable one: share \
-                     its segment with cuIpcGetMemHandle (see shared_range)",
-                ));
-            }
-            e.memory().export_pages(addr, size).map(Some)
-        })?
+    #[test]
+    fn a_block_of_a_growable_segment_is_located_as_itself() {
+        let cfg = AllocatorConfig::parse("expandable_segments:True").unwrap();
+        let mut engine =
+            AnyPolicy::engine(&cfg, SimMemory::new(1 << 30), SimStreams::new()).unwrap();
+        let a = engine.malloc(3 * MIB, StreamId(7)).unwrap();
+        let b = engine.malloc(5 * MIB, StreamId(7)).unwrap();
+        let seg = engine.heap().segment_containing(b.addr).unwrap();
+        assert!(engine.heap().segment(seg).expandable);
+        assert_eq!(
+            locate(&engine, b.addr + 1).unwrap(),
+            Some(Located::Expandable {
+                addr: b.addr,
+                size: b.size
+            }),
+            "the block, not its segment"
+        );
+        engine.free(a.addr).unwrap();
+        assert!(locate(&engine, a.addr).is_err(), "a cached block");
     }
 }

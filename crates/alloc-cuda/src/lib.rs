@@ -107,6 +107,7 @@ mod observer;
 mod pinned;
 mod sleep;
 mod stream;
+mod tag;
 pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
@@ -117,8 +118,8 @@ pub use ipc::SharedRange;
 pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
 pub use pinned::{pinned_block_size, HostCache, PinnedBuffer, PinnedPool, PinnedStats};
-pub use sleep::Tag;
 pub use stream::{AsStream, StreamHandle};
+pub use tag::Tag;
 pub use vmm::SharedPages;
 
 /// The engine and its seams, for writing a policy of one's own.

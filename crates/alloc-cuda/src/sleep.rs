@@ -1,24 +1,28 @@
-//! Sleep and wake on the GPU: a sleep tag's pool gives its physical memory
-//! back ([`CudaAllocator::pause`]) and takes it again at the same addresses
-//! ([`CudaAllocator::resume`]), so that pointers and CUDA graphs captured
-//! over them stay valid. The engine decides what is paused and waits for
-//! the tag's streams through events (`alloc_core::Engine::pause_tag`); this
-//! module copies live blocks to pinned host memory from the
-//! [`PinnedPool`] and back, on a stream of its own.
+//! Sleep and wake on the GPU, the host side: a sleep tag's pool gives its
+//! physical memory back (`CudaAllocator::pause`) and takes it again at the
+//! same addresses (`CudaAllocator::resume`), so that pointers and CUDA
+//! graphs captured over them stay valid. The engine decides what is paused
+//! and waits for the tag's streams through events
+//! (`alloc_core::Engine::pause_tag`); [`HostBackups`] copies live blocks to
+//! pinned host memory from the [`PinnedPool`] and back, on a stream of its
+//! own, and keeps the copies of paused tags.
+//!
+//! The part knows nothing of the allocator handle: it is given the device's
+//! context and a way to lock the engine, so that the allocator (and the
+//! [`crate::Tag`] handle over it) can hold it without a circle of files.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::ops::DerefMut;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use alloc_core::{BackendError, Backup, PauseReport, Policy, PoolId, ResumeReport, TagInfo};
-use alloc_policy::AnyPolicy;
-use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
+use alloc_core::{BackendError, Backup, PauseReport, Policy, ResumeReport};
+use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::allocator::CudaAllocator;
-use crate::buffer::{DeviceBuffer, Plain};
 use crate::driver;
 use crate::error::{driver_error, CudaError};
+use crate::lock::lock_consistent;
 use crate::pinned::{PinnedBuffer, PinnedPool};
-use crate::stream::AsStream;
+use crate::CudaEngine;
 
 /// The host copy of a paused tag: one pinned buffer with every saved block
 /// at its offset (one host allocation per pause, reused from the pinned
@@ -32,125 +36,17 @@ struct HostCopy {
 /// Saved blocks start at multiples of this in the host buffer.
 const HOST_ALIGN: u64 = 256;
 
-/// The host copies of the paused tags, by name.
-type Backups = HashMap<String, HostCopy>;
-
-/// The host side of an allocator's sleep tags.
-#[derive(Default)]
-pub(crate) struct SleepState {
-    backups: Mutex<Backups>,
-    /// The stream backups are copied on (made at the first copy).
-    copy_stream: OnceLock<Arc<CudaStream>>,
-}
-
-/// A sleep tag of a [`CudaAllocator`]: a handle (cheap to clone) whose
-/// allocations go to the tag's pool, and that pauses and resumes it.
-///
-/// ```no_run
-/// use alloc_cuda::{Backup, CudaAllocator};
-///
-/// let alloc = CudaAllocator::global(0)?;
-/// let stream = alloc.context().new_stream()?;
-/// let kv = alloc.tag("kv_cache")?;
-/// let cache = kv.alloc_zeros::<f32>(1 << 28, &stream)?; // 1 GiB, in the tag's pool
-/// let addr = cache.device_address();
-///
-/// kv.pause(Backup::Host)?; // contents to pinned host memory, pages to the driver
-/// // ... another model uses the GPU ...
-/// kv.resume()?; // fresh pages at the same addresses, contents copied back
-/// assert_eq!(cache.device_address(), addr);
-/// # Ok::<(), alloc_cuda::CudaError>(())
-/// ```
-pub struct Tag<P: Policy = AnyPolicy> {
-    alloc: CudaAllocator<P>,
-    name: Arc<str>,
-    pool: PoolId,
-}
-
-impl<P: Policy> Clone for Tag<P> {
-    fn clone(&self) -> Self {
-        Tag {
-            alloc: self.alloc.clone(),
-            name: self.name.clone(),
-            pool: self.pool,
-        }
+/// Where each block `(address, size)` goes in one host buffer: its offset
+/// by address, and the buffer's size (every block starts at a multiple of
+/// [`HOST_ALIGN`]).
+fn host_layout(blocks: &[(u64, u64)]) -> (HashMap<u64, usize>, u64) {
+    let mut offsets = HashMap::with_capacity(blocks.len());
+    let mut total = 0u64;
+    for &(addr, size) in blocks {
+        offsets.insert(addr, total as usize);
+        total += size.div_ceil(HOST_ALIGN) * HOST_ALIGN;
     }
-}
-
-impl<P: Policy> std::fmt::Debug for Tag<P> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tag")
-            .field("name", &self.name)
-            .field("pool", &self.pool)
-            .finish()
-    }
-}
-
-impl<P: Policy> Tag<P> {
-    /// The tag's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The tag's private pool.
-    pub fn pool(&self) -> PoolId {
-        self.pool
-    }
-
-    /// The allocator.
-    pub fn allocator(&self) -> &CudaAllocator<P> {
-        &self.alloc
-    }
-
-    /// [`CudaAllocator::malloc`] from the tag's pool; fails while paused.
-    pub fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
-        self.alloc.malloc_in_pool(size, stream, Some(self.pool))
-    }
-
-    /// [`CudaAllocator::alloc`] from the tag's pool.
-    pub fn alloc<T: Plain>(
-        &self,
-        len: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T, P>, CudaError> {
-        self.alloc.alloc_block(len, stream, Some(self.pool))
-    }
-
-    /// [`CudaAllocator::alloc_zeros`] from the tag's pool.
-    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
-        &self,
-        len: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T, P>, CudaError> {
-        self.alloc.alloc_zeros_in(len, stream, Some(self.pool))
-    }
-
-    /// [`CudaAllocator::alloc_from_host`] from the tag's pool.
-    pub fn alloc_from_host<T: DeviceRepr>(
-        &self,
-        data: &[T],
-        stream: &Arc<CudaStream>,
-    ) -> Result<DeviceBuffer<T, P>, CudaError> {
-        self.alloc.alloc_from_host_in(data, stream, Some(self.pool))
-    }
-
-    /// [`CudaAllocator::pause`] of this tag.
-    pub fn pause(&self, backup: Backup) -> Result<PauseReport, CudaError> {
-        self.alloc.pause(&self.name, backup)
-    }
-
-    /// [`CudaAllocator::resume`] of this tag.
-    pub fn resume(&self) -> Result<ResumeReport, CudaError> {
-        self.alloc.resume(&self.name)
-    }
-
-    /// The tag's state and memory.
-    pub fn info(&self) -> Result<TagInfo, CudaError> {
-        let tags = self.alloc.tags()?;
-        tags.into_iter()
-            .find(|t| t.name == *self.name)
-            .ok_or(CudaError::Unsupported("the tag vanished"))
-    }
+    (offsets, total)
 }
 
 /// A failure of a copy, in the engine's terms (it stops the pause or
@@ -159,61 +55,44 @@ fn copy_failed(e: CudaError) -> BackendError {
     BackendError::Other(format!("backup copy: {e}"))
 }
 
-impl<P: Policy> CudaAllocator<P> {
-    /// The sleep tag `name`, created on first use: allocations through the
-    /// returned handle go to its private pool (growable segments on the
-    /// driver's virtual-memory API, whatever `expandable_segments` says).
-    pub fn tag(&self, name: &str) -> Result<Tag<P>, CudaError> {
-        let pool = self.engine()?.tag_pool(name)?;
-        Ok(Tag {
-            alloc: self.clone(),
-            name: name.into(),
-            pool,
-        })
-    }
+/// Whether the engine holds `tag` paused.
+fn is_paused<P: Policy>(engine: &CudaEngine<P>, tag: &str) -> bool {
+    engine.tags().iter().any(|t| t.name == tag && t.paused)
+}
 
-    /// Makes the existing private pool `pool` (a PyTorch `MemPool` with no
-    /// segment yet) the pool of the new sleep tag `name`.
-    pub fn bind_tag(&self, name: &str, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.bind_tag(name, pool)?)
-    }
+/// The host side of an allocator's sleep tags: the host copies of the
+/// paused tags, by name, and the stream they are copied on.
+#[derive(Default)]
+pub(crate) struct HostBackups {
+    copies: Mutex<HashMap<String, HostCopy>>,
+    /// The stream backups are copied on (made at the first copy).
+    copy_stream: OnceLock<Arc<CudaStream>>,
+}
 
-    /// Every sleep tag with its state and memory.
-    pub fn tags(&self) -> Result<Vec<TagInfo>, CudaError> {
-        Ok(self.engine()?.tags())
-    }
-
-    /// The process-wide pinned host pool that backups go to.
-    pub fn pinned_pool(&self) -> Result<Arc<PinnedPool>, CudaError> {
-        PinnedPool::global()
-    }
-
-    /// Pauses the sleep tag `tag`: waits (host, through events) for the
-    /// streams that used its blocks, never the whole device; with
-    /// [`Backup::Host`] copies its live blocks to pinned host memory; then
-    /// unmaps and releases every page of its segments (`cuMemUnmap`,
-    /// `cuMemRelease`), keeping the address ranges. `cuMemGetInfo` shows
-    /// the memory given back. Allocating from the tag fails until
-    /// [`CudaAllocator::resume`]; freeing its blocks is fine.
-    pub fn pause(&self, tag: &str, backup: Backup) -> Result<PauseReport, CudaError> {
+impl HostBackups {
+    /// Pauses the sleep tag `tag` of the engine that `lock` locks, on the
+    /// device of `ctx`: with [`Backup::Host`] its live blocks are copied to
+    /// pinned host memory first and kept until the tag's resume.
+    pub(crate) fn pause<P: Policy, G: DerefMut<Target = CudaEngine<P>>>(
+        &self,
+        ctx: &Arc<CudaContext>,
+        lock: impl FnOnce() -> Result<G, CudaError>,
+        tag: &str,
+        backup: Backup,
+    ) -> Result<PauseReport, CudaError> {
         let pinned = match backup {
-            Backup::Host => Some(self.pinned_pool()?),
+            Backup::Host => Some(PinnedPool::global()?),
             Backup::None => None,
         };
-        let copy_stream = self.copy_stream()?;
+        let copy_stream = self.copy_stream(ctx)?;
         let mut saved: Option<HostCopy> = None;
-        let mut engine = self.engine()?;
+        let mut engine = lock()?;
         let report = engine.pause_tag(tag, backup, &mut |blocks| {
             let pool = pinned.as_ref().expect("host backups have a pinned pool");
-            let mut offsets = HashMap::with_capacity(blocks.len());
-            let mut total = 0u64;
-            for &(addr, size) in blocks {
-                offsets.insert(addr, total as usize);
-                total += size.div_ceil(HOST_ALIGN) * HOST_ALIGN;
-            }
+            let (offsets, total) = host_layout(blocks);
             let mut host = pool.alloc(total as usize).map_err(copy_failed)?;
             // The pinned pool may have bound another device's context.
-            driver::bind(self.context()).map_err(copy_failed)?;
+            driver::bind(ctx).map_err(copy_failed)?;
             for &(addr, size) in blocks {
                 // SAFETY: the host buffer holds `total` pinned bytes, the
                 // block's `size` among them at its offset, and lives until
@@ -238,26 +117,30 @@ impl<P: Policy> CudaAllocator<P> {
         });
         // A pause that failed after saving may still have paused the tag
         // (pages unmapped midway): keep the backup for its resume then.
-        let paused = engine.tags().iter().any(|t| t.name == tag && t.paused);
+        let paused = is_paused(&engine, tag);
         drop(engine);
         if let Some(copy) = saved.filter(|_| paused) {
-            self.backups()?.insert(tag.to_string(), copy);
+            self.copies().insert(tag.to_string(), copy);
         }
         Ok(report?)
     }
 
-    /// Resumes the paused sleep tag `tag`: maps fresh memory at the same
-    /// addresses (freeing this allocator's other idle cache first if the
-    /// device is full) and copies host backups back before returning.
-    /// Out of memory leaves the tag paused, its backup kept.
-    pub fn resume(&self, tag: &str) -> Result<ResumeReport, CudaError> {
-        let saved = self.backups()?.remove(tag);
-        let copy_stream = self.copy_stream()?;
-        let report = self.engine()?.resume_tag(tag, &mut |blocks| {
+    /// Resumes the paused sleep tag `tag` of the engine that `lock` locks
+    /// (once for the resume, once after it), copying its host backup back
+    /// before returning; a tag left paused keeps its backup.
+    pub(crate) fn resume<P: Policy, G: DerefMut<Target = CudaEngine<P>>>(
+        &self,
+        ctx: &Arc<CudaContext>,
+        lock: impl Fn() -> Result<G, CudaError>,
+        tag: &str,
+    ) -> Result<ResumeReport, CudaError> {
+        let saved = self.copies().remove(tag);
+        let copy_stream = self.copy_stream(ctx)?;
+        let report = lock()?.resume_tag(tag, &mut |blocks| {
             let copy = saved
                 .as_ref()
                 .ok_or_else(|| BackendError::Other(format!("no host backup of tag {tag}")))?;
-            driver::bind(self.context()).map_err(copy_failed)?;
+            driver::bind(ctx).map_err(copy_failed)?;
             for &(addr, size) in blocks {
                 let offset = *copy
                     .offsets
@@ -280,31 +163,43 @@ impl<P: Policy> CudaAllocator<P> {
                 .synchronize()
                 .map_err(|e| copy_failed(driver_error("cuStreamSynchronize", e.0)))
         });
-        let still_paused = self
-            .engine()?
-            .tags()
-            .iter()
-            .any(|t| t.name == tag && t.paused);
+        let still_paused = is_paused(&*lock()?, tag);
         if let Some(copy) = saved.filter(|_| still_paused) {
-            self.backups()?.insert(tag.to_string(), copy);
+            self.copies().insert(tag.to_string(), copy);
         }
         Ok(report?)
     }
 
-    fn backups(&self) -> Result<std::sync::MutexGuard<'_, Backups>, CudaError> {
+    fn copies(&self) -> MutexGuard<'_, HashMap<String, HostCopy>> {
         // A map of whole host copies: each insert or removal leaves it sound.
-        Ok(crate::lock::lock_consistent(&self.inner.sleep.backups))
+        lock_consistent(&self.copies)
     }
 
-    /// The stream backups are copied on.
-    fn copy_stream(&self) -> Result<&Arc<CudaStream>, CudaError> {
-        if let Some(s) = self.inner.sleep.copy_stream.get() {
+    /// The stream backups are copied on, made in `ctx` at the first use.
+    fn copy_stream(&self, ctx: &Arc<CudaContext>) -> Result<&Arc<CudaStream>, CudaError> {
+        if let Some(s) = self.copy_stream.get() {
             return Ok(s);
         }
-        let stream = self
-            .context()
+        let stream = ctx
             .new_stream()
             .map_err(|e| driver_error("cuStreamCreate", e.0))?;
-        Ok(self.inner.sleep.copy_stream.get_or_init(|| stream))
+        Ok(self.copy_stream.get_or_init(|| stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_laid_out_aligned_in_one_host_buffer() {
+        let (offsets, total) = host_layout(&[(0x9000, 1), (0x1000, 256), (0x5000, 257)]);
+        assert_eq!(offsets[&0x9000], 0);
+        assert_eq!(offsets[&0x1000], 256, "one byte takes one aligned slot");
+        assert_eq!(offsets[&0x5000], 512);
+        assert_eq!(total, 512 + 512, "257 bytes take two slots");
+        let (offsets, total) = host_layout(&[]);
+        assert!(offsets.is_empty());
+        assert_eq!(total, 0);
     }
 }

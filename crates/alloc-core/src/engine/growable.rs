@@ -10,10 +10,9 @@ use crate::heap::{BlockState, Heap};
 use crate::page_layout::{PageLayout, RangePages};
 use crate::page_set::PageSet;
 use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
+use crate::types::{BlockId, PoolKind, SegmentId};
 
-/// Names a growable segment: its cache key and pool.
-pub(crate) type SegmentKey = (CacheKey, PoolKind);
+pub(crate) use crate::types::SegmentKey;
 
 /// Bytes to map at the end of a growable segment of `pool` now `mapped`
 /// bytes long, with pages `pages`, whose free tail has `free_tail` bytes, so
@@ -197,7 +196,7 @@ impl<E> Growable<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{StreamId, MIB};
+    use crate::types::{CacheKey, StreamId, MIB};
 
     const BASE: u64 = 0x1000_0000;
 
