@@ -77,3 +77,36 @@ fn unmapping_visits_a_bounded_number_of_segments_per_allocation() {
         );
     }
 }
+
+/// Parked segments wake when their marks complete: once the GPU has run
+/// everything, the next growth takes their pages rather than raising the
+/// peak.
+#[test]
+fn parked_segments_give_their_pages_once_the_gpu_is_done() {
+    let mut e = common::engine(PEAK, 64 * GIB);
+    for s in 1..=40 {
+        let a = e.malloc(64 * MIB, StreamId(s)).unwrap();
+        e.free(a.addr).unwrap();
+    }
+    let parked = e.parked_free_page_segments();
+    assert!(
+        parked > 0,
+        "busy segments with all their marks out are parked"
+    );
+    let peak = e.stats().reserved_bytes.all.peak as u64;
+    // The GPU makes no progress: the next stream's memory raises the peak.
+    let a = e.malloc(64 * MIB, StreamId(41)).unwrap();
+    e.free(a.addr).unwrap();
+    let peak_now = e.stats().reserved_bytes.all.peak as u64;
+    assert!(peak_now > peak);
+    e.streams_mut().complete_all();
+    let b = e.malloc(64 * MIB, StreamId(42)).unwrap();
+    assert_eq!(
+        e.stats().reserved_bytes.all.peak as u64,
+        peak_now,
+        "pages of the parked segments serve it"
+    );
+    assert!(e.parked_free_page_segments() < parked);
+    e.assert_valid();
+    common::drain(&mut e, [b.addr]);
+}

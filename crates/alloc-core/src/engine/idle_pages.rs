@@ -296,10 +296,15 @@ mod tests {
         let mut p: IdlePages<usize> = IdlePages::new(uniform(0, 1));
         let mut n = 0;
         while p.wants_mark() {
-            p.end_epoch(n, 0);
+            p.end_epoch(n, 100 + n as u64);
             n += 1;
         }
         assert_eq!(n, MAX_MARKS);
+        assert_eq!(p.oldest_mark_number(), Some(100));
+        p.oldest_mark_done();
+        assert_eq!(p.oldest_mark_number(), Some(101), "numbered as recorded");
+        assert!(p.wants_mark());
+        p.end_epoch(n, 200);
         assert_eq!(p.waited().count(), MAX_MARKS);
         assert!(p.wants_mark());
     }
