@@ -181,7 +181,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Growable segments by (cache, pool), when expandable segments are on.
     growable: FxHashMap<SegmentKey, Growable<S::Event>>,
     /// The growable segments that may hold free mapped pages: what
-    /// unmapping free pages visits.
+    /// unmapping free pages visits, less those parked while their pages
+    /// are busy.
     free_pages: FreePageIndex,
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
@@ -550,6 +551,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let result = self
             .synchronize_events()
             .and_then(|()| self.release_idle_segments());
+        // Streams whose segments went back hold nothing: forgotten.
+        self.policy.forget_empty_keys();
         self.heap.settle();
         result
     }
@@ -757,6 +760,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.free_pages.visited()
     }
 
+    /// Growable segments whose free pages the unmapping of free pages
+    /// skips until their stream's marks complete (they are all busy).
+    pub fn parked_free_page_segments(&self) -> usize {
+        self.free_pages.parked()
+    }
+
     /// Number of blocks awaiting stream events.
     pub fn awaiting_events(&self) -> usize {
         self.events.awaiting_len()
@@ -872,6 +881,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.heap.stats.num_sync_all_streams += 1;
         let mut done = Vec::new();
         let synced = self.events.synchronize(&mut self.streams, &mut done);
+        // Marks on the streams waited for may have completed.
+        self.free_pages.wake_all();
         self.release_all_to_cache(done);
         Ok(synced?)
     }

@@ -74,7 +74,7 @@ macro_rules! forward_policy {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
             take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
             rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys,
-            indexed_blocks, check);
+            forget_empty_keys, indexed_blocks, check);
     };
     ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+
@@ -191,6 +191,12 @@ macro_rules! forward_policy {
         #[inline]
         fn supports_growth(&self) -> bool {
             $crate::forward_policy!(@reach $reach, ref self, p => p.supports_growth())
+        }
+    };
+    (@method $reach:tt forget_empty_keys) => {
+        #[inline]
+        fn forget_empty_keys(&mut self) {
+            $crate::forward_policy!(@reach $reach, mut self, p => p.forget_empty_keys())
         }
     };
     (@method $reach:tt kept_mapped) => {

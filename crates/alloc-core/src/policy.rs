@@ -167,6 +167,11 @@ pub trait Policy {
         KeptKeys::Any
     }
 
+    /// Drops per-key state of keys with no free block (streams that hold
+    /// nothing any more), after `empty_cache` gave their segments back.
+    /// Answers do not change. Default: nothing to drop.
+    fn forget_empty_keys(&mut self) {}
+
     /// Every indexed block, for validation.
     fn indexed_blocks(&self) -> Vec<BlockId>;
 

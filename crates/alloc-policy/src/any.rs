@@ -265,7 +265,7 @@ impl Policy for AnyPolicy {
     forward_policy!(dispatch; name, segment_size, carve,
         insert_free,
         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
-        oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys, indexed_blocks, check);
+        oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
 }
 
 /// The calls of [`AnyPolicy`]'s cached path for the policies that take

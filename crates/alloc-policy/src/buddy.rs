@@ -550,6 +550,12 @@ impl Policy for Buddy {
         self.settings.large_segment.saturating_add(1)
     }
 
+    fn forget_empty_keys(&mut self) {
+        for lists in &mut self.lists {
+            lists.retain(|l| l.mask != 0);
+        }
+    }
+
     fn indexed_blocks(&self) -> Vec<BlockId> {
         let mut out: Vec<BlockId> = self.oversize.iter().map(|k| k.3).collect();
         for (_, lists) in self.lists.iter().flat_map(|l| l.iter()) {

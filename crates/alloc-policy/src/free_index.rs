@@ -26,6 +26,9 @@ pub struct Entry {
     pub id: BlockId,
 }
 
+/// Keys with bins below which a new key never prunes the empty ones.
+const PRUNE_AT: usize = 16;
+
 const SUB_BITS: u32 = 6;
 /// A second-level bitmap: one bit per sub-bin.
 type SubMask = u64;
@@ -344,8 +347,13 @@ impl Bins {
 /// those of one ordered set.
 #[derive(Debug, Clone, Default)]
 pub struct FreeIndex {
-    /// Bins per cache key.
+    /// Bins per cache key: those of keys with free blocks, and keys that
+    /// had some since the last pruning ([`FreeIndex::forget_empty_keys`]).
     keys: PerKey<Bins>,
+    /// Keys with bins after the last pruning: a new key prunes again once
+    /// there are twice as many (at least [`PRUNE_AT`]), so that the
+    /// pruning's cost, one pass over the keys, is shared by as many new keys.
+    pruned_len: usize,
     /// The list nodes of the binned blocks of every key.
     nodes: Nodes,
     /// The most recently inserted block, not in `keys`.
@@ -455,6 +463,11 @@ impl FreeIndex {
     #[inline(never)]
     fn insert_binned_growing(&mut self, key: CacheKey, e: Entry) {
         self.nodes.reserve(e.id);
+        if self.keys.len() >= (2 * self.pruned_len).max(PRUNE_AT) && self.keys.get(key).is_none() {
+            // A stream made per use leaves bins behind once its blocks are
+            // gone: forgotten here, at a cost shared by the new keys.
+            self.forget_empty_keys();
+        }
         self.keys
             .get_or_insert_with(key, Bins::new)
             .insert(&mut self.nodes, e);
@@ -669,6 +682,19 @@ impl FreeIndex {
         all.into_iter()
     }
 
+    /// Drops the bins of keys with no free block (streams that hold
+    /// nothing here), so that the index's size follows the keys with free
+    /// blocks, not every key it ever saw.
+    pub fn forget_empty_keys(&mut self) {
+        self.keys.retain(|bins| bins.len > 0);
+        self.pruned_len = self.keys.len();
+    }
+
+    /// Number of keys with bins (see [`FreeIndex::forget_empty_keys`]).
+    pub fn key_entries(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Number of blocks.
     pub fn len(&self) -> usize {
         self.keys.iter().map(|(_, b)| b.len).sum::<usize>() + usize::from(self.recent.is_some())
@@ -758,6 +784,44 @@ mod tests {
             Some(0x1000)
         );
         assert_eq!(index.len(), 0);
+    }
+
+    #[test]
+    fn keys_without_free_blocks_are_forgotten() {
+        let mut index = FreeIndex::default();
+        // A stream per use: each frees two blocks (the second goes to its
+        // bins), which are taken again.
+        for s in 0..10_000u64 {
+            let n = 2 * s as usize;
+            index.insert(k(s), 4096, s << 20, id(n + 1));
+            index.insert(k(s), 8192, (s << 20) + 4096, id(n + 2));
+            for _ in 0..2 {
+                assert!(index.take_lower_bound(k(s), 1, |_| true).is_some());
+            }
+        }
+        assert!(index.is_empty());
+        // Pruned as new keys come: at most twice the threshold or the keys
+        // with blocks.
+        assert!(
+            index.key_entries() <= 2 * PRUNE_AT,
+            "{}",
+            index.key_entries()
+        );
+        // Keys that hold blocks stay, with their blocks.
+        for s in 0..100u64 {
+            index.insert(k(s), 512, s << 20, id(s as usize + 1));
+        }
+        assert!(index.key_entries() <= 2 * 100, "{}", index.key_entries());
+        index.forget_empty_keys();
+        assert_eq!(index.len(), 100);
+        assert!(index.key_entries() >= 99, "the recent block's key may go");
+        assert_eq!(index.lower_bound(k(7), 1).map(|e| e.addr), Some(7 << 20));
+        assert_eq!(index.lower_bound(k(99), 1).map(|e| e.addr), Some(99 << 20));
+        for s in 0..100u64 {
+            assert!(index.take_lower_bound(k(s), 1, |_| true).is_some());
+        }
+        index.forget_empty_keys();
+        assert_eq!((index.key_entries(), index.len()), (0, 0));
     }
 
     /// Runs `ops` (operation, stream, size, address) on the index and on an

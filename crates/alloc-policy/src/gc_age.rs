@@ -147,7 +147,7 @@ impl<P: Policy> Policy for GcAge<P> {
     forward_policy!(field inner; plan, segment_size, take_free, carve, take_carved,
         insert_free, remove_free,
         release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
-        kept_mapped, kept_mapped_keys, indexed_blocks, check);
+        kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
 }
 
 #[cfg(test)]

@@ -205,6 +205,12 @@ impl PytorchBfc {
         &self.settings
     }
 
+    /// Cache keys with free-block bins, both pools counted: the keys with
+    /// free blocks, and those that had some since the last pruning.
+    pub fn key_entries(&self) -> usize {
+        self.free.iter().map(FreeIndex::key_entries).sum()
+    }
+
     fn should_split(&self, pool: PoolKind, block_size: u64, size: u64) -> bool {
         let remaining = block_size - size;
         if pool == PoolKind::Small || self.settings.expandable {
@@ -505,6 +511,12 @@ impl Policy for PytorchBfc {
         match self.plan.as_ref().and_then(|p| p.planned_key()) {
             Some(key) => KeptKeys::One(key),
             None => KeptKeys::None,
+        }
+    }
+
+    fn forget_empty_keys(&mut self) {
+        for free in &mut self.free {
+            free.forget_empty_keys();
         }
     }
 

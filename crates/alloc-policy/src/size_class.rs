@@ -273,6 +273,14 @@ impl Default for PoolLists {
 }
 
 impl PoolLists {
+    /// Whether no free block is listed.
+    fn is_empty(&self) -> bool {
+        self.tail_mask == 0
+            && self.scraps.is_empty()
+            && self.dedicated.is_empty()
+            && self.classes.iter().chain(&self.tails).all(Vec::is_empty)
+    }
+
     #[inline]
     fn list_mut(&mut self, slot: Slot) -> &mut Vec<BlockId> {
         match slot {
@@ -611,6 +619,11 @@ impl Policy for SizeClass {
     /// checkpointed layout from the front cannot recreate.
     fn rebuilds_layouts(&self) -> bool {
         false
+    }
+
+    fn forget_empty_keys(&mut self) {
+        self.lanes
+            .retain(|pools| !pools.iter().all(PoolLists::is_empty));
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {

@@ -323,6 +323,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         spare_kept: bool,
         wait: bool,
     ) -> Result<bool, AllocError> {
+        // A walk that waits visits every segment; one that does not, those
+        // parked segments that may give something now.
+        let waits = mover.is_none() || wait;
+        self.wake_parked(if waits { None } else { mover.map(|m| m.0) })?;
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
@@ -361,6 +365,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
+            let none_idle = idle.is_empty();
             self.unmap_runs(&key, idle, budget, false)?;
             // Busy pages of the mover's stream and page size can move.
             let (same, other) = match mover {
@@ -369,6 +374,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 }
                 _ => (Vec::new(), busy),
             };
+            // Every free page busy, none to move, and no mark to record:
+            // the next walk that does not wait would find the same until a
+            // mark completes (the kept range aside, which walks see in part).
+            let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
+            if !waits && none_idle && same.is_empty() && !keeps_one && !kept {
+                let idle_pages = &self.growable[&key].idle;
+                if let (false, Some(mark)) =
+                    (idle_pages.wants_mark(), idle_pages.oldest_mark_number())
+                {
+                    self.free_pages.park(key, mark);
+                }
+            }
             if !same.is_empty() {
                 movable.push((key, same));
             }
@@ -411,13 +428,47 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.growable[key].idle.wants_mark() {
             let stream = self.heap.segment(self.growable[key].segment).stream;
             let mark = self.streams.record(stream)?;
+            let number = self.free_pages.number_mark();
             self.growable
                 .get_mut(key)
                 .expect("growable")
                 .idle
-                .end_epoch(mark);
+                .end_epoch(mark, number);
         }
         Ok(())
+    }
+
+    /// Wakes the parked segments (see `free_page_index.rs`) a walk may get
+    /// something from: with `stream` (a mapping on it to come, no waiting),
+    /// its own and those whose oldest mark completed, polled oldest first
+    /// and one more in turn; with `None`, all of them.
+    fn wake_parked(&mut self, stream: Option<StreamId>) -> Result<(), AllocError> {
+        let Some(stream) = stream else {
+            self.free_pages.wake_all();
+            return Ok(());
+        };
+        self.free_pages.wake_stream(stream);
+        while let Some(key) = self.free_pages.oldest_parked() {
+            if !self.oldest_mark_done(&key)? {
+                break;
+            }
+            self.free_pages.wake(&key);
+        }
+        if let Some(key) = self.free_pages.next_parked_in_turn() {
+            if self.oldest_mark_done(&key)? {
+                self.free_pages.wake(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the oldest outstanding mark of the growable segment `key`
+    /// has completed (or it has none).
+    fn oldest_mark_done(&mut self, key: &SegmentKey) -> Result<bool, AllocError> {
+        match self.growable[key].idle.oldest_mark() {
+            Some(mark) => Ok(self.streams.is_complete(mark)?),
+            None => Ok(true),
+        }
     }
 
     /// Unmaps page runs of the growable segment `key`, from the highest
@@ -519,6 +570,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             Some(mark) => {
                 let started = Instant::now();
                 self.streams.synchronize(mark)?;
+                self.free_pages.wake_stream(key.0.stream);
                 self.count_move(started, |m| m.stream_waits += 1);
                 let g = self.growable.get_mut(key).expect("growable");
                 for mark in g.idle.waited_for_epoch(epoch) {
@@ -679,6 +731,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let event = self.streams.record(stream)?;
         let waited = self.streams.synchronize(&event);
         self.streams.release(event);
+        self.free_pages.wake_stream(stream);
         Ok(waited?)
     }
 }

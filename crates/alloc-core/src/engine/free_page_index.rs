@@ -12,32 +12,155 @@
 //! page in it, or when it goes back to the device. Entering is cheap and
 //! may be spurious; leaving happens only on evidence, so that no segment
 //! with free mapped pages is ever missing.
+//!
+//! A segment whose free mapped pages are all busy on the GPU, and whose
+//! stream has as many marks outstanding as it may, gains nothing from a
+//! walk that does not wait: no page to unmap, no mark to record. Such a
+//! segment is *parked* until something can change that: a free or a
+//! mapping in it, its oldest mark completing, a host wait on its stream, a
+//! mapping on its own stream (which may take its busy pages), or a walk
+//! that waits. Parked segments are kept in the order their oldest marks
+//! were recorded, the order in which a GPU the host runs ahead of
+//! completes them, so that a walk polls the oldest few rather than all.
 
-use rustc_hash::FxHashSet;
+use std::collections::BTreeMap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use smallvec::SmallVec;
 
 use super::growable::SegmentKey;
+use crate::types::StreamId;
 
-/// The growable segments that may hold free mapped pages, and a count of
-/// the segments the walks visited.
+/// The growable segments that may hold free mapped pages, those parked
+/// until their busy pages may be idle, and a count of the segments the
+/// walks visited.
 #[derive(Debug, Default)]
 pub(super) struct FreePageIndex {
     keys: FxHashSet<SegmentKey>,
+    parked: Parked,
     /// Segments handed to walks so far (what a walk costs, for tests that
     /// bound the work rather than the time).
     visited: u64,
+    /// Marks recorded so far (their numbers, in recording order).
+    marks: u64,
+}
+
+/// Parked segments, by the number of the mark whose completion wakes them
+/// and by stream.
+#[derive(Debug, Default)]
+struct Parked {
+    /// By the number of the oldest outstanding mark of each.
+    by_mark: BTreeMap<u64, SegmentKey>,
+    /// The mark number of each.
+    mark_of: FxHashMap<SegmentKey, u64>,
+    /// By stream.
+    by_stream: FxHashMap<StreamId, SmallVec<[SegmentKey; 2]>>,
+    /// Where the next turn of polling past the oldest begins.
+    cursor: u64,
+}
+
+impl Parked {
+    /// Parks `key` until the mark numbered `mark` completes.
+    fn park(&mut self, key: SegmentKey, mark: u64) {
+        if let Some(old) = self.mark_of.insert(key, mark) {
+            self.by_mark.remove(&old);
+        } else {
+            self.by_stream.entry(key.0.stream).or_default().push(key);
+        }
+        self.by_mark.insert(mark, key);
+    }
+
+    /// Takes `key` out; whether it was parked.
+    fn unpark(&mut self, key: &SegmentKey) -> bool {
+        let Some(mark) = self.mark_of.remove(key) else {
+            return false;
+        };
+        self.by_mark.remove(&mark);
+        let stream = key.0.stream;
+        if let Some(keys) = self.by_stream.get_mut(&stream) {
+            keys.retain(|k| k != key);
+            if keys.is_empty() {
+                self.by_stream.remove(&stream);
+            }
+        }
+        true
+    }
 }
 
 impl FreePageIndex {
-    /// The segment `key` may now hold free mapped pages.
+    /// The segment `key` may now hold free mapped pages (and if parked,
+    /// pages the GPU is done with).
     #[inline]
     pub(super) fn note(&mut self, key: SegmentKey) {
+        self.parked.unpark(&key);
         self.keys.insert(key);
     }
 
     /// The segment `key` holds no free mapped page (a walk found none), or
     /// is gone.
     pub(super) fn forget(&mut self, key: &SegmentKey) {
+        self.parked.unpark(key);
         self.keys.remove(key);
+    }
+
+    /// The segment `key` holds free mapped pages that are all busy, and
+    /// nothing a walk does changes that before its oldest mark, numbered
+    /// `mark`, completes: walks skip it until it is woken.
+    pub(super) fn park(&mut self, key: SegmentKey, mark: u64) {
+        self.keys.remove(&key);
+        self.parked.park(key, mark);
+    }
+
+    /// Wakes the parked segment `key`: walks visit it again.
+    pub(super) fn wake(&mut self, key: &SegmentKey) {
+        if self.parked.unpark(key) {
+            self.keys.insert(*key);
+        }
+    }
+
+    /// Wakes the parked segments of `stream` (the host waited for it, or a
+    /// mapping on it may take their busy pages).
+    pub(super) fn wake_stream(&mut self, stream: StreamId) {
+        let Some(keys) = self.parked.by_stream.get(&stream) else {
+            return;
+        };
+        for key in keys.clone() {
+            self.wake(&key);
+        }
+    }
+
+    /// Wakes every parked segment (a walk that waits for busy pages).
+    pub(super) fn wake_all(&mut self) {
+        let keys: Vec<SegmentKey> = self.parked.by_mark.values().copied().collect();
+        for key in keys {
+            self.wake(&key);
+        }
+    }
+
+    /// The parked segment whose mark was recorded first: the first to
+    /// complete on a GPU the host runs ahead of.
+    pub(super) fn oldest_parked(&self) -> Option<SegmentKey> {
+        self.parked.by_mark.values().next().copied()
+    }
+
+    /// The next parked segment in turn past the oldest (round robin over
+    /// them, one a call), for marks that complete out of their recording
+    /// order (streams run independently).
+    pub(super) fn next_parked_in_turn(&mut self) -> Option<SegmentKey> {
+        let parked = &mut self.parked;
+        let (&mark, &key) = parked
+            .by_mark
+            .range(parked.cursor..)
+            .next()
+            .or_else(|| parked.by_mark.iter().next())?;
+        parked.cursor = mark + 1;
+        Some(key)
+    }
+
+    /// The number of the next mark recorded (see [`FreePageIndex::park`]).
+    pub(super) fn number_mark(&mut self) -> u64 {
+        self.marks += 1;
+        self.marks
     }
 
     /// The segments a walk may visit.
@@ -51,14 +174,19 @@ impl FreePageIndex {
         self.visited += 1;
     }
 
-    /// Whether `key` is listed.
+    /// Whether `key` is listed or parked.
     pub(super) fn contains(&self, key: &SegmentKey) -> bool {
-        self.keys.contains(key)
+        self.keys.contains(key) || self.parked.mark_of.contains_key(key)
     }
 
     /// Segments handed to walks so far.
     pub(super) fn visited(&self) -> u64 {
         self.visited
+    }
+
+    /// Segments parked now.
+    pub(super) fn parked(&self) -> usize {
+        self.parked.mark_of.len()
     }
 }
 
@@ -95,5 +223,44 @@ mod tests {
         index.count_visit();
         index.count_visit();
         assert_eq!(index.visited(), 2);
+    }
+
+    #[test]
+    fn parked_segments_are_skipped_until_woken_and_polled_oldest_first() {
+        let mut index = FreePageIndex::default();
+        for s in 0..4 {
+            index.note(key(s));
+        }
+        // Parked with marks recorded in the order 3, 1, 2 (stream 0 stays).
+        index.park(key(1), 20);
+        index.park(key(2), 30);
+        index.park(key(3), 10);
+        assert_eq!(index.to_visit(), vec![key(0)]);
+        assert_eq!(index.parked(), 3);
+        assert!(index.contains(&key(3)), "parked segments are still listed");
+        assert_eq!(index.oldest_parked(), Some(key(3)));
+        // Round robin past the oldest, wrapping around.
+        let turns: Vec<_> = (0..4).filter_map(|_| index.next_parked_in_turn()).collect();
+        assert_eq!(turns, vec![key(3), key(1), key(2), key(3)]);
+        index.park(key(3), 40); // parked again behind a newer mark
+        assert_eq!(index.oldest_parked(), Some(key(1)));
+        index.wake(&key(1));
+        index.note(key(2)); // a free in it
+        index.wake_stream(StreamId(3));
+        index.wake_stream(StreamId(7)); // none parked
+        assert_eq!(index.parked(), 0);
+        let mut visit = index.to_visit();
+        visit.sort_by_key(|k| k.0.stream.0);
+        assert_eq!(visit, vec![key(0), key(1), key(2), key(3)]);
+        index.park(key(0), 50);
+        index.park(key(1), 51);
+        index.forget(&key(1)); // gone: not woken into the list
+        assert_eq!(index.parked(), 1);
+        index.wake_all();
+        assert_eq!(index.parked(), 0);
+        assert!(index.contains(&key(0)) && !index.contains(&key(1)));
+        assert_eq!(index.oldest_parked(), None);
+        assert_eq!(index.next_parked_in_turn(), None);
+        assert_eq!((index.number_mark(), index.number_mark()), (1, 2));
     }
 }

@@ -38,8 +38,9 @@ pub(super) struct IdlePages<E> {
     freed_in: Vec<u64>,
     /// The epoch frees are stamped with now (starts at 1).
     epoch: u64,
-    /// Marks recorded at the end of epochs, oldest first.
-    marks: VecDeque<(u64, E)>,
+    /// Marks recorded at the end of epochs, oldest first: `(epoch, number,
+    /// mark)`, numbered in the order of recording across all segments.
+    marks: VecDeque<(u64, u64, E)>,
     /// Frees stamped with this epoch or an earlier one are done on the GPU.
     idle_through: u64,
     /// Old mappings of detached pages: `(start, bytes, epoch)`, droppable
@@ -141,8 +142,8 @@ impl<E> IdlePages<E> {
     pub(super) fn mark_ending(&self, epoch: u64) -> Option<&E> {
         self.marks
             .iter()
-            .find(|(ended, _)| *ended >= epoch)
-            .map(|(_, mark)| mark)
+            .find(|(ended, _, _)| *ended >= epoch)
+            .map(|(_, _, mark)| mark)
     }
 
     /// The detached runs `(start, bytes)` not yet dropped.
@@ -157,21 +158,28 @@ impl<E> IdlePages<E> {
         self.marks.len() < MAX_MARKS
     }
 
-    /// Ends the current epoch with `mark`, recorded on the stream now.
-    pub(super) fn end_epoch(&mut self, mark: E) {
-        self.marks.push_back((self.epoch, mark));
+    /// Ends the current epoch with `mark`, recorded on the stream now as
+    /// the `number`th mark of the allocator.
+    pub(super) fn end_epoch(&mut self, mark: E, number: u64) {
+        self.marks.push_back((self.epoch, number, mark));
         self.epoch += 1;
     }
 
     /// The oldest outstanding mark.
     pub(super) fn oldest_mark(&self) -> Option<&E> {
-        self.marks.front().map(|(_, e)| e)
+        self.marks.front().map(|(_, _, e)| e)
+    }
+
+    /// The number of the oldest outstanding mark (see
+    /// [`IdlePages::end_epoch`]).
+    pub(super) fn oldest_mark_number(&self) -> Option<u64> {
+        self.marks.front().map(|&(_, n, _)| n)
     }
 
     /// The oldest mark completed: its epoch and every earlier one are idle.
     /// Returns the mark for release.
     pub(super) fn oldest_mark_done(&mut self) -> Option<E> {
-        let (epoch, mark) = self.marks.pop_front()?;
+        let (epoch, _, mark) = self.marks.pop_front()?;
         self.idle_through = self.idle_through.max(epoch);
         Some(mark)
     }
@@ -184,13 +192,13 @@ impl<E> IdlePages<E> {
         let done = self
             .marks
             .iter()
-            .take_while(|(ended, _)| *ended < epoch)
+            .take_while(|(ended, _, _)| *ended < epoch)
             .count()
             + 1;
         let done = done.min(self.marks.len());
         let ended = self.marks.get(done.wrapping_sub(1)).map_or(epoch, |m| m.0);
         self.idle_through = self.idle_through.max(ended).max(epoch);
-        self.marks.drain(..done).map(|(_, e)| e)
+        self.marks.drain(..done).map(|(_, _, e)| e)
     }
 
     /// The host waited for the stream: every free so far is idle, and frees
@@ -203,7 +211,7 @@ impl<E> IdlePages<E> {
 
     /// Removes the outstanding marks, for release to the stream backend.
     pub(super) fn take_marks(&mut self) -> impl Iterator<Item = E> + '_ {
-        self.marks.drain(..).map(|(_, e)| e)
+        self.marks.drain(..).map(|(_, _, e)| e)
     }
 
     /// Splits page runs `(start, bytes)` into the runs of idle pages and the
@@ -247,7 +255,7 @@ mod tests {
                 vec![(big, 4 * MIB)]
             )
         );
-        p.end_epoch(7);
+        p.end_epoch(7, 0);
         p.oldest_mark_done();
         assert!(p.is_idle(big) && p.is_idle(big + 3 * MIB));
     }
@@ -260,7 +268,7 @@ mod tests {
         assert!(p.is_idle(page(3)), "never used");
         p.freed(page(2) + 3, page(3) + 5); // touches pages 2 and 3
         assert!(!p.is_idle(page(2)) && !p.is_idle(page(3)) && p.is_idle(page(4)));
-        p.end_epoch(7); // mark of epoch 1
+        p.end_epoch(7, 0); // mark of epoch 1
         p.freed(page(4), page(5)); // epoch 2
         assert_eq!(p.oldest_mark(), Some(&7));
         assert_eq!(p.oldest_mark_done(), Some(7));
@@ -288,10 +296,15 @@ mod tests {
         let mut p: IdlePages<usize> = IdlePages::new(uniform(0, 1));
         let mut n = 0;
         while p.wants_mark() {
-            p.end_epoch(n);
+            p.end_epoch(n, 100 + n as u64);
             n += 1;
         }
         assert_eq!(n, MAX_MARKS);
+        assert_eq!(p.oldest_mark_number(), Some(100));
+        p.oldest_mark_done();
+        assert_eq!(p.oldest_mark_number(), Some(101), "numbered as recorded");
+        assert!(p.wants_mark());
+        p.end_epoch(n, 200);
         assert_eq!(p.waited().count(), MAX_MARKS);
         assert!(p.wants_mark());
     }
@@ -300,7 +313,7 @@ mod tests {
     fn detached_runs_become_droppable_with_the_epoch_of_their_last_free() {
         let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
         p.freed(0, 20); // epoch 1
-        p.end_epoch(1);
+        p.end_epoch(1, 0);
         p.freed(30, 40); // epoch 2
         p.detached(0, 20);
         p.detached(30, 40);
@@ -310,8 +323,8 @@ mod tests {
         assert_eq!(p.detached_epoch_in(0, 100), Some(2));
         assert_eq!(p.mark_ending(1), Some(&1));
         assert_eq!(p.mark_ending(2), None, "epoch 2 has no mark yet");
-        p.end_epoch(2);
-        p.end_epoch(3);
+        p.end_epoch(2, 0);
+        p.end_epoch(3, 0);
         assert_eq!(p.mark_ending(2), Some(&2));
         assert_eq!(p.take_idle_detached(), vec![(50, 10)]);
         assert_eq!(p.waited_for_epoch(1).collect::<Vec<_>>(), vec![1]);
@@ -331,9 +344,9 @@ mod tests {
     fn a_detached_run_waits_for_the_last_free_of_any_of_its_pages() {
         let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
         p.freed(0, 10); // page 0 in epoch 1
-        p.end_epoch(1);
+        p.end_epoch(1, 0);
         p.freed(10, 20); // page 1 in epoch 2
-        p.end_epoch(2);
+        p.end_epoch(2, 0);
         p.detached(0, 20); // one run over both
         assert_eq!(p.detached_epoch_in(0, 10), Some(2));
         assert_eq!(p.oldest_mark_done(), Some(1));
@@ -354,7 +367,7 @@ mod tests {
             "their memory came from detached pages the GPU may still use"
         );
         assert_eq!(p.split_runs(&[(0, 30)]), (vec![], vec![(0, 30)]));
-        p.end_epoch(1);
+        p.end_epoch(1, 0);
         p.oldest_mark_done();
         assert!(
             p.is_idle(0) && p.is_idle(25),

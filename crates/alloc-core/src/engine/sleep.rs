@@ -383,6 +383,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         for (stream, block, event) in self.events.pending() {
             if mine(&self.heap, block) {
                 self.streams.synchronize(event)?;
+                self.free_pages.wake_stream(stream);
                 waited.insert(stream);
             }
         }
@@ -408,6 +409,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 let event = self.streams.record(stream)?;
                 let done = self.streams.synchronize(&event);
                 self.streams.release(event);
+                self.free_pages.wake_stream(stream);
                 done?;
             }
         }

@@ -68,6 +68,12 @@ impl SimDataMemory {
             .map(|(&a, &v)| (a, v))
     }
 
+    /// Another process now holds `bytes` of the device
+    /// ([`SimMemory::set_used_elsewhere`]); what was written stays.
+    pub fn set_used_elsewhere(&mut self, bytes: u64) {
+        self.sim.set_used_elsewhere(bytes);
+    }
+
     /// Words held in the store.
     pub fn len(&self) -> usize {
         self.words.len()
