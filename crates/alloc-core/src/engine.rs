@@ -274,7 +274,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// What every malloc does last: the statistics settle, spare pages go.
     #[inline(always)]
     fn end_malloc(&mut self) {
-        self.heap.settle();
+        self.heap.ledger.settle();
         if self.options.unmap_free_pages {
             self.release_spare_pages();
         }
@@ -355,7 +355,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // The one block-state change of a malloc (blocks released above by
         // events are tallied, and then so is this).
         self.heap
-            .set_state_alone(piece, BlockState::Allocated, size);
+            .set_state_counted_now(piece, BlockState::Allocated, size);
         self.live.insert(addr, piece);
         Ok((addr, block_size))
     }
@@ -428,7 +428,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // were copied on every free.
         match self.free_unsettled(addr) {
             Ok(()) => {
-                self.heap.settle();
+                self.heap.ledger.settle();
                 Ok(())
             }
             Err(e) => self.free_failed(e),
@@ -439,7 +439,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[cold]
     #[inline(never)]
     fn free_failed(&mut self, e: AllocError) -> Result<(), AllocError> {
-        self.heap.settle();
+        self.heap.ledger.settle();
         Err(e)
     }
 
@@ -515,7 +515,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Polls recorded events; blocks whose events all completed become free.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
         let result = self.poll_events();
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -550,7 +550,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let result = self
             .synchronize_events()
             .and_then(|()| self.release_idle_segments());
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -569,7 +569,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let result = self
             .synchronize_events()
             .and_then(|()| self.release_idle_pool_segments(pool));
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -594,27 +594,27 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// one number read often, [`Engine::allocated_bytes`] and
     /// [`Engine::reserved_bytes`] cost less.
     pub fn stats(&self) -> Stats {
-        self.heap.stats()
+        self.heap.ledger.snapshot()
     }
 
     /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).
     pub fn allocated_bytes(&self) -> u64 {
-        self.heap.stats.allocated_bytes.all_current() as u64
+        self.heap.ledger.stats.allocated_bytes.all_current() as u64
     }
 
     /// Bytes reserved from the device now (`reserved_bytes.all.current`).
     pub fn reserved_bytes(&self) -> u64 {
-        self.heap.stats.reserved_bytes.all_current() as u64
+        self.heap.ledger.stats.reserved_bytes.all_current() as u64
     }
 
     /// Makes every peak equal to its current value.
     pub fn reset_peak_stats(&mut self) {
-        self.heap.stats.reset_peaks();
+        self.heap.ledger.stats.reset_peaks();
     }
 
     /// Clears cumulative counters.
     pub fn reset_accumulated_stats(&mut self) {
-        self.heap.stats.reset_accumulated();
+        self.heap.ledger.stats.reset_accumulated();
     }
 
     /// Every segment with its blocks.
@@ -651,7 +651,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let freed = self.free_unsettled(addr);
             result = result.and(freed);
         }
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -672,7 +672,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         let result = self.release_idle_pool_segments(pool);
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -845,15 +845,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.recache::<false>(id);
     }
 
-    /// Puts a block back in the cache; `ALONE`: its statistics change
-    /// applies at once ([`Heap::set_state_alone`]).
+    /// Puts a block back in the cache; `COUNT_NOW`: it is the one block a
+    /// `free` gives back, whose statistics change is counted now rather
+    /// than at the settle ([`Heap::set_state_counted_now`]).
     #[inline]
-    fn recache<const ALONE: bool>(&mut self, id: BlockId) {
+    fn recache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
         }
-        if ALONE {
-            self.heap.set_state_alone(id, BlockState::Free, 0);
+        if COUNT_NOW {
+            self.heap.set_state_counted_now(id, BlockState::Free, 0);
         } else {
             self.heap.set_state(id, BlockState::Free, 0);
         }
@@ -869,7 +870,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Waits for every outstanding event on the host.
     fn synchronize_events(&mut self) -> Result<(), AllocError> {
-        self.heap.stats.num_sync_all_streams += 1;
+        self.heap.ledger.stats.num_sync_all_streams += 1;
         let mut done = Vec::new();
         let synced = self.events.synchronize(&mut self.streams, &mut done);
         self.release_all_to_cache(done);
@@ -951,7 +952,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn out_of_memory(&mut self, req: &Request) -> AllocError {
-        self.heap.stats.num_ooms += 1;
+        self.heap.ledger.stats.num_ooms += 1;
         AllocError::OutOfMemory(Box::new(OomReport {
             requested: req.requested,
             capacity: self.memory.capacity(),
@@ -970,7 +971,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         is_retry: bool,
     ) -> Result<Option<BlockId>, AllocError> {
         if is_retry {
-            self.heap.stats.num_alloc_retries += 1;
+            self.heap.ledger.stats.num_alloc_retries += 1;
         }
         let sourced = self.sourced_pool(req.key);
         // A sleep tag's pool always grows (its pages are unmapped at pause).
@@ -987,7 +988,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         };
         match made {
             Ok(addr) => {
-                self.heap.stats.num_device_alloc += 1;
+                self.heap.ledger.stats.num_device_alloc += 1;
                 let (_, block) = self.heap.add_segment(addr, size, req.pool, req.key);
                 self.pools.segment_added(req.key);
                 Ok(Some(block))
@@ -1055,7 +1056,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let key = self.heap.segment(seg_id).key();
             self.heap.remove_segment(seg_id);
             self.pools.segment_removed(key);
-            self.heap.stats.num_device_free += 1;
+            self.heap.ledger.stats.num_device_free += 1;
         }
         if !self.sources.is_empty() {
             // A released pool's source goes once its last segment went back.
