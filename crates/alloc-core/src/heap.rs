@@ -3,8 +3,8 @@
 //!
 //! All mutation goes through a few primitives (`split`, `merge_next`,
 //! `set_state`, segment creation and removal) which report each change to
-//! the statistics ledger ([`Ledger`]) the heap holds, so the statistics
-//! stay exact and policies never touch them.
+//! the statistics ledger the heap holds (`Ledger`, ledger.rs), so the
+//! statistics stay exact and policies never touch them.
 //!
 //! Outside this crate a `&mut Heap` is the policies' edit handle: it reads
 //! blocks and segments and edits them only with [`Heap::split`],
