@@ -187,25 +187,29 @@ impl IndexMut<usize> for Segments {
 
 /// Arena of blocks and segments, and the ledger of the statistics they
 /// determine.
+// `repr(C)` with the ledger first: the ledger's address is the heap's, so
+// the settle, called out of line on every operation, needs no address
+// computed for it.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct Heap {
+    /// The statistics: every mutation reports its change to them here;
+    /// the engine settles them at the end of each operation and adds its
+    /// event counters.
+    pub(crate) ledger: Ledger,
     /// Block arena indexed by [`BlockId::index`]. Slot 0 is a placeholder
     /// (ids are non-zero) whose `prev` takes the writes aimed at a missing
     /// neighbour; a retired slot has size 0 and links the next retired
     /// slot through `next` (reused last-in first-out).
     blocks: Vec<Block>,
-    /// The most recently retired slot.
-    vacant: Option<BlockId>,
-    /// Number of blocks in use (not retired).
-    live_blocks: usize,
     segments: Segments,
     by_addr: BTreeMap<u64, SegmentId>,
     /// Per-pool logical clock: one tick per cache lookup, used for ages.
     clock: [u64; 2],
-    /// The statistics: every mutation reports its change to them here;
-    /// the engine settles them at the end of each operation and adds its
-    /// event counters.
-    pub(crate) ledger: Ledger,
+    /// Number of blocks in use (not retired).
+    live_blocks: usize,
+    /// The most recently retired slot.
+    vacant: Option<BlockId>,
 }
 
 /// Contents of the placeholder slot 0 and of retired slots.
