@@ -275,7 +275,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// What every malloc does last: the statistics settle, spare pages go.
     #[inline(always)]
     fn end_malloc(&mut self) {
-        self.heap.settle();
+        self.heap.ledger.settle();
         if self.options.unmap_free_pages {
             self.release_spare_pages();
         }
@@ -356,7 +356,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // The one block-state change of a malloc (blocks released above by
         // events are tallied, and then so is this).
         self.heap
-            .set_state_alone(piece, BlockState::Allocated, size);
+            .set_state_counted_now(piece, BlockState::Allocated, size);
         self.live.insert(addr, piece);
         Ok((addr, block_size))
     }
@@ -429,7 +429,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // were copied on every free.
         match self.free_unsettled(addr) {
             Ok(()) => {
-                self.heap.settle();
+                self.heap.ledger.settle();
                 Ok(())
             }
             Err(e) => self.free_failed(e),
@@ -440,7 +440,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[cold]
     #[inline(never)]
     fn free_failed(&mut self, e: AllocError) -> Result<(), AllocError> {
-        self.heap.settle();
+        self.heap.ledger.settle();
         Err(e)
     }
 
@@ -516,7 +516,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Polls recorded events; blocks whose events all completed become free.
     pub fn process_events(&mut self) -> Result<(), AllocError> {
         let result = self.poll_events();
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -553,7 +553,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .and_then(|()| self.release_idle_segments());
         // Streams whose segments went back hold nothing: forgotten.
         self.policy.forget_empty_keys();
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -572,7 +572,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let result = self
             .synchronize_events()
             .and_then(|()| self.release_idle_pool_segments(pool));
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -597,27 +597,27 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// one number read often, [`Engine::allocated_bytes`] and
     /// [`Engine::reserved_bytes`] cost less.
     pub fn stats(&self) -> Stats {
-        self.heap.stats()
+        self.heap.ledger.snapshot()
     }
 
     /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).
     pub fn allocated_bytes(&self) -> u64 {
-        self.heap.stats.allocated_bytes.all_current() as u64
+        self.heap.ledger.stats.allocated_bytes.all_current() as u64
     }
 
     /// Bytes reserved from the device now (`reserved_bytes.all.current`).
     pub fn reserved_bytes(&self) -> u64 {
-        self.heap.stats.reserved_bytes.all_current() as u64
+        self.heap.ledger.stats.reserved_bytes.all_current() as u64
     }
 
     /// Makes every peak equal to its current value.
     pub fn reset_peak_stats(&mut self) {
-        self.heap.stats.reset_peaks();
+        self.heap.ledger.stats.reset_peaks();
     }
 
     /// Clears cumulative counters.
     pub fn reset_accumulated_stats(&mut self) {
-        self.heap.stats.reset_accumulated();
+        self.heap.ledger.stats.reset_accumulated();
     }
 
     /// Every segment with its blocks.
@@ -654,7 +654,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let freed = self.free_unsettled(addr);
             result = result.and(freed);
         }
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -675,7 +675,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         let result = self.release_idle_pool_segments(pool);
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -854,15 +854,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.recache::<false>(id);
     }
 
-    /// Puts a block back in the cache; `ALONE`: its statistics change
-    /// applies at once ([`Heap::set_state_alone`]).
+    /// Puts a block back in the cache; `COUNT_NOW`: it is the one block a
+    /// `free` gives back, whose statistics change is counted now rather
+    /// than at the settle ([`Heap::set_state_counted_now`]).
     #[inline]
-    fn recache<const ALONE: bool>(&mut self, id: BlockId) {
+    fn recache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
         }
-        if ALONE {
-            self.heap.set_state_alone(id, BlockState::Free, 0);
+        if COUNT_NOW {
+            self.heap.set_state_counted_now(id, BlockState::Free, 0);
         } else {
             self.heap.set_state(id, BlockState::Free, 0);
         }
@@ -878,7 +879,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Waits for every outstanding event on the host.
     fn synchronize_events(&mut self) -> Result<(), AllocError> {
-        self.heap.stats.num_sync_all_streams += 1;
+        self.heap.ledger.stats.num_sync_all_streams += 1;
         let mut done = Vec::new();
         let synced = self.events.synchronize(&mut self.streams, &mut done);
         // Marks on the streams waited for may have completed.
@@ -962,7 +963,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn out_of_memory(&mut self, req: &Request) -> AllocError {
-        self.heap.stats.num_ooms += 1;
+        self.heap.ledger.stats.num_ooms += 1;
         AllocError::OutOfMemory(Box::new(OomReport {
             requested: req.requested,
             capacity: self.memory.capacity(),
@@ -981,7 +982,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         is_retry: bool,
     ) -> Result<Option<BlockId>, AllocError> {
         if is_retry {
-            self.heap.stats.num_alloc_retries += 1;
+            self.heap.ledger.stats.num_alloc_retries += 1;
         }
         let sourced = self.sourced_pool(req.key);
         // A sleep tag's pool always grows (its pages are unmapped at pause).
@@ -998,7 +999,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         };
         match made {
             Ok(addr) => {
-                self.heap.stats.num_device_alloc += 1;
+                self.heap.ledger.stats.num_device_alloc += 1;
                 let (_, block) = self.heap.add_segment(addr, size, req.pool, req.key);
                 self.pools.segment_added(req.key);
                 Ok(Some(block))
@@ -1066,7 +1067,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let key = self.heap.segment(seg_id).key();
             self.heap.remove_segment(seg_id);
             self.pools.segment_removed(key);
-            self.heap.stats.num_device_free += 1;
+            self.heap.ledger.stats.num_device_free += 1;
         }
         if !self.sources.is_empty() {
             // A released pool's source goes once its last segment went back.

@@ -2,8 +2,9 @@
 //! blocks, with the generic split and merge every policy builds on.
 //!
 //! All mutation goes through a few primitives (`split`, `merge_next`,
-//! `set_state`, segment creation and removal) which keep the live
-//! statistics exact, so policies never touch the statistics themselves.
+//! `set_state`, segment creation and removal) which report each change to
+//! the statistics ledger the heap holds (`Ledger`, ledger.rs), so the
+//! statistics stay exact and policies never touch them.
 //!
 //! Outside this crate a `&mut Heap` is the policies' edit handle: it reads
 //! blocks and segments and edits them only with [`Heap::split`],
@@ -14,8 +15,7 @@
 use std::collections::BTreeMap;
 use std::ops::{Index, IndexMut};
 
-use crate::live_stats::LiveStats;
-use crate::stats::Stats;
+use crate::ledger::Ledger;
 use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
 
 /// Life-cycle state of a block.
@@ -185,54 +185,32 @@ impl IndexMut<usize> for Segments {
     }
 }
 
-/// Arena of blocks and segments plus the statistics they determine.
+/// Arena of blocks and segments, and the ledger of the statistics they
+/// determine.
+// `repr(C)` with the ledger first: the ledger's address is the heap's, so
+// the settle, called out of line on every operation, needs no address
+// computed for it.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub struct Heap {
+    /// The statistics: every mutation reports its change to them here;
+    /// the engine settles them at the end of each operation and adds its
+    /// event counters.
+    pub(crate) ledger: Ledger,
     /// Block arena indexed by [`BlockId::index`]. Slot 0 is a placeholder
     /// (ids are non-zero) whose `prev` takes the writes aimed at a missing
     /// neighbour; a retired slot has size 0 and links the next retired
     /// slot through `next` (reused last-in first-out).
     blocks: Vec<Block>,
-    /// The most recently retired slot.
-    vacant: Option<BlockId>,
-    /// Number of blocks in use (not retired).
-    live_blocks: usize,
     segments: Segments,
     by_addr: BTreeMap<u64, SegmentId>,
-    /// Live statistics; the engine adds its event counters to them.
-    pub(crate) stats: LiveStats,
-    /// Blocks at or above this size count as oversize (PyTorch's `max_split_size`).
-    pub(crate) oversize_threshold: u64,
     /// Per-pool logical clock: one tick per cache lookup, used for ages.
     clock: [u64; 2],
-    /// Statistics change (per pool) of the operation in progress.
-    tally: [Tally; 2],
-    /// Whether a tally holds block-state changes (anything but the inactive
-    /// split counts) since the last settle: changes that would apply at once
-    /// ([`Heap::set_state_alone`]) are tallied too, so that the operation's
-    /// net change is what counts. Also set from one settle to the next
-    /// while the active counts do not follow the allocated ones
-    /// ([`LiveStats::follows`]): changes applied at once update only those
-    /// that follow.
-    states_tallied: bool,
-    /// Direction (1 or -1, 0 for none) of the block-state changes applied
-    /// at once since the last settle, to check that no tallied change of
-    /// the same operation goes the other way.
-    #[cfg(debug_assertions)]
-    applied_sign: i64,
+    /// Number of blocks in use (not retired).
+    live_blocks: usize,
+    /// The most recently retired slot.
+    vacant: Option<BlockId>,
 }
-
-/// Net change of the block-derived statistics of one pool since the last
-/// [`Heap::settle`], indexed by the `T_*` constants.
-type Tally = [i64; 8];
-const T_ALLOCATION: usize = 0;
-const T_ALLOCATED_BYTES: usize = 1;
-const T_ACTIVE: usize = 2;
-const T_ACTIVE_BYTES: usize = 3;
-const T_REQUESTED_BYTES: usize = 4;
-const T_INACTIVE_SPLIT: usize = 5;
-const T_INACTIVE_SPLIT_BYTES: usize = 6;
-const T_OVERSIZE: usize = 7;
 
 /// Contents of the placeholder slot 0 and of retired slots.
 const VACANT: Block = Block {
@@ -251,53 +229,14 @@ const VACANT: Block = Block {
     handed_out: false,
 };
 
-/// Adds (`sign = 1`) or removes (`sign = -1`) the contribution of one block
-/// with these attributes to a pool's tally.
-#[inline(always)]
-fn contribute(
-    t: &mut Tally,
-    sign: i64,
-    state: BlockState,
-    split: bool,
-    size: u64,
-    requested: u64,
-    oversize_threshold: u64,
-) {
-    let (bytes, requested) = (size as i64 * sign, requested as i64 * sign);
-    match state {
-        BlockState::Free => {
-            if split {
-                t[T_INACTIVE_SPLIT] += sign;
-                t[T_INACTIVE_SPLIT_BYTES] += bytes;
-            }
-        }
-        state => {
-            t[T_ACTIVE] += sign;
-            t[T_ACTIVE_BYTES] += bytes;
-            t[T_REQUESTED_BYTES] += requested;
-            if state == BlockState::Allocated {
-                t[T_ALLOCATION] += sign;
-                t[T_ALLOCATED_BYTES] += bytes;
-                if size >= oversize_threshold {
-                    t[T_OVERSIZE] += sign;
-                }
-            }
-        }
-    }
-}
-
 impl Heap {
-    /// An empty heap; `oversize_threshold` as in [`Heap::oversize_threshold`].
+    /// An empty heap; blocks and segments of `oversize_threshold` bytes or
+    /// more count as oversize in its statistics.
     pub(crate) fn new(oversize_threshold: u64) -> Self {
         Heap {
-            oversize_threshold,
+            ledger: Ledger::new(oversize_threshold),
             ..Heap::default()
         }
-    }
-
-    /// The statistics in PyTorch's model.
-    pub(crate) fn stats(&self) -> Stats {
-        self.stats.snapshot()
     }
 
     /// The block with this id.
@@ -413,12 +352,6 @@ impl Heap {
         self.vacant = Some(id);
     }
 
-    /// The tally of `pool`.
-    #[inline(always)]
-    fn tally_mut(&mut self, pool: PoolKind) -> &mut Tally {
-        &mut self.tally[pool.index()]
-    }
-
     /// The segment containing `addr`, if any.
     pub fn segment_containing(&self, addr: u64) -> Option<SegmentId> {
         let (_, &id) = self.by_addr.range(..=addr).next_back()?;
@@ -473,11 +406,7 @@ impl Heap {
         });
         debug_assert_eq!(inserted, seg_id.index());
         self.by_addr.insert(addr, seg_id);
-        self.stats.segment.increase(pool, 1);
-        self.stats.reserved_bytes.increase(pool, size);
-        if size >= self.oversize_threshold {
-            self.stats.oversize_segments.increase(1);
-        }
+        self.ledger.segment_added(pool, size);
         (seg_id, block_id)
     }
 
@@ -486,29 +415,17 @@ impl Heap {
     /// counts are recounted under the new threshold, so that later frees
     /// and releases undo exactly what they count.
     pub(crate) fn set_oversize_threshold(&mut self, threshold: u64) {
-        let old = std::mem::replace(&mut self.oversize_threshold, threshold);
-        if old == threshold {
-            return;
-        }
-        let counts = |size: u64, t: u64| i64::from(size >= t);
-        let mut segments = 0;
-        for (_, seg) in self.segments() {
-            segments += counts(seg.size, threshold) - counts(seg.size, old);
-        }
-        self.stats.oversize_segments.apply(segments);
-        for i in 1..self.blocks.len() {
-            let b = &self.blocks[i];
-            if b.size == 0 || b.state != BlockState::Allocated {
-                continue;
-            }
-            let delta = counts(b.size, threshold) - counts(b.size, old);
-            if delta != 0 {
-                let p = b.pool.index();
-                self.tally[p][T_OVERSIZE] += delta;
-                self.states_tallied = true;
-            }
-        }
-        self.settle();
+        let slots = &self.segments;
+        let segments = self.by_addr.values().map(|id| slots[id.index()].size);
+        // Slot 0 is the placeholder, retired slots have size 0.
+        let allocated = self
+            .blocks
+            .iter()
+            .skip(1)
+            .filter(|b| b.size != 0 && b.state == BlockState::Allocated)
+            .map(|b| (b.pool, b.size));
+        self.ledger
+            .set_oversize_threshold(threshold, segments, allocated);
     }
 
     /// Removes an idle segment and all its blocks; returns its address and size.
@@ -523,13 +440,8 @@ impl Heap {
         }
         let seg = self.segments.remove(seg_id.index());
         self.by_addr.remove(&seg.addr);
-        self.stats.segment.decrease(seg.pool, 1);
-        self.stats
-            .reserved_bytes
-            .decrease(seg.pool, seg.size - seg.unmapped);
-        if seg.size >= self.oversize_threshold {
-            self.stats.oversize_segments.decrease(1);
-        }
+        self.ledger
+            .segment_removed(seg.pool, seg.size, seg.unmapped);
         (seg.addr, seg.size)
     }
 
@@ -595,13 +507,11 @@ impl Heap {
         } else {
             segment.last
         };
-        let unsplit = i64::from(segment.blocks == 1);
+        let was_alone = segment.blocks == 1;
         segment.blocks += 1;
         // Both pieces are free blocks of a split segment now; before, the
         // block counted as inactive split only if its segment was split.
-        let t = self.tally_mut(pool);
-        t[T_INACTIVE_SPLIT] += 1 + unsplit;
-        t[T_INACTIVE_SPLIT_BYTES] += unsplit * whole as i64;
+        self.ledger.block_split(pool, whole, was_alone);
         rest_id
     }
 
@@ -638,12 +548,10 @@ impl Heap {
         let segment = &mut self.segments[seg.index()];
         segment.last = if after.is_none() { id } else { segment.last };
         segment.blocks -= 1;
-        let unsplit = i64::from(segment.blocks == 1);
         // Two inactive split blocks become one, which no longer counts if
         // it is now its segment's only block.
-        let t = self.tally_mut(pool);
-        t[T_INACTIVE_SPLIT] -= 1 + unsplit;
-        t[T_INACTIVE_SPLIT_BYTES] -= unsplit * merged as i64;
+        let now_alone = segment.blocks == 1;
+        self.ledger.blocks_merged(pool, merged, now_alone);
     }
 
     /// Marks a segment as growable (expandable segments).
@@ -685,24 +593,9 @@ impl Heap {
             id
         };
         let size = self.segments[seg_id.index()].size;
-        self.resized(size, size + extra);
         self.segments[seg_id.index()].size += extra;
-        self.stats.reserved_bytes.increase(pool, extra);
+        self.ledger.segment_grown(pool, size, size + extra);
         grown
-    }
-
-    /// A segment's size changes from `old` to `new` bytes: the oversize
-    /// segment count follows it across the threshold.
-    fn resized(&mut self, old: u64, new: u64) {
-        let (was, is) = (
-            old >= self.oversize_threshold,
-            new >= self.oversize_threshold,
-        );
-        if is && !was {
-            self.stats.oversize_segments.increase(1);
-        } else if was && !is {
-            self.stats.oversize_segments.decrease(1);
-        }
     }
 
     /// Cuts `by` bytes off the end of a segment whose last block is free and
@@ -728,14 +621,13 @@ impl Heap {
             self.blocks[last.index()].size -= by;
             self.account(last, 1);
         }
-        let size = self.segments[seg_id.index()].size;
-        self.resized(size, size - by);
         let seg = &mut self.segments[seg_id.index()];
         debug_assert!(unmapped <= by.min(seg.unmapped));
+        let size = seg.size;
         seg.size -= by;
         seg.unmapped -= unmapped;
         let pool = seg.pool;
-        self.stats.reserved_bytes.decrease(pool, by - unmapped);
+        self.ledger.segment_shrunk(pool, size, size - by, unmapped);
     }
 
     /// `bytes` of pages inside a growable segment were unmapped: they no
@@ -745,7 +637,7 @@ impl Heap {
         seg.unmapped += bytes;
         debug_assert!(seg.unmapped <= seg.size);
         let pool = seg.pool;
-        self.stats.reserved_bytes.decrease(pool, bytes);
+        self.ledger.pages_unmapped(pool, bytes);
     }
 
     /// `bytes` of unmapped pages inside a growable segment were mapped again.
@@ -754,35 +646,38 @@ impl Heap {
         debug_assert!(bytes <= seg.unmapped);
         seg.unmapped -= bytes;
         let pool = seg.pool;
-        self.stats.reserved_bytes.increase(pool, bytes);
+        self.ledger.pages_mapped(pool, bytes);
     }
 
     /// Moves a block to a new state, recording `requested` bytes when it
-    /// becomes allocated.
+    /// becomes allocated; its statistics change is tallied until the
+    /// settle.
     #[inline]
     pub(crate) fn set_state(&mut self, id: BlockId, state: BlockState, requested: u64) {
         self.transition::<false>(id, state, requested);
     }
 
     /// [`Heap::set_state`] for the block a `malloc` hands out or a `free`
-    /// gives back: its statistics change applies at once instead of at the
+    /// gives back: its statistics change is counted now, not at the
     /// settle. The caller's operation changes no other block's state the
     /// other way (only the inactive split counts, which are tallied), so
     /// the totals and peaks are those of the operation's net change; if
-    /// block-state changes are already tallied, this one is tallied too.
+    /// block-state changes are already tallied, this one is tallied too
+    /// ([`Ledger::state_changed`]).
     #[inline]
-    pub(crate) fn set_state_alone(&mut self, id: BlockId, state: BlockState, requested: u64) {
+    pub(crate) fn set_state_counted_now(&mut self, id: BlockId, state: BlockState, requested: u64) {
         self.transition::<true>(id, state, requested);
     }
 
+    /// [`Heap::set_state`] (`NOW` false) or
+    /// [`Heap::set_state_counted_now`] (`NOW` true).
     #[inline(always)]
-    fn transition<const ALONE: bool>(&mut self, id: BlockId, state: BlockState, requested: u64) {
+    fn transition<const NOW: bool>(&mut self, id: BlockId, state: BlockState, requested: u64) {
         let b = &mut self.blocks[id.index()];
         let seg = &mut self.segments[b.segment.index()];
         let pool = b.pool;
         let p = pool.index();
         let size = b.size;
-        let oversize = b.size >= self.oversize_threshold;
         // The two transitions of every malloc and free.
         let (sign, requested) = match (b.state, state) {
             (BlockState::Free, BlockState::Allocated) => {
@@ -802,111 +697,26 @@ impl Heap {
             _ => return self.set_state_slow(id, state, requested),
         };
         b.state = state;
-        if seg.blocks > 1 {
-            // A free block of a split segment counts as inactive split.
-            let t = self.tally_mut(pool);
-            t[T_INACTIVE_SPLIT] -= sign;
-            t[T_INACTIVE_SPLIT_BYTES] -= sign * size as i64;
-        }
-        if ALONE && !self.states_tallied {
-            self.apply_states(pool, sign, size, requested, oversize);
-            return;
-        }
-        self.states_tallied = true;
-        let (size, requested) = (size as i64, requested as i64);
-        let t = self.tally_mut(pool);
-        t[T_ACTIVE] += sign;
-        t[T_ACTIVE_BYTES] += sign * size;
-        t[T_REQUESTED_BYTES] += sign * requested;
-        t[T_ALLOCATION] += sign;
-        t[T_ALLOCATED_BYTES] += sign * size;
-        t[T_OVERSIZE] += sign * i64::from(oversize);
-    }
-
-    /// Applies the statistics change of one block becoming allocated
-    /// (`sign = 1`) or free (`sign = -1`) now.
-    #[inline(always)]
-    fn apply_states(
-        &mut self,
-        pool: PoolKind,
-        sign: i64,
-        size: u64,
-        requested: u64,
-        oversize: bool,
-    ) {
-        #[cfg(debug_assertions)]
-        {
-            debug_assert!(
-                self.applied_sign != -sign,
-                "opposite changes in one operation"
-            );
-            self.applied_sign = sign;
-        }
-        // One copy per pool, so that the pool's column is a constant offset
-        // in each update instead of an address computed for each.
-        match pool {
-            PoolKind::Small => {
-                self.apply_states_in(PoolKind::Small, sign, size, requested, oversize)
-            }
-            PoolKind::Large => {
-                self.apply_states_in(PoolKind::Large, sign, size, requested, oversize)
-            }
-        }
-    }
-
-    /// [`Heap::apply_states`] for one pool.
-    #[inline(always)]
-    fn apply_states_in(
-        &mut self,
-        pool: PoolKind,
-        sign: i64,
-        size: u64,
-        requested: u64,
-        oversize: bool,
-    ) {
-        // The active counts follow these (changes are applied at once
-        // only while they do).
-        let s = &mut self.stats;
-        debug_assert!(s.follows());
-        if sign > 0 {
-            s.allocation.increase(pool, 1);
-            s.allocated_bytes.increase(pool, size);
-            s.requested_bytes.increase(pool, requested);
-            if oversize {
-                s.oversize_allocations.increase(1);
-            }
-        } else {
-            s.allocation.decrease(pool, 1);
-            s.allocated_bytes.decrease(pool, size);
-            s.requested_bytes.decrease(pool, requested);
-            if oversize {
-                s.oversize_allocations.decrease(1);
-            }
-        }
+        let split = seg.blocks > 1;
+        self.ledger
+            .state_changed::<NOW>(pool, sign, size, requested, split);
     }
 
     /// [`Heap::set_state`] for transitions other than free <-> allocated.
     #[inline(never)]
     fn set_state_slow(&mut self, id: BlockId, state: BlockState, requested: u64) {
         let clock = self.clock;
-        let threshold = self.oversize_threshold;
         let b = &mut self.blocks[id.index()];
-        let old = b.state;
+        let old = (b.state, b.requested);
         let seg = &mut self.segments[b.segment.index()];
         let split = seg.blocks > 1;
         let p = b.pool.index();
-        self.states_tallied = true;
-        // A block awaiting events is active but not allocated: the active
-        // counts go their own way until none is left.
-        self.stats.part();
-        let t = &mut self.tally[p];
-        contribute(t, -1, old, split, b.size, b.requested, threshold);
         b.state = state;
         if state == BlockState::Allocated {
             b.requested = requested;
             b.handed_out = true;
         }
-        let was_free = old == BlockState::Free;
+        let was_free = old.0 == BlockState::Free;
         let now_free = state == BlockState::Free;
         if was_free && !now_free {
             seg.busy += 1;
@@ -918,139 +728,25 @@ impl Heap {
                 seg.idle_since = clock[p];
             }
         }
-        contribute(t, 1, state, split, b.size, b.requested, threshold);
+        let (pool, size, new) = (b.pool, b.size, (state, b.requested));
+        self.ledger.state_changed_other(pool, size, split, old, new);
     }
 
-    /// Adds (`sign = 1`) or removes (`sign = -1`) one block's contribution to
-    /// the statistics into a pending tally. Every mutation removes the
-    /// contributions of the blocks it touches, changes them, adds them back,
-    /// and applies the net change once with [`Heap::settle`].
+    /// Adds (`sign = 1`) or removes (`sign = -1`) one block's contribution
+    /// to the statistics into the ledger's pending tally
+    /// ([`Ledger::account`]).
     #[inline]
     fn account(&mut self, id: BlockId, sign: i64) {
         let b = &self.blocks[id.index()];
         let split = self.segments[b.segment.index()].blocks > 1;
-        let p = b.pool.index();
-        self.states_tallied |= b.state != BlockState::Free;
-        contribute(
-            &mut self.tally[p],
-            sign,
-            b.state,
-            split,
-            b.size,
-            b.requested,
-            self.oversize_threshold,
-        );
-    }
-
-    /// Applies the net change tallied by the mutations since the last call
-    /// to the statistics. The engine calls it once at the end of every
-    /// operation, so peaks and totals describe states between operations.
-    #[inline]
-    pub(crate) fn settle(&mut self) {
-        // A pool's tally is read, not a flag of it kept: every split, merge
-        // and state change stored a flag, and a zero change applies as
-        // nothing. Block-state changes settle both pools.
-        if self.states_tallied {
-            self.settle_pool::<true>();
-            self.settle_pool::<false>();
-            self.settled_states();
-        } else {
-            let split_changed = |t: &Tally| (t[T_INACTIVE_SPLIT] | t[T_INACTIVE_SPLIT_BYTES]) != 0;
-            if split_changed(&self.tally[PoolKind::Small.index()]) {
-                self.settle_split::<true>();
-            }
-            if split_changed(&self.tally[PoolKind::Large.index()]) {
-                self.settle_split::<false>();
-            }
-        }
-        #[cfg(debug_assertions)]
-        {
-            self.applied_sign = 0;
-        }
-    }
-
-    /// The end of a settle that applied tallied block-state changes: if
-    /// the active counts follow the allocated ones (again), changes may
-    /// apply at once from the next operation on.
-    #[inline(never)]
-    fn settled_states(&mut self) {
-        self.states_tallied = !self.stats.rejoin();
-    }
-
-    /// Applies one pool's tallied change of the inactive split counts,
-    /// the settle of an operation that changed no block's state.
-    // Out of line and apart from `settle_pool`, which no longer tests
-    // whether states were tallied on this path; inlined into `settle`, it
-    // cost more.
-    #[inline(never)]
-    fn settle_split<const SMALL: bool>(&mut self) {
-        self.apply_split::<SMALL>();
-    }
-
-    /// The body of [`Heap::settle_split`], inlined into `settle_pool`.
-    #[inline(always)]
-    fn apply_split<const SMALL: bool>(&mut self) {
-        let pool = pool_of::<SMALL>();
-        let t = &mut self.tally[pool.index()];
-        let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
-        let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
-        let s = &mut self.stats;
-        s.inactive_split.apply(pool, split);
-        s.inactive_split_bytes.apply(pool, split_bytes);
-    }
-
-    // Kept out of line: inlined into the caller, the compiler keeps every
-    // statistic in registers across both pools and spills heavily. One copy
-    // per pool, so that the pool's column is a constant offset.
-    #[inline(never)]
-    fn settle_pool<const SMALL: bool>(&mut self) {
-        let pool = pool_of::<SMALL>();
-        let p = pool.index();
-        self.apply_split::<SMALL>();
-        let t = std::mem::take(&mut self.tally[p]);
-        let s = &mut self.stats;
-        #[cfg(debug_assertions)]
-        for q in [
-            T_ALLOCATION,
-            T_ALLOCATED_BYTES,
-            T_ACTIVE,
-            T_ACTIVE_BYTES,
-            T_REQUESTED_BYTES,
-            T_OVERSIZE,
-        ] {
-            debug_assert!(
-                t[q] * self.applied_sign >= 0,
-                "a tallied change goes against one applied at once"
-            );
-        }
-        s.allocation.apply(pool, t[T_ALLOCATION]);
-        s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);
-        if s.follows() {
-            // No block awaited events in this operation either.
-            debug_assert_eq!(t[T_ACTIVE], t[T_ALLOCATION]);
-            debug_assert_eq!(t[T_ACTIVE_BYTES], t[T_ALLOCATED_BYTES]);
-        } else {
-            s.active.apply(pool, t[T_ACTIVE]);
-            s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
-        }
-        s.requested_bytes.apply(pool, t[T_REQUESTED_BYTES]);
-        s.oversize_allocations.apply(t[T_OVERSIZE]);
+        self.ledger
+            .account(b.pool, sign, b.state, split, b.size, b.requested);
     }
 
     /// Advances the clock of one pool (one cache lookup).
     #[inline]
     pub(crate) fn tick(&mut self, pool: PoolKind) {
         self.clock[pool.index()] += 1;
-    }
-}
-
-/// The pool of a settle's copy: `SMALL` names the small pool.
-#[inline(always)]
-const fn pool_of<const SMALL: bool>() -> PoolKind {
-    if SMALL {
-        PoolKind::Small
-    } else {
-        PoolKind::Large
     }
 }
 
@@ -1111,27 +807,30 @@ mod tests {
     fn split_tiles_segment_and_counts_inactive_split() {
         let (mut heap, seg, b) = heap_with_segment(1000);
         let rest = heap.split(b, 300);
-        heap.settle();
+        heap.ledger.settle();
         assert_eq!(heap.block(b).size, 300);
         assert_eq!(heap.block(rest).addr, 0x1000 + 300);
         assert_eq!(heap.segment(seg).blocks, 2);
-        assert_eq!(heap.stats().inactive_split.all.current, 2);
-        assert_eq!(heap.stats().inactive_split_bytes.all.current, 1000);
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.current, 2);
+        assert_eq!(
+            heap.ledger.snapshot().inactive_split_bytes.all.current,
+            1000
+        );
         heap.set_state(b, BlockState::Allocated, 250);
-        heap.settle();
-        assert_eq!(heap.stats().inactive_split.all.current, 1);
-        assert_eq!(heap.stats().inactive_split_bytes.all.current, 700);
-        assert_eq!(heap.stats().allocated_bytes.all.current, 300);
-        assert_eq!(heap.stats().requested_bytes.all.current, 250);
+        heap.ledger.settle();
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.current, 1);
+        assert_eq!(heap.ledger.snapshot().inactive_split_bytes.all.current, 700);
+        assert_eq!(heap.ledger.snapshot().allocated_bytes.all.current, 300);
+        assert_eq!(heap.ledger.snapshot().requested_bytes.all.current, 250);
         assert_eq!(heap.segment(seg).busy, 1);
     }
 
     #[test]
     fn changes_applied_at_once_equal_settled_ones() {
-        let run = |alone: bool| {
+        let run = |now: bool| {
             let (mut heap, _, a) = heap_with_segment(1000);
             let b = heap.split(a, 300);
-            heap.settle();
+            heap.ledger.settle();
             for (id, state, requested) in [
                 (a, BlockState::Allocated, 250),
                 (b, BlockState::Allocated, 700),
@@ -1139,14 +838,14 @@ mod tests {
                 (a, BlockState::Allocated, 10),
                 (b, BlockState::Free, 0),
             ] {
-                if alone {
-                    heap.set_state_alone(id, state, requested);
+                if now {
+                    heap.set_state_counted_now(id, state, requested);
                 } else {
                     heap.set_state(id, state, requested);
                 }
-                heap.settle();
+                heap.ledger.settle();
             }
-            heap.stats()
+            heap.ledger.snapshot()
         };
         assert_eq!(run(true), run(false));
         assert_eq!(run(true).allocation.all.allocated, 3);
@@ -1164,16 +863,14 @@ mod tests {
             let run = |never_follow: bool| {
                 let mut heap = Heap::new(300);
                 if never_follow {
-                    heap.stats.part();
-                    heap.stats.never_follow = true;
-                    heap.states_tallied = true;
+                    heap.ledger.never_follow();
                 }
                 let key = CacheKey::default();
                 let (_, a) = heap.add_segment(0x1000, 1000, PoolKind::Large, key);
                 let (_, c) = heap.add_segment(0x9000, 1000, PoolKind::Small, key);
                 let b = heap.split(a, 400);
                 let d = heap.split(c, 200);
-                heap.settle();
+                heap.ledger.settle();
                 let ids = [a, b, c, d];
                 let mut seen = vec![];
                 for &(kind, i, requested) in &steps {
@@ -1185,7 +882,7 @@ mod tests {
                         _ => BlockState::Free,
                     };
                     match kind {
-                        0..=2 => heap.set_state_alone(id, to, requested),
+                        0..=2 => heap.set_state_counted_now(id, to, requested),
                         3..=4 => heap.set_state(id, to, requested),
                         // A change of an operation that goes on.
                         5 => {
@@ -1193,16 +890,16 @@ mod tests {
                             continue;
                         }
                         6 => {
-                            heap.settle();
-                            heap.stats.reset_peaks();
+                            heap.ledger.settle();
+                            heap.ledger.stats.reset_peaks();
                         }
                         _ => {
-                            heap.settle();
-                            heap.stats.reset_accumulated();
+                            heap.ledger.settle();
+                            heap.ledger.stats.reset_accumulated();
                         }
                     }
-                    heap.settle();
-                    seen.push(heap.stats());
+                    heap.ledger.settle();
+                    seen.push(heap.ledger.snapshot());
                 }
                 seen
             };
@@ -1217,15 +914,15 @@ mod tests {
         let (mut heap, _, a) = heap_with_segment(1000);
         let b = heap.split(a, 500);
         heap.set_state(a, BlockState::Allocated, 500);
-        heap.settle();
+        heap.ledger.settle();
         heap.set_state(a, BlockState::AwaitingEvents, 0);
-        heap.settle();
-        let before = heap.stats().active;
+        heap.ledger.settle();
+        let before = heap.ledger.snapshot().active;
         heap.set_state(a, BlockState::Free, 0);
-        heap.set_state_alone(b, BlockState::Allocated, 500);
-        heap.settle();
-        assert_eq!(heap.stats().active, before);
-        assert_eq!(heap.stats().allocation.all.allocated, 2);
+        heap.set_state_counted_now(b, BlockState::Allocated, 500);
+        heap.ledger.settle();
+        assert_eq!(heap.ledger.snapshot().active, before);
+        assert_eq!(heap.ledger.snapshot().allocation.all.allocated, 2);
     }
 
     #[test]
@@ -1239,10 +936,10 @@ mod tests {
         let survivor = coalesce(&mut heap, b, |_, id| unindexed.push(id));
         assert_eq!(survivor, a);
         assert_eq!(unindexed, vec![c, a]);
-        heap.settle();
+        heap.ledger.settle();
         assert_eq!(heap.block(a).size, 900);
         assert_eq!(heap.segment(seg).blocks, 1);
-        assert_eq!(heap.stats().inactive_split.all.current, 0);
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.current, 0);
         assert!(heap.segment(seg).is_idle());
     }
 
@@ -1251,11 +948,11 @@ mod tests {
         let (mut heap, seg, a) = heap_with_segment(900);
         heap.split(a, 100);
         assert_eq!(heap.remove_segment(seg), (0x1000, 900));
-        heap.settle();
-        assert_eq!(heap.stats().reserved_bytes.all.current, 0);
-        assert_eq!(heap.stats().inactive_split.all.current, 0);
+        heap.ledger.settle();
+        assert_eq!(heap.ledger.snapshot().reserved_bytes.all.current, 0);
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.current, 0);
         assert_eq!(heap.block_count(), 0);
-        assert_eq!(heap.stats().segment.all.peak, 1);
+        assert_eq!(heap.ledger.snapshot().segment.all.peak, 1);
     }
 
     #[test]
@@ -1265,17 +962,17 @@ mod tests {
         let c = heap.split(b, 300);
         heap.merge_next(b);
         heap.merge_next(a);
-        heap.settle();
+        heap.ledger.settle();
         assert_eq!(heap.block_count(), 1);
         assert_eq!(heap.blocks().map(|(id, _)| id).collect::<Vec<_>>(), vec![a]);
         // b was retired last, so it comes back first.
         assert_eq!(heap.split(a, 100), b);
         assert_eq!(heap.split(b, 100), c);
-        heap.settle();
+        heap.ledger.settle();
         assert_eq!(heap.segment(seg).blocks, 3);
-        assert_eq!(heap.stats().inactive_split.all.current, 3);
-        assert_eq!(heap.stats().inactive_split_bytes.all.current, 900);
-        assert_eq!(heap.stats().inactive_split.all.peak, 3);
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.current, 3);
+        assert_eq!(heap.ledger.snapshot().inactive_split_bytes.all.current, 900);
+        assert_eq!(heap.ledger.snapshot().inactive_split.all.peak, 3);
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod engine;
 pub mod error;
 mod forward;
 pub mod heap;
+mod ledger;
 mod live_stats;
 pub mod page_layout;
 mod page_set;

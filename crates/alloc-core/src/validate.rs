@@ -177,7 +177,7 @@ fn check_stats(heap: &Heap) -> Result<(), String> {
     for (seg_id, seg) in heap.segments() {
         add(&mut r.segment, seg.pool, 1);
         add(&mut r.reserved_bytes, seg.pool, seg.size - seg.unmapped);
-        if seg.size >= heap.oversize_threshold {
+        if seg.size >= heap.ledger.oversize_threshold() {
             oversize_segs.increase(1);
         }
         for id in heap.segment_blocks(seg_id) {
@@ -195,7 +195,7 @@ fn check_stats(heap: &Heap) -> Result<(), String> {
                     if state == BlockState::Allocated {
                         add(&mut r.allocation, b.pool, 1);
                         add(&mut r.allocated_bytes, b.pool, b.size);
-                        if b.size >= heap.oversize_threshold {
+                        if b.size >= heap.ledger.oversize_threshold() {
                             oversize_allocs.increase(1);
                         }
                     }
@@ -203,7 +203,7 @@ fn check_stats(heap: &Heap) -> Result<(), String> {
             }
         }
     }
-    let s = &heap.stats();
+    let s = &heap.ledger.snapshot();
     let pairs: [(&str, &StatArray, &StatArray); 9] = [
         ("allocation", &s.allocation, &r.allocation),
         ("segment", &s.segment, &r.segment),

@@ -213,7 +213,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .segments
             .iter()
             .try_for_each(|cp| self.restore_segment(cp, &mut outcome.allocated));
-        self.heap.settle();
+        self.heap.ledger.settle();
         result.map(|()| outcome)
     }
 

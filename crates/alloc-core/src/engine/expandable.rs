@@ -184,7 +184,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn map_pages(&mut self, addr: u64, bytes: u64) -> Result<bool, AllocError> {
         match virtual_memory(&mut self.memory)?.map(addr, bytes) {
             Ok(()) => {
-                self.heap.stats.num_device_alloc += 1;
+                self.heap.ledger.stats.num_device_alloc += 1;
                 Ok(true)
             }
             Err(BackendError::OutOfMemory) => Ok(false),
@@ -202,7 +202,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ) -> Result<(), AllocError> {
         for (start, bytes) in self.growable[key].mapped_runs(lo, hi) {
             virtual_memory(&mut self.memory)?.unmap(start, bytes)?;
-            self.heap.stats.num_device_free += 1;
+            self.heap.ledger.stats.num_device_free += 1;
         }
         Ok(())
     }
@@ -226,7 +226,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !self.options.unmap_free_pages || self.pools.capture_underway() {
             return Ok(false);
         }
-        let peak = self.heap.stats.reserved_bytes.all_peak() as u64;
+        let peak = self.heap.ledger.stats.reserved_bytes.all_peak() as u64;
         let reserved = self.reserved_bytes();
         let level = ReclaimInputs {
             budget: self.options.memory_budget,
@@ -361,7 +361,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             // End the epoch here: an idle stream has passed the new mark at
             // once, and later rounds find what was freed so far idle.
-            self.heap.stats.page_moves.rounds += 1;
+            self.heap.ledger.stats.page_moves.rounds += 1;
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
             let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
@@ -501,7 +501,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 virtual_memory(&mut self.memory)?.unmap_idle(start, take)?;
                 self.count_move(started, |m| m.pages_unmapped += pages);
             }
-            self.heap.stats.num_device_free += 1;
+            self.heap.ledger.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
             g.pages_unmapped(start, take, detach);
             self.heap.pages_unmapped(seg_id, take);
@@ -528,7 +528,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Counts a page move (`count` updates the counters) and the host time
     /// since `started` in the statistics.
     fn count_move(&mut self, started: Instant, count: impl FnOnce(&mut PageMoves)) {
-        let moves = &mut self.heap.stats.page_moves;
+        let moves = &mut self.heap.ledger.stats.page_moves;
         count(moves);
         moves.host_ns += elapsed_ns(started);
     }
@@ -611,7 +611,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let runs = self.growable[key].mapped_runs(seg.addr, seg.addr + seg.size);
         for (start, bytes) in runs {
             virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
-            self.heap.stats.num_device_free += 1;
+            self.heap.ledger.stats.num_device_free += 1;
             let g = self.growable.get_mut(key).expect("growable");
             g.pages_unmapped(start, bytes, false);
             self.heap.pages_unmapped(seg_id, bytes);

@@ -171,7 +171,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         save: CopyBlocks<'_>,
     ) -> Result<PauseReport, AllocError> {
         let result = self.pause_unsettled(tag, backup, save);
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 
@@ -245,7 +245,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         restore: CopyBlocks<'_>,
     ) -> Result<ResumeReport, AllocError> {
         let result = self.resume_unsettled(tag, restore);
-        self.heap.settle();
+        self.heap.ledger.settle();
         result
     }
 

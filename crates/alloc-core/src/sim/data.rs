@@ -29,11 +29,6 @@ pub struct SimDataMemory {
 }
 
 impl SimDataMemory {
-    /// Another process now holds `bytes` of the device
-    /// ([`SimMemory::set_used_elsewhere`]); the bytes written here stay.
-    pub fn set_used_elsewhere(&mut self, bytes: u64) {
-        self.sim.set_used_elsewhere(bytes);
-    }
 
     /// Bytes of one stored word; words lie at multiples of it.
     pub const WORD: u64 = 8;
