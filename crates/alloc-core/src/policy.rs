@@ -33,6 +33,27 @@ pub struct Request {
     pub key: CacheKey,
 }
 
+impl Request {
+    /// A request for `requested` bytes rounded to `size`, that may reuse the
+    /// cached blocks of `key`: in the small pool when `size` is at most
+    /// `small_max`, else in the large pool. The one small/large choice, so
+    /// that a policy states its limit rather than write the choice again.
+    #[inline]
+    pub const fn new(requested: u64, size: u64, key: CacheKey, small_max: u64) -> Request {
+        let pool = if size <= small_max {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        Request {
+            requested,
+            size,
+            pool,
+            key,
+        }
+    }
+}
+
 /// Memory pressure, as the engine sees it when a new segment is needed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Pressure {
@@ -192,4 +213,25 @@ macro_rules! boxed {
 /// wherever a policy does.
 impl<P: Policy + ?Sized> Policy for Box<P> {
     crate::forward_policy!(boxed; all);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_small_up_to_the_limit() {
+        let key = CacheKey::default();
+        let at = Request::new(100, 1024, key, 1024);
+        assert_eq!(
+            (at.requested, at.size, at.pool),
+            (100, 1024, PoolKind::Small)
+        );
+        assert_eq!(Request::new(1025, 1536, key, 1024).pool, PoolKind::Large);
+        assert_eq!(Request::new(1, 1, key, 0).pool, PoolKind::Large);
+        assert_eq!(
+            Request::new(1, u64::MAX, key, u64::MAX).pool,
+            PoolKind::Small
+        );
+    }
 }

@@ -49,17 +49,7 @@ impl Policy for FirstFit {
 
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let size = requested.div_ceil(ALIGN) * ALIGN;
-        let pool = if size <= SMALL_REQUEST {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, SMALL_REQUEST)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {

@@ -388,22 +388,16 @@ impl Policy for Buddy {
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let s = &self.settings;
         let rounded = pow2_ceil(requested.max(s.min_block));
-        let (size, pool) = if self.is_oversize(rounded) {
-            let size = requested
+        // An oversize request is above the large segment, hence above
+        // `small_size` (at most the small segment): it lands in the large pool.
+        let size = if self.is_oversize(rounded) {
+            requested
                 .checked_next_multiple_of(ROUND_LARGE)
-                .unwrap_or(u64::MAX);
-            (size, PoolKind::Large)
-        } else if rounded <= s.small_size {
-            (rounded, PoolKind::Small)
+                .unwrap_or(u64::MAX)
         } else {
-            (rounded, PoolKind::Large)
+            rounded
         };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, s.small_size)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {

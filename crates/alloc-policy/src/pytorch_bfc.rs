@@ -339,17 +339,7 @@ impl Policy for PytorchBfc {
         } else {
             round_to_block(requested)
         };
-        let pool = if size <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, SMALL_SIZE)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {

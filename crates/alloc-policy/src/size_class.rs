@@ -30,7 +30,7 @@
 //! a slab, the request's idle segments go back and the slab shrinks to the
 //! class size for the retries.
 
-use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER};
+use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, BlockId, BlockState, CacheKey, ConfigError, Heap, OomRelease, Policy,
     PoolKind, Pressure, Request, SegmentId, GIB, MIB,
@@ -466,16 +466,13 @@ impl Policy for SizeClass {
 
     #[inline]
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        let (size, pool) = match class_of(requested) {
-            Some(c) => (class_size(c), class_pool(c)),
-            None => (round_up(requested, ROUND_LARGE), PoolKind::Large),
+        let size = match class_of(requested) {
+            Some(c) => class_size(c),
+            None => round_up(requested, ROUND_LARGE),
         };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        // The small pool's classes are those of at most SMALL_SIZE bytes
+        // (`class_pool`), and an unclassed size is above them all.
+        Request::new(requested, size, key, SMALL_SIZE)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {
