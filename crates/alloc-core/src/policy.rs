@@ -19,6 +19,36 @@ pub enum KeptKeys {
     One(CacheKey),
 }
 
+/// What a policy can do: read by the engine once when it is built, and
+/// again after [`Policy::reconfigure`], and kept (never asked per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether free address neighbours are always merged (checked by
+    /// validation: no two adjacent free blocks).
+    pub coalesces: bool,
+    /// Whether a private pool's layout can be rebuilt by carving its blocks
+    /// from the front of merged free space in address order (checkpoint and
+    /// restore for CUDA graph trees, and no-split pools).
+    pub rebuilds_layouts: bool,
+    /// Whether the policy works with growable segments (expandable
+    /// segments), whose last block grows and shrinks at the end.
+    pub supports_growth: bool,
+    /// Blocks at or above this size count as oversize in the statistics.
+    pub oversize_threshold: u64,
+}
+
+impl Default for Capabilities {
+    /// No merging, layouts rebuilt, no growable segments, nothing oversize.
+    fn default() -> Self {
+        Capabilities {
+            coalesces: false,
+            rebuilds_layouts: true,
+            supports_growth: false,
+            oversize_threshold: u64::MAX,
+        }
+    }
+}
+
 /// A request after the policy has rounded it and chosen its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
@@ -151,27 +181,9 @@ pub trait Policy {
         Vec::new()
     }
 
-    /// Whether free address neighbours are always merged (checked by
-    /// validation: no two adjacent free blocks).
-    fn coalesces(&self) -> bool;
-
-    /// Whether a private pool's layout can be rebuilt by carving its blocks
-    /// from the front of merged free space in address order (checkpoint and
-    /// restore for CUDA graph trees). Default: true.
-    fn rebuilds_layouts(&self) -> bool {
-        true
-    }
-
-    /// Blocks at or above this size count as oversize in the statistics.
-    fn oversize_threshold(&self) -> u64 {
-        u64::MAX
-    }
-
-    /// Whether the policy works with growable segments (expandable
-    /// segments), whose last block grows and shrinks at the end.
-    fn supports_growth(&self) -> bool {
-        false
-    }
+    /// What the policy can do (see [`Capabilities`]), under its current
+    /// settings.
+    fn capabilities(&self) -> Capabilities;
 
     /// The addresses `[start, end)` of `key`'s large-pool growable segment
     /// whose free pages should stay mapped when `unmap_free_pages` makes room

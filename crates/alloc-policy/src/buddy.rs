@@ -29,8 +29,8 @@ use std::collections::{BTreeSet, HashSet};
 
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, Heap, OomRelease, Policy, PoolKind, Request,
-    SegmentId, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
+    PoolKind, Request, SegmentId, MIB,
 };
 
 use crate::per_key::PerKey;
@@ -534,14 +534,15 @@ impl Policy for Buddy {
         }
     }
 
-    fn coalesces(&self) -> bool {
-        false
-    }
-
-    /// Blocks larger than the largest order (dedicated segments) are
-    /// oversize: the threshold is one byte above it.
-    fn oversize_threshold(&self) -> u64 {
-        self.settings.large_segment.saturating_add(1)
+    /// Buddies merge, but not every free neighbour. Blocks larger than the
+    /// largest order (dedicated segments) are oversize: the threshold is one
+    /// byte above it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            oversize_threshold: self.settings.large_segment.saturating_add(1),
+            ..Capabilities::default()
+        }
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {
@@ -713,7 +714,7 @@ mod tests {
         assert_eq!(p.plan(3, StreamId(7).into()).key.stream, StreamId(7));
         // Never panics, even beyond what the engine accepts.
         assert_eq!(plan(u64::MAX).1, PoolKind::Large);
-        assert_eq!(p.oversize_threshold(), 64 * MIB + 1);
+        assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
     }
 
     #[test]

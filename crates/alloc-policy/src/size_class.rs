@@ -32,8 +32,8 @@
 
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, ConfigError, Heap, OomRelease, Policy,
-    PoolKind, Pressure, Request, SegmentId, GIB, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap, OomRelease,
+    Policy, PoolKind, Pressure, Request, SegmentId, GIB, MIB,
 };
 
 use crate::idle::idle_oldest_first;
@@ -600,14 +600,14 @@ impl Policy for SizeClass {
         released
     }
 
-    fn coalesces(&self) -> bool {
-        false
-    }
-
     /// Free blocks carry their size class in their tag, which carving a
     /// checkpointed layout from the front cannot recreate.
-    fn rebuilds_layouts(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            rebuilds_layouts: false,
+            ..Capabilities::default()
+        }
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {
