@@ -9,7 +9,7 @@
 //!
 //! Free blocks are kept per (stream, pool, class) in LIFO lists and reused
 //! only by requests of exactly their class: class blocks are never split nor
-//! merged ([`Policy::coalesces`] is false), except that (with
+//! merged ([`Capabilities::coalesces`] is false), except that (with
 //! [`SizeClassSettings::reuse_idle_slabs`], the default) a slab whose blocks
 //! are all free again becomes one tail, unless it is one class block before
 //! a tail that already holds every class the whole slab would (the shape an
@@ -49,7 +49,7 @@ pub const NUM_CLASSES: usize = 80;
 /// Default slab size of the large pool (at least the class, rounded to
 /// [`ROUND_LARGE`]). The other sizes are PyTorch's: the smallest class and
 /// the granularity of the classes below 2 KiB is [`MIN_BLOCK_SIZE`], the
-/// largest small-pool class [`SMALL_SIZE`](alloc_core::pytorch::SMALL_SIZE),
+/// largest small-pool class [`SMALL_SIZE`],
 /// the small pool's slab
 /// [`SMALL_BUFFER`], and dedicated segments and slabs are rounded to
 /// [`ROUND_LARGE`].
