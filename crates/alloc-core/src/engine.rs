@@ -23,7 +23,7 @@ pub(crate) mod live_table;
 mod settings;
 mod sleep;
 mod streams_in_use;
-use crate::policy::{Policy, Pressure, Request};
+use crate::policy::{Capabilities, Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
@@ -202,14 +202,18 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// pages mapped ([`Policy::kept_mapped`]), at most a share of the peak
     /// (`expandable.rs`).
     kept_growth: u64,
+    /// The policy's capabilities, read at construction and after each
+    /// reconfiguration.
+    caps: Capabilities,
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// A new, empty allocator.
     pub fn new(policy: P, mut memory: M, streams: S, options: EngineOptions) -> Self {
-        let heap = Heap::new(policy.oversize_threshold());
+        let caps = policy.capabilities();
+        let heap = Heap::new(caps.oversize_threshold);
         let granularity = memory.virtual_memory().map_or(0, |vm| vm.granularity());
-        let expandable = options.expandable_segments && policy.supports_growth() && granularity > 0;
+        let expandable = options.expandable_segments && caps.supports_growth && granularity > 0;
         Engine {
             policy,
             memory,
@@ -228,7 +232,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             sources: FxHashMap::default(),
             tags: Tags::default(),
             kept_growth: 0,
+            caps,
         }
+    }
+
+    /// The policy's capabilities, as read when the engine was built or last
+    /// reconfigured.
+    pub fn capabilities(&self) -> Capabilities {
+        self.caps
     }
 
     /// Whether segments grow (expandable segments were asked for and both
@@ -685,7 +696,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// is a piece of one range per stream) and for policies that tag blocks
     /// when carving them (size classes).
     pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
-        if self.expandable || self.pools.is_tagged(pool) || !self.policy.rebuilds_layouts() {
+        if self.expandable || self.pools.is_tagged(pool) || !self.caps.rebuilds_layouts {
             return Err(AllocError::InvalidArgument(format!(
                 "a no-split pool needs cudaMalloc segments and a splitting policy, not {}{}",
                 self.policy.name(),
@@ -808,6 +819,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         crate::validate::check(
             &self.heap,
             &self.policy,
+            self.caps.coalesces,
             &self.live,
             self.events.awaiting(),
             self.events

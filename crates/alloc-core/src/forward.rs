@@ -38,8 +38,8 @@
 ///         found
 ///     }
 ///     forward_policy!(field inner; name, reconfigure, plan, segment_size, carve, insert_free,
-///         remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
-///         oversize_threshold, supports_growth, kept_mapped, indexed_blocks, check);
+///         remove_free, release_for_oom, collect_garbage, capabilities, kept_mapped,
+///         indexed_blocks, check);
 /// }
 ///
 /// let cfg = AllocatorConfig::default();
@@ -72,9 +72,8 @@ macro_rules! forward_policy {
     };
     ($reach:tt; all) => {
         $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
-            take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
-            rebuilds_layouts, oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys,
-            forget_empty_keys, indexed_blocks, check);
+            take_carved, insert_free, remove_free, release_for_oom, collect_garbage, capabilities,
+            kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
     };
     ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+
@@ -169,28 +168,10 @@ macro_rules! forward_policy {
             $crate::forward_policy!(@reach $reach, mut self, p => p.collect_garbage(heap, pressure))
         }
     };
-    (@method $reach:tt coalesces) => {
+    (@method $reach:tt capabilities) => {
         #[inline]
-        fn coalesces(&self) -> bool {
-            $crate::forward_policy!(@reach $reach, ref self, p => p.coalesces())
-        }
-    };
-    (@method $reach:tt rebuilds_layouts) => {
-        #[inline]
-        fn rebuilds_layouts(&self) -> bool {
-            $crate::forward_policy!(@reach $reach, ref self, p => p.rebuilds_layouts())
-        }
-    };
-    (@method $reach:tt oversize_threshold) => {
-        #[inline]
-        fn oversize_threshold(&self) -> u64 {
-            $crate::forward_policy!(@reach $reach, ref self, p => p.oversize_threshold())
-        }
-    };
-    (@method $reach:tt supports_growth) => {
-        #[inline]
-        fn supports_growth(&self) -> bool {
-            $crate::forward_policy!(@reach $reach, ref self, p => p.supports_growth())
+        fn capabilities(&self) -> $crate::Capabilities {
+            $crate::forward_policy!(@reach $reach, ref self, p => p.capabilities())
         }
     };
     (@method $reach:tt forget_empty_keys) => {

@@ -19,6 +19,36 @@ pub enum KeptKeys {
     One(CacheKey),
 }
 
+/// What a policy can do: read by the engine once when it is built, and
+/// again after [`Policy::reconfigure`], and kept (never asked per request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Whether free address neighbours are always merged (checked by
+    /// validation: no two adjacent free blocks).
+    pub coalesces: bool,
+    /// Whether a private pool's layout can be rebuilt by carving its blocks
+    /// from the front of merged free space in address order (checkpoint and
+    /// restore for CUDA graph trees, and no-split pools).
+    pub rebuilds_layouts: bool,
+    /// Whether the policy works with growable segments (expandable
+    /// segments), whose last block grows and shrinks at the end.
+    pub supports_growth: bool,
+    /// Blocks at or above this size count as oversize in the statistics.
+    pub oversize_threshold: u64,
+}
+
+impl Default for Capabilities {
+    /// No merging, layouts rebuilt, no growable segments, nothing oversize.
+    fn default() -> Self {
+        Capabilities {
+            coalesces: false,
+            rebuilds_layouts: true,
+            supports_growth: false,
+            oversize_threshold: u64::MAX,
+        }
+    }
+}
+
 /// A request after the policy has rounded it and chosen its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
@@ -31,6 +61,27 @@ pub struct Request {
     /// The cached blocks it may take: the allocating stream's, in its
     /// private pool if it names one.
     pub key: CacheKey,
+}
+
+impl Request {
+    /// A request for `requested` bytes rounded to `size`, that may reuse the
+    /// cached blocks of `key`: in the small pool when `size` is at most
+    /// `small_max`, else in the large pool. The one small/large choice, so
+    /// that a policy states its limit rather than write the choice again.
+    #[inline]
+    pub const fn new(requested: u64, size: u64, key: CacheKey, small_max: u64) -> Request {
+        let pool = if size <= small_max {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        Request {
+            requested,
+            size,
+            pool,
+            key,
+        }
+    }
 }
 
 /// Memory pressure, as the engine sees it when a new segment is needed.
@@ -130,27 +181,9 @@ pub trait Policy {
         Vec::new()
     }
 
-    /// Whether free address neighbours are always merged (checked by
-    /// validation: no two adjacent free blocks).
-    fn coalesces(&self) -> bool;
-
-    /// Whether a private pool's layout can be rebuilt by carving its blocks
-    /// from the front of merged free space in address order (checkpoint and
-    /// restore for CUDA graph trees). Default: true.
-    fn rebuilds_layouts(&self) -> bool {
-        true
-    }
-
-    /// Blocks at or above this size count as oversize in the statistics.
-    fn oversize_threshold(&self) -> u64 {
-        u64::MAX
-    }
-
-    /// Whether the policy works with growable segments (expandable
-    /// segments), whose last block grows and shrinks at the end.
-    fn supports_growth(&self) -> bool {
-        false
-    }
+    /// What the policy can do (see [`Capabilities`]), under its current
+    /// settings.
+    fn capabilities(&self) -> Capabilities;
 
     /// The addresses `[start, end)` of `key`'s large-pool growable segment
     /// whose free pages should stay mapped when `unmap_free_pages` makes room
@@ -197,4 +230,25 @@ macro_rules! boxed {
 /// wherever a policy does.
 impl<P: Policy + ?Sized> Policy for Box<P> {
     crate::forward_policy!(boxed; all);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_small_up_to_the_limit() {
+        let key = CacheKey::default();
+        let at = Request::new(100, 1024, key, 1024);
+        assert_eq!(
+            (at.requested, at.size, at.pool),
+            (100, 1024, PoolKind::Small)
+        );
+        assert_eq!(Request::new(1025, 1536, key, 1024).pool, PoolKind::Large);
+        assert_eq!(Request::new(1, 1, key, 0).pool, PoolKind::Large);
+        assert_eq!(
+            Request::new(1, u64::MAX, key, u64::MAX).pool,
+            PoolKind::Small
+        );
+    }
 }

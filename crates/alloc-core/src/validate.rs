@@ -14,11 +14,12 @@ use crate::types::{BlockId, PoolKind};
 pub(crate) fn check<P: Policy>(
     heap: &Heap,
     policy: &P,
+    coalesces: bool,
     live: &LiveTable,
     awaiting: &FxHashMap<BlockId, u32>,
     pending: impl Iterator<Item = BlockId>,
 ) -> Result<(), String> {
-    check_tiling(heap, policy.coalesces())?;
+    check_tiling(heap, coalesces)?;
     check_index(heap, policy)?;
     check_live(heap, live)?;
     check_events(heap, awaiting, pending)?;

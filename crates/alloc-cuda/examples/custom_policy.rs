@@ -16,7 +16,7 @@ use std::error::Error;
 use std::process::ExitCode;
 
 use alloc_cuda::alloc_core::{
-    coalesce, BlockId, CacheKey, Heap, Policy, PoolKind, Request, KIB, MIB,
+    coalesce, BlockId, CacheKey, Capabilities, Heap, Policy, PoolKind, Request, KIB, MIB,
 };
 use alloc_cuda::{AllocatorConfig, CudaAllocator, DeviceBuffer};
 
@@ -49,17 +49,7 @@ impl Policy for FirstFit {
 
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let size = requested.div_ceil(ALIGN) * ALIGN;
-        let pool = if size <= SMALL_REQUEST {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, SMALL_REQUEST)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {
@@ -96,8 +86,11 @@ impl Policy for FirstFit {
         self.free.remove(&key(heap, block));
     }
 
-    fn coalesces(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: true,
+            ..Capabilities::default()
+        }
     }
 
     fn indexed_blocks(&self) -> Vec<BlockId> {

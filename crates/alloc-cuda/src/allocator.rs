@@ -183,7 +183,7 @@ fn check_own_policy<P: Policy>(policy: &P, config: &AllocatorConfig) -> Result<(
         }
         .into());
     }
-    if config.expandable_segments && !policy.supports_growth() {
+    if config.expandable_segments && !policy.capabilities().supports_growth {
         return Err(ConfigError::InvalidValue {
             key: "expandable_segments".into(),
             value: "true".into(),

@@ -122,7 +122,10 @@ fn stress_configs() -> Vec<(String, bool)> {
     for name in policy_names() {
         let base = format!("policy:{name}");
         let cfg = AllocatorConfig::parse(&base).unwrap();
-        let grows = AnyPolicy::from_config(&cfg).unwrap().supports_growth();
+        let grows = AnyPolicy::from_config(&cfg)
+            .unwrap()
+            .capabilities()
+            .supports_growth;
         out.push((base.clone(), false));
         out.push((format!("{base},stream_wait_reuse:True"), false));
         out.push((format!("{base},garbage_collection_threshold:0.1"), true));

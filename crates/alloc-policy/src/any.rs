@@ -180,7 +180,7 @@ impl AnyPolicy {
 impl AnyPolicy {
     /// Refuses `expandable_segments` for a policy without growable segments.
     fn check_growth(&self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        if cfg.expandable_segments && !self.supports_growth() {
+        if cfg.expandable_segments && !self.capabilities().supports_growth {
             return Err(ConfigError::InvalidValue {
                 key: "expandable_segments".into(),
                 value: "true".into(),
@@ -264,8 +264,8 @@ impl Policy for AnyPolicy {
     }
     forward_policy!(dispatch; name, segment_size, carve,
         insert_free,
-        remove_free, release_for_oom, collect_garbage, coalesces, rebuilds_layouts,
-        oversize_threshold, supports_growth, kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
+        remove_free, release_for_oom, collect_garbage, capabilities, kept_mapped, kept_mapped_keys,
+        forget_empty_keys, indexed_blocks, check);
 }
 
 /// The calls of [`AnyPolicy`]'s cached path for the policies that take

@@ -18,7 +18,7 @@
 //! order), with a bitmap of non-empty orders per (pool, stream): finding the
 //! smallest sufficient order is one mask and one `trailing_zeros`, and
 //! unlinking a buddy is O(1). Adjacent free blocks that are not buddies stay
-//! separate, so [`Policy::coalesces`] is false; [`Policy::check`] verifies the
+//! separate, so [`Capabilities::coalesces`] is false; [`Policy::check`] verifies the
 //! buddy invariants instead.
 //!
 //! The policy collects no garbage by itself (wrap it in `gc-age` for that);
@@ -29,8 +29,8 @@ use std::collections::{BTreeSet, HashSet};
 
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, Heap, OomRelease, Policy, PoolKind, Request,
-    SegmentId, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
+    PoolKind, Request, SegmentId, MIB,
 };
 
 use crate::per_key::PerKey;
@@ -388,22 +388,16 @@ impl Policy for Buddy {
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
         let s = &self.settings;
         let rounded = pow2_ceil(requested.max(s.min_block));
-        let (size, pool) = if self.is_oversize(rounded) {
-            let size = requested
+        // An oversize request is above the large segment, hence above
+        // `small_size` (at most the small segment): it lands in the large pool.
+        let size = if self.is_oversize(rounded) {
+            requested
                 .checked_next_multiple_of(ROUND_LARGE)
-                .unwrap_or(u64::MAX);
-            (size, PoolKind::Large)
-        } else if rounded <= s.small_size {
-            (rounded, PoolKind::Small)
+                .unwrap_or(u64::MAX)
         } else {
-            (rounded, PoolKind::Large)
+            rounded
         };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, s.small_size)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {
@@ -540,14 +534,15 @@ impl Policy for Buddy {
         }
     }
 
-    fn coalesces(&self) -> bool {
-        false
-    }
-
-    /// Blocks larger than the largest order (dedicated segments) are
-    /// oversize: the threshold is one byte above it.
-    fn oversize_threshold(&self) -> u64 {
-        self.settings.large_segment.saturating_add(1)
+    /// Buddies merge, but not every free neighbour. Blocks larger than the
+    /// largest order (dedicated segments) are oversize: the threshold is one
+    /// byte above it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            oversize_threshold: self.settings.large_segment.saturating_add(1),
+            ..Capabilities::default()
+        }
     }
 
     fn forget_empty_keys(&mut self) {
@@ -725,7 +720,7 @@ mod tests {
         assert_eq!(p.plan(3, StreamId(7).into()).key.stream, StreamId(7));
         // Never panics, even beyond what the engine accepts.
         assert_eq!(plan(u64::MAX).1, PoolKind::Large);
-        assert_eq!(p.oversize_threshold(), 64 * MIB + 1);
+        assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
     }
 
     #[test]

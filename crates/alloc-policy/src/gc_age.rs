@@ -146,14 +146,14 @@ impl<P: Policy> Policy for GcAge<P> {
 
     forward_policy!(field inner; plan, segment_size, take_free, carve, take_carved,
         insert_free, remove_free,
-        release_for_oom, coalesces, rebuilds_layouts, oversize_threshold, supports_growth,
+        release_for_oom, capabilities,
         kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc_core::{BlockId, CacheKey, Request, StreamId};
+    use alloc_core::{BlockId, CacheKey, Capabilities, Request, StreamId};
     use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
 
     /// A minimal inner policy: one block per segment, exact-size reuse, no
@@ -200,8 +200,11 @@ mod tests {
         fn remove_free(&mut self, _heap: &Heap, block: BlockId) {
             self.free.retain(|&b| b != block);
         }
-        fn coalesces(&self) -> bool {
-            true
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                coalesces: true,
+                ..Capabilities::default()
+            }
         }
         fn indexed_blocks(&self) -> Vec<BlockId> {
             self.free.clone()

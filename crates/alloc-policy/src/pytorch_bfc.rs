@@ -11,8 +11,8 @@ use alloc_core::pytorch::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 use alloc_core::{
-    coalesce, BlockId, CacheKey, ConfigError, Heap, KeptKeys, OomRelease, Policy, PoolKind,
-    Pressure, Request, SegmentId,
+    coalesce, BlockId, CacheKey, Capabilities, ConfigError, Heap, KeptKeys, OomRelease, Policy,
+    PoolKind, Pressure, Request, SegmentId,
 };
 
 /// Settings of the PyTorch policy, from the allocator configuration.
@@ -345,17 +345,7 @@ impl Policy for PytorchBfc {
         } else {
             round_to_block(requested)
         };
-        let pool = if size <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        Request::new(requested, size, key, SMALL_SIZE)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {
@@ -491,16 +481,13 @@ impl Policy for PytorchBfc {
         released
     }
 
-    fn coalesces(&self) -> bool {
-        true
-    }
-
-    fn oversize_threshold(&self) -> u64 {
-        self.settings.max_split_size
-    }
-
-    fn supports_growth(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: true,
+            rebuilds_layouts: true,
+            supports_growth: true,
+            oversize_threshold: self.settings.max_split_size,
+        }
     }
 
     fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {

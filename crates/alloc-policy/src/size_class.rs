@@ -9,7 +9,7 @@
 //!
 //! Free blocks are kept per (stream, pool, class) in LIFO lists and reused
 //! only by requests of exactly their class: class blocks are never split nor
-//! merged ([`Policy::coalesces`] is false), except that (with
+//! merged ([`Capabilities::coalesces`] is false), except that (with
 //! [`SizeClassSettings::reuse_idle_slabs`], the default) a slab whose blocks
 //! are all free again becomes one tail, unless it is one class block before
 //! a tail that already holds every class the whole slab would (the shape an
@@ -30,10 +30,10 @@
 //! a slab, the request's idle segments go back and the slab shrinks to the
 //! class size for the retries.
 
-use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER};
+use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, ConfigError, Heap, OomRelease, Policy,
-    PoolKind, Pressure, Request, SegmentId, GIB, MIB,
+    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap, OomRelease,
+    Policy, PoolKind, Pressure, Request, SegmentId, GIB, MIB,
 };
 
 use crate::idle::idle_oldest_first;
@@ -49,7 +49,7 @@ pub const NUM_CLASSES: usize = 80;
 /// Default slab size of the large pool (at least the class, rounded to
 /// [`ROUND_LARGE`]). The other sizes are PyTorch's: the smallest class and
 /// the granularity of the classes below 2 KiB is [`MIN_BLOCK_SIZE`], the
-/// largest small-pool class [`SMALL_SIZE`](alloc_core::pytorch::SMALL_SIZE),
+/// largest small-pool class [`SMALL_SIZE`],
 /// the small pool's slab
 /// [`SMALL_BUFFER`], and dedicated segments and slabs are rounded to
 /// [`ROUND_LARGE`].
@@ -474,16 +474,13 @@ impl Policy for SizeClass {
 
     #[inline]
     fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        let (size, pool) = match class_of(requested) {
-            Some(c) => (class_size(c), class_pool(c)),
-            None => (round_up(requested, ROUND_LARGE), PoolKind::Large),
+        let size = match class_of(requested) {
+            Some(c) => class_size(c),
+            None => round_up(requested, ROUND_LARGE),
         };
-        Request {
-            requested,
-            size,
-            pool,
-            key,
-        }
+        // The small pool's classes are those of at most SMALL_SIZE bytes
+        // (`class_pool`), and an unclassed size is above them all.
+        Request::new(requested, size, key, SMALL_SIZE)
     }
 
     fn segment_size(&self, req: &Request) -> u64 {
@@ -611,14 +608,14 @@ impl Policy for SizeClass {
         released
     }
 
-    fn coalesces(&self) -> bool {
-        false
-    }
-
     /// Free blocks carry their size class in their tag, which carving a
     /// checkpointed layout from the front cannot recreate.
-    fn rebuilds_layouts(&self) -> bool {
-        false
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            rebuilds_layouts: false,
+            ..Capabilities::default()
+        }
     }
 
     fn forget_empty_keys(&mut self) {

@@ -870,8 +870,8 @@ impl alloc_core::Policy for Keeping {
         self.keep.get()
     }
     alloc_core::forward_policy!(field inner; name, reconfigure, plan, segment_size, take_free,
-        carve, take_carved, insert_free, remove_free, release_for_oom, collect_garbage, coalesces,
-        rebuilds_layouts, oversize_threshold, supports_growth, indexed_blocks, check);
+        carve, take_carved, insert_free, remove_free, release_for_oom, collect_garbage,
+        capabilities, indexed_blocks, check);
 }
 
 /// A boxed policy forwards every method of the trait, the kept range

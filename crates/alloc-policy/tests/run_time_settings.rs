@@ -5,7 +5,7 @@
 
 mod common;
 
-use alloc_core::{AllocError, AllocatorConfig, StreamId, GIB, MIB};
+use alloc_core::{AllocError, AllocatorConfig, Policy, StreamId, GIB, MIB};
 use common::{drain, engine, SimEngine};
 
 fn reconfigure(e: &mut SimEngine, base: &str, change: &str) -> Result<(), AllocError> {
@@ -107,4 +107,17 @@ fn options_fixed_at_creation_are_refused_and_nothing_changes() {
     assert!(err.to_string().contains("idle_slab_limit_mb"), "{err}");
     // Settings that do not reach the policy are taken.
     reconfigure(&mut slabs, "policy:size-class", "stream_wait_reuse:true").unwrap();
+}
+
+/// The engine keeps the policy's capabilities and reads them again when the
+/// settings change: a new split limit is the new oversize threshold.
+#[test]
+fn capabilities_are_read_again_on_reconfiguration() {
+    let mut e = engine("", 8 * GIB);
+    let caps = e.capabilities();
+    assert!(caps.coalesces && caps.supports_growth && caps.rebuilds_layouts);
+    assert_eq!(caps.oversize_threshold, u64::MAX);
+    reconfigure(&mut e, "", "max_split_size_mb:64").unwrap();
+    assert_eq!(e.capabilities().oversize_threshold, 64 * MIB);
+    assert_eq!(e.capabilities(), e.policy().capabilities());
 }

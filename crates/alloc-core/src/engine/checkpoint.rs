@@ -169,7 +169,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ) -> Result<RestoreOutcome, AllocError> {
         let pool = checkpoint.pool;
         self.held_pool(pool, "restore")?;
-        if !self.policy.rebuilds_layouts() {
+        if !self.caps.rebuilds_layouts {
             // Carving from the front of merged free space is how the layout
             // is rebuilt; a policy that keeps free blocks apart (size
             // classes) tags them by class in ways this cannot recreate.

@@ -50,14 +50,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(fixed("unmap_worker"));
         }
         self.policy.reconfigure(cfg)?;
+        self.caps = self.policy.capabilities();
         // Without virtual memory, segments stay ordinary ones, as at
         // construction ([`Engine::expandable_fallback`]).
         let growable_memory = self.granularity > 0;
         self.expandable =
-            wanted.expandable_segments && self.policy.supports_growth() && growable_memory;
+            wanted.expandable_segments && self.caps.supports_growth && growable_memory;
         self.options = wanted;
         self.heap
-            .set_oversize_threshold(self.policy.oversize_threshold());
+            .set_oversize_threshold(self.caps.oversize_threshold);
         Ok(())
     }
 }

@@ -333,7 +333,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 "a sleep tag needs a name".into(),
             ));
         }
-        if !self.policy.supports_growth() || self.granularity == 0 {
+        if !self.caps.supports_growth || self.granularity == 0 {
             return Err(AllocError::InvalidArgument(format!(
                 "sleep tags need growable segments (virtual memory), which policy {} or this \
                  device lacks",
