@@ -29,7 +29,6 @@ pub struct SimDataMemory {
 }
 
 impl SimDataMemory {
-
     /// Bytes of one stored word; words lie at multiples of it.
     pub const WORD: u64 = 8;
 
