@@ -167,8 +167,11 @@ def scenario_dlpack():
     cupy.cuda.Device().synchronize()
     b = torch.cuda.Stream()
     with torch.cuda.stream(b):
-        torch.cuda._sleep(500_000_000)
+        # b's first allocations first: a new segment's cuMemAlloc may synchronize the
+        # device, which would end the sleep before the free below.
         seen = v.sum()
+        torch.cuda._sleep(500_000_000)
+        torch.sum(v, 0, out=seen)
     gpu_alloc.cupy.record_stream(x, b)
     old = x.data.ptr
     del v, x
