@@ -396,15 +396,28 @@ fn summary(results: &[TraceResult]) -> String {
          expandable segments, which the replay reproduces byte for byte: 1.000 in its\n\
          column); in parentheses, pages moved per step.\n\n",
     );
-    let mut table = Table::new(std::iter::once("trace").chain(names.iter().copied()));
-    for r in results {
-        let mut row = vec![r.label.clone()];
-        for name in &names {
-            row.push(r.advice.outcome(name).map_or(String::new(), ratio_cell));
+    // One table of every setting where it fits in MAX_WIDTH columns, else
+    // the settings split over two tables, each with the trace column.
+    let ratios = |names: &[&str]| {
+        let mut table = Table::new(std::iter::once("trace").chain(names.iter().copied()));
+        for r in results {
+            let mut row = vec![r.label.clone()];
+            for name in names {
+                row.push(r.advice.outcome(name).map_or(String::new(), ratio_cell));
+            }
+            table.row(row);
         }
-        table.row(row);
+        table.plain()
+    };
+    let whole = ratios(&names);
+    if whole.lines().all(|l| l.chars().count() <= MAX_WIDTH) {
+        out.push_str(&whole);
+    } else {
+        let (first, second) = names.split_at(names.len().div_ceil(2));
+        out.push_str(&ratios(first));
+        out.push('\n');
+        out.push_str(&ratios(second));
     }
-    out.push_str(&table.plain());
 
     out.push_str(
         "\nRecommended (the rule: docs/advise.md; `cargo xtask advise TRACE` explains one):\n",
