@@ -2,6 +2,7 @@
     python3 benchmarks/budget/test_budget.py"""
 import os
 import sys
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +42,35 @@ class BudgetTests(unittest.TestCase):
         none = [l for l in table.splitlines() if "torch-expandable" in l][0]
         self.assertIn("| none |", none)
         self.assertIn("| - |", none)
+
+    def test_a_batch_times_the_last_pass_after_its_warm_up(self):
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        torch = types.SimpleNamespace(
+            OutOfMemoryError=OutOfMemoryError,
+            cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+        seen = []
+
+        def step(batch, i):
+            seen.append(i)
+            return batch
+
+        ok, rate, mean_ms, err = budget.run_batch(torch, step, lambda: None, 4, 3, 1, passes=2)
+        self.assertTrue(ok)
+        self.assertIsNone(err)
+        self.assertEqual(seen, [0, 1, 2, 0, 1, 2])
+        self.assertGreater(rate, 0)
+
+        def failing(batch, i):
+            if i == 2:
+                raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            return batch
+
+        resets = []
+        ok, rate, _, err = budget.run_batch(torch, failing, lambda: resets.append(1), 4, 3, 1)
+        self.assertEqual((ok, rate, len(resets)), (False, None, 1))
+        self.assertIn("out of memory", err)
 
     def test_every_workload_has_a_builder(self):
         for name in budget.WORKLOADS:
