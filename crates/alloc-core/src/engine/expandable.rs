@@ -447,28 +447,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.free_pages.wake_all();
             return Ok(());
         };
-        self.free_pages.wake_stream(stream);
-        while let Some(key) = self.free_pages.oldest_parked() {
-            if !self.oldest_mark_done(&key)? {
-                break;
-            }
-            self.free_pages.wake(&key);
-        }
-        if let Some(key) = self.free_pages.next_parked_in_turn() {
-            if self.oldest_mark_done(&key)? {
-                self.free_pages.wake(&key);
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether the oldest outstanding mark of the growable segment `key`
-    /// has completed (or it has none).
-    fn oldest_mark_done(&mut self, key: &SegmentKey) -> Result<bool, AllocError> {
-        match self.growable[key].idle.oldest_mark() {
-            Some(mark) => Ok(self.streams.is_complete(mark)?),
-            None => Ok(true),
-        }
+        // A segment's oldest outstanding mark has completed (or it has none).
+        let (growable, streams) = (&self.growable, &mut self.streams);
+        self.free_pages
+            .wake_for(stream, |key| match growable[key].idle.oldest_mark() {
+                Some(mark) => Ok(streams.is_complete(mark)?),
+                None => Ok(true),
+            })
     }
 
     /// Unmaps page runs of the growable segment `key`, from the highest

@@ -137,16 +137,40 @@ impl FreePageIndex {
         }
     }
 
+    /// Wakes the parked segments that a walk for a mapping on `stream` may
+    /// take something from: those of `stream`, then those whose oldest mark
+    /// is `done`, polled oldest first (up to the first not done) and one
+    /// more in turn past them, for marks that complete out of order.
+    pub(super) fn wake_for<E>(
+        &mut self,
+        stream: StreamId,
+        mut done: impl FnMut(&SegmentKey) -> Result<bool, E>,
+    ) -> Result<(), E> {
+        self.wake_stream(stream);
+        while let Some(key) = self.oldest_parked() {
+            if !done(&key)? {
+                break;
+            }
+            self.wake(&key);
+        }
+        if let Some(key) = self.next_parked_in_turn() {
+            if done(&key)? {
+                self.wake(&key);
+            }
+        }
+        Ok(())
+    }
+
     /// The parked segment whose mark was recorded first: the first to
     /// complete on a GPU the host runs ahead of.
-    pub(super) fn oldest_parked(&self) -> Option<SegmentKey> {
+    fn oldest_parked(&self) -> Option<SegmentKey> {
         self.parked.by_mark.values().next().copied()
     }
 
     /// The next parked segment in turn past the oldest (round robin over
     /// them, one a call), for marks that complete out of their recording
     /// order (streams run independently).
-    pub(super) fn next_parked_in_turn(&mut self) -> Option<SegmentKey> {
+    fn next_parked_in_turn(&mut self) -> Option<SegmentKey> {
         let parked = &mut self.parked;
         let (&mark, &key) = parked
             .by_mark
@@ -262,5 +286,43 @@ mod tests {
         assert_eq!(index.oldest_parked(), None);
         assert_eq!(index.next_parked_in_turn(), None);
         assert_eq!((index.number_mark(), index.number_mark()), (1, 2));
+    }
+
+    #[test]
+    fn a_mapping_wakes_its_stream_then_the_done_oldest_first_and_one_in_turn() {
+        let mut index = FreePageIndex::default();
+        for s in 0..5 {
+            index.note(key(s));
+        }
+        // Marks recorded in the order of streams 1, 2, 3, 4.
+        for s in 1..5 {
+            index.park(key(s), s * 10);
+        }
+        // A mapping on stream 4; streams 1 and 3 are done, 2 is not.
+        let mut asked = Vec::new();
+        let woke: Result<(), ()> = index.wake_for(StreamId(4), |k| {
+            asked.push(k.0.stream.0);
+            Ok(k.0.stream.0 != 2)
+        });
+        woke.unwrap();
+        // 4 woken as the mover's; 1 (the oldest) done; 2 stops the run;
+        // the turn after the oldest asks 2 again, not done.
+        assert_eq!(asked, vec![1, 2, 2]);
+        let mut visit = index.to_visit();
+        visit.sort_by_key(|k| k.0.stream.0);
+        assert_eq!(visit, vec![key(0), key(1), key(4)]);
+        assert_eq!(index.parked(), 2);
+        // The next call's turn moves on past 2 and finds 3 done.
+        index
+            .wake_for(StreamId(0), |k| Ok::<_, ()>(k.0.stream.0 != 2))
+            .unwrap();
+        assert!(index.to_visit().contains(&key(3)));
+        assert_eq!(index.parked(), 1);
+        // An error from the check stops the walk and reaches the caller.
+        assert_eq!(
+            index.wake_for(StreamId(0), |_| Err("query failed")),
+            Err("query failed")
+        );
+        assert_eq!(index.parked(), 1);
     }
 }
