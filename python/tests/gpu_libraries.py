@@ -10,7 +10,8 @@ fails its scenarios too).
 import os
 import subprocess
 import sys
-import time
+
+import scenarios  # the runner shared with gpu_torch.py (this script's folder)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -325,30 +326,13 @@ SCENARIOS = {
 ENV = {"numba_env": {"NUMBA_CUDA_MEMORY_MANAGER": "gpu_alloc"}}
 
 
-def main(names):
-    failed = 0
-    for name in names or SCENARIOS:
-        t = time.time()
-        env = dict(os.environ, **ENV.get(name, {}))
-        env["PYTHONPATH"] = os.pathsep.join(
-            [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-        r = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--child", name],
-                           capture_output=True, text=True, timeout=600, env=env)
-        lines = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
-        ok = r.returncode == 0 and lines
-        detail = lines[-1][7:] if lines else (
-            r.stderr.strip().splitlines() or ["no output (exit %d)" % r.returncode])[-1]
-        print("%s  %-14s (%.1f s) %s" % ("PASS" if ok else "FAIL", name, time.time() - t, detail),
-              flush=True)
-        if not ok:
-            failed += 1
-            sys.stdout.write(r.stdout[-3000:] + r.stderr[-3000:] + "\n")
-    print("ALL PASSED" if not failed else "%d FAILED" % failed)
-    return 1 if failed else 0
+def child_env(name):
+    """A scenario's environment: gpu_alloc importable, plus the scenario's own variables."""
+    env = dict(os.environ, **ENV.get(name, {}))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(HERE)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    return env
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        print("RESULT " + SCENARIOS[sys.argv[2]]())
-    else:
-        sys.exit(main(sys.argv[1:]))
+    sys.exit(scenarios.main(__file__, SCENARIOS, sys.argv[1:], env_for=child_env, width=14))
