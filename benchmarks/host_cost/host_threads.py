@@ -322,13 +322,7 @@ def common_argv(args):
     argv = ["--so", args.so, "--window", str(args.window), "--repeats", str(args.repeats),
             "--sample-every", str(args.sample_every),
             "--workloads", ",".join(w["spec"] for w in args.workloads)]
-    if args.devices:
-        argv += ["--devices", ",".join(map(str, args.devices))]
-    else:
-        argv += ["--threads", ",".join(map(str, args.threads)), "--streams",
-                 ",".join(args.streams)]
-    if args.config is not None:
-        argv += ["--config", args.config]
+    argv += shape_argv(args)
     if args.no_python:
         argv.append("--no-python")
     if args.null_driver:
@@ -342,6 +336,13 @@ def rust_argv(args):
             "--sample-every", str(args.sample_every)]
     for w in args.workloads:
         argv += ["--workload", w["spec"], "--warm", str(warm_calls(w))]
+    return argv + shape_argv(args)
+
+
+def shape_argv(args):
+    """The plan's shape, as both the child processes and gpu_bench take it: the devices
+    (one thread each) or the thread counts and stream modes, and the configuration."""
+    argv = []
     if args.devices:
         argv += ["--devices", ",".join(map(str, args.devices))]
     else:
