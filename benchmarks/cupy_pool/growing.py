@@ -10,7 +10,7 @@
 Every (workload, pool) pair runs in a process of its own (an allocator is chosen once per
 process). Printed: a markdown table of peak reserved memory over peak requested (the bytes
 the workload's live arrays held at most, counted by the workload itself, the same for every
-pool) and the median time per step (synchronised at the end of each step).
+pool), the median and the mean time per step (synchronised at the end of each step).
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 benchmarks/cupy_pool/growing.py
     python3 benchmarks/cupy_pool/growing.py --steps 64        # shorter
@@ -130,9 +130,12 @@ def run_child(workload, pool, steps):
         import rmm
         from rmm.allocators.cupy import rmm_cupy_allocator
 
-        rmm.reinitialize(pool_allocator=True, initial_pool_size=256 * MIB)
+        # RMM's pool, starting empty (any initial size would count as held), growing from
+        # cudaMalloc; it never gives memory back, so its size is its peak.
+        pool_mr = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=0)
+        rmm.mr.set_current_device_resource(pool_mr)
         cupy.cuda.set_allocator(rmm_cupy_allocator)
-        reserved_peak = None  # RMM's pool does not report what it holds; left out
+        reserved_peak = pool_mr.pool_size
     else:
         pool_object = cupy.get_default_memory_pool()
         cupy.cuda.set_allocator(pool_object.malloc)
@@ -160,6 +163,7 @@ def run_child(workload, pool, steps):
         "peak_requested": account.peak,
         "peak_reserved": observed[0] if reserved_peak is not None else None,
         "step_ms": statistics.median(times) * 1e3,
+        "mean_step_ms": statistics.fmean(times) * 1e3,
     }
 
 

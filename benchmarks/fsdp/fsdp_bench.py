@@ -50,6 +50,7 @@ import inspect
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -74,6 +75,10 @@ SETTINGS = {
     # Both: blocks held by other streams' events reused through stream waits, and free
     # pages' physical memory serving growth.
     "ours-streamwait-unmap": ({}, "stream_wait_reuse:true,expandable_segments:True,unmap_free_pages:true"),
+    # The named settings: the least memory at every moment, and pages moved only at the
+    # memory budget (the device's memory by default).
+    "ours-bound": ({}, "bound"),
+    "ours-budget": ({}, "budget"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")
 SHAPES = {
@@ -113,6 +118,9 @@ def parse_args(argv=None):
                         "(plain CUDAPluggableAllocator)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo + CPU tensors, to test this script without a GPU")
+    p.add_argument("--varlen", type=int, default=None, metavar="MIN",
+                   help="draw each step's sequence length from [MIN, seq] (the same draws "
+                        "under every setting) instead of using seq throughout")
     for k in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                        help="override the shape's %s (tests)" % k)
@@ -296,6 +304,12 @@ class AllocStats:
     KEYS = ("reserved_bytes.all.current", "reserved_bytes.all.peak",
             "allocated_bytes.all.current", "allocated_bytes.all.peak",
             "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+    # gpu_alloc's cumulative counters of what stream ordering and page recycling cost:
+    # host waits for the GPU, stream waits, events, page moves (ours-* settings).
+    COUNTERS = ("stream_ops.recorded", "stream_ops.queried", "stream_ops.host_waits",
+                "stream_ops.host_wait_ns", "stream_ops.stream_waits",
+                "page_moves.rounds", "page_moves.pages_unmapped", "page_moves.pages_mapped",
+                "page_moves.stream_waits", "page_moves.host_ns", "num_sync_all_streams")
 
     def __init__(self, torch, device, gpu_alloc=None):
         self.torch, self.device, self.gpu_alloc = torch, device, gpu_alloc
@@ -328,8 +342,9 @@ class AllocStats:
             prim = self._pick(self.gpu_alloc.memory_stats(self.device))
         out = {"primary": prim}
         if self.gpu_alloc is not None:
-            out["gpu_alloc"] = prim if self.source == "gpu_alloc" else self._pick(
-                self.gpu_alloc.memory_stats(self.device))
+            ours = self.gpu_alloc.memory_stats(self.device)
+            out["gpu_alloc"] = prim if self.source == "gpu_alloc" else self._pick(ours)
+            out["counters"] = {k: int(ours.get(k, 0)) for k in self.COUNTERS}
         return out
 
     def reset_peaks(self):
@@ -369,6 +384,8 @@ def summarize(per_step, skip=SKIP_STEPS):
         "steps_done": len(per_step),
         "losses": [s["loss"] for s in per_step],
         "median_step_ms": round(statistics.median(timed), 3) if timed else None,
+        "mean_step_ms": round(statistics.fmean(timed), 3) if timed else None,
+        "stdev_step_ms": round(statistics.stdev(timed), 3) if len(timed) > 1 else None,
         "peak_reserved_bytes": peak("reserved_peak"),
         "peak_allocated_bytes": peak("allocated_peak"),
         "peak_device_used_bytes": max((s["device_used"] for s in per_step), default=None),
@@ -378,13 +395,24 @@ def summarize(per_step, skip=SKIP_STEPS):
         out["gpu_alloc_peak_allocated_bytes"] = peak("allocated_peak", "gpu_alloc")
     r, a = out["peak_reserved_bytes"], out["peak_allocated_bytes"]
     out["reserved_over_allocated"] = round(r / a, 4) if r and a else None
+    counted = [s["counters"] for s in per_step[skip:] if "counters" in s]
+    if counted:  # per timed step: what stream ordering and page recycling cost
+        out["counters_per_step"] = {k: round(statistics.fmean(c[k] for c in counted), 2)
+                                    for k in counted[0]}
     return out
 
 
-def step_record(step, loss, time_ms, stats, before, device_used):
-    """One step's figures; counters as deltas from `before` (the end of set-up)."""
+def step_record(step, loss, time_ms, stats, before, device_used, previous=None):
+    """One step's figures; counters as deltas from `before` (the end of set-up), and
+    gpu_alloc's stream and page counters as this step's own (deltas from `previous`, the
+    reading after the step before)."""
     rec = {"step": step, "loss": loss, "time_ms": round(time_ms, 3), "device_used": device_used}
+    if "counters" in stats:
+        base = (previous or before).get("counters", {})
+        rec["counters"] = {k: v - base.get(k, 0) for k, v in stats["counters"].items()}
     for sub, s in stats.items():
+        if sub == "counters":
+            continue
         rec[sub] = {
             "reserved": s["reserved_bytes.all.current"],
             "reserved_peak": s["reserved_bytes.all.peak"],
@@ -475,8 +503,12 @@ def main(argv=None):
         forward = (lambda ids: model(input_ids=ids).logits) if args.model == "hf" else model
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
         torch.manual_seed(1234 + rank)
-        data = [torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1))
-                for _ in range(args.steps)]
+        lengths = [cfg["seq"]] * args.steps
+        if args.varlen:
+            draw = random.Random(4321)  # the same lengths under every setting and rank
+            lengths = [draw.randint(min(args.varlen, cfg["seq"]), cfg["seq"])
+                       for _ in range(args.steps)]
+        data = [torch.randint(0, cfg["vocab"], (cfg["batch"], n + 1)) for n in lengths]
         gc.collect()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -484,6 +516,7 @@ def main(argv=None):
         stats.empty_cache()
         stats.reset_peaks()
         before = stats.read()
+        previous = before
         summary["after_setup"] = {"stats": before, "device_used": stats.device_used()}
         t_setup = time.time()
         summary["startup_s"] = {"import_and_enable": round(t_import - t_start, 2),
@@ -514,7 +547,10 @@ def main(argv=None):
             dt = (time.perf_counter() - t0) * 1000.0
             lv = float(loss.item())
             del logits, loss, batch, inp, tgt
-            rec = step_record(step + 1, lv, dt, stats.read(), before, stats.device_used())
+            reading = stats.read()
+            rec = step_record(step + 1, lv, dt, reading, before, stats.device_used(),
+                              previous)
+            previous = reading
             stats.reset_peaks()
             per_step.append(rec)
             if rank == 0 and (step == 0 or (step + 1) % 10 == 0 or step + 1 == args.steps):

@@ -20,7 +20,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
-use crate::events::{CudaStreams, EventPoolStats};
+use crate::events::{CudaStreams, EventPoolStats, StreamOpCounts};
 use crate::ipc::{self, SharedRange};
 use crate::lock::{lock_checked, lock_consistent};
 use crate::memory::CudaMemory;
@@ -645,7 +645,9 @@ impl<P: Policy> CudaAllocator<P> {
 
     /// Clears cumulative counters.
     pub fn reset_accumulated_stats(&self) -> Result<(), CudaError> {
-        self.engine()?.reset_accumulated_stats();
+        let mut engine = self.engine()?;
+        engine.reset_accumulated_stats();
+        engine.streams_mut().reset_op_counts();
         Ok(())
     }
 
@@ -662,6 +664,13 @@ impl<P: Policy> CudaAllocator<P> {
     /// Blocks freed while other streams still used them.
     pub fn awaiting_events(&self) -> Result<usize, CudaError> {
         Ok(self.engine()?.awaiting_events())
+    }
+
+    /// What the engine asked of streams and events (host waits, stream
+    /// waits, event records and queries) since creation or the last
+    /// [`CudaAllocator::reset_accumulated_stats`].
+    pub fn stream_op_counts(&self) -> Result<StreamOpCounts, CudaError> {
+        Ok(self.engine()?.streams().op_counts())
     }
 
     /// Counters of the CUDA event pool.

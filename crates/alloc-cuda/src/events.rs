@@ -4,6 +4,7 @@
 //! `cuGraphNodeGetDependencies`) for `graph_capture_record_stream_reuse`.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use alloc_core::{BackendError, CaptureFrontier, CaptureGraph, GraphNode, StreamBackend, StreamId};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -12,6 +13,41 @@ use rustc_hash::FxHashMap;
 use crate::driver::{self, RawEvent};
 use crate::error::CudaError;
 use crate::stream::{stream_ref, AsStream, StreamRef, StreamTable};
+
+/// What the engine asked of streams and events through a [`CudaStreams`]:
+/// the costs stream ordering puts on the host (waits for the GPU) and on
+/// the GPU (waits one stream makes on another), counted so that a step's
+/// share of them can be read from the statistics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamOpCounts {
+    /// Events recorded (`cuEventRecord`): one per stream a freed block was
+    /// used on, and the marks page recycling and sleep tags record.
+    pub recorded: u64,
+    /// Event queries (`cuEventQuery`): the host asking, without waiting,
+    /// whether the GPU is done.
+    pub queried: u64,
+    /// Host waits (`cuEventSynchronize`): the allocating thread blocked
+    /// until a stream reached an event.
+    pub host_waits: u64,
+    /// Nanoseconds the host spent in those waits.
+    pub host_wait_ns: u64,
+    /// Stream waits (`cuStreamWaitEvent`): a stream made to wait on
+    /// another's event before using a block (`stream_wait_reuse`).
+    pub stream_waits: u64,
+}
+
+impl StreamOpCounts {
+    /// The counters as `(name, value)` pairs, named `stream_ops.<field>`.
+    pub fn named(&self) -> [(&'static str, u64); 5] {
+        [
+            ("stream_ops.recorded", self.recorded),
+            ("stream_ops.queried", self.queried),
+            ("stream_ops.host_waits", self.host_waits),
+            ("stream_ops.host_wait_ns", self.host_wait_ns),
+            ("stream_ops.stream_waits", self.stream_waits),
+        ]
+    }
+}
 
 /// Counters of an [`EventPool`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -130,6 +166,8 @@ pub struct CudaStreams {
     /// Every graph node handed out by [`CaptureGraph`], with the stream and
     /// the capture it was read from: only those reach the driver again.
     known_nodes: FxHashMap<u64, (StreamId, u64)>,
+    /// What the engine asked of streams and events.
+    counts: StreamOpCounts,
 }
 
 impl CudaStreams {
@@ -142,7 +180,19 @@ impl CudaStreams {
             last_cudarc: None,
             nodes: Vec::new(),
             known_nodes: FxHashMap::default(),
+            counts: StreamOpCounts::default(),
         }
+    }
+
+    /// What the engine asked of streams and events since creation or the
+    /// last [`CudaStreams::reset_op_counts`].
+    pub fn op_counts(&self) -> StreamOpCounts {
+        self.counts
+    }
+
+    /// Zeroes [`CudaStreams::op_counts`].
+    pub fn reset_op_counts(&mut self) {
+        self.counts = StreamOpCounts::default();
     }
 
     /// Registers `stream` so that the engine may use its id; returns the
@@ -242,7 +292,10 @@ impl StreamBackend for CudaStreams {
         // that the table keeps alive, or a raw handle whose creator vouched
         // (`StreamHandle::from_raw`) that it lives while the engine uses it.
         match unsafe { driver::event_record(&event, stream.0) } {
-            Ok(()) => Ok(PooledEvent(event)),
+            Ok(()) => {
+                self.counts.recorded += 1;
+                Ok(PooledEvent(event))
+            }
             Err(e) => {
                 self.pool.release(event);
                 Err(e.into())
@@ -252,12 +305,18 @@ impl StreamBackend for CudaStreams {
 
     fn is_complete(&mut self, event: &PooledEvent) -> Result<bool, BackendError> {
         driver::bind(&self.ctx)?;
+        self.counts.queried += 1;
         Ok(driver::event_query(&event.0)?)
     }
 
     fn synchronize(&mut self, event: &PooledEvent) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
-        Ok(driver::event_synchronize(&event.0)?)
+        let started = Instant::now();
+        let waited = driver::event_synchronize(&event.0);
+        self.counts.host_waits += 1;
+        let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counts.host_wait_ns = self.counts.host_wait_ns.saturating_add(ns);
+        Ok(waited?)
     }
 
     fn make_stream_wait(
@@ -267,6 +326,7 @@ impl StreamBackend for CudaStreams {
     ) -> Result<(), BackendError> {
         let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
+        self.counts.stream_waits += 1;
         // SAFETY: `stream` is registered (see `record`).
         Ok(unsafe { driver::stream_wait_event(stream.0, &event.0) }?)
     }

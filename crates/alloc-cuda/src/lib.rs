@@ -113,7 +113,7 @@ pub mod vmm;
 pub use allocator::{CudaAllocator, MAX_DEVICES};
 pub use buffer::{DeviceBuffer, Plain};
 pub use error::{CudaError, CUDARC_CALL};
-pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent};
+pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent, StreamOpCounts};
 pub use ipc::SharedRange;
 pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};

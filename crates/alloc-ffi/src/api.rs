@@ -258,8 +258,9 @@ pub const API: &[ApiFn] = &[
         doc: "Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key\n\
               names (\"allocated_bytes.all.current\", \"reserved_bytes.all.peak\", ...), plus\n\
               \"max_split_size\" and our \"page_moves.*\" counters (what unmap_free_pages\n\
-              moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns), all zero\n\
-              for a device never used. Free the string with gpualloc_string_free. NULL on error.",
+              moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns)\n\
+              and \"stream_ops.*\" counters (what stream ordering asked of the driver: recorded,\n\
+              queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used. Free the string with gpualloc_string_free. NULL on error.",
     },
     ApiFn {
         ret: "int",

@@ -546,8 +546,9 @@ pub extern "C" fn gpualloc_reset_accumulated_stats(device: c_int) -> c_int {
 
 /// The statistics of one allocator (or zeros) as PyTorch's flat map, plus
 /// `max_split_size` (-1 when unset, as PyTorch reports it), our
-/// `page_moves.*` counters (`unmap_free_pages`) and, with `plan_layout`, the
-/// `plan_layout.*` counters.
+/// `page_moves.*` counters (`unmap_free_pages`), the `stream_ops.*` counters
+/// (host waits, stream waits, event records and queries) and, with
+/// `plan_layout`, the `plan_layout.*` counters.
 pub fn stats_map(
     alloc: Option<&CudaAllocator>,
 ) -> FfiResult<std::collections::BTreeMap<String, i64>> {
@@ -556,11 +557,11 @@ pub fn stats_map(
         None => (alloc_core::Stats::default(), u64::MAX),
     };
     let mut map = stats.to_flat_map();
-    let plan = match alloc {
-        Some(a) => a.plan_stats()?,
-        None => None,
+    let (plan, ops) = match alloc {
+        Some(a) => (a.plan_stats()?, a.stream_op_counts()?),
+        None => (None, alloc_cuda::StreamOpCounts::default()),
     };
-    let counters = stats.page_moves.named().into_iter();
+    let counters = stats.page_moves.named().into_iter().chain(ops.named());
     for (name, value) in counters.chain(plan.iter().flat_map(|p| p.named())) {
         map.insert(name.into(), i64::try_from(value).unwrap_or(i64::MAX));
     }

@@ -400,3 +400,41 @@ fn unknown_pools_are_refused_with_their_own_code() {
     assert!(tables <= 3, "{tables} entries for 200,000 pools released");
     check_recovered("200,000 pools", Run::default());
 }
+
+/// The `stream_ops.*` counters of the statistics count what the driver was
+/// asked: an event recorded for a block freed while another stream used it,
+/// and the queries that poll it before the block is reused.
+#[test]
+#[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
+fn stream_op_counters_match_the_driver_calls() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(nd) = NullDriver::load() else {
+        return;
+    };
+    let read = || -> std::collections::BTreeMap<String, i64> {
+        let json = gpualloc_memory_stats_json(0);
+        assert!(!json.is_null(), "memory_stats_json");
+        // SAFETY: a NUL-terminated string of the library, read and freed once.
+        let text = unsafe { CStr::from_ptr(json) }.to_str().unwrap().to_owned();
+        // SAFETY: as above.
+        unsafe { gpualloc_string_free(json) };
+        serde_json::from_str(&text).unwrap()
+    };
+    let p = gpualloc_malloc(MIB, 0, null_mut());
+    assert!(!p.is_null());
+    let before = read();
+    let (records, queries) = (nd.calls("cuEventRecord"), nd.calls("cuEventQuery"));
+    assert_eq!(gpualloc_record_stream(p, 0, side_stream()), 0);
+    gpualloc_free(p, 0, 0, null_mut());
+    let q = gpualloc_malloc(MIB, 0, null_mut()); // polls the freed block's event
+    assert!(!q.is_null());
+    let after = read();
+    let delta = |key: &str| after[key] - before[key];
+    assert_eq!(delta("stream_ops.recorded"), nd.calls("cuEventRecord") - records);
+    assert_eq!(delta("stream_ops.queried"), nd.calls("cuEventQuery") - queries);
+    assert!(delta("stream_ops.recorded") >= 1, "the cross-stream free recorded an event");
+    assert!(delta("stream_ops.queried") >= 1, "the next malloc polled it");
+    assert_eq!(delta("stream_ops.host_waits"), 0);
+    assert_eq!(delta("stream_ops.stream_waits"), 0);
+    gpualloc_free(q, 0, 0, null_mut());
+}
