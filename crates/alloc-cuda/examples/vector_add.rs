@@ -3,7 +3,6 @@
 //!
 //! `cargo run --release -p alloc-cuda --example vector_add` (needs a GPU).
 
-
 use alloc_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use alloc_cuda::cudarc::nvrtc::Ptx;
 use alloc_cuda::CudaAllocator;
