@@ -116,7 +116,7 @@ FREE_FN = "gpualloc_free"
 ENV_CONF = "GPUALLOC_CONF"
 ENV_SO = "GPUALLOC_SO"
 
-# The C interface, read from the packaged gpualloc.h: functions, structs, constants.
+# The C interface, read from gpualloc.h (module _header): functions, structs, constants.
 HEADER = _header.load()
 
 # Return codes (gpualloc.h).
@@ -376,6 +376,7 @@ def build_bridge(verbose=False):
             name="gpu_alloc_bridge",
             sources=[os.path.join(_HERE, "bridge.cpp")],
             extra_cflags=["-O2"],
+            extra_include_paths=[_header.HEADER_DIR],
             with_cuda=True,
             verbose=verbose,
         )
