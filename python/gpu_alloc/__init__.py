@@ -80,6 +80,8 @@ __all__ = [
     "host_alloc",
     "host_free",
     "host_record_stream",
+    "host_register",
+    "host_unregister",
     "host_stats",
     "host_empty_cache",
     "library_path",
@@ -712,9 +714,33 @@ def pinned_empty(nbytes):
     return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
+# gpualloc_host_register's flag (gpualloc.h).
+HOST_REGISTER_MAPPED = HEADER.constants["GPUALLOC_HOST_REGISTER_MAPPED"]
+
+
+def host_register(ptr, nbytes, mapped=False):
+    """Page-locks ``nbytes`` of host memory at ``ptr`` (an int address) that the caller
+    allocated, for every CUDA context of the process (``cuMemHostRegister``, portable);
+    ``mapped=True`` also maps it into the device address space. Counted in host_stats() as
+    ``registered_bytes``. The memory must stay allocated until host_unregister(ptr). Raises
+    ValueError for an empty range or one overlapping a range registered already."""
+    flags = HOST_REGISTER_MAPPED if mapped else 0
+    code = load_library().gpualloc_host_register(ctypes.c_void_p(ptr), int(nbytes), flags)
+    _check(code, "host_register(%#x, %d)" % (ptr, nbytes))
+
+
+def host_unregister(ptr):
+    """Unpins the range host_register() pinned at ``ptr`` (its start). No queued copy may use
+    it any more."""
+    _check(load_library().gpualloc_host_unregister(ctypes.c_void_p(ptr)),
+           "host_unregister(%#x)" % ptr)
+
+
 def host_stats():
     """Counters of the pinned host pool: allocated_bytes, cached_bytes, pending_bytes,
-    reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees."""
+    reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees; and
+    of memory pinned in place with host_register(): registered_bytes, peak_registered_bytes,
+    registered_ranges, host_registers, host_unregisters."""
     return _take_json(load_library().gpualloc_host_stats_json(), "host_stats")
 
 

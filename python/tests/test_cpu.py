@@ -342,6 +342,15 @@ class Library(unittest.TestCase):
         self.assertIn("not memory from gpualloc_host_alloc", str(cm.exception))
         gpu_alloc.host_free(0)  # NULL: a no-op
 
+    def test_host_register_refuses_bad_ranges_with_the_reason(self):
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.host_register(0x1000, 0)
+        self.assertIn("at least one byte", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.host_unregister(0x1234)
+        self.assertIn("not the start of a range registered", str(cm.exception))
+        self.assertEqual(gpu_alloc.HOST_REGISTER_MAPPED, 1)
+
     def test_record_history_switch(self):
         gpu_alloc.record_history(True, max_entries=10)
         gpu_alloc.record_history(False)
