@@ -40,8 +40,8 @@ asked for. The command line: ``python -m gpu_alloc doctor|advise|version``, also
 ``gpu-alloc``.
 
 The library is ``so_path`` when given (nothing else is tried); otherwise the first that
-exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
-wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
+exists of: the packaged library (``liballoc_ffi.so`` next to this file, where the wheel puts
+it), then ``$GPUALLOC_SO``, then,
 when this package is the one in a clone of the repository, cargo's ``target/release`` and
 ``target/debug`` (``$CARGO_TARGET_DIR`` if set). A set ``$GPUALLOC_SO`` replaces the
 clone's build folders, so that a wrong path is reported rather than passed over.
@@ -131,10 +131,6 @@ ERR_INTERNAL = HEADER.constants["GPUALLOC_ERR_INTERNAL"]
 ERR_UNKNOWN_POOL = HEADER.constants["GPUALLOC_ERR_UNKNOWN_POOL"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Where the wheel puts the library: maturin names this folder after the module
-# gpu_alloc.alloc_ffi (pyproject.toml), a cffi module it generates that declares nothing
-# (the library is called through ctypes alone).
-PACKAGED_DIR = "alloc_ffi"
 _log = logging.getLogger("gpu_alloc")
 _lib = None
 _lib_path = None
@@ -184,10 +180,8 @@ def library_candidates(so_path=None):
     module's docstring."""
     if so_path:
         return [("so_path", so_path)]
-    candidates = [
-        ("packaged", os.path.join(_HERE, PACKAGED_DIR, LIB_NAME)),
-        ("packaged", os.path.join(_HERE, LIB_NAME)),
-    ]
+    # Where the wheel puts the library (setup.py): next to this file.
+    candidates = [("packaged", os.path.join(_HERE, LIB_NAME))]
     if os.environ.get(ENV_SO):
         candidates.append(("$" + ENV_SO, os.environ[ENV_SO]))
     elif repository_root() is not None:

@@ -85,7 +85,7 @@ class LibraryLookup(unittest.TestCase):
             self.addCleanup(patcher.stop)
         os.environ.pop("GPUALLOC_SO", None)
         os.environ.pop("CARGO_TARGET_DIR", None)
-        self.packaged = os.path.join(self.package, "alloc_ffi", "liballoc_ffi.so")
+        self.packaged = os.path.join(self.package, "liballoc_ffi.so")
         self.release = os.path.join(self.root, "target", "release", "liballoc_ffi.so")
         self.debug = os.path.join(self.root, "target", "debug", "liballoc_ffi.so")
         self.env_so = os.path.join(self.root, "elsewhere", "liballoc_ffi.so")
@@ -110,11 +110,11 @@ class LibraryLookup(unittest.TestCase):
         with self.assertRaises(gpu_alloc.GpuAllocError):
             gpu_alloc.library_path()
 
-    def test_a_copy_next_to_the_package_counts_as_packaged(self):
-        beside = self.touch(self.package, "liballoc_ffi.so")
+    def test_the_packaged_library_is_the_one_next_to_the_package(self):
+        self.touch(self.packaged)
         self.touch(self.env_so)
         os.environ["GPUALLOC_SO"] = self.env_so
-        self.assertEqual(gpu_alloc.library_path(), beside)
+        self.assertEqual(gpu_alloc.library_path(), self.packaged)
         self.assertEqual(gpu_alloc.library_candidates()[0],
                          ("packaged", self.packaged), "the wheel's place is looked at first")
 
@@ -144,7 +144,7 @@ class LibraryLookup(unittest.TestCase):
         os.unlink(os.path.join(self.root, "Cargo.toml"))  # not a clone any more
         self.touch(self.release)
         origins = [origin for origin, _ in gpu_alloc.library_candidates()]
-        self.assertEqual(origins, ["packaged", "packaged"])
+        self.assertEqual(origins, ["packaged"])
         with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
             gpu_alloc.library_path()
         self.assertIn("pip install .", str(cm.exception))
@@ -158,16 +158,16 @@ class InstalledPackage(unittest.TestCase):
         self.assertFalse(here.startswith(PYROOT), here)
         self.assertIsNone(gpu_alloc.repository_root())
         self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
-        self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
+        self.assertEqual(SO, os.path.join(here, "liballoc_ffi.so"))
 
-    def test_the_cffi_module_declares_nothing(self):
-        # maturin always generates it; ctypes with gpualloc.h is the one way to call the
-        # library, so the cffi view imports but offers no function.
-        from gpu_alloc import alloc_ffi
+    def test_the_wheel_carries_the_library_and_header_and_no_cffi_module(self):
+        # ctypes with gpualloc.h is the one way the package calls the library.
+        import importlib
 
-        self.assertEqual(dir(alloc_ffi.lib), [])
+        with self.assertRaises(ImportError):
+            importlib.import_module("gpu_alloc.alloc_ffi")
         here = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
-        for name in ("gpualloc.h", "bridge_api.h"):
+        for name in ("liballoc_ffi.so", "gpualloc.h", "bridge_api.h", "bridge.cpp"):
             self.assertTrue(os.path.isfile(os.path.join(here, name)), name)
 
     def test_the_packaged_library_comes_before_the_env(self):
