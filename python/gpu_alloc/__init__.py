@@ -40,8 +40,8 @@ asked for. The command line: ``python -m gpu_alloc doctor|advise|version``, also
 ``gpu-alloc``.
 
 The library is ``so_path`` when given (nothing else is tried); otherwise the first that
-exists of: the packaged library (``alloc_ffi/liballoc_ffi.so`` in this package, where the
-wheel puts it, or ``liballoc_ffi.so`` copied next to this file), then ``$GPUALLOC_SO``, then,
+exists of: the packaged library (``liballoc_ffi.so`` next to this file, where the wheel puts
+it), then ``$GPUALLOC_SO``, then,
 when this package is the one in a clone of the repository, cargo's ``target/release`` and
 ``target/debug`` (``$CARGO_TARGET_DIR`` if set). A set ``$GPUALLOC_SO`` replaces the
 clone's build folders, so that a wrong path is reported rather than passed over.
@@ -80,6 +80,8 @@ __all__ = [
     "host_alloc",
     "host_free",
     "host_record_stream",
+    "host_register",
+    "host_unregister",
     "host_stats",
     "host_empty_cache",
     "library_path",
@@ -116,7 +118,7 @@ FREE_FN = "gpualloc_free"
 ENV_CONF = "GPUALLOC_CONF"
 ENV_SO = "GPUALLOC_SO"
 
-# The C interface, read from the packaged gpualloc.h: functions, structs, constants.
+# The C interface, read from gpualloc.h (module _header): functions, structs, constants.
 HEADER = _header.load()
 
 # Return codes (gpualloc.h).
@@ -129,10 +131,6 @@ ERR_INTERNAL = HEADER.constants["GPUALLOC_ERR_INTERNAL"]
 ERR_UNKNOWN_POOL = HEADER.constants["GPUALLOC_ERR_UNKNOWN_POOL"]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Where the wheel puts the library: maturin names this folder after the module
-# gpu_alloc.alloc_ffi (pyproject.toml), a cffi module it generates that declares nothing
-# (the library is called through ctypes alone).
-PACKAGED_DIR = "alloc_ffi"
 _log = logging.getLogger("gpu_alloc")
 _lib = None
 _lib_path = None
@@ -182,10 +180,8 @@ def library_candidates(so_path=None):
     module's docstring."""
     if so_path:
         return [("so_path", so_path)]
-    candidates = [
-        ("packaged", os.path.join(_HERE, PACKAGED_DIR, LIB_NAME)),
-        ("packaged", os.path.join(_HERE, LIB_NAME)),
-    ]
+    # Where the wheel puts the library (setup.py): next to this file.
+    candidates = [("packaged", os.path.join(_HERE, LIB_NAME))]
     if os.environ.get(ENV_SO):
         candidates.append(("$" + ENV_SO, os.environ[ENV_SO]))
     elif repository_root() is not None:
@@ -376,6 +372,7 @@ def build_bridge(verbose=False):
             name="gpu_alloc_bridge",
             sources=[os.path.join(_HERE, "bridge.cpp")],
             extra_cflags=["-O2"],
+            extra_include_paths=[_header.HEADER_DIR],
             with_cuda=True,
             verbose=verbose,
         )
@@ -711,9 +708,33 @@ def pinned_empty(nbytes):
     return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
+# gpualloc_host_register's flag (gpualloc.h).
+HOST_REGISTER_MAPPED = HEADER.constants["GPUALLOC_HOST_REGISTER_MAPPED"]
+
+
+def host_register(ptr, nbytes, mapped=False):
+    """Page-locks ``nbytes`` of host memory at ``ptr`` (an int address) that the caller
+    allocated, for every CUDA context of the process (``cuMemHostRegister``, portable);
+    ``mapped=True`` also maps it into the device address space. Counted in host_stats() as
+    ``registered_bytes``. The memory must stay allocated until host_unregister(ptr). Raises
+    ValueError for an empty range or one overlapping a range registered already."""
+    flags = HOST_REGISTER_MAPPED if mapped else 0
+    code = load_library().gpualloc_host_register(ctypes.c_void_p(ptr), int(nbytes), flags)
+    _check(code, "host_register(%#x, %d)" % (ptr, nbytes))
+
+
+def host_unregister(ptr):
+    """Unpins the range host_register() pinned at ``ptr`` (its start). No queued copy may use
+    it any more."""
+    _check(load_library().gpualloc_host_unregister(ctypes.c_void_p(ptr)),
+           "host_unregister(%#x)" % ptr)
+
+
 def host_stats():
     """Counters of the pinned host pool: allocated_bytes, cached_bytes, pending_bytes,
-    reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees."""
+    reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees; and
+    of memory pinned in place with host_register(): registered_bytes, peak_registered_bytes,
+    registered_ranges, host_registers, host_unregisters."""
     return _take_json(load_library().gpualloc_host_stats_json(), "host_stats")
 
 

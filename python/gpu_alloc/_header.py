@@ -1,8 +1,9 @@
 """The C interface of liballoc_ffi.so as ctypes declarations, read from its header.
 
-``gpualloc.h`` (next to this file; generated from crates/alloc-ffi/src/api.rs, and checked
-there to equal crates/alloc-ffi/include/gpualloc.h) is the one declaration of the library's
-functions, structs and constants: the C++ bridge includes it, and this module turns it into
+``gpualloc.h`` (crates/alloc-ffi/include/gpualloc.h, generated from crates/alloc-ffi/src/api.rs;
+in a clone the package reads that file, and the wheel carries it next to this module) is the
+one declaration of the library's functions, structs and constants: the C++ bridge includes it
+(from ``HEADER_DIR``), and this module turns it into
 ctypes ``restype`` / ``argtypes``, ``Structure`` classes and integer constants, so Python
 cannot drift from it. The parser reads the subset of C that the generated header uses:
 ``#define NAME (integer)``, ``typedef struct X* name;`` (an opaque handle), function
@@ -20,7 +21,29 @@ import os
 import re
 
 HEADER_NAME = "gpualloc.h"
-HEADER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), HEADER_NAME)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The crate's header, when this package is python/gpu_alloc of a clone of the repository.
+CRATE_HEADER = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "crates", "alloc-ffi",
+                            "include", HEADER_NAME)
+# The copy of it that the wheel carries (setup.py puts it there).
+PACKAGED_HEADER = os.path.join(_HERE, HEADER_NAME)
+
+
+def _header_path():
+    """The crate's header in a clone, else the packaged copy."""
+    for path in (CRATE_HEADER, PACKAGED_HEADER):
+        if os.path.isfile(path):
+            return path
+    raise ImportError(
+        "gpu_alloc: %s is missing (looked at %s and %s): install the package from its wheel "
+        "or with `pip install .` in a clone, which put it there"
+        % (HEADER_NAME, CRATE_HEADER, PACKAGED_HEADER)
+    )
+
+
+HEADER_PATH = _header_path()
+# The folder to add to the include path of C and C++ code that includes gpualloc.h.
+HEADER_DIR = os.path.dirname(HEADER_PATH)
 
 # Scalar C types by name.
 _SCALARS = {

@@ -15,8 +15,12 @@ names and takes its ``_numba_memory_manager``).
 - ``memhostalloc``: pinned host memory from gpualloc's cached pinned pool (portable), given
   back when Numba drops it, after the work queued on the legacy default stream at that time
   (which waits for Numba's blocking streams) is done. Mapped or write-combined requests, which
-  that pool does not serve, and ``mempin`` (which pins the caller's memory rather than
-  allocating) are Numba's own (``cuMemHostAlloc``, ``cuMemHostRegister``).
+  that pool does not serve, are Numba's own (``cuMemHostAlloc``).
+- ``mempin`` (``cuda.pinned(array)``, ``cuda.mapped(array)``): the caller's memory pinned in
+  place through gpualloc (``gpu_alloc.host_register``, portable, mapped into the device
+  address space for ``cuda.mapped``), counted in ``gpu_alloc.host_stats()`` as
+  ``registered_bytes``; unpinned as soon as Numba drops it, as Numba's own ``mempin`` does
+  (not held back by ``defer_cleanup``: the same memory may be pinned again right after).
 - ``get_memory_info``: the device's free memory (``cuMemGetInfo``) plus what gpualloc caches
   unused on it, which Numba's next allocations can take; total as the device's.
 - ``get_ipc_handle``: a CUDA IPC handle of the ``cuMemAlloc`` segment under the block, with
@@ -173,6 +177,30 @@ class GpuAllocNumbaManager(_cuda.HostOnlyCUDAMemoryManager):
 
         return _cuda.PinnedMemory(weakref.proxy(self.context), ptr, size, finalizer=finalizer)
 
+    def mempin(self, owner, pointer, size, mapped=False):
+        """Pins ``size`` bytes of the caller's memory at ``pointer`` through gpualloc (mapped
+        into the device address space when ``mapped``), as a PinnedMemory (or, mapped, an
+        owned MappedMemory, tracked in ``allocations`` as Numba does) whose finalizer unpins
+        it at once."""
+        lib = self._library()
+        ptr = _libraries.address(pointer)
+        flags = gpu_alloc.HOST_REGISTER_MAPPED if mapped else 0
+        code = lib.gpualloc_host_register(ctypes.c_void_p(ptr), size, flags)
+        gpu_alloc._check(code, "gpu_alloc.numba: mempin(%#x, %d bytes)" % (ptr, size))
+        allocations = self.allocations
+
+        def finalizer():
+            if mapped:
+                allocations.pop(ptr, None)
+            _unpin(lib, ptr)
+
+        context = weakref.proxy(self.context)
+        if mapped:
+            mem = _cuda.MappedMemory(context, pointer, size, owner=owner, finalizer=finalizer)
+            self.allocations[ptr] = mem
+            return mem.own()
+        return _cuda.PinnedMemory(context, pointer, size, owner=owner, finalizer=finalizer)
+
     def get_memory_info(self):
         """(free, total) of the device: free counts the memory gpualloc caches unused."""
         free, total = _driver_module.driver.cuMemGetInfo()
@@ -238,6 +266,12 @@ def _free_host(lib, ptr):
     # on a blocking stream, which it waits for) must end before the pool hands it out again.
     lib.gpualloc_host_record_stream(ctypes.c_void_p(ptr), None)
     lib.gpualloc_host_free(ctypes.c_void_p(ptr))
+
+
+def _unpin(lib, ptr):
+    # A finalizer: a failure is reported, not raised.
+    if lib.gpualloc_host_unregister(ctypes.c_void_p(ptr)) != gpu_alloc.OK:
+        gpu_alloc._log.warning("gpu_alloc.numba: unpinning %#x: %s", ptr, gpu_alloc.last_error())
 
 
 def _segment_of(lib, ptr, device):

@@ -240,6 +240,7 @@ def scenario_numba():
     check((dp.copy_to_host() == 5).all(), "async copy from pinned memory")
     mapped = cuda.mapped_array(16, dtype=np.float32)  # Numba's own (mapped)
     mapped[:] = 1
+    pinned_in_place = _numba_mempin(gpu_alloc, cuda, add_one, s)
     with cuda.defer_cleanup():
         held = gpu_alloc.memory_allocated(0)
         del e
@@ -249,8 +250,41 @@ def scenario_numba():
     offset = handle._ipc_handle.offset
     seen = _open_in_another_process(handle)
     check(seen == 5.0 * (1 << 20), "the other process read %s" % seen)
-    return "kernel on our memory, block reused, pinned pool, defer_cleanup, IPC read by another " \
-        "process (offset %d in its segment)" % offset
+    return "kernel on our memory, block reused, pinned pool, %s, defer_cleanup, IPC read by " \
+        "another process (offset %d in its segment)" % (pinned_in_place, offset)
+
+
+def _numba_mempin(gpu_alloc, cuda, add_one, stream):
+    """cuda.pinned / cuda.mapped of numpy arrays: pinned in place through gpualloc (counted as
+    registered bytes while pinned), unpinned at the end of the with block."""
+    import numpy as np
+
+    arr = np.full(1 << 20, 3, dtype=np.float32)
+    base = gpu_alloc.host_stats()
+    with cuda.pinned(arr):
+        during = gpu_alloc.host_stats()
+        check(during["registered_bytes"] == base["registered_bytes"] + arr.nbytes,
+              "the pinned numpy array is counted: %s" % during)
+        check(during["host_registers"] == base["host_registers"] + 1, "one registration")
+        d = cuda.to_device(arr, stream=stream)
+        stream.synchronize()
+        check((d.copy_to_host() == 3).all(), "async copy from the pinned array")
+    check(gpu_alloc.host_stats()["registered_bytes"] == base["registered_bytes"],
+          "unpinned at the end of the with block")
+    with cuda.pinned(arr):  # again at once: the unpin was not deferred
+        pass
+    m = np.zeros(256, dtype=np.float32)
+    with cuda.mapped(m) as dm:
+        check(gpu_alloc.host_stats()["registered_bytes"] == base["registered_bytes"] + m.nbytes,
+              "the mapped numpy array is counted")
+        add_one[1, 256](dm)
+        cuda.synchronize()
+    check((m == 1).all(), "a kernel wrote the host array through its mapping")
+    after = gpu_alloc.host_stats()
+    check(after["registered_bytes"] == base["registered_bytes"], "unmapped at the end: %s" % after)
+    check(after["host_unregisters"] == base["host_unregisters"] + 3, "three unpins")
+    return "cuda.pinned/cuda.mapped numpy arrays pinned in place (%d bytes counted while pinned)" \
+        % arr.nbytes
 
 
 def _open_in_another_process(handle):

@@ -85,7 +85,7 @@ class LibraryLookup(unittest.TestCase):
             self.addCleanup(patcher.stop)
         os.environ.pop("GPUALLOC_SO", None)
         os.environ.pop("CARGO_TARGET_DIR", None)
-        self.packaged = os.path.join(self.package, "alloc_ffi", "liballoc_ffi.so")
+        self.packaged = os.path.join(self.package, "liballoc_ffi.so")
         self.release = os.path.join(self.root, "target", "release", "liballoc_ffi.so")
         self.debug = os.path.join(self.root, "target", "debug", "liballoc_ffi.so")
         self.env_so = os.path.join(self.root, "elsewhere", "liballoc_ffi.so")
@@ -110,11 +110,11 @@ class LibraryLookup(unittest.TestCase):
         with self.assertRaises(gpu_alloc.GpuAllocError):
             gpu_alloc.library_path()
 
-    def test_a_copy_next_to_the_package_counts_as_packaged(self):
-        beside = self.touch(self.package, "liballoc_ffi.so")
+    def test_the_packaged_library_is_the_one_next_to_the_package(self):
+        self.touch(self.packaged)
         self.touch(self.env_so)
         os.environ["GPUALLOC_SO"] = self.env_so
-        self.assertEqual(gpu_alloc.library_path(), beside)
+        self.assertEqual(gpu_alloc.library_path(), self.packaged)
         self.assertEqual(gpu_alloc.library_candidates()[0],
                          ("packaged", self.packaged), "the wheel's place is looked at first")
 
@@ -144,7 +144,7 @@ class LibraryLookup(unittest.TestCase):
         os.unlink(os.path.join(self.root, "Cargo.toml"))  # not a clone any more
         self.touch(self.release)
         origins = [origin for origin, _ in gpu_alloc.library_candidates()]
-        self.assertEqual(origins, ["packaged", "packaged"])
+        self.assertEqual(origins, ["packaged"])
         with self.assertRaises(gpu_alloc.GpuAllocError) as cm:
             gpu_alloc.library_path()
         self.assertIn("pip install .", str(cm.exception))
@@ -158,16 +158,16 @@ class InstalledPackage(unittest.TestCase):
         self.assertFalse(here.startswith(PYROOT), here)
         self.assertIsNone(gpu_alloc.repository_root())
         self.assertTrue(os.path.isfile(os.path.join(here, "bridge.cpp")))
-        self.assertEqual(SO, os.path.join(here, "alloc_ffi", "liballoc_ffi.so"))
+        self.assertEqual(SO, os.path.join(here, "liballoc_ffi.so"))
 
-    def test_the_cffi_module_declares_nothing(self):
-        # maturin always generates it; ctypes with gpualloc.h is the one way to call the
-        # library, so the cffi view imports but offers no function.
-        from gpu_alloc import alloc_ffi
+    def test_the_wheel_carries_the_library_and_header_and_no_cffi_module(self):
+        # ctypes with gpualloc.h is the one way the package calls the library.
+        import importlib
 
-        self.assertEqual(dir(alloc_ffi.lib), [])
+        with self.assertRaises(ImportError):
+            importlib.import_module("gpu_alloc.alloc_ffi")
         here = os.path.dirname(os.path.abspath(gpu_alloc.__file__))
-        for name in ("gpualloc.h", "bridge_api.h"):
+        for name in ("liballoc_ffi.so", "gpualloc.h", "bridge_api.h", "bridge.cpp"):
             self.assertTrue(os.path.isfile(os.path.join(here, name)), name)
 
     def test_the_packaged_library_comes_before_the_env(self):
@@ -341,6 +341,15 @@ class Library(unittest.TestCase):
             gpu_alloc.host_free(0x1234)
         self.assertIn("not memory from gpualloc_host_alloc", str(cm.exception))
         gpu_alloc.host_free(0)  # NULL: a no-op
+
+    def test_host_register_refuses_bad_ranges_with_the_reason(self):
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.host_register(0x1000, 0)
+        self.assertIn("at least one byte", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            gpu_alloc.host_unregister(0x1234)
+        self.assertIn("not the start of a range registered", str(cm.exception))
+        self.assertEqual(gpu_alloc.HOST_REGISTER_MAPPED, 1)
 
     def test_record_history_switch(self):
         gpu_alloc.record_history(True, max_entries=10)
@@ -609,9 +618,19 @@ double ratio(double x);
             with self.assertRaises(ValueError, msg=text):
                 gpu_alloc._header.parse(text)
 
-    def test_the_package_reads_its_own_header(self):
-        self.assertEqual(os.path.dirname(gpu_alloc._header.HEADER_PATH),
-                         os.path.dirname(os.path.abspath(gpu_alloc.__file__)))
+    def test_the_package_reads_the_crate_header_or_its_packaged_copy(self):
+        # One header in the repository: the clone's package reads the crate's file, the
+        # installed package the copy its wheel carries.
+        if INSTALLED:
+            expected = os.path.join(os.path.dirname(os.path.abspath(gpu_alloc.__file__)),
+                                    "gpualloc.h")
+        else:
+            expected = os.path.join(os.path.dirname(PYROOT), "crates", "alloc-ffi", "include",
+                                    "gpualloc.h")
+            self.assertFalse(os.path.exists(gpu_alloc._header.PACKAGED_HEADER),
+                             "a copy of the header in the clone's package")
+        self.assertEqual(gpu_alloc._header.HEADER_PATH, expected)
+        self.assertEqual(gpu_alloc._header.HEADER_DIR, os.path.dirname(expected))
         with open(gpu_alloc._header.HEADER_PATH) as f:
             text = f.read()
         import re
@@ -619,16 +638,9 @@ double ratio(double x);
         prototypes = set(re.findall(r"^[\w* ]+?\b(gpualloc_\w+)\(", text, re.M))
         self.assertEqual(set(gpu_alloc.HEADER.functions), prototypes)
         self.assertIn("gpualloc_device_stats", prototypes)
+        self.assertIn("gpualloc_host_register", prototypes)
         self.assertEqual(gpu_alloc.ERR_INVALID, -1)
         self.assertEqual(gpu_alloc.ERR_TOO_LATE, -4)
-
-    @unittest.skipIf(INSTALLED, "the crate's header is in the clone")
-    def test_the_packaged_header_is_the_crate_header(self):
-        crate = os.path.join(os.path.dirname(PYROOT), "crates", "alloc-ffi", "include",
-                             "gpualloc.h")
-        with open(crate) as a, open(gpu_alloc._header.HEADER_PATH) as b:
-            self.assertEqual(a.read(), b.read(), "regenerate: GPUALLOC_BLESS=1 cargo test "
-                             "-p alloc-ffi --test header")
 
 
 @needs_so
@@ -737,8 +749,9 @@ int main(int, char** argv) {
             with open(src, "w") as f:
                 f.write(self.PROGRAM)
             build = subprocess.run(
-                [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", package, src,
-                 "-o", exe, "-ldl"], capture_output=True, text=True)
+                [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-I", package, "-I",
+                 gpu_alloc._header.HEADER_DIR, src, "-o", exe, "-ldl"],
+                capture_output=True, text=True)
             self.assertEqual(build.returncode, 0, build.stderr)
             run = subprocess.run([exe, SO], capture_output=True, text=True)
             self.assertEqual((run.returncode, run.stdout), (0, "ok\n"), run.stderr)

@@ -57,6 +57,14 @@ class FakeLibrary:
         self.calls.append(("host_free", gpu_alloc_libraries.address(ptr)))
         return 0
 
+    def gpualloc_host_register(self, ptr, size, flags):
+        self.calls.append(("host_register", gpu_alloc_libraries.address(ptr), size, flags))
+        return self.fail_code or 0
+
+    def gpualloc_host_unregister(self, ptr):
+        self.calls.append(("host_unregister", gpu_alloc_libraries.address(ptr)))
+        return 0
+
     def gpualloc_last_error_code(self):
         return self.fail_code or 0
 
@@ -352,6 +360,22 @@ def fake_numba():
             if finalizer is not None:
                 weakref.finalize(self, finalizer)
 
+    class MappedMemory:
+        def __init__(self, context, pointer, size, owner=None, finalizer=None):
+            self.host_pointer = self.handle = pointer
+            self.size, self.owned = size, owner
+            self.free = weakref.finalize(self, finalizer)
+
+        def own(self):
+            return OwnedPointer(self)
+
+    class OwnedPointer:
+        """Numba's: the view of a MappedMemory, whose end frees it."""
+
+        def __init__(self, mem):
+            self._mem = mem
+            weakref.finalize(self, mem.free)
+
     class IpcHandle:
         def __init__(self, base, handle, size, source_info=None, offset=0):
             self.base, self.handle, self.size = base, handle, size
@@ -378,6 +402,7 @@ def fake_numba():
     cuda.HostOnlyCUDAMemoryManager = HostOnlyCUDAMemoryManager
     cuda.MemoryPointer = MemoryPointer
     cuda.PinnedMemory = PinnedMemory
+    cuda.MappedMemory = MappedMemory
     cuda.IpcHandle = IpcHandle
     cuda.MemoryInfo = collections.namedtuple("MemoryInfo", "free,total")
     cuda.current_context = lambda: context
@@ -465,6 +490,33 @@ class NumbaManager(unittest.TestCase):
         del pinned
         self.assertEqual(self.lib.calls, [("host_record_stream", 0xABC000, 0),
                                           ("host_free", 0xABC000)])
+
+    def test_mempin_pins_through_the_library_and_unpins_at_once(self):
+        owner = bytearray(8192)
+        pinned = self.manager.mempin(owner, 0xBEE000, 8192)
+        self.assertEqual(self.lib.calls, [("host_register", 0xBEE000, 8192, 0)])
+        self.assertEqual(pinned.host_pointer, 0xBEE000)
+        with self.manager.defer_cleanup():
+            del pinned
+            self.assertEqual(self.lib.calls[-1], ("host_unregister", 0xBEE000),
+                             "not deferred: the memory may be pinned again at once")
+
+    def test_mapped_mempin_maps_and_is_tracked_until_its_view_ends(self):
+        view = self.manager.mempin(None, 0xC0F000, 4096, mapped=True)
+        self.assertEqual(self.lib.calls,
+                         [("host_register", 0xC0F000, 4096, gpu_alloc.HOST_REGISTER_MAPPED)])
+        self.assertIn(0xC0F000, self.manager.allocations)
+        del view
+        self.assertEqual(self.lib.calls[-1], ("host_unregister", 0xC0F000))
+        self.assertNotIn(0xC0F000, self.manager.allocations)
+
+    def test_a_refused_mempin_raises_and_pins_nothing(self):
+        self.lib.fail_code = gpu_alloc.ERR_INVALID
+        with mock.patch.object(gpu_alloc, "last_error", lambda: "overlaps 0x1000..0x2000"):
+            with self.assertRaises(ValueError) as cm:
+                self.manager.mempin(None, 0x1800, 16)
+        self.assertIn("overlaps 0x1000..0x2000", str(cm.exception))
+        self.assertEqual(self.lib.named("host_unregister"), [])
 
     def test_mapped_and_write_combined_host_memory_are_numbas(self):
         self.assertEqual(self.manager.memhostalloc(10, mapped=True), "numba's pinned memory")

@@ -293,6 +293,9 @@ fn ffi_library(root: &Path) -> Result<PathBuf, String> {
 /// Folders of the Python helper (its sources and the bridge's) and of its
 /// GPU tests, copied whole into the bundle.
 const PYTHON_DIRS: &[&str] = &["python/gpu_alloc", "python/tests"];
+/// Single files the Python helper reads, copied to the same place in the
+/// bundle: the C header its ctypes declarations and bridge come from.
+const PYTHON_FILES: &[&str] = &["crates/alloc-ffi/include/gpualloc.h"];
 
 /// The files under `dir` (recursively), skipping bytecode caches.
 fn files_under(dir: &Path) -> Result<Vec<PathBuf>, String> {
@@ -343,15 +346,17 @@ fn write_bundle(root: &Path, dir: &Path, b: &Binaries, features: &str) -> Result
         .arg("--strip-debug")
         .arg(&lib)
         .status();
+    let mut python_files: Vec<PathBuf> = PYTHON_FILES.iter().map(|f| root.join(f)).collect();
     for folder in PYTHON_DIRS {
-        for src in files_under(&root.join(folder))? {
-            let rel = src.strip_prefix(root).map_err(|e| e.to_string())?;
-            let dest = dir.join(rel);
-            if let Some(parent) = dest.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
-            }
-            std::fs::copy(&src, &dest).map_err(|e| io("copying", &src, e))?;
+        python_files.extend(files_under(&root.join(folder))?);
+    }
+    for src in python_files {
+        let rel = src.strip_prefix(root).map_err(|e| e.to_string())?;
+        let dest = dir.join(rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
         }
+        std::fs::copy(&src, &dest).map_err(|e| io("copying", &src, e))?;
     }
     let rev = Command::new("git")
         .arg("-C")

@@ -13,12 +13,15 @@
 
 use std::collections::BTreeMap;
 use std::error::Error;
-use std::process::ExitCode;
 
 use alloc_cuda::alloc_core::{
     coalesce, BlockId, CacheKey, Capabilities, Heap, Policy, PoolKind, Request, KIB, MIB,
 };
 use alloc_cuda::{AllocatorConfig, CudaAllocator, DeviceBuffer};
+
+#[path = "../../../examples/failure.rs"]
+mod failure;
+use failure::Failure;
 
 /// Sizes are multiples of this (CUDA's alignment for any type).
 const ALIGN: u64 = 512;
@@ -118,19 +121,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Prints an error's message (its `Display` form: what went wrong, what to
-/// do), not its `Debug` form, and exits with status 1.
-fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> Result<(), Box<dyn Error>> {
+fn main() -> Result<(), Failure> {
     let alloc = CudaAllocator::with_policy(0, FirstFit::default(), &AllocatorConfig::default())?;
     check(
         alloc.policy_name()? == "first-fit",

@@ -3,12 +3,13 @@
 //!
 //! `cargo run --release -p alloc-cuda --example vector_add` (needs a GPU).
 
-use std::error::Error;
-use std::process::ExitCode;
-
 use alloc_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use alloc_cuda::cudarc::nvrtc::Ptx;
 use alloc_cuda::CudaAllocator;
+
+#[path = "../../../examples/failure.rs"]
+mod failure;
+use failure::Failure;
 
 /// `out[i] = a[i] + b[i]` for `i < n`.
 const VECTOR_ADD_PTX: &str = r#"
@@ -54,19 +55,7 @@ DONE:
 }
 "#;
 
-/// Prints an error's message (its `Display` form: what went wrong, what to
-/// do), not its `Debug` form, and exits with status 1.
-fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> Result<(), Box<dyn Error>> {
+fn main() -> Result<(), Failure> {
     let alloc = CudaAllocator::global(0)?;
     let ctx = alloc.context().clone();
     println!("device 0: {}", ctx.name()?);

@@ -13,13 +13,16 @@
 //! `cargo run --release -p alloc-cuda --example vmm_while_busy` (needs a GPU).
 
 use std::error::Error;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alloc_cuda::cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use alloc_cuda::cudarc::nvrtc::Ptx;
 use alloc_cuda::CudaAllocator;
+
+#[path = "../../../examples/failure.rs"]
+mod failure;
+use failure::Failure;
 
 /// Spins until `ns` nanoseconds of `%globaltimer` have passed.
 const SPIN_PTX: &str = r#"
@@ -56,19 +59,7 @@ struct Timed {
     still_running: bool,
 }
 
-/// Prints an error's message (its `Display` form: what went wrong, what to
-/// do), not its `Debug` form, and exits with status 1.
-fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn run() -> BoxResult<()> {
+fn main() -> Result<(), Failure> {
     let alloc =
         CudaAllocator::with_config_str(0, "expandable_segments:true,unmap_free_pages:true")?;
     let ctx = alloc.context().clone();

@@ -44,7 +44,8 @@ typedef unsigned long long CUdeviceptr;
     X(cuDevicePrimaryCtxRelease_v2) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) \
     X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxGetDevice) X(cuCtxSynchronize) \
     X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemHostAlloc) \
-    X(cuMemFreeHost) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
+    X(cuMemFreeHost) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
+    X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
     X(cuEventQuery) X(cuEventSynchronize)
 
@@ -241,6 +242,17 @@ CUresult cuMemFreeHost(void *p) {
     FAULT(cuMemFreeHost);
     free(p);
     return CUDA_SUCCESS;
+}
+
+/* Page-locking caller memory: nothing to do but accept it. */
+CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
+    FAULT(cuMemHostRegister_v2);
+    (void)flags;
+    return p && bytes ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuMemHostUnregister(void *p) {
+    FAULT(cuMemHostUnregister);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* The driver's stream-ordered pool, for benchmarks that time it beside the

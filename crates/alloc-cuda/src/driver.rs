@@ -228,6 +228,44 @@ pub(crate) fn host_free(ptr: HostPtr) -> Result<(), CudaError> {
     unsafe { result::free_host(ptr.0.cast()) }.map_err(|e| driver_error("cuMemFreeHost", e.0))
 }
 
+/// `cuMemHostRegister` (portable, and mapped into the device address space
+/// when `mapped`): page-locks `len` bytes at `ptr` that the caller
+/// allocated, for every context of the process.
+///
+/// # Safety
+/// `ptr..ptr + len` is memory of this process that stays allocated until
+/// [`host_unregister`] of `ptr`.
+pub(crate) unsafe fn host_register(
+    ptr: *mut u8,
+    len: usize,
+    mapped: bool,
+) -> Result<(), CudaError> {
+    require!("cuMemHostRegister_v2")?;
+    let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE;
+    if mapped {
+        flags |= sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+    }
+    // SAFETY: the caller's contract above; the driver only pins the pages
+    // and records the range, it writes none of its bytes.
+    check("cuMemHostRegister_v2", unsafe {
+        sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
+    })
+}
+
+/// `cuMemHostUnregister`: unpins the range that [`host_register`] pinned
+/// at `ptr`.
+///
+/// # Safety
+/// `ptr` is the start of a range registered with [`host_register`], and no
+/// queued copy uses it any more.
+pub(crate) unsafe fn host_unregister(ptr: *mut u8) -> Result<(), CudaError> {
+    require!("cuMemHostUnregister")?;
+    // SAFETY: the caller's contract above.
+    check("cuMemHostUnregister", unsafe {
+        sys::cuMemHostUnregister(ptr.cast())
+    })
+}
+
 /// `cuMemcpyDtoHAsync`: `bytes` bytes from device address `src` to the
 /// pinned host memory at `dst`, queued on `stream`.
 ///

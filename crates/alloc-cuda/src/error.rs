@@ -99,6 +99,30 @@ pub enum CudaError {
     /// A feature this crate does not provide (yet).
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// A host range to page-lock overlaps one registered already.
+    #[error(
+        "host memory {addr:#x}..{end:#x} overlaps {registered:#x}..{registered_end:#x}, which is \
+         registered already: unregister that range first"
+    )]
+    HostRangeRegistered {
+        /// Start of the range asked for.
+        addr: u64,
+        /// End (exclusive) of the range asked for.
+        end: u64,
+        /// Start of the registered range.
+        registered: u64,
+        /// End (exclusive) of the registered range.
+        registered_end: u64,
+    },
+    /// An unregister of an address where no registered range starts.
+    #[error(
+        "host memory at {addr:#x} is not the start of a range registered with the allocator \
+         (or was unregistered already)"
+    )]
+    HostNotRegistered {
+        /// The address given.
+        addr: u64,
+    },
     /// The process-wide allocator of a device was already created.
     #[error(
         "the global allocator of device {ordinal} already exists: configure it before first use"

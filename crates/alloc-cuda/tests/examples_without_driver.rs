@@ -1,6 +1,7 @@
-//! The examples, run where no NVIDIA driver is installed, print the error's
-//! message, which says what to do, rather than its `Debug` form
-//! (`Error: DriverNotFound`), and exit with status 1. Where a driver is
+//! The examples, run where no NVIDIA driver is installed, print `Error: `
+//! and the error's message, which says what to do, rather than its variant's
+//! name (`Error: DriverNotFound`), and exit with status 1 (their `main`
+//! returns `examples/failure.rs`'s `Failure`). Where a driver is
 //! installed they run on the GPU instead (`cargo xtask test-gpu`).
 
 use std::path::{Path, PathBuf};
@@ -39,7 +40,7 @@ fn examples_without_a_driver_say_what_to_do() {
         eprintln!("an NVIDIA driver is installed: the examples run in `cargo xtask test-gpu`");
         return;
     }
-    let expected = format!("error: {}", CudaError::DriverNotFound);
+    let expected = format!("Error: {}", CudaError::DriverNotFound);
     let names = example_names();
     assert!(names.len() >= 3, "examples found: {names:?}");
     for name in names {

@@ -51,6 +51,7 @@ extern "C" {
 #define GPUALLOC_SEGMENT_FREE (1) /* a segment was freed (cuMemFree) */
 #define GPUALLOC_SEGMENT_MAP (2) /* pages were mapped into an expandable segment */
 #define GPUALLOC_SEGMENT_UNMAP (3) /* pages of an expandable segment were unmapped */
+#define GPUALLOC_HOST_REGISTER_MAPPED (1) /* gpualloc_host_register: also map the range into the device address space */
 
 /* One statistic as torch.cuda.memory_stats() keeps it. */
 typedef struct GpuallocStat {
@@ -304,8 +305,23 @@ int gpualloc_host_empty_cache(void);
 
 /* The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,
  * pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,
- * host_allocs, host_frees. Free with gpualloc_string_free; NULL on error. */
+ * host_allocs, host_frees; and those of memory pinned in place with
+ * gpualloc_host_register: registered_bytes, peak_registered_bytes,
+ * registered_ranges, host_registers, host_unregisters. Free with
+ * gpualloc_string_free; NULL on error. */
 char* gpualloc_host_stats_json(void);
+
+/* Page-locks `size` bytes at `ptr`, memory the caller allocated (cuMemHostRegister,
+ * portable: pinned for every context), as Numba's mempin does; with flags
+ * GPUALLOC_HOST_REGISTER_MAPPED also maps it into the device address space. Counted
+ * in gpualloc_host_stats_json as registered_bytes. The memory must stay allocated
+ * until gpualloc_host_unregister(ptr). GPUALLOC_ERR_INVALID for NULL, size 0, an
+ * unknown flag or a range overlapping one registered here (nothing is pinned then). */
+int gpualloc_host_register(void* ptr, size_t size, int flags);
+
+/* Unpins the range gpualloc_host_register pinned at `ptr` (its start); no queued copy
+ * may use it any more. GPUALLOC_ERR_INVALID where no registered range starts. */
+int gpualloc_host_unregister(void* ptr);
 
 /* The snapshot of `device` (-1: all) as text, one item per line (segment, block,
  * trace lines; the format is in crates/alloc-ffi/src/snapshot.rs, to_text), for the

@@ -582,7 +582,28 @@ pub const API: &[ApiFn] = &[
         params: &[],
         doc: "The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,\n\
               pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,\n\
-              host_allocs, host_frees. Free with gpualloc_string_free; NULL on error.",
+              host_allocs, host_frees; and those of memory pinned in place with\n\
+              gpualloc_host_register: registered_bytes, peak_registered_bytes,\n\
+              registered_ranges, host_registers, host_unregisters. Free with\n\
+              gpualloc_string_free; NULL on error.",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_host_register",
+        params: &[("void*", "ptr"), ("size_t", "size"), ("int", "flags")],
+        doc: "Page-locks `size` bytes at `ptr`, memory the caller allocated (cuMemHostRegister,\n\
+              portable: pinned for every context), as Numba's mempin does; with flags\n\
+              GPUALLOC_HOST_REGISTER_MAPPED also maps it into the device address space. Counted\n\
+              in gpualloc_host_stats_json as registered_bytes. The memory must stay allocated\n\
+              until gpualloc_host_unregister(ptr). GPUALLOC_ERR_INVALID for NULL, size 0, an\n\
+              unknown flag or a range overlapping one registered here (nothing is pinned then).",
+    },
+    ApiFn {
+        ret: "int",
+        name: "gpualloc_host_unregister",
+        params: &[("void*", "ptr")],
+        doc: "Unpins the range gpualloc_host_register pinned at `ptr` (its start); no queued copy\n\
+              may use it any more. GPUALLOC_ERR_INVALID where no registered range starts.",
     },
     ApiFn {
         ret: "char*",
@@ -709,6 +730,13 @@ pub const SEGMENT_ACTIONS: &[(&str, i32, &str)] = &[
     ),
 ];
 
+/// The flags of `gpualloc_host_register`, as `(name, value, meaning)`.
+pub const HOST_REGISTER_FLAGS: &[(&str, i32, &str)] = &[(
+    "GPUALLOC_HOST_REGISTER_MAPPED",
+    crate::GPUALLOC_HOST_REGISTER_MAPPED,
+    "gpualloc_host_register: also map the range into the device address space",
+)];
+
 /// The header's first lines (comment, guards, types).
 const PREAMBLE: &[&str] = &[
     "/* gpualloc.h: C API of liballoc_ffi.so, a caching CUDA memory allocator.",
@@ -762,7 +790,11 @@ pub fn header_text() -> String {
         h.push_str(line);
         h.push('\n');
     }
-    for (name, value, meaning) in CODES.iter().chain(SEGMENT_ACTIONS) {
+    for (name, value, meaning) in CODES
+        .iter()
+        .chain(SEGMENT_ACTIONS)
+        .chain(HOST_REGISTER_FLAGS)
+    {
         h.push_str(&format!("#define {name} ({value}) /* {meaning} */\n"));
     }
     h.push('\n');

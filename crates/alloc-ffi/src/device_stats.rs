@@ -129,6 +129,63 @@ impl GpuallocDeviceStats {
         }
     }
 
+    /// Every number of the struct but `size`, under the flat key of
+    /// `torch.cuda.memory_stats()` (and `gpualloc_memory_stats_json`) that
+    /// holds the same number: `"allocation.all.current"`, ...,
+    /// `"max_split_size"`. The one list of how the struct's fields map to
+    /// those keys.
+    pub fn flat(&self) -> Vec<(String, i64)> {
+        let arrays = [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ];
+        let pools = ["all", "small_pool", "large_pool"];
+        let stats = arrays
+            .into_iter()
+            .flat_map(|(name, array)| {
+                array
+                    .iter()
+                    .zip(pools)
+                    .map(move |(stat, pool)| (format!("{name}.{pool}"), stat))
+            })
+            .chain([
+                (
+                    "oversize_allocations".to_string(),
+                    &self.oversize_allocations,
+                ),
+                ("oversize_segments".to_string(), &self.oversize_segments),
+            ]);
+        let mut out = Vec::new();
+        for (key, stat) in stats {
+            for (part, value) in [
+                ("current", stat.current),
+                ("peak", stat.peak),
+                ("allocated", stat.allocated),
+                ("freed", stat.freed),
+            ] {
+                out.push((format!("{key}.{part}"), value));
+            }
+        }
+        for (key, value) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+            ("max_split_size", self.max_split_size),
+        ] {
+            out.push((key.to_string(), value));
+        }
+        out
+    }
+
     /// Copies the fields that fit in a caller's struct of `caller_size`
     /// bytes to `out`, setting its `size` to the bytes filled.
     ///
@@ -210,46 +267,18 @@ mod tests {
         engine.stats()
     }
 
-    fn same(c: &GpuallocStat, flat: &std::collections::BTreeMap<String, i64>, key: &str) {
-        assert_eq!(c.current, flat[&format!("{key}.current")], "{key}");
-        assert_eq!(c.peak, flat[&format!("{key}.peak")], "{key}");
-        assert_eq!(c.allocated, flat[&format!("{key}.allocated")], "{key}");
-        assert_eq!(c.freed, flat[&format!("{key}.freed")], "{key}");
-    }
-
     #[test]
     fn every_field_is_the_flat_statistic_of_the_same_name() {
         let stats = busy_stats();
-        let flat = stats.to_flat_map();
+        let mut flat = stats.to_flat_map();
+        flat.insert("max_split_size".into(), (64 * MIB) as i64);
         let c = GpuallocDeviceStats::new(&stats, 64 * MIB);
-        let arrays = [
-            ("allocation", &c.allocation),
-            ("segment", &c.segment),
-            ("active", &c.active),
-            ("inactive_split", &c.inactive_split),
-            ("allocated_bytes", &c.allocated_bytes),
-            ("reserved_bytes", &c.reserved_bytes),
-            ("active_bytes", &c.active_bytes),
-            ("inactive_split_bytes", &c.inactive_split_bytes),
-            ("requested_bytes", &c.requested_bytes),
-        ];
-        for (name, array) in arrays {
-            for (stat, pool) in array.iter().zip(["all", "small_pool", "large_pool"]) {
-                same(stat, &flat, &format!("{name}.{pool}"));
-            }
+        let fields = c.flat();
+        // Every 8-byte field but `size` once: the list misses none.
+        assert_eq!(fields.len(), size_of::<GpuallocDeviceStats>() / 8 - 1);
+        for (key, value) in &fields {
+            assert_eq!(Some(value), flat.get(key), "{key}");
         }
-        same(&c.oversize_allocations, &flat, "oversize_allocations");
-        same(&c.oversize_segments, &flat, "oversize_segments");
-        for (value, key) in [
-            (c.num_alloc_retries, "num_alloc_retries"),
-            (c.num_ooms, "num_ooms"),
-            (c.num_sync_all_streams, "num_sync_all_streams"),
-            (c.num_device_alloc, "num_device_alloc"),
-            (c.num_device_free, "num_device_free"),
-        ] {
-            assert_eq!(value, flat[key], "{key}");
-        }
-        assert_eq!(c.max_split_size, (64 * MIB) as i64);
         assert_eq!(c.size, size_of::<GpuallocDeviceStats>());
         // The workload moved the numbers, so equal fields are not all zeros.
         assert_eq!(c.allocation[1].allocated, 1);

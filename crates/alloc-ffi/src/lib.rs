@@ -53,6 +53,7 @@ mod advise;
 pub mod api;
 mod checkpoint;
 mod device_stats;
+mod host_register;
 mod ipc;
 mod pool_allocator;
 mod segments;
@@ -72,6 +73,9 @@ pub use checkpoint::{
     gpualloc_restore_pool, gpualloc_u64_array_free,
 };
 pub use device_stats::{gpualloc_device_stats, GpuallocDeviceStats, GpuallocStat};
+pub use host_register::{
+    gpualloc_host_register, gpualloc_host_unregister, GPUALLOC_HOST_REGISTER_MAPPED,
+};
 pub use pool_allocator::{gpualloc_set_pool_allocator, PoolAllocFn, PoolFreeFn};
 pub use segments::{
     gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,

@@ -275,15 +275,18 @@ pub extern "C" fn gpualloc_host_empty_cache() -> c_int {
     })
 }
 
-/// The pinned host pool's counters as a JSON object.
+/// The pinned host pool's counters and those of memory pinned in place
+/// (`gpualloc_host_register`) as one JSON object.
 #[no_mangle]
 pub extern "C" fn gpualloc_host_stats_json() -> *mut c_char {
     call_ptr(|| {
         let _ctx = CtxGuard::save_if_driver_loaded();
-        let stats = PinnedPool::global()?.stats()?;
-        let map: serde_json::Map<String, serde_json::Value> = stats
+        let pool = PinnedPool::global()?.stats()?;
+        let registered = crate::host_register::registered_stats();
+        let map: serde_json::Map<String, serde_json::Value> = pool
             .named()
             .iter()
+            .chain(registered.named().iter())
             .map(|&(k, v)| (k.to_string(), v.into()))
             .collect();
         json_string(&serde_json::Value::Object(map))

@@ -49,9 +49,10 @@ impl From<CudaError> for FfiError {
             CudaError::Alloc(_) | CudaError::Config(_) => api::GPUALLOC_ERR_INVALID,
             CudaError::AlreadyInitialized { .. } => api::GPUALLOC_ERR_TOO_LATE,
             CudaError::Poisoned | CudaError::Damaged(_) => api::GPUALLOC_ERR_INTERNAL,
-            CudaError::SizeOverflow { .. } | CudaError::LengthMismatch { .. } => {
-                api::GPUALLOC_ERR_INVALID
-            }
+            CudaError::SizeOverflow { .. }
+            | CudaError::LengthMismatch { .. }
+            | CudaError::HostRangeRegistered { .. }
+            | CudaError::HostNotRegistered { .. } => api::GPUALLOC_ERR_INVALID,
             _ => api::GPUALLOC_ERR_CUDA,
         };
         FfiError {

@@ -262,3 +262,23 @@ fn a_pool_allocator_needs_a_pool_and_both_functions() {
     assert_eq!(code, GPUALLOC_ERR_INVALID);
     err_contains(&["(0, 0)"]);
 }
+
+#[test]
+fn host_register_refuses_bad_ranges_and_flags_without_a_driver_call() {
+    let mut buf = vec![0u8; 4096];
+    let ptr = buf.as_mut_ptr().cast::<c_void>();
+    // SAFETY: each is refused before the driver is asked.
+    unsafe {
+        assert_eq!(
+            gpualloc_host_register(null_mut(), 4096, 0),
+            GPUALLOC_ERR_INVALID
+        );
+        err_contains(&["gpualloc_host_register", "at least one byte"]);
+        assert_eq!(gpualloc_host_register(ptr, 0, 0), GPUALLOC_ERR_INVALID);
+        assert_eq!(gpualloc_host_register(ptr, 4096, 6), GPUALLOC_ERR_INVALID);
+        err_contains(&["unknown flags 0x6", "GPUALLOC_HOST_REGISTER_MAPPED = 1"]);
+        // Nothing was ever registered in this process (there is no driver).
+        assert_eq!(gpualloc_host_unregister(ptr), GPUALLOC_ERR_INVALID);
+    }
+    err_contains(&["is not the start of a range registered"]);
+}

@@ -32,37 +32,8 @@ fn assert_struct_stats_match_json() {
     // SAFETY: a sized struct.
     assert_eq!(unsafe { gpualloc_device_stats(0, &mut c) }, GPUALLOC_OK);
     let json = stats();
-    let arrays = [
-        ("allocation", &c.allocation),
-        ("segment", &c.segment),
-        ("active", &c.active),
-        ("inactive_split", &c.inactive_split),
-        ("allocated_bytes", &c.allocated_bytes),
-        ("reserved_bytes", &c.reserved_bytes),
-        ("active_bytes", &c.active_bytes),
-        ("inactive_split_bytes", &c.inactive_split_bytes),
-        ("requested_bytes", &c.requested_bytes),
-    ];
-    for (name, array) in arrays {
-        for (stat, pool) in array.iter().zip(["all", "small_pool", "large_pool"]) {
-            for (value, part) in [
-                (stat.current, "current"),
-                (stat.peak, "peak"),
-                (stat.allocated, "allocated"),
-                (stat.freed, "freed"),
-            ] {
-                let key = format!("{name}.{pool}.{part}");
-                assert_eq!(value, json[&key], "{key}");
-            }
-        }
-    }
-    for (value, key) in [
-        (c.num_ooms, "num_ooms"),
-        (c.num_device_alloc, "num_device_alloc"),
-        (c.num_device_free, "num_device_free"),
-        (c.max_split_size, "max_split_size"),
-    ] {
-        assert_eq!(value, json[key], "{key}");
+    for (key, value) in c.flat() {
+        assert_eq!(Some(&value), json.get(&key), "{key}");
     }
 }
 
@@ -248,16 +219,69 @@ fn sleep_tags_and_pinned_host_memory_through_the_c_abi() {
     let again = gpualloc_host_alloc(3 << 20);
     assert_eq!(again, h, "served from the cache");
     assert_eq!(gpualloc_host_free(again), GPUALLOC_OK);
-    let p = gpualloc_host_stats_json();
-    assert!(!p.is_null());
-    // SAFETY: a string from the library, freed once.
-    let stats: BTreeMap<String, u64> =
-        serde_json::from_str(unsafe { CStr::from_ptr(p) }.to_str().unwrap()).unwrap();
-    unsafe { gpualloc_string_free(p) };
+    let stats = host_stats();
     assert!(
         stats["cache_hits"] >= 1 && stats["allocated_bytes"] == 0,
         "{stats:?}"
     );
     assert_eq!(gpualloc_host_empty_cache(), GPUALLOC_OK);
     assert_eq!(gpualloc_empty_cache(0), GPUALLOC_OK);
+}
+
+/// The pinned host counters (`gpualloc_host_stats_json`).
+fn host_stats() -> BTreeMap<String, u64> {
+    let p = gpualloc_host_stats_json();
+    assert!(!p.is_null(), "{}", last_error());
+    // SAFETY: a string from the library, read then freed once.
+    let stats = serde_json::from_str(unsafe { CStr::from_ptr(p) }.to_str().unwrap()).unwrap();
+    unsafe { gpualloc_string_free(p) };
+    stats
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn memory_pinned_in_place_through_the_c_abi() {
+    use alloc_cuda::cudarc::driver::{result, sys};
+    let words: Vec<u32> = (0..(2u32 << 20)).map(|i| i ^ 0x5a5a_5a5a).collect();
+    let bytes = words.len() * 4;
+    let host = words.as_ptr() as *mut c_void;
+    let before = host_stats();
+    // SAFETY: `words` outlives its registration (unregistered below).
+    let code = unsafe { gpualloc_host_register(host, bytes, GPUALLOC_HOST_REGISTER_MAPPED) };
+    assert_eq!(code, GPUALLOC_OK, "{}", last_error());
+    let during = host_stats();
+    assert_eq!(
+        during["registered_bytes"],
+        before["registered_bytes"] + bytes as u64
+    );
+    // Mapped: the device reaches it at an address of its own, from device 0's
+    // context (the allocator's).
+    let ctx = alloc_cuda::CudaAllocator::global(0)
+        .unwrap()
+        .context()
+        .clone();
+    ctx.bind_to_thread().unwrap();
+    let mut mapped = 0u64;
+    // SAFETY: `host` is registered with the device-map flag; one out-pointer.
+    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut mapped, host, 0) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    assert_ne!(mapped, 0);
+    // A copy out of the registered memory into a block of ours, read back.
+    let p = gpualloc_malloc(bytes as isize, 0, null_mut());
+    assert!(!p.is_null(), "{}", last_error());
+    // SAFETY: `p` is a live block of `bytes` bytes, `words` as many.
+    unsafe { result::memcpy_htod_sync(p as u64, &words) }.unwrap();
+    let mut back = vec![0u32; words.len()];
+    // SAFETY: as above.
+    unsafe { result::memcpy_dtoh_sync(&mut back, p as u64) }.unwrap();
+    assert!(back == words);
+    gpualloc_free(p, bytes as isize, 0, null_mut());
+    // SAFETY: a range inside the registered one: refused before the driver.
+    let inside = unsafe { gpualloc_host_register(host.cast::<u8>().add(4096).cast(), 4096, 0) };
+    assert_eq!(inside, GPUALLOC_ERR_INVALID);
+    // SAFETY: registered above, no copy uses it any more.
+    assert_eq!(unsafe { gpualloc_host_unregister(host) }, GPUALLOC_OK);
+    let after = host_stats();
+    assert_eq!(after["registered_bytes"], before["registered_bytes"]);
+    assert_eq!(after["host_unregisters"], before["host_unregisters"] + 1);
 }

@@ -1,9 +1,9 @@
 //! The C header, the API table and the exported Rust functions agree.
 //!
-//! - `include/gpualloc.h` and its copy in the Python package
-//!   (`python/gpu_alloc/gpualloc.h`, which the package's ctypes declarations
-//!   and C++ bridge read) must equal the text generated from `api::API`
-//!   (regenerate both: `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
+//! - `include/gpualloc.h` (which the Python package's ctypes declarations
+//!   and C++ bridge read too: the wheel carries this file) must equal the
+//!   text generated from `api::API` (regenerate it:
+//!   `GPUALLOC_BLESS=1 cargo test -p alloc-ffi --test header`);
 //! - every `#[no_mangle] extern "C" fn` in `src/` must appear in the
 //!   table with the same parameter and return types (mapped to C), and the
 //!   table must list nothing else;
@@ -21,11 +21,6 @@ use alloc_ffi::CudaStream;
 mod common;
 
 const HEADER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include/gpualloc.h");
-/// The copy the Python package ships next to its C++ bridge.
-const PYTHON_HEADER: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../python/gpu_alloc/gpualloc.h"
-);
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
 
 /// Every Rust source file of the crate, concatenated.
@@ -66,15 +61,6 @@ fn check_generated(path: &str, want: &str) {
 #[test]
 fn header_file_matches_the_api_table() {
     check_generated(HEADER, &header_text());
-}
-
-#[test]
-fn python_package_header_matches_the_api_table() {
-    // The crate built from its .crate file has no Python package beside it.
-    if !Path::new(PYTHON_HEADER).parent().is_some_and(Path::is_dir) {
-        return;
-    }
-    check_generated(PYTHON_HEADER, &header_text());
 }
 
 /// A Rust FFI type as its C spelling.

@@ -205,10 +205,41 @@ fn sequence() -> Run {
         r.int("host_free again", gpualloc_host_free(h));
     }
     r.int("host_empty_cache", gpualloc_host_empty_cache());
+    register_and_unregister(&mut r);
     r.string("host_stats_json", gpualloc_host_stats_json());
     r.string("memory_stats_json", gpualloc_memory_stats_json(0));
     r.string("snapshot_text", gpualloc_snapshot_text(0));
     r
+}
+
+/// Memory of the caller's pinned in place and unpinned. A range whose
+/// unregister failed stays registered: its memory is leaked, so that no
+/// later buffer can have its address.
+fn register_and_unregister(r: &mut Run) {
+    let mut buf = vec![0u8; 3 << 20];
+    let ptr = buf.as_mut_ptr().cast::<c_void>();
+    // SAFETY: `buf` lives until the unregister below, or for good.
+    let code = unsafe { gpualloc_host_register(ptr, buf.len(), GPUALLOC_HOST_REGISTER_MAPPED) };
+    r.int("host_register", code);
+    if code != GPUALLOC_OK {
+        return;
+    }
+    // SAFETY: registered above; nothing uses it.
+    let code = unsafe { gpualloc_host_unregister(ptr) };
+    r.int("host_unregister", code);
+    if code != GPUALLOC_OK {
+        std::mem::forget(buf);
+    }
+}
+
+/// The pinned host counters (`gpualloc_host_stats_json`).
+fn host_stats() -> serde_json::Map<String, serde_json::Value> {
+    let p = gpualloc_host_stats_json();
+    assert!(!p.is_null(), "{}", common::last_error());
+    // SAFETY: a string of the library, read then freed once.
+    let text = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned();
+    unsafe { gpualloc_string_free(p) };
+    serde_json::from_str(&text).unwrap()
 }
 
 /// The process-wide allocator the C entry points use.
@@ -437,4 +468,76 @@ fn stream_op_counters_match_the_driver_calls() {
     assert_eq!(delta("stream_ops.host_waits"), 0);
     assert_eq!(delta("stream_ops.stream_waits"), 0);
     gpualloc_free(q, 0, 0, null_mut());
+}
+
+/// Memory pinned in place is counted in the host statistics until it is
+/// unpinned; an overlapping range and an address that starts no range are
+/// refused without a driver call.
+#[test]
+#[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
+fn memory_pinned_in_place_is_counted_and_overlaps_are_refused() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(nd) = NullDriver::load() else { return };
+    nd.disarm();
+    let count = |s: &serde_json::Map<String, serde_json::Value>, key: &str| {
+        s[key].as_u64().unwrap_or_else(|| panic!("{key} in {s:?}"))
+    };
+    let before = host_stats();
+    let mut buf = vec![0u8; 4 << 20];
+    let ptr = buf.as_mut_ptr().cast::<c_void>();
+    let registers = nd.calls("cuMemHostRegister_v2");
+    // SAFETY: `buf` outlives its registration (unregistered below).
+    unsafe {
+        assert_eq!(gpualloc_host_register(ptr, buf.len(), 0), GPUALLOC_OK);
+        let s = host_stats();
+        assert_eq!(
+            count(&s, "registered_bytes"),
+            count(&before, "registered_bytes") + (4 << 20)
+        );
+        assert_eq!(
+            count(&s, "registered_ranges"),
+            count(&before, "registered_ranges") + 1
+        );
+        assert_eq!(
+            count(&s, "host_registers"),
+            count(&before, "host_registers") + 1
+        );
+        assert!(count(&s, "peak_registered_bytes") >= 4 << 20);
+        // The pool's counters are still there beside them.
+        assert!(s.contains_key("reserved_bytes") && s.contains_key("host_allocs"));
+
+        let inside = ptr.cast::<u8>().add(4096).cast::<c_void>();
+        assert_eq!(
+            gpualloc_host_register(inside, 4096, 0),
+            GPUALLOC_ERR_INVALID
+        );
+        assert!(common::last_error().contains("registered already"));
+        assert_eq!(
+            nd.calls("cuMemHostRegister_v2"),
+            registers + 1,
+            "refused first"
+        );
+        let unregisters = nd.calls("cuMemHostUnregister");
+        assert_eq!(gpualloc_host_unregister(inside), GPUALLOC_ERR_INVALID);
+        assert!(common::last_error().contains("not the start of a range"));
+        assert_eq!(
+            nd.calls("cuMemHostUnregister"),
+            unregisters,
+            "refused first"
+        );
+
+        assert_eq!(gpualloc_host_unregister(ptr), GPUALLOC_OK);
+        assert_eq!(nd.calls("cuMemHostUnregister"), unregisters + 1);
+        assert_eq!(gpualloc_host_unregister(ptr), GPUALLOC_ERR_INVALID, "twice");
+        assert_eq!(nd.calls("cuMemHostUnregister"), unregisters + 1);
+    }
+    let after = host_stats();
+    for key in ["registered_bytes", "registered_ranges"] {
+        assert_eq!(count(&after, key), count(&before, key), "{key}");
+    }
+    assert_eq!(
+        count(&after, "host_unregisters"),
+        count(&before, "host_unregisters") + 1
+    );
+    drop(buf);
 }

@@ -11,7 +11,6 @@
 
 use std::io::{BufWriter, Write};
 use std::path::Path;
-use std::process::ExitCode;
 
 use alloc_core::{AllocError, AllocatorConfig, SimStreams, StreamId};
 use alloc_policy::AnyPolicy;
@@ -19,19 +18,11 @@ use alloc_replay::replay::DEFAULT_CAPACITY;
 use alloc_replay::{device_for, load_trace, TraceEvent};
 use rustc_hash::FxHashMap;
 
-/// Prints an error's message (its `Display` form: what went wrong, what to
-/// do), not its `Debug` form, and exits with status 1.
-fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
+#[path = "../../../examples/failure.rs"]
+mod failure;
+use failure::Failure;
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [path, config] = &args[..] else {
         return Err("usage: placements TRACE CONFIG".into());

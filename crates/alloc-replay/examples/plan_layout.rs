@@ -13,7 +13,6 @@
 //! ```
 
 use std::path::Path;
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use alloc_core::{AllocError, AllocatorConfig, SimStreams, StreamId};
@@ -22,19 +21,11 @@ use alloc_replay::replay::DEFAULT_CAPACITY;
 use alloc_replay::{device_for, estimate_steps, load_trace, Trace, TraceEvent};
 use rustc_hash::FxHashMap;
 
-/// Prints an error's message (its `Display` form: what went wrong, what to
-/// do), not its `Debug` form, and exits with status 1.
-fn main() -> ExitCode {
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
+#[path = "../../../examples/failure.rs"]
+mod failure;
+use failure::Failure;
 
-fn run() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (path, config, extra) = match &args[..] {
         [path, config] => (path, config, 0),
