@@ -73,12 +73,16 @@ fn recovered<'a, T>(
     Ok(guard)
 }
 
-/// How long a waiter of a [`SpinParkMutex`] spins before it parks, unless
+/// How long a waiter of a [`SpinParkMutex`] waits before it parks, unless
 /// [`SPIN_LIMIT_ENV`] says otherwise: the order of a futex sleep and
 /// wake-up, so that with no more threads than cores a waiter queued behind
-/// a few ~100 ns critical sections never sleeps, while one waiting on a
-/// holder that was preempted gives its core back soon.
+/// a few ~100 ns critical sections never sleeps. Past [`PURE_SPIN`] it
+/// yields its core between reads of the lock word, so that a holder that
+/// was preempted (more threads than cores) gets to run.
 pub const SPIN_LIMIT: Duration = Duration::from_micros(20);
+
+/// How long a waiter spins without yielding its core.
+pub const PURE_SPIN: Duration = Duration::from_micros(2);
 
 /// The environment variable that replaces [`SPIN_LIMIT`] for the process
 /// (whole microseconds, read at the first contended lock; `0`: park after
@@ -116,7 +120,8 @@ struct Slot<T> {
 
 /// A mutex for state that many threads take briefly (an allocator's
 /// engine): a waiter spins, reading the lock word, for up to
-/// [`spin_limit`], and only then parks (parking_lot's mutex, whose
+/// [`spin_limit`] (yielding its core between reads past [`PURE_SPIN`]),
+/// and only then parks (parking_lot's mutex, whose
 /// `unlock` is a plain atomic store while nobody is parked). A panic with
 /// the lock held poisons it as it would a `std::sync::Mutex`, and
 /// [`SpinParkMutex::lock_checked`] treats that as [`lock_checked`] does.
@@ -181,7 +186,8 @@ impl<T> SpinParkMutex<T> {
     }
 
     /// Spins for up to [`spin_limit`] (reading the lock word, which costs
-    /// the holder nothing until it writes it), then parks.
+    /// the holder nothing until it writes it; yielding past [`PURE_SPIN`]),
+    /// then parks.
     #[cold]
     #[inline(never)]
     fn acquire_contended(&self) -> parking_lot::MutexGuard<'_, Slot<T>> {
@@ -206,8 +212,12 @@ impl<T> SpinParkMutex<T> {
                 }
                 std::hint::spin_loop();
             }
-            if start.elapsed() >= limit {
+            let waited = start.elapsed();
+            if waited >= limit {
                 return self.inner.lock();
+            }
+            if waited >= PURE_SPIN {
+                std::thread::yield_now();
             }
         }
     }
