@@ -76,7 +76,7 @@ fn recovered<'a, T>(
 /// How long a waiter of a [`SpinParkMutex`] waits before it parks, unless
 /// [`SPIN_LIMIT_ENV`] says otherwise: the order of a futex sleep and
 /// wake-up, so that with no more threads than cores a waiter queued behind
-/// a few ~100 ns critical sections never sleeps. Past [`PURE_SPIN`] it
+/// a few ~100 ns critical sections does not sleep. Past [`PURE_SPIN`] it
 /// yields its core between reads of the lock word, so that a holder that
 /// was preempted (more threads than cores) gets to run.
 pub const SPIN_LIMIT: Duration = Duration::from_micros(20);
@@ -122,7 +122,7 @@ struct Slot<T> {
 /// engine): a waiter spins, reading the lock word, for up to
 /// [`spin_limit`] (yielding its core between reads past [`PURE_SPIN`]),
 /// and only then parks (parking_lot's mutex, whose
-/// `unlock` is a plain atomic store while nobody is parked). A panic with
+/// `unlock` is one atomic operation while nobody is parked). A panic with
 /// the lock held poisons it as it would a `std::sync::Mutex`, and
 /// [`SpinParkMutex::lock_checked`] treats that as [`lock_checked`] does.
 pub struct SpinParkMutex<T> {
