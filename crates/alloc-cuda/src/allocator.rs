@@ -22,7 +22,7 @@ use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::events::{CudaStreams, EventPoolStats, StreamOpCounts};
 use crate::ipc::{self, SharedRange};
-use crate::lock::{lock_checked, lock_consistent};
+use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
 use crate::memory::CudaMemory;
 use crate::notice::NO_VIRTUAL_MEMORY;
 use crate::observer::{ObserverSlot, SegmentObserver};
@@ -44,7 +44,9 @@ struct Inner<P: Policy> {
     ctx: Arc<CudaContext>,
     /// The configuration in effect (settings may change at run time).
     config: Mutex<AllocatorConfig>,
-    state: Mutex<State<P>>,
+    /// Taken by every allocation and free of the device: a lock that spins
+    /// before it parks (see [`crate::lock`]).
+    state: SpinParkMutex<State<P>>,
     observer: ObserverSlot,
     /// Host backups of paused sleep tags, and the stream that copies them.
     sleep: HostBackups,
@@ -93,7 +95,7 @@ impl<P: Policy> State<P> {
 }
 
 /// The engine of a locked allocator.
-pub(crate) struct EngineGuard<'a, P: Policy>(MutexGuard<'a, State<P>>);
+pub(crate) struct EngineGuard<'a, P: Policy>(SpinParkGuard<'a, State<P>>);
 
 impl<P: Policy> Deref for EngineGuard<'_, P> {
     type Target = CudaEngine<P>;
@@ -112,8 +114,7 @@ impl<P: Policy> Drop for Inner<P> {
     fn drop(&mut self) {
         // Give every idle segment back to the driver; segments that still
         // hold live raw allocations stay (a leak, never a hazard).
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let _ = state.engine.empty_cache();
+        let _ = self.state.get_mut().engine.empty_cache();
     }
 }
 
@@ -309,7 +310,7 @@ impl<P: Policy> CudaAllocator<P> {
                 ordinal,
                 ctx,
                 config: Mutex::new(config.clone()),
-                state: Mutex::new(State {
+                state: SpinParkMutex::new(State {
                     engine,
                     buffers: BufferRanges::default(),
                 }),
@@ -405,8 +406,11 @@ impl<P: Policy> CudaAllocator<P> {
     /// The engine and buffers, locked; after a panic with the lock held,
     /// only once the engine passes its own invariant check (see
     /// [`crate::lock`]).
-    fn state(&self) -> Result<MutexGuard<'_, State<P>>, CudaError> {
-        lock_checked(&self.inner.state, |state| state.engine.validate())
+    #[inline]
+    fn state(&self) -> Result<SpinParkGuard<'_, State<P>>, CudaError> {
+        self.inner
+            .state
+            .lock_checked(|state| state.engine.validate())
     }
 
     /// The engine, locked.
@@ -755,6 +759,15 @@ mod tests {
     #[test]
     fn handle_is_send_and_sync() {
         assert_send_sync::<CudaAllocator>();
+    }
+
+    fn assert_unwind_safe<T: std::panic::UnwindSafe + std::panic::RefUnwindSafe>() {}
+
+    #[test]
+    fn handle_can_cross_catch_unwind() {
+        // A panic under the lock poisons it, and the next call checks the
+        // engine (crate::lock): the handle stays usable after one.
+        assert_unwind_safe::<CudaAllocator>();
     }
 
     // These fail before any driver call, so they run without a GPU and
