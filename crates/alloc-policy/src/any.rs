@@ -184,7 +184,6 @@ fn check_growth<P: Policy>(policy: &P, cfg: &AllocatorConfig) -> Result<(), Conf
     Ok(())
 }
 
-use crate::registry::dispatch;
 
 impl Policy for BasePolicy {
     // buddy's `take_free` and `carve`, called rather than inlined, take a

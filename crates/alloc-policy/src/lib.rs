@@ -11,6 +11,11 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
+// First: its `with_a_base!` is used below.
+#[macro_use]
+mod registry;
+pub use registry::{ALL_BASE_POLICIES, BASE_POLICIES};
+
 #[cfg(feature = "buddy")]
 pub mod buddy;
 pub mod free_index;
@@ -23,11 +28,6 @@ pub mod per_key;
 pub mod pytorch_bfc;
 #[cfg(feature = "size-class")]
 pub mod size_class;
-#[cfg(all(
-    feature = "testing",
-    any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")
-))]
-pub mod testing;
 
 #[cfg(feature = "buddy")]
 pub use buddy::{Buddy, BuddySettings};
@@ -38,18 +38,13 @@ pub use pytorch_bfc::{BfcSettings, PytorchBfc};
 #[cfg(feature = "size-class")]
 pub use size_class::{SizeClass, SizeClassSettings};
 
-#[cfg(not(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")))]
-compile_error!(
-    "alloc-policy needs a base policy: enable cargo feature `pytorch-bfc`, `buddy` or \
-     `size-class` (`gc-age` alone is not enough: it adds a collector to one of those three)"
-);
-
-#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
-mod any;
-#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
-pub use any::AnyPolicy;
-mod registry;
-pub use registry::{BasePolicy, ALL_BASE_POLICIES, BASE_POLICIES};
+with_a_base! {
+    mod any;
+    pub use any::AnyPolicy;
+    pub use registry::BasePolicy;
+    #[cfg(feature = "testing")]
+    pub mod testing;
+}
 
 /// The collector that adds garbage collection by age to a base policy
 /// (`<base>+gc-age`); also the name of its cargo feature.

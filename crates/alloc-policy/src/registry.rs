@@ -2,8 +2,8 @@
 //! names it. From the entries [`policies!`] writes [`BasePolicy`] (one
 //! variant per compiled-in policy), its `dispatch!` (a `match` over the
 //! variants for [`forward_policy!`](alloc_core::forward_policy)), the name
-//! tables ([`ALL_BASE_POLICIES`], [`BASE_POLICIES`]) and the constructor
-//! by name. A test checks that every entry is a cargo feature of this crate
+//! tables ([`ALL_BASE_POLICIES`], [`BASE_POLICIES`]), the constructor by
+//! name, and the build error without a base policy. A test checks that every entry is a cargo feature of this crate
 //! and every feature a policy entry, an adaptor or a test switch;
 //! `.ci/features.sh` takes its matrix from the features.
 //!
@@ -30,7 +30,23 @@ macro_rules! policies {
         $(#[doc = $doc:literal])*
         $variant:ident($ty:ty) = $name:literal, new: $new:expr;
     )+) => {
+        #[cfg(not(any($(feature = $name),+)))]
+        compile_error!(concat!(
+            "alloc-policy needs a base policy: enable one of its cargo features",
+            $(" `", $name, "`",)+
+            " (`gc-age` alone is not enough: it adds a collector to a base policy)"
+        ));
+
+        /// Writes its items only when at least one base policy is compiled
+        /// in (without one, the build stops at the error above alone).
+        macro_rules! with_a_base {
+            ($d($d item:item)*) => {
+                $d(#[cfg(any($(feature = $name),+))] $d item)*
+            };
+        }
+
         /// One of the compiled-in base policies, chosen at run time.
+        #[cfg(any($(feature = $name),+))]
         #[derive(Debug)]
         // An explicit tag byte: read with one load. Without it the variant
         // is decoded from a niche in the first policy's fields, a few
@@ -52,6 +68,7 @@ macro_rules! policies {
         /// Base policy names compiled into this build, the default first.
         pub const BASE_POLICIES: &[&str] = &[$(#[cfg(feature = $name)] $name,)+];
 
+        #[cfg(any($(feature = $name),+))]
         impl BasePolicy {
             /// The compiled-in base policy called `name`, built from `cfg`;
             /// `None` for any other name.
@@ -91,7 +108,6 @@ macro_rules! policies {
                 }
             };
         }
-        pub(crate) use dispatch;
     };
 }
 
