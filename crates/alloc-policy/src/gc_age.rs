@@ -307,6 +307,59 @@ mod tests {
         e.assert_valid();
     }
 
+    /// A policy's own collector: records the reserved bytes it was shown,
+    /// answers `segments`.
+    struct Fixed {
+        segments: Vec<SegmentId>,
+        shown: Option<u64>,
+    }
+
+    impl Reclaim for Fixed {
+        fn collect_garbage(&mut self, _heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+            self.shown = Some(pressure.reserved);
+            self.segments.clone()
+        }
+    }
+
+    #[test]
+    fn the_policy_collector_runs_after_on_what_is_left_each_segment_once() {
+        let mut e = engine(0);
+        let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(60 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.free(b.addr).unwrap();
+        let heap = e.heap();
+        let segment = |addr| heap.block(heap.block_at(addr).unwrap()).segment;
+        let (sa, sb) = (segment(a.addr), segment(b.addr));
+        let mut gc = GcAge::new(GcAgeSettings {
+            threshold: 0.5,
+            min_age_ticks: 0,
+        });
+        // 160 MiB reserved over a line of 128 MiB: the larger of the two
+        // equally old segments goes, leaving 60 MiB for the policy's own.
+        let pressure = Pressure {
+            reserved: 160 * MIB,
+            limit: 256 * MIB,
+            fraction_set: true,
+            threshold: None,
+        };
+        let mut own = Fixed {
+            segments: vec![sa, sb],
+            shown: None,
+        };
+        assert_eq!(gc.collect_then(heap, &pressure, &mut own), vec![sa, sb]);
+        assert_eq!(own.shown, Some(60 * MIB));
+        assert_eq!(gc.collect_garbage(heap, &pressure), vec![sa]);
+        // Under the line: only the policy's own choice.
+        let calm = Pressure {
+            reserved: 100 * MIB,
+            ..pressure
+        };
+        own.segments = vec![sb];
+        assert_eq!(gc.collect_then(heap, &calm, &mut own), vec![sb]);
+        assert_eq!(own.shown, Some(100 * MIB));
+    }
+
     #[test]
     fn minimum_age_keeps_recently_freed_segments() {
         let mut e = engine(1000);
@@ -342,7 +395,7 @@ mod tests {
 
     #[cfg(feature = "pytorch-bfc")]
     #[test]
-    fn wraps_pytorch_bfc_through_any_policy() {
+    fn composes_with_pytorch_bfc_in_any_policy() {
         use crate::AnyPolicy;
         let cfg =
             AllocatorConfig::parse("policy:pytorch-bfc+gc-age,garbage_collection_threshold:0.5")
