@@ -102,14 +102,16 @@ impl AnyPolicy {
                 reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
             });
         }
+        #[cfg(feature = "gc-age")]
         let gc = match adaptor {
             None => None,
-            #[cfg(feature = "gc-age")]
             Some("gc-age") => Some(GcAge::new(GcAgeSettings::from(cfg))),
             Some(other) => return Err(refuse(other, &[GC_AGE])),
         };
         #[cfg(not(feature = "gc-age"))]
-        let _: Option<()> = gc;
+        if let Some(other) = adaptor {
+            return Err(refuse(other, &[GC_AGE]));
+        }
         Ok(AnyPolicy {
             base,
             #[cfg(feature = "gc-age")]
@@ -129,7 +131,7 @@ impl AnyPolicy {
     }
 
     /// What `plan_layout` did so far: `None` unless the policy is
-    /// `pytorch-bfc` (alone or inside `gc-age`) with `plan_layout` on.
+    /// `pytorch-bfc` (alone or with `gc-age`) with `plan_layout` on.
     pub fn plan_stats(&self) -> Option<crate::layout_plan::PlanStats> {
         match &self.base {
             #[cfg(feature = "pytorch-bfc")]

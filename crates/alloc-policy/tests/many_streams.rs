@@ -33,6 +33,8 @@ fn fresh_streams(config: &str, streams: u64, size: u64, gpu_keeps_up: bool) -> u
     // Streams that hold nothing are forgotten by empty_cache: their
     // segments and the policy's bins for them.
     assert_eq!(e.heap().segments().count(), 1, "{config}");
+    // Irrefutable when pytorch-bfc is the one policy compiled in.
+    #[allow(irrefutable_let_patterns)]
     let BasePolicy::PytorchBfc(p) = e.policy().base() else {
         panic!("{config}: PyTorch's policy")
     };
