@@ -1,7 +1,8 @@
-//! The policy seam: how sizes are rounded, which cached block serves a
-//! request, how blocks are split and merged, and which cached segments go back
-//! to the device under pressure. The engine owns everything else (streams,
-//! events, statistics, the out-of-memory path).
+//! The policy seam, three traits: [`Policy`], placement (how sizes are
+//! rounded, which cached block serves a request, how blocks are split and
+//! merged); [`Reclaim`], which cached segments go back to the device under
+//! pressure; [`Audit`], what validation asks of the policy. The engine owns
+//! everything else (streams, events, statistics, the out-of-memory path).
 
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;

@@ -201,7 +201,10 @@ impl Policy for BasePolicy {
             other => dispatch!(mut other, p => p.take_free(heap, req)),
         }
     }
-    #[inline]
+    // Always inlined: with `#[inline]` alone the carve of a cached block
+    // became a call of its own on every malloc (9 instructions more in a
+    // pytorch-bfc pair).
+    #[inline(always)]
     fn carve(
         &mut self,
         heap: &mut Heap,
@@ -263,7 +266,7 @@ impl Policy for AnyPolicy {
     fn take_free(&mut self, heap: &Heap, req: &alloc_core::Request) -> Option<alloc_core::BlockId> {
         self.base.take_free(heap, req)
     }
-    #[inline]
+    #[inline(always)]
     fn carve(
         &mut self,
         heap: &mut Heap,
