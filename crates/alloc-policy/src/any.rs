@@ -202,8 +202,7 @@ impl Policy for BasePolicy {
         }
     }
     // Always inlined: with `#[inline]` alone the carve of a cached block
-    // became a call of its own on every malloc (9 instructions more in a
-    // pytorch-bfc pair).
+    // became a call of its own on every malloc (docs/benchmarks.md).
     #[inline(always)]
     fn carve(
         &mut self,
