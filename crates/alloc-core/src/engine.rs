@@ -199,8 +199,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Sleep tags: pools whose memory can be paused and resumed.
     tags: Tags,
     /// Bytes by which the reserved peak rose while the policy kept free
-    /// pages mapped ([`Policy::kept_mapped`]), at most a share of the peak
-    /// (`expandable.rs`).
+    /// pages mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)),
+    /// at most a share of the peak (`expandable.rs`).
     kept_growth: u64,
     /// The policy's capabilities, read at construction and after each
     /// reconfiguration.

@@ -18,7 +18,7 @@
 //! order), with a bitmap of non-empty orders per (pool, stream): finding the
 //! smallest sufficient order is one mask and one `trailing_zeros`, and
 //! unlinking a buddy is O(1). Adjacent free blocks that are not buddies stay
-//! separate, so [`Capabilities::coalesces`] is false; [`Policy::check`] verifies the
+//! separate, so [`Capabilities::coalesces`] is false; [`Audit::check`] verifies the
 //! buddy invariants instead.
 //!
 //! The policy collects no garbage by itself (wrap it in `gc-age` for that);
