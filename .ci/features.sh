@@ -8,7 +8,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-sets=(pytorch-bfc buddy size-class size-class,gc-age pytorch-bfc,buddy,size-class,gc-age)
+# The base policies: alloc-policy's cargo features other than its default
+# set, the collector and the test switches. A test of alloc-policy
+# (registry.rs) keeps them equal to the entries of its policy registry; the
+# features of alloc-cuda and alloc-ffi must forward each one.
+mapfile -t bases < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+packages = {p["name"]: p["features"] for p in json.load(sys.stdin)["packages"]}
+bases = [f for f in packages["alloc-policy"] if f not in ("default", "gc-age", "testing", "arbitrary")]
+for crate, dep in (("alloc-cuda", "alloc-policy"), ("alloc-ffi", "alloc-cuda")):
+    features = packages[crate]
+    for base in bases:
+        if features.get(base) != [f"{dep}/{base}"] or base not in features["all-policies"]:
+            sys.exit(f"{crate}: feature `{base}` must be [\"{dep}/{base}\"] and in `all-policies`")
+print("\n".join(bases))
+')
+if [ "${#bases[@]}" -eq 0 ]; then
+    echo "no base policy among alloc-policy's features" >&2
+    exit 1
+fi
+all=$(IFS=,; echo "${bases[*]}")
+# Each base alone, the last with the collector, and all of them with it.
+sets=("${bases[@]}" "${bases[-1]},gc-age" "$all,gc-age")
 only=(--no-default-features --features)
 
 for set in "${sets[@]}"; do
@@ -34,7 +55,7 @@ fails_with() {
 }
 
 # No base policy (`gc-age` wraps one): the build stops and says what to enable.
-policy_missing='alloc-policy needs a base policy: enable cargo feature `pytorch-bfc`, `buddy` or `size-class`'
+policy_missing='alloc-policy needs a base policy: enable one of its cargo features'
 for set in "" gc-age; do
     fails_with "$policy_missing" alloc-policy "$set"
 done

@@ -199,8 +199,8 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// Sleep tags: pools whose memory can be paused and resumed.
     tags: Tags,
     /// Bytes by which the reserved peak rose while the policy kept free
-    /// pages mapped ([`Policy::kept_mapped`]), at most a share of the peak
-    /// (`expandable.rs`).
+    /// pages mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)),
+    /// at most a share of the peak (`expandable.rs`).
     kept_growth: u64,
     /// The policy's capabilities, read at construction and after each
     /// reconfiguration.
@@ -346,19 +346,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // A no-split pool hands the free block out whole (one block per
         // segment, as PyTorch's `MemPool(no_split=True)`).
         let whole = pool.is_some_and(|p| self.pools.no_split(p));
-        // One call to find and carve: a call each dispatched twice on the
-        // variant of an enum of policies.
-        let cached = if whole {
-            self.policy.take_free(&self.heap, &req)
-        } else {
-            self.policy.take_carved(&mut self.heap, &req)
-        };
-        let piece = match cached {
-            Some(piece) => piece,
-            None => self.no_cached_block(size, key, whole)?,
+        let piece = match self.policy.take_free(&self.heap, &req) {
+            Some(block) if whole => block,
+            Some(block) => self.policy.carve(&mut self.heap, block, &req),
+            None => self.no_cached_block(req, whole)?,
         };
         if self.options.unmap_free_pages {
-            self.map_or_refuse(piece, size, key)?;
+            self.map_or_refuse(piece, req)?;
         }
         // Read before the state changes, whose stores would make them
         // loads again.
@@ -372,21 +366,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok((addr, block_size))
     }
 
-    /// The block to hand out for `requested` bytes of `key`'s cache when no
-    /// cached block fits: carved (unless `whole`) from one awaiting events
-    /// that stream-wait reuse hands over, else from a new segment.
+    /// The block to hand out for `req` when no cached block fits: carved
+    /// (unless `whole`) from one awaiting events that stream-wait reuse
+    /// hands over, else from a new segment.
     // Out of line: inlined, the cached block was tested twice, and the
-    // stack frame of every malloc held what this path needs.
-    // The request planned again here (as in `map_or_refuse`), not passed:
-    // passed by reference, every malloc stored it to the stack.
+    // stack frame of every malloc held what this path needs. The request by
+    // value (as in `map_or_refuse`): by reference, its address escaped and
+    // every malloc stored it to the stack.
     #[inline(never)]
-    fn no_cached_block(
-        &mut self,
-        requested: u64,
-        key: CacheKey,
-        whole: bool,
-    ) -> Result<BlockId, AllocError> {
-        let req = &self.policy.plan(requested, key);
+    fn no_cached_block(&mut self, req: Request, whole: bool) -> Result<BlockId, AllocError> {
+        let req = &req;
         let reused = if self.options.stream_wait_reuse
             && self.events.any_awaiting()
             && !self.pools.capture_underway()
@@ -407,18 +396,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         })
     }
 
-    /// Maps the pages under `piece`, the block for `requested` bytes of
-    /// `key`'s cache; when there is no room, takes the block back and
-    /// reports the request out of memory.
-    // Out of line, planning the request again for the report: see
-    // `no_cached_block`.
+    /// Maps the pages under `piece`, the block for `req`; when there is no
+    /// room, takes the block back and reports the request out of memory.
+    // Out of line, the request by value: see `no_cached_block`.
     #[inline(never)]
-    fn map_or_refuse(
-        &mut self,
-        piece: BlockId,
-        requested: u64,
-        key: CacheKey,
-    ) -> Result<(), AllocError> {
+    fn map_or_refuse(&mut self, piece: BlockId, req: Request) -> Result<(), AllocError> {
         if self.map_pages_under(piece)? {
             return Ok(());
         }
@@ -428,7 +410,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         self.policy.insert_free(&mut self.heap, piece);
-        let req = self.policy.plan(requested, key);
         Err(self.out_of_memory(&req))
     }
 

@@ -1,29 +1,33 @@
-//! The one forwarding of the [`Policy`](crate::Policy) trait: every method's
+//! The one forwarding of the policy traits ([`Policy`](crate::Policy),
+//! [`Reclaim`](crate::Reclaim), [`Audit`](crate::Audit)): every method's
 //! signature and call, written once, for policies that hand calls to another
-//! policy (`Box<P>` here; in `alloc-policy` the enum of compiled-in policies
-//! and the garbage-collecting adaptor).
+//! policy (`Box<P>` here; in `alloc-policy` the enum of compiled-in
+//! policies).
 
-/// Implements [`Policy`](crate::Policy) methods inside an `impl Policy for
-/// ...` block by handing each call to an inner policy.
+/// Implements methods of [`Policy`](crate::Policy), [`Reclaim`](crate::Reclaim)
+/// or [`Audit`](crate::Audit) inside an `impl` block of that trait by handing
+/// each call to an inner policy.
 ///
-/// `forward_policy!(reach; all)` writes every method;
-/// `forward_policy!(reach; plan, take_free, ...)` only those named, for an
-/// adaptor that writes the others itself. A wrapper that holds its policy
-/// in a field names it: `forward_policy!(field inner; ...)`. Otherwise
-/// `reach` names a macro that the forwarding invokes as `reach!(ref self,
-/// p => call)` in `&self` methods and `reach!(mut self, p => call)` in
-/// `&mut self` methods: it evaluates `call` with `p` bound to the inner
-/// policy (by shared or mutable reference), so an enum of policies can
-/// match on its variants. Every forwarded method is `#[inline]`.
+/// `forward_policy!(reach; all)` writes every method of `Policy`,
+/// `all_reclaim` every method of `Reclaim`, `all_audit` every method of
+/// `Audit`; `forward_policy!(reach; plan, take_free, ...)` only those named,
+/// for an adaptor that writes the others itself. A wrapper that holds its
+/// policy in a field names it: `forward_policy!(field inner; ...)`.
+/// Otherwise `reach` names a macro that the forwarding invokes as
+/// `reach!(ref self, p => call)` in `&self` methods and `reach!(mut self, p
+/// => call)` in `&mut self` methods: it evaluates `call` with `p` bound to
+/// the inner policy (by shared or mutable reference), so an enum of policies
+/// can match on its variants. Every forwarded method is `#[inline]`.
 ///
 /// An adaptor that counts the cached blocks its policy hands out, and
 /// forwards the rest:
 ///
 /// ```
 /// use alloc_core::{
-///     forward_policy, AllocatorConfig, BlockId, Engine, EngineOptions, Heap, Policy, Request,
+///     forward_policy, Audit, BlockId, Engine, EngineOptions, Heap, Policy, Reclaim, Request,
 ///     SimMemory, SimStreams, StreamId, GIB, MIB,
 /// };
+/// use alloc_core::AllocatorConfig;
 /// use alloc_policy::AnyPolicy;
 ///
 /// struct Counting<P> {
@@ -37,9 +41,14 @@
 ///         self.hits += u64::from(found.is_some());
 ///         found
 ///     }
-///     forward_policy!(field inner; name, reconfigure, plan, segment_size, carve, insert_free,
-///         remove_free, release_for_oom, collect_garbage, capabilities, kept_mapped,
-///         indexed_blocks, check);
+///     forward_policy!(field inner; name, reconfigure, capabilities, plan, segment_size,
+///         carve, insert_free, remove_free);
+/// }
+/// impl<P: Policy> Reclaim for Counting<P> {
+///     forward_policy!(field inner; all_reclaim);
+/// }
+/// impl<P: Policy> Audit for Counting<P> {
+///     forward_policy!(field inner; all_audit);
 /// }
 ///
 /// let cfg = AllocatorConfig::default();
@@ -50,6 +59,7 @@
 /// e.malloc(MIB, StreamId(0))?; // served from the cache
 /// assert_eq!(e.policy().hits, 1);
 /// assert_eq!(e.policy().name(), "pytorch-bfc");
+/// e.assert_valid();
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[macro_export]
@@ -71,9 +81,15 @@ macro_rules! forward_policy {
         $crate::forward_policy!([field $f]; $($methods)*);
     };
     ($reach:tt; all) => {
-        $crate::forward_policy!($reach; name, reconfigure, plan, segment_size, take_free, carve,
-            take_carved, insert_free, remove_free, release_for_oom, collect_garbage, capabilities,
-            kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
+        $crate::forward_policy!($reach; name, reconfigure, capabilities, plan, segment_size,
+            take_free, carve, insert_free, remove_free);
+    };
+    ($reach:tt; all_reclaim) => {
+        $crate::forward_policy!($reach; release_for_oom, collect_garbage, kept_mapped,
+            kept_mapped_keys, forget_empty_keys);
+    };
+    ($reach:tt; all_audit) => {
+        $crate::forward_policy!($reach; indexed_blocks, check);
     };
     ($reach:tt; $($method:ident),+ $(,)?) => {
         $($crate::forward_policy!(@method $reach $method);)+
@@ -124,16 +140,6 @@ macro_rules! forward_policy {
             req: &$crate::Request,
         ) -> $crate::BlockId {
             $crate::forward_policy!(@reach $reach, mut self, p => p.carve(heap, block, req))
-        }
-    };
-    (@method $reach:tt take_carved) => {
-        #[inline]
-        fn take_carved(
-            &mut self,
-            heap: &mut $crate::Heap,
-            req: &$crate::Request,
-        ) -> ::core::option::Option<$crate::BlockId> {
-            $crate::forward_policy!(@reach $reach, mut self, p => p.take_carved(heap, req))
         }
     };
     (@method $reach:tt insert_free) => {

@@ -45,7 +45,7 @@ pub use engine::{
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, BlockState, Heap, Segment};
 pub use page_layout::{PageLayout, RangePages};
-pub use policy::{Capabilities, KeptKeys, OomRelease, Policy, Pressure, Request};
+pub use policy::{Audit, Capabilities, KeptKeys, OomRelease, Policy, Pressure, Reclaim, Request};
 pub use private_pool::PoolId;
 pub use sim::{SimCapture, SimDataMemory, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};

@@ -1,14 +1,15 @@
-//! The policy seam: how sizes are rounded, which cached block serves a
-//! request, how blocks are split and merged, and which cached segments go back
-//! to the device under pressure. The engine owns everything else (streams,
-//! events, statistics, the out-of-memory path).
+//! The policy seam, three traits: [`Policy`], placement (how sizes are
+//! rounded, which cached block serves a request, how blocks are split and
+//! merged); [`Reclaim`], which cached segments go back to the device under
+//! pressure; [`Audit`], what validation asks of the policy. The engine owns
+//! everything else (streams, events, statistics, the out-of-memory path).
 
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
 
 /// The cache keys for which a policy keeps pages mapped
-/// ([`Policy::kept_mapped_keys`]).
+/// ([`Reclaim::kept_mapped_keys`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeptKeys {
     /// Any key may have a kept range: ask about each.
@@ -108,17 +109,19 @@ pub struct OomRelease {
     pub sufficient: bool,
 }
 
-/// An allocation strategy over the shared [`Heap`].
+/// Where a request goes: an allocation strategy over the shared [`Heap`],
+/// placement only. Giving memory back is [`Reclaim`]'s, checking the
+/// policy's index is [`Audit`]'s; a policy implements all three.
 ///
-/// The engine calls these in a fixed protocol: [`Policy::plan`] for every
-/// request; [`Policy::take_free`] to find a cached block; when none fits, a
-/// new segment of [`Policy::segment_size`] bytes is made and handed to
-/// [`Policy::carve`] as one free block; [`Policy::carve`] also receives the
-/// blocks found by `take_free` ([`Policy::take_carved`] makes both calls in
-/// one). A block that becomes free again goes to
+/// The engine calls these in a fixed protocol: [`Policy::plan`] once for
+/// every request; [`Policy::take_free`] to find a cached block; when none
+/// fits, a new segment of [`Policy::segment_size`] bytes is made and handed
+/// to [`Policy::carve`] as one free block; [`Policy::carve`] also receives
+/// the blocks found by `take_free`. A block that becomes free again goes to
 /// [`Policy::insert_free`]. Before a segment is freed, its free blocks go to
-/// [`Policy::remove_free`].
-pub trait Policy {
+/// [`Policy::remove_free`]. [`Policy::capabilities`] is read when the engine
+/// is built and after [`Policy::reconfigure`], never per request.
+pub trait Policy: Reclaim + Audit {
     /// Short name shown in reports.
     fn name(&self) -> &str;
 
@@ -132,10 +135,14 @@ pub trait Policy {
         Ok(())
     }
 
-    /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool,
-    /// for a request that may reuse the cached blocks of `key`. The same
-    /// arguments give the same request: the engine plans a request again
-    /// rather than keep it on its slow paths.
+    /// What the policy can do (see [`Capabilities`]), under its current
+    /// settings.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Rounds `requested` (1 ..= the engine's maximum) and chooses a pool
+    /// (with [`Request::new`]), for a request that may reuse the cached
+    /// blocks of `key`. Called once per request: the engine keeps the answer
+    /// for the request's every later step.
     fn plan(&self, requested: u64, key: CacheKey) -> Request;
 
     /// Size of the device allocation to make when no cached block fits.
@@ -149,18 +156,6 @@ pub trait Policy {
     /// `req.size` bytes), indexing any remainder; returns the block to hand out.
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId;
 
-    /// [`Policy::take_free`] and then, for the block found,
-    /// [`Policy::carve`]: the cached block to hand out for `req`, or `None`
-    /// (nothing changed) when no cached block fits. The default makes
-    /// exactly those two calls; a policy that forwards to another forwards
-    /// this too, so that the engine's common path reaches the inner policy
-    /// through one dispatch. A wrapper that writes its own `take_free` or
-    /// `carve` leaves this one to the default, which calls them.
-    fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
-        let block = self.take_free(heap, req)?;
-        Some(self.carve(heap, block, req))
-    }
-
     /// Takes back a block that just became free: merges it as the policy
     /// wants and indexes the result.
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId);
@@ -168,7 +163,16 @@ pub trait Policy {
     /// Removes an indexed free block from the index (its segment is about to
     /// be released).
     fn remove_free(&mut self, heap: &Heap, block: BlockId);
+}
 
+/// What a policy gives back, and keeps, under memory pressure: idle
+/// segments when a device allocation failed or before a new segment is
+/// made (garbage collection), the free pages to keep mapped, and per-key
+/// state once its segments went back. Every method has a default that gives
+/// nothing back, so a policy without a collector of its own writes
+/// `impl Reclaim for MyPolicy {}`; a collector such as `alloc_policy`'s
+/// `GcAge` is a `Reclaim` of its own that a policy's implementation calls.
+pub trait Reclaim {
     /// Device allocation failed: idle segments to release before the engine
     /// falls back to releasing every idle segment. Default: none.
     fn release_for_oom(&mut self, _heap: &Heap, _req: &Request) -> OomRelease {
@@ -181,10 +185,6 @@ pub trait Policy {
         Vec::new()
     }
 
-    /// What the policy can do (see [`Capabilities`]), under its current
-    /// settings.
-    fn capabilities(&self) -> Capabilities;
-
     /// The addresses `[start, end)` of `key`'s large-pool growable segment
     /// whose free pages should stay mapped when `unmap_free_pages` makes room
     /// for a mapping (a planned layout, whose pages every step uses again:
@@ -193,7 +193,7 @@ pub trait Policy {
         None
     }
 
-    /// The cache keys for which [`Policy::kept_mapped`] may answer, so that
+    /// The cache keys for which [`Reclaim::kept_mapped`] may answer, so that
     /// the engine asks about those alone rather than about every growable
     /// segment (one per stream ever seen). Default: any key.
     fn kept_mapped_keys(&self) -> KeptKeys {
@@ -204,11 +204,18 @@ pub trait Policy {
     /// nothing any more), after `empty_cache` gave their segments back.
     /// Answers do not change. Default: nothing to drop.
     fn forget_empty_keys(&mut self) {}
+}
 
-    /// Every indexed block, for validation.
+/// What [`Engine::validate`](crate::Engine::validate) asks of a policy: the
+/// blocks in its index and its own invariants. Not called by allocation:
+/// tests check the engine after every step with it, and a thread-safe
+/// allocator checks an engine whose lock a panic poisoned before using it
+/// again.
+pub trait Audit {
+    /// Every indexed block.
     fn indexed_blocks(&self) -> Vec<BlockId>;
 
-    /// Policy-specific invariants over the heap, for validation.
+    /// Policy-specific invariants over the heap. Default: none.
     fn check(&self, _heap: &Heap) -> Result<(), String> {
         Ok(())
     }
@@ -230,6 +237,16 @@ macro_rules! boxed {
 /// wherever a policy does.
 impl<P: Policy + ?Sized> Policy for Box<P> {
     crate::forward_policy!(boxed; all);
+}
+
+/// Forwards to the boxed policy's reclaim.
+impl<P: Reclaim + ?Sized> Reclaim for Box<P> {
+    crate::forward_policy!(boxed; all_reclaim);
+}
+
+/// Forwards to the boxed policy's audit.
+impl<P: Audit + ?Sized> Audit for Box<P> {
+    crate::forward_policy!(boxed; all_audit);
 }
 
 #[cfg(test)]

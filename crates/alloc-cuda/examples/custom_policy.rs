@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::error::Error;
 
 use alloc_cuda::alloc_core::{
-    coalesce, BlockId, CacheKey, Capabilities, Heap, Policy, PoolKind, Request, KIB, MIB,
+    coalesce, Audit, BlockId, CacheKey, Capabilities, Heap, Policy, PoolKind, Reclaim, Request,
+    KIB, MIB,
 };
 use alloc_cuda::{AllocatorConfig, CudaAllocator, DeviceBuffer};
 
@@ -95,7 +96,13 @@ impl Policy for FirstFit {
             ..Capabilities::default()
         }
     }
+}
 
+/// No collector of its own: the engine's out-of-memory path releases idle
+/// segments.
+impl Reclaim for FirstFit {}
+
+impl Audit for FirstFit {
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.free.values().copied().collect()
     }

@@ -1,40 +1,25 @@
 //! [`AnyPolicy`]: one of the compiled-in policies, chosen at run time from
-//! the `policy:` key of the configuration string.
+//! the `policy:` key of the configuration string, with the age-based
+//! collector when the name ends in `+gc-age`.
 
 use alloc_core::{
-    forward_policy, AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap,
-    MemoryBackend, Policy, Request, StreamBackend,
+    forward_policy, AllocatorConfig, Audit, ConfigError, Engine, EngineOptions, Heap,
+    MemoryBackend, Policy, Pressure, Reclaim, SegmentId, StreamBackend,
 };
 
-use crate::{policy_names, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
-#[cfg(feature = "pytorch-bfc")]
-use crate::{BfcSettings, PytorchBfc};
-#[cfg(feature = "buddy")]
-use crate::{Buddy, BuddySettings};
+use crate::{policy_names, BasePolicy, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
 #[cfg(feature = "gc-age")]
 use crate::{GcAge, GcAgeSettings};
-#[cfg(feature = "size-class")]
-use crate::{SizeClass, SizeClassSettings};
 
-/// One of the compiled-in policies, chosen at run time.
+/// One of the compiled-in policies, chosen at run time: a base policy's
+/// placement, and its collector or the age-based one before it.
 #[derive(Debug)]
-// An explicit tag byte: read with one load. Without it the variant is
-// decoded from a niche in the first policy's fields, a few instructions on
-// every forwarded call.
-#[repr(u8)]
-pub enum AnyPolicy {
-    /// PyTorch's best fit with coalescing.
-    #[cfg(feature = "pytorch-bfc")]
-    PytorchBfc(PytorchBfc),
-    /// Binary buddy.
-    #[cfg(feature = "buddy")]
-    Buddy(Buddy),
-    /// Size-class free lists.
-    #[cfg(feature = "size-class")]
-    SizeClass(SizeClass),
-    /// Garbage collection by age over another policy.
+pub struct AnyPolicy {
+    /// The base policy: placement, and its own reclaim.
+    base: BasePolicy,
+    /// The age-based collector, for `<base>+gc-age`.
     #[cfg(feature = "gc-age")]
-    GcAge(Box<GcAge<AnyPolicy>>),
+    gc: Option<GcAge>,
 }
 
 impl AnyPolicy {
@@ -77,17 +62,11 @@ impl AnyPolicy {
             Some((base, adaptor)) => (base, Some(adaptor)),
             None => (name, None),
         };
-        let base = match base {
-            #[cfg(feature = "pytorch-bfc")]
-            "pytorch-bfc" => AnyPolicy::PytorchBfc(PytorchBfc::new(BfcSettings::from(cfg))),
-            #[cfg(feature = "buddy")]
-            "buddy" => AnyPolicy::Buddy(Buddy::new(BuddySettings::from(cfg))),
-            #[cfg(feature = "size-class")]
-            "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
-            other => return Err(refuse(other, &ALL_BASE_POLICIES)),
+        let Some(base) = BasePolicy::from_name(base, cfg) else {
+            return Err(refuse(base, ALL_BASE_POLICIES));
         };
         #[cfg(feature = "pytorch-bfc")]
-        let planner = matches!(base, AnyPolicy::PytorchBfc(_));
+        let planner = matches!(base, BasePolicy::PytorchBfc(_));
         #[cfg(not(feature = "pytorch-bfc"))]
         let planner = false;
         // Options of pytorch-bfc's placement: refused by the other policies.
@@ -111,9 +90,9 @@ impl AnyPolicy {
                 });
             }
         }
-        base.check_growth(cfg)?;
+        check_growth(&base, cfg)?;
         #[cfg(feature = "size-class")]
-        let slabs = matches!(base, AnyPolicy::SizeClass(_));
+        let slabs = matches!(base, BasePolicy::SizeClass(_));
         #[cfg(not(feature = "size-class"))]
         let slabs = false;
         if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
@@ -123,25 +102,40 @@ impl AnyPolicy {
                 reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
             });
         }
-        match adaptor {
-            None => Ok(base),
-            #[cfg(feature = "gc-age")]
-            Some("gc-age") => Ok(AnyPolicy::GcAge(Box::new(GcAge::new(
-                base,
-                GcAgeSettings::from(cfg),
-            )))),
-            Some(other) => Err(refuse(other, &[GC_AGE])),
+        #[cfg(feature = "gc-age")]
+        let gc = match adaptor {
+            None => None,
+            Some("gc-age") => Some(GcAge::new(GcAgeSettings::from(cfg))),
+            Some(other) => return Err(refuse(other, &[GC_AGE])),
+        };
+        #[cfg(not(feature = "gc-age"))]
+        if let Some(other) = adaptor {
+            return Err(refuse(other, &[GC_AGE]));
         }
+        Ok(AnyPolicy {
+            base,
+            #[cfg(feature = "gc-age")]
+            gc,
+        })
+    }
+
+    /// The base policy (placement, and its own reclaim).
+    pub fn base(&self) -> &BasePolicy {
+        &self.base
+    }
+
+    /// The age-based collector, for a `<base>+gc-age` policy.
+    #[cfg(feature = "gc-age")]
+    pub fn gc_age(&self) -> Option<&GcAge> {
+        self.gc.as_ref()
     }
 
     /// What `plan_layout` did so far: `None` unless the policy is
-    /// `pytorch-bfc` (alone or inside `gc-age`) with `plan_layout` on.
+    /// `pytorch-bfc` (alone or with `gc-age`) with `plan_layout` on.
     pub fn plan_stats(&self) -> Option<crate::layout_plan::PlanStats> {
-        match self {
+        match &self.base {
             #[cfg(feature = "pytorch-bfc")]
-            AnyPolicy::PytorchBfc(p) => p.plan_stats(),
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge(g) => g.inner().plan_stats(),
+            BasePolicy::PytorchBfc(p) => p.plan_stats(),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -177,118 +171,137 @@ impl AnyPolicy {
     }
 }
 
-impl AnyPolicy {
-    /// Refuses `expandable_segments` for a policy without growable segments.
-    fn check_growth(&self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        if cfg.expandable_segments && !self.capabilities().supports_growth {
-            return Err(ConfigError::InvalidValue {
-                key: "expandable_segments".into(),
-                value: "true".into(),
-                reason: format!(
-                    "policy `{}` does not support growable segments",
-                    self.name()
-                ),
-            });
-        }
-        Ok(())
+/// Refuses `expandable_segments` for a policy without growable segments.
+fn check_growth<P: Policy>(policy: &P, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+    if cfg.expandable_segments && !policy.capabilities().supports_growth {
+        return Err(ConfigError::InvalidValue {
+            key: "expandable_segments".into(),
+            value: "true".into(),
+            reason: format!(
+                "policy `{}` does not support growable segments",
+                policy.name()
+            ),
+        });
     }
+    Ok(())
 }
 
-/// Reaches whichever policy is inside, for [`forward_policy!`] (`ref` and
-/// `mut` calls alike: the match borrows as `self` is borrowed).
-macro_rules! dispatch {
-    ($mode:ident $self:expr, $p:ident => $call:expr) => {
-        match $self {
-            #[cfg(feature = "pytorch-bfc")]
-            AnyPolicy::PytorchBfc($p) => $call,
-            #[cfg(feature = "buddy")]
-            AnyPolicy::Buddy($p) => $call,
-            #[cfg(feature = "size-class")]
-            AnyPolicy::SizeClass($p) => $call,
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge($p) => $call,
-        }
-    };
-}
 
-impl Policy for AnyPolicy {
-    /// Refuses growable segments for a policy without them, then hands the
-    /// settings to the policy inside.
-    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        self.check_growth(cfg)?;
-        dispatch!(mut self, p => p.reconfigure(cfg))
-    }
-    // The three calls of a malloc's cached path: those of the policies
-    // that are called, not inlined (buddy and gc-age), out of line with a
-    // copy of the request and the plan returned field by field (see
-    // `by_copy`), so that pytorch-bfc's and size-class's request stays in
-    // registers (buddy pays for it with one call more).
+impl Policy for BasePolicy {
+    // buddy's `take_free` and `carve`, called rather than inlined, take a
+    // copy of the request (see `by_copy`), so that pytorch-bfc's and
+    // size-class's request stays in registers (buddy pays for it with a
+    // copy).
     #[inline]
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
-        match self {
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge(p) => {
-                let (requested, size, pool, key) = by_copy::plan(p, requested, key);
-                Request {
-                    requested,
-                    size,
-                    pool,
-                    key,
-                }
-            }
-            #[allow(unreachable_patterns)]
-            other => dispatch!(ref other, p => p.plan(requested, key)),
-        }
-    }
-    #[inline]
-    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+    fn take_free(&mut self, heap: &Heap, req: &alloc_core::Request) -> Option<alloc_core::BlockId> {
         match self {
             #[cfg(feature = "buddy")]
-            AnyPolicy::Buddy(p) => by_copy::take_free(p, heap, *req),
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge(p) => by_copy::take_free(p, heap, *req),
+            BasePolicy::Buddy(p) => by_copy::take_free(p, heap, *req),
             #[allow(unreachable_patterns)]
             other => dispatch!(mut other, p => p.take_free(heap, req)),
         }
     }
-    #[inline]
-    fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
+    // Always inlined: with `#[inline]` alone the carve of a cached block
+    // became a call of its own on every malloc (docs/benchmarks.md).
+    #[inline(always)]
+    fn carve(
+        &mut self,
+        heap: &mut Heap,
+        block: alloc_core::BlockId,
+        req: &alloc_core::Request,
+    ) -> alloc_core::BlockId {
         match self {
             #[cfg(feature = "buddy")]
-            AnyPolicy::Buddy(p) => by_copy::take_carved(p, heap, *req),
-            #[cfg(feature = "gc-age")]
-            AnyPolicy::GcAge(p) => by_copy::take_carved(p, heap, *req),
+            BasePolicy::Buddy(p) => by_copy::carve(p, heap, block, *req),
             #[allow(unreachable_patterns)]
-            other => dispatch!(mut other, p => p.take_carved(heap, req)),
+            other => dispatch!(mut other, p => p.carve(heap, block, req)),
         }
     }
-    forward_policy!(dispatch; name, segment_size, carve,
-        insert_free,
-        remove_free, release_for_oom, collect_garbage, capabilities, kept_mapped, kept_mapped_keys,
-        forget_empty_keys, indexed_blocks, check);
+    forward_policy!(dispatch; name, reconfigure, capabilities, plan, segment_size, insert_free,
+        remove_free);
 }
 
-/// The calls of [`AnyPolicy`]'s cached path for the policies that take
+impl Reclaim for BasePolicy {
+    forward_policy!(dispatch; all_reclaim);
+}
+
+impl Audit for BasePolicy {
+    forward_policy!(dispatch; all_audit);
+}
+
+/// Reaches the base policy of an [`AnyPolicy`], for [`forward_policy!`].
+macro_rules! base {
+    (ref $any:expr, $p:ident => $call:expr) => {
+        dispatch!(ref &$any.base, $p => $call)
+    };
+    (mut $any:expr, $p:ident => $call:expr) => {
+        dispatch!(mut &mut $any.base, $p => $call)
+    };
+}
+
+impl Policy for AnyPolicy {
+    /// `<base>`, or `<base>+gc-age`.
+    fn name(&self) -> &str {
+        #[cfg(feature = "gc-age")]
+        if self.gc.is_some() {
+            return self.base.name_with_gc_age();
+        }
+        self.base.name()
+    }
+    /// Refuses growable segments for a policy without them, then hands the
+    /// settings to the base policy and the collector.
+    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
+        check_growth(self, cfg)?;
+        self.base.reconfigure(cfg)?;
+        #[cfg(feature = "gc-age")]
+        if let Some(gc) = &mut self.gc {
+            gc.reconfigure(cfg);
+        }
+        Ok(())
+    }
+    // The calls of a malloc through `BasePolicy`'s, which copy buddy's
+    // request.
+    #[inline]
+    fn take_free(&mut self, heap: &Heap, req: &alloc_core::Request) -> Option<alloc_core::BlockId> {
+        self.base.take_free(heap, req)
+    }
+    #[inline(always)]
+    fn carve(
+        &mut self,
+        heap: &mut Heap,
+        block: alloc_core::BlockId,
+        req: &alloc_core::Request,
+    ) -> alloc_core::BlockId {
+        self.base.carve(heap, block, req)
+    }
+    forward_policy!(base; capabilities, plan, segment_size, insert_free, remove_free);
+}
+
+impl Reclaim for AnyPolicy {
+    /// The age-based collector first, if any, then the base policy's own on
+    /// the pressure left.
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        #[cfg(feature = "gc-age")]
+        if let Some(gc) = &mut self.gc {
+            return gc.collect_then(heap, pressure, &mut self.base);
+        }
+        self.base.collect_garbage(heap, pressure)
+    }
+    forward_policy!(base; release_for_oom, kept_mapped, kept_mapped_keys, forget_empty_keys);
+}
+
+impl Audit for AnyPolicy {
+    forward_policy!(base; all_audit);
+}
+
+/// The calls of [`BasePolicy`]'s cached path for the policies that take
 /// the request's address in a call: out of line, each with a copy of the
 /// request, so that the request of a malloc of the other policies stays in
 /// registers. Passed the caller's request, such a call made every malloc
 /// store it to the stack (and an inlined copy was forwarded to the call).
-#[cfg(any(feature = "buddy", feature = "gc-age"))]
+#[cfg(feature = "buddy")]
 mod by_copy {
-    use super::*;
-
-    /// [`Policy::plan`], field by field: returned whole, the caller's
-    /// request was its return slot.
-    #[cfg(feature = "gc-age")]
-    #[inline(never)]
-    pub(super) fn plan<P: Policy>(
-        p: &P,
-        requested: u64,
-        key: CacheKey,
-    ) -> (u64, u64, alloc_core::PoolKind, CacheKey) {
-        let req = p.plan(requested, key);
-        (req.requested, req.size, req.pool, req.key)
-    }
+    use alloc_core::{BlockId, Heap, Policy, Request};
 
     /// [`Policy::take_free`] with its own request.
     #[inline(never)]
@@ -296,14 +309,15 @@ mod by_copy {
         p.take_free(heap, &req)
     }
 
-    /// [`Policy::take_carved`] with its own request.
+    /// [`Policy::carve`] with its own request.
     #[inline(never)]
-    pub(super) fn take_carved<P: Policy>(
+    pub(super) fn carve<P: Policy>(
         p: &mut P,
         heap: &mut Heap,
+        block: BlockId,
         req: Request,
-    ) -> Option<BlockId> {
-        p.take_carved(heap, &req)
+    ) -> BlockId {
+        p.carve(heap, block, &req)
     }
 }
 

@@ -18,7 +18,7 @@
 //! order), with a bitmap of non-empty orders per (pool, stream): finding the
 //! smallest sufficient order is one mask and one `trailing_zeros`, and
 //! unlinking a buddy is O(1). Adjacent free blocks that are not buddies stay
-//! separate, so [`Capabilities::coalesces`] is false; [`Policy::check`] verifies the
+//! separate, so [`Capabilities::coalesces`] is false; [`Audit::check`] verifies the
 //! buddy invariants instead.
 //!
 //! The policy collects no garbage by itself (wrap it in `gc-age` for that);
@@ -29,8 +29,8 @@ use std::collections::{BTreeSet, HashSet};
 
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
-    PoolKind, Request, SegmentId, MIB,
+    AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
+    PoolKind, Reclaim, Request, SegmentId, MIB,
 };
 
 use crate::per_key::PerKey;
@@ -495,6 +495,19 @@ impl Policy for Buddy {
         }
     }
 
+    /// Buddies merge, but not every free neighbour. Blocks larger than the
+    /// largest order (dedicated segments) are oversize: the threshold is one
+    /// byte above it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            oversize_threshold: self.settings.large_segment.saturating_add(1),
+            ..Capabilities::default()
+        }
+    }
+}
+
+impl Reclaim for Buddy {
     /// Idle segments of the request's pool and stream, largest first, until
     /// they add up to the segment the request needs.
     fn release_for_oom(&mut self, heap: &Heap, req: &Request) -> OomRelease {
@@ -534,23 +547,14 @@ impl Policy for Buddy {
         }
     }
 
-    /// Buddies merge, but not every free neighbour. Blocks larger than the
-    /// largest order (dedicated segments) are oversize: the threshold is one
-    /// byte above it.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            coalesces: false,
-            oversize_threshold: self.settings.large_segment.saturating_add(1),
-            ..Capabilities::default()
-        }
-    }
-
     fn forget_empty_keys(&mut self) {
         for lists in &mut self.lists {
             lists.retain(|l| l.mask != 0);
         }
     }
+}
 
+impl Audit for Buddy {
     fn indexed_blocks(&self) -> Vec<BlockId> {
         let mut out: Vec<BlockId> = self.oversize.iter().map(|k| k.3).collect();
         for (_, lists) in self.lists.iter().flat_map(|l| l.iter()) {

@@ -1,14 +1,16 @@
-//! Garbage collection by age, as an adaptor over any policy.
+//! Garbage collection by age, a collector that composes with any policy.
 //!
-//! [`GcAge`] forwards every call to the policy it wraps except
-//! [`Policy::collect_garbage`]. Wholly idle segments age in allocator ticks
-//! (one tick per cache lookup in their pool, [`Heap::clock`], since
+//! [`GcAge`] is a [`Reclaim`] of its own: a policy holds one and calls it
+//! from its own [`Reclaim::collect_garbage`] ([`GcAge::collect_then`] runs
+//! the policy's own collector after it); `AnyPolicy` does so for
+//! `<base>+gc-age`. Wholly idle segments age in allocator ticks (one tick
+//! per cache lookup in their pool, [`Heap::clock`], since
 //! [`Segment::idle_since`](alloc_core::Segment::idle_since)); whenever a new
 //! segment is needed while reserved memory exceeds threshold x limit (the
 //! memory fraction's limit, or the device capacity), idle segments go back
 //! to the device oldest first, the larger first among equally old ones, until
-//! reserved memory is at or below the line. The wrapped policy's own
-//! collector then runs on what is left.
+//! reserved memory is at or below the line. The policy's own collector then
+//! runs on what is left.
 //!
 //! Unlike PyTorch's collector (`pytorch-bfc`'s own), which frees only
 //! unsplit large-pool blocks at least as old as the average and only with a
@@ -17,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use alloc_core::{forward_policy, AllocatorConfig, ConfigError, Heap, Policy, Pressure, SegmentId};
+use alloc_core::{AllocatorConfig, Heap, Pressure, Reclaim, SegmentId};
 
 use crate::idle::idle_oldest_first;
 
@@ -58,25 +60,16 @@ impl From<&AllocatorConfig> for GcAgeSettings {
     }
 }
 
-/// A policy with age-based garbage collection added (see the module
-/// documentation).
-#[derive(Debug, Clone)]
-pub struct GcAge<P: Policy> {
-    inner: P,
+/// The age-based collector (see the module documentation).
+#[derive(Debug, Clone, Default)]
+pub struct GcAge {
     settings: GcAgeSettings,
-    /// `<inner name>+gc-age`.
-    name: String,
 }
 
-impl<P: Policy> GcAge<P> {
-    /// Wraps `inner`.
-    pub fn new(inner: P, settings: GcAgeSettings) -> Self {
-        let name = format!("{}+gc-age", inner.name());
-        GcAge {
-            inner,
-            settings,
-            name,
-        }
+impl GcAge {
+    /// A collector with `settings`.
+    pub fn new(settings: GcAgeSettings) -> Self {
+        GcAge { settings }
     }
 
     /// The settings in use.
@@ -84,14 +77,9 @@ impl<P: Policy> GcAge<P> {
         &self.settings
     }
 
-    /// The wrapped policy.
-    pub fn inner(&self) -> &P {
-        &self.inner
-    }
-
-    /// Unwraps the policy.
-    pub fn into_inner(self) -> P {
-        self.inner
+    /// Takes the threshold of `cfg` changed at run time.
+    pub fn reconfigure(&mut self, cfg: &AllocatorConfig) {
+        self.settings.threshold = GcAgeSettings::from(cfg).threshold;
     }
 
     /// Idle segments to release under `pressure`, oldest first, and the
@@ -113,27 +101,22 @@ impl<P: Policy> GcAge<P> {
         }
         (chosen, reserved)
     }
-}
 
-impl<P: Policy> Policy for GcAge<P> {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        self.inner.reconfigure(cfg)?;
-        self.settings.threshold = GcAgeSettings::from(cfg).threshold;
-        Ok(())
-    }
-    /// Releases idle segments oldest first while reserved memory exceeds
-    /// threshold x limit, then adds what the wrapped policy's collector
-    /// chooses under the pressure that is left.
-    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+    /// Idle segments oldest first while reserved memory exceeds threshold x
+    /// limit, then those `then` (the policy's own collector) chooses under
+    /// the pressure that is left, each segment once.
+    pub fn collect_then<R: Reclaim + ?Sized>(
+        &mut self,
+        heap: &Heap,
+        pressure: &Pressure,
+        then: &mut R,
+    ) -> Vec<SegmentId> {
         let (mut chosen, reserved) = self.choose(heap, pressure);
         let left = Pressure {
             reserved,
             ..*pressure
         };
-        let more = self.inner.collect_garbage(heap, &left);
+        let more = then.collect_garbage(heap, &left);
         if chosen.is_empty() {
             return more;
         }
@@ -143,25 +126,45 @@ impl<P: Policy> Policy for GcAge<P> {
         }
         chosen
     }
+}
 
-    forward_policy!(field inner; plan, segment_size, take_free, carve, take_carved,
-        insert_free, remove_free,
-        release_for_oom, capabilities,
-        kept_mapped, kept_mapped_keys, forget_empty_keys, indexed_blocks, check);
+/// The collector alone: idle segments oldest first while reserved memory
+/// exceeds threshold x limit.
+impl Reclaim for GcAge {
+    fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+        self.choose(heap, pressure).0
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use alloc_core::{BlockId, CacheKey, Capabilities, Request, StreamId};
+    use alloc_core::{Audit, BlockId, CacheKey, Capabilities, Policy, Request, StreamId};
     use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
 
-    /// A minimal inner policy: one block per segment, exact-size reuse, no
-    /// collector of its own. Sizes are rounded to 2 MiB; requests of at most
-    /// 1 MiB go to the small pool.
+    /// A minimal policy: one block per segment, exact-size reuse, no
+    /// collector of its own but a [`GcAge`]. Sizes are rounded to 2 MiB;
+    /// requests of at most 1 MiB go to the small pool.
     #[derive(Debug, Default)]
     struct Whole {
         free: Vec<BlockId>,
+        gc: GcAge,
+    }
+
+    impl Whole {
+        fn new(settings: GcAgeSettings) -> Self {
+            Whole {
+                free: Vec::new(),
+                gc: GcAge::new(settings),
+            }
+        }
+    }
+
+    /// The composition: the policy's collector is the age-based one.
+    impl Reclaim for Whole {
+        fn collect_garbage(&mut self, heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+            self.gc.collect_garbage(heap, pressure)
+        }
     }
 
     impl Policy for Whole {
@@ -206,12 +209,15 @@ mod tests {
                 ..Capabilities::default()
             }
         }
+    }
+
+    impl Audit for Whole {
         fn indexed_blocks(&self) -> Vec<BlockId> {
             self.free.clone()
         }
     }
 
-    type TestEngine = Engine<GcAge<Whole>, SimMemory, SimStreams>;
+    type TestEngine = Engine<Whole, SimMemory, SimStreams>;
 
     /// A 1 GiB device limited to 512 MiB, collecting above 0.5 x 512 MiB.
     fn engine(min_age_ticks: u64) -> TestEngine {
@@ -220,7 +226,7 @@ mod tests {
             min_age_ticks,
         };
         let mut e = Engine::new(
-            GcAge::new(Whole::default(), settings),
+            Whole::new(settings),
             SimMemory::new(GIB),
             SimStreams::new(),
             EngineOptions::default(),
@@ -230,15 +236,16 @@ mod tests {
     }
 
     #[test]
-    fn settings_and_name() {
+    fn settings_from_the_configuration() {
         let cfg = AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap();
         assert_eq!(GcAgeSettings::from(&cfg).threshold, 0.6);
         assert_eq!(
             GcAgeSettings::from(&AllocatorConfig::default()).threshold,
             0.8
         );
-        let p = GcAge::new(Whole::default(), GcAgeSettings::default());
-        assert_eq!(p.name(), "whole+gc-age");
+        let mut gc = GcAge::new(GcAgeSettings::default());
+        gc.reconfigure(&cfg);
+        assert_eq!(gc.settings().threshold, 0.6);
     }
 
     /// Frees `addr`, then ticks the large pool's clock by reusing a cached block.
@@ -300,6 +307,59 @@ mod tests {
         e.assert_valid();
     }
 
+    /// A policy's own collector: records the reserved bytes it was shown,
+    /// answers `segments`.
+    struct Fixed {
+        segments: Vec<SegmentId>,
+        shown: Option<u64>,
+    }
+
+    impl Reclaim for Fixed {
+        fn collect_garbage(&mut self, _heap: &Heap, pressure: &Pressure) -> Vec<SegmentId> {
+            self.shown = Some(pressure.reserved);
+            self.segments.clone()
+        }
+    }
+
+    #[test]
+    fn the_policy_collector_runs_after_on_what_is_left_each_segment_once() {
+        let mut e = engine(0);
+        let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(60 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.free(b.addr).unwrap();
+        let heap = e.heap();
+        let segment = |addr| heap.block(heap.block_at(addr).unwrap()).segment;
+        let (sa, sb) = (segment(a.addr), segment(b.addr));
+        let mut gc = GcAge::new(GcAgeSettings {
+            threshold: 0.5,
+            min_age_ticks: 0,
+        });
+        // 160 MiB reserved over a line of 128 MiB: the larger of the two
+        // equally old segments goes, leaving 60 MiB for the policy's own.
+        let pressure = Pressure {
+            reserved: 160 * MIB,
+            limit: 256 * MIB,
+            fraction_set: true,
+            threshold: None,
+        };
+        let mut own = Fixed {
+            segments: vec![sa, sb],
+            shown: None,
+        };
+        assert_eq!(gc.collect_then(heap, &pressure, &mut own), vec![sa, sb]);
+        assert_eq!(own.shown, Some(60 * MIB));
+        assert_eq!(gc.collect_garbage(heap, &pressure), vec![sa]);
+        // Under the line: only the policy's own choice.
+        let calm = Pressure {
+            reserved: 100 * MIB,
+            ..pressure
+        };
+        own.segments = vec![sb];
+        assert_eq!(gc.collect_then(heap, &calm, &mut own), vec![sb]);
+        assert_eq!(own.shown, Some(100 * MIB));
+    }
+
     #[test]
     fn minimum_age_keeps_recently_freed_segments() {
         let mut e = engine(1000);
@@ -315,7 +375,7 @@ mod tests {
     #[test]
     fn without_a_memory_fraction_the_limit_is_the_device() {
         let mut e = Engine::new(
-            GcAge::new(Whole::default(), GcAgeSettings::default()),
+            Whole::new(GcAgeSettings::default()),
             SimMemory::new(GIB),
             SimStreams::new(),
             EngineOptions::default(),
@@ -335,7 +395,7 @@ mod tests {
 
     #[cfg(feature = "pytorch-bfc")]
     #[test]
-    fn wraps_pytorch_bfc_through_any_policy() {
+    fn composes_with_pytorch_bfc_in_any_policy() {
         use crate::AnyPolicy;
         let cfg =
             AllocatorConfig::parse("policy:pytorch-bfc+gc-age,garbage_collection_threshold:0.5")

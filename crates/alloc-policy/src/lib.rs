@@ -2,13 +2,19 @@
 //!
 //! ## Items
 //!
-//! [`AnyPolicy`] holds one of [`PytorchBfc`], [`Buddy`], [`SizeClass`],
-//! each optionally inside [`GcAge`]; [`AnyPolicy::from_config`] builds it
-//! from a configuration and [`AnyPolicy::engine`] an engine around it.
+//! [`AnyPolicy`] holds one of [`PytorchBfc`], [`Buddy`], [`SizeClass`]
+//! (a [`BasePolicy`], from the registry in `registry.rs`), each optionally
+//! with the collector [`GcAge`]; [`AnyPolicy::from_config`] builds it from a
+//! configuration and [`AnyPolicy::engine`] an engine around it.
 //! [`policy_names`] lists the names this build accepts.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+
+// First: its `with_a_base!` is used below.
+#[macro_use]
+mod registry;
+pub use registry::{ALL_BASE_POLICIES, BASE_POLICIES};
 
 #[cfg(feature = "buddy")]
 pub mod buddy;
@@ -22,11 +28,6 @@ pub mod per_key;
 pub mod pytorch_bfc;
 #[cfg(feature = "size-class")]
 pub mod size_class;
-#[cfg(all(
-    feature = "testing",
-    any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")
-))]
-pub mod testing;
 
 #[cfg(feature = "buddy")]
 pub use buddy::{Buddy, BuddySettings};
@@ -37,34 +38,17 @@ pub use pytorch_bfc::{BfcSettings, PytorchBfc};
 #[cfg(feature = "size-class")]
 pub use size_class::{SizeClass, SizeClassSettings};
 
-#[cfg(not(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class")))]
-compile_error!(
-    "alloc-policy needs a base policy: enable cargo feature `pytorch-bfc`, `buddy` or \
-     `size-class` (`gc-age` alone is not enough: it wraps one of those three)"
-);
+with_a_base! {
+    mod any;
+    pub use any::AnyPolicy;
+    pub use registry::BasePolicy;
+    #[cfg(feature = "testing")]
+    pub mod testing;
+}
 
-#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
-mod any;
-#[cfg(any(feature = "pytorch-bfc", feature = "buddy", feature = "size-class"))]
-pub use any::AnyPolicy;
-
-/// Every base policy of this crate, compiled in or not; each is also the
-/// name of the cargo feature that compiles it in.
-pub const ALL_BASE_POLICIES: [&str; 3] = ["pytorch-bfc", "buddy", "size-class"];
-
-/// The adaptor that adds garbage collection by age to a base policy
+/// The collector that adds garbage collection by age to a base policy
 /// (`<base>+gc-age`); also the name of its cargo feature.
 pub const GC_AGE: &str = "gc-age";
-
-/// Base policy names compiled into this build, the default first.
-pub const BASE_POLICIES: &[&str] = &[
-    #[cfg(feature = "pytorch-bfc")]
-    "pytorch-bfc",
-    #[cfg(feature = "buddy")]
-    "buddy",
-    #[cfg(feature = "size-class")]
-    "size-class",
-];
 
 /// Every policy name accepted by [`AnyPolicy::from_config`] in this build:
 /// each base policy, and with `gc-age` each base policy with `+gc-age`.

@@ -11,8 +11,8 @@ use alloc_core::pytorch::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 use alloc_core::{
-    coalesce, BlockId, CacheKey, Capabilities, ConfigError, Heap, KeptKeys, OomRelease, Policy,
-    PoolKind, Pressure, Request, SegmentId,
+    coalesce, Audit, BlockId, CacheKey, Capabilities, ConfigError, Heap, KeptKeys, OomRelease,
+    Policy, PoolKind, Pressure, Reclaim, Request, SegmentId,
 };
 
 /// Settings of the PyTorch policy, from the allocator configuration.
@@ -304,17 +304,23 @@ impl PytorchBfc {
         self.take_best_fit(req)
     }
 
-    /// [`Policy::take_carved`] with `plan_layout` or expandable segments.
-    // The request by value: passed by reference, its address escaped and
-    // every malloc stored it to the stack.
+    /// [`Policy::carve`] with `plan_layout`: at the planned address, else at
+    /// the front; the plan learns what was carved.
+    // Out of line with the request by value: see `take_free`.
     #[inline(never)]
-    fn take_carved_planned_or_growable(
-        &mut self,
-        heap: &mut Heap,
-        req: Request,
-    ) -> Option<BlockId> {
-        let block = self.take_free_planned_or_growable(heap, &req)?;
-        Some(self.carve(heap, block, &req))
+    fn carve_planned(&mut self, heap: &mut Heap, block: BlockId, req: Request) -> BlockId {
+        let req = &req;
+        let Some(plan) = self.plan.as_deref_mut() else {
+            return self.carve_front(heap, block, req);
+        };
+        let piece = match plan.carve(heap, &mut self.free[req.pool.index()], block, req) {
+            Some(piece) => piece,
+            None => self.carve_front(heap, block, req),
+        };
+        if let Some(plan) = self.plan.as_deref_mut() {
+            plan.carved(heap, piece, req);
+        }
+        piece
     }
 
     /// Smallest free block of `stream` in `pool` with size >= `size`.
@@ -328,6 +334,7 @@ impl Policy for PytorchBfc {
     fn name(&self) -> &str {
         "pytorch-bfc"
     }
+
     /// Every setting may change at run time, as in PyTorch, whose allocator
     /// reads its configuration at each decision.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
@@ -357,8 +364,9 @@ impl Policy for PytorchBfc {
     #[inline]
     fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
         if self.planned_or_growable() {
-            // A copy's address, not the caller's request's: see
-            // `take_carved_planned_or_growable`.
+            // A copy's address, not the caller's request's: passed by
+            // reference, its address escaped and every malloc stored it to
+            // the stack.
             return self.take_free_planned_or_growable(heap, &{ *req });
         }
         self.take_best_fit(req)
@@ -366,28 +374,11 @@ impl Policy for PytorchBfc {
 
     #[inline]
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
-        let Some(plan) = self.plan.as_deref_mut() else {
-            return self.carve_front(heap, block, req);
-        };
-        let piece = match plan.carve(heap, &mut self.free[req.pool.index()], block, req) {
-            Some(piece) => piece,
-            None => self.carve_front(heap, block, req),
-        };
-        if let Some(plan) = self.plan.as_deref_mut() {
-            plan.carved(heap, piece, req);
+        if self.plan.is_some() {
+            // A copy, as in `take_free`.
+            return self.carve_planned(heap, block, *req);
         }
-        piece
-    }
-
-    // Its own, not the default: without a plan or growable segments, the
-    // plan is tested once, not again in carve.
-    #[inline]
-    fn take_carved(&mut self, heap: &mut Heap, req: &Request) -> Option<BlockId> {
-        if self.planned_or_growable() {
-            return self.take_carved_planned_or_growable(heap, *req);
-        }
-        let block = self.take_best_fit(req)?;
-        Some(self.carve_front(heap, block, req))
+        self.carve_front(heap, block, req)
     }
 
     // The plan tested once: without one, a free coalesces and indexes
@@ -404,6 +395,17 @@ impl Policy for PytorchBfc {
         unindex(&mut self.free, heap, block);
     }
 
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: true,
+            rebuilds_layouts: true,
+            supports_growth: true,
+            oversize_threshold: self.settings.max_split_size,
+        }
+    }
+}
+
+impl Reclaim for PytorchBfc {
     /// PyTorch's `release_available_cached_blocks`: free the smallest
     /// oversize block that covers the request, else the largest oversize
     /// blocks of the stream until their sizes add up to it.
@@ -481,15 +483,6 @@ impl Policy for PytorchBfc {
         released
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            coalesces: true,
-            rebuilds_layouts: true,
-            supports_growth: true,
-            oversize_threshold: self.settings.max_split_size,
-        }
-    }
-
     fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {
         self.plan.as_ref()?.kept_mapped(key)
     }
@@ -506,7 +499,9 @@ impl Policy for PytorchBfc {
             free.forget_empty_keys();
         }
     }
+}
 
+impl Audit for PytorchBfc {
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.free
             .iter()

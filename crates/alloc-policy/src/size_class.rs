@@ -32,8 +32,8 @@
 
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
-    AllocatorConfig, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap, OomRelease,
-    Policy, PoolKind, Pressure, Request, SegmentId, GIB, MIB,
+    AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap,
+    OomRelease, Policy, PoolKind, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
 };
 
 use crate::idle::idle_oldest_first;
@@ -456,6 +456,7 @@ impl Policy for SizeClass {
     fn name(&self) -> &str {
         "size-class"
     }
+
     /// `idle_slab_limit_mb` chooses how slabs are kept and cannot change
     /// once slabs exist; no other setting reaches this policy.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
@@ -552,6 +553,18 @@ impl Policy for SizeClass {
         self.unindex(heap, block);
     }
 
+    /// Free blocks carry their size class in their tag, which carving a
+    /// checkpointed layout from the front cannot recreate.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            coalesces: false,
+            rebuilds_layouts: false,
+            ..Capabilities::default()
+        }
+    }
+}
+
+impl Reclaim for SizeClass {
     /// Gives back the request's idle segments of its stream and pool, oldest
     /// first, until they add up to the segment it needs; from now until the
     /// next request, segments shrink to the class size.
@@ -608,21 +621,13 @@ impl Policy for SizeClass {
         released
     }
 
-    /// Free blocks carry their size class in their tag, which carving a
-    /// checkpointed layout from the front cannot recreate.
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            coalesces: false,
-            rebuilds_layouts: false,
-            ..Capabilities::default()
-        }
-    }
-
     fn forget_empty_keys(&mut self) {
         self.lanes
             .retain(|pools| !pools.iter().all(PoolLists::is_empty));
     }
+}
 
+impl Audit for SizeClass {
     fn indexed_blocks(&self) -> Vec<BlockId> {
         self.lanes
             .iter()

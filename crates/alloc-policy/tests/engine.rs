@@ -858,7 +858,7 @@ fn any_stream_value_is_a_stream_and_never_a_pool() {
 }
 
 /// A policy that keeps `[lo, hi)` of its growable segment mapped
-/// ([`Policy::kept_mapped`]) once `keep` holds that range, and otherwise
+/// ([`Reclaim::kept_mapped`](alloc_core::Reclaim::kept_mapped)) once `keep` holds that range, and otherwise
 /// is pytorch-bfc.
 struct Keeping {
     inner: alloc_policy::AnyPolicy,
@@ -866,19 +866,25 @@ struct Keeping {
 }
 
 impl alloc_core::Policy for Keeping {
+    alloc_core::forward_policy!(field inner; all);
+}
+
+impl alloc_core::Reclaim for Keeping {
     fn kept_mapped(&self, _key: alloc_core::CacheKey) -> Option<(u64, u64)> {
         self.keep.get()
     }
-    alloc_core::forward_policy!(field inner; name, reconfigure, plan, segment_size, take_free,
-        carve, take_carved, insert_free, remove_free, release_for_oom, collect_garbage,
-        capabilities, indexed_blocks, check);
+    alloc_core::forward_policy!(field inner; release_for_oom, collect_garbage);
+}
+
+impl alloc_core::Audit for Keeping {
+    alloc_core::forward_policy!(field inner; all_audit);
 }
 
 /// A boxed policy forwards every method of the trait, the kept range
 /// included (`Box<dyn Policy>` stands wherever a policy does).
 #[test]
 fn a_boxed_policy_forwards_its_kept_range() {
-    use alloc_core::{AllocatorConfig, CacheKey, Policy};
+    use alloc_core::{AllocatorConfig, CacheKey, Policy, Reclaim};
     let cfg = AllocatorConfig::parse(UNMAP_2MIB_PAGES).unwrap();
     let range = Some((4 * MIB, 12 * MIB));
     let boxed: Box<dyn Policy> = Box::new(Keeping {

@@ -7,7 +7,7 @@
 mod common;
 
 use alloc_core::{StreamId, GIB, MIB};
-use alloc_policy::AnyPolicy;
+use alloc_policy::BasePolicy;
 
 /// `streams` fresh streams, each allocating and freeing `size` bytes while
 /// stream 0 holds a block; the GPU keeps up when `gpu_keeps_up`. Returns the
@@ -33,7 +33,9 @@ fn fresh_streams(config: &str, streams: u64, size: u64, gpu_keeps_up: bool) -> u
     // Streams that hold nothing are forgotten by empty_cache: their
     // segments and the policy's bins for them.
     assert_eq!(e.heap().segments().count(), 1, "{config}");
-    let AnyPolicy::PytorchBfc(p) = e.policy() else {
+    // Irrefutable when pytorch-bfc is the one policy compiled in.
+    #[allow(irrefutable_let_patterns)]
+    let BasePolicy::PytorchBfc(p) = e.policy().base() else {
         panic!("{config}: PyTorch's policy")
     };
     assert!(p.key_entries() <= 2, "{config}: {} keys", p.key_entries());

@@ -284,7 +284,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     /// Whether the policy keeps part of a growable segment mapped
-    /// ([`Policy::kept_mapped`]).
+    /// ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)).
     fn keeps_pages_mapped(&self) -> bool {
         let kept = |key: &SegmentKey, g: &Growable<S::Event>| {
             key.1 == PoolKind::Large

@@ -154,7 +154,7 @@ impl LayoutPlan {
     /// The planned range of `key`'s segment once a whole period followed it
     /// (the first one meets the last unplanned period's blocks): every step
     /// uses its pages again, so they stay mapped
-    /// ([`Policy::kept_mapped`](alloc_core::Policy::kept_mapped)).
+    /// ([`Reclaim::kept_mapped`](alloc_core::Reclaim::kept_mapped)).
     pub(crate) fn kept_mapped(&self, key: CacheKey) -> Option<(u64, u64)> {
         match self.phase {
             Phase::Following {
