@@ -163,7 +163,7 @@ impl FreePageIndex {
 
     /// The parked segment whose mark was recorded first: the first to
     /// complete on a GPU the host runs ahead of.
-    fn oldest_parked(&self) -> Option<SegmentKey> {
+    pub(super) fn oldest_parked(&self) -> Option<SegmentKey> {
         self.parked.by_mark.values().next().copied()
     }
 
