@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::free_page_index::Visits;
 use super::growable::{growth, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine, MAX_REQUEST};
 use crate::backend::{MemoryBackend, StreamBackend};
@@ -351,7 +352,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        for key in self.free_pages.to_visit() {
+        let mut visits = Visits::new(&self.free_pages);
+        while let Some(key) = visits.next(&self.free_pages) {
             if *budget == 0 {
                 break;
             }
