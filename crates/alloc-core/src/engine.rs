@@ -14,6 +14,7 @@ use crate::page_layout::PageLayout;
 
 mod capture_reuse;
 mod checkpoint;
+mod empty_segments;
 mod event_queues;
 mod expandable;
 mod free_page_index;
@@ -30,6 +31,7 @@ use crate::stats::Stats;
 use crate::tags::Tags;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
+use empty_segments::EmptySegments;
 use event_queues::{EventQueues, Users};
 use free_page_index::FreePageIndex;
 use growable::Growable;
@@ -184,6 +186,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// unmapping free pages visits, less those parked while their pages
     /// are busy.
     free_pages: FreePageIndex,
+    /// The growable segments that hold nothing, given back beyond a few
+    /// (`expandable.rs`).
+    empty: EmptySegments,
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,
@@ -225,6 +230,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             limit: None,
             growable: FxHashMap::default(),
             free_pages: FreePageIndex::default(),
+            empty: EmptySegments::default(),
             expandable,
             granularity,
             pools: PrivatePools::default(),
@@ -288,6 +294,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn end_malloc(&mut self) {
         self.heap.ledger.settle();
         if self.options.unmap_free_pages {
+            if self.empty.too_many(self.growable.len()) {
+                self.forget_empty_segments();
+            }
             self.release_spare_pages();
         }
     }

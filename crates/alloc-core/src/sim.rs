@@ -356,9 +356,18 @@ impl SimEvent {
 #[derive(Debug, Clone)]
 struct SimEventState {
     stream: StreamId,
-    complete: bool,
     /// Host clock when it was recorded (see [`SimStreams::with_gpu_lag`]).
     at: u64,
+}
+
+/// A stream with events outstanding: how many, and the id through which
+/// its events were completed (a stream runs its work in order, so one
+/// watermark stands for every event before it: completing is not a scan
+/// of every outstanding event).
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamDone {
+    outstanding: usize,
+    through: u64,
 }
 
 /// Simulated streams: every recorded event stays pending until completed by
@@ -370,6 +379,10 @@ struct SimEventState {
 pub struct SimStreams {
     next: u64,
     events: HashMap<u64, SimEventState>,
+    /// Per stream with events outstanding (forgotten with its last event).
+    done: HashMap<StreamId, StreamDone>,
+    /// Every event up to this id is complete ([`SimStreams::complete_all`]).
+    all_through: u64,
     /// Every wait the engine asked for, in order: `(waiting stream, event,
     /// the stream the event was recorded on)`.
     pub waits: Vec<(StreamId, SimEvent, StreamId)>,
@@ -421,32 +434,35 @@ impl SimStreams {
         let Some(stream) = self.events.get(&event.0).map(|e| e.stream) else {
             return;
         };
-        for (_, e) in self
-            .events
-            .iter_mut()
-            .filter(|(&id, e)| id <= event.0 && e.stream == stream)
-        {
-            e.complete = true;
+        if let Some(d) = self.done.get_mut(&stream) {
+            d.through = d.through.max(event.0);
         }
     }
 
     /// Completes every event recorded on `stream` (the stream ran dry).
     pub fn complete_stream(&mut self, stream: StreamId) {
-        for e in self.events.values_mut().filter(|e| e.stream == stream) {
-            e.complete = true;
+        if let Some(d) = self.done.get_mut(&stream) {
+            d.through = self.next;
         }
     }
 
     /// Completes every event.
     pub fn complete_all(&mut self) {
-        for e in self.events.values_mut() {
-            e.complete = true;
-        }
+        self.all_through = self.next;
+    }
+
+    /// Whether the event `id` (of `e`) was completed by the calls above or
+    /// a host synchronize (the GPU lag aside).
+    fn completed(&self, id: u64, e: &SimEventState) -> bool {
+        id <= self.all_through || self.done.get(&e.stream).is_some_and(|d| id <= d.through)
     }
 
     /// Pending (recorded, not complete, not released) events.
     pub fn pending(&self) -> usize {
-        self.events.values().filter(|e| !e.complete).count()
+        self.events
+            .iter()
+            .filter(|&(&id, e)| !self.completed(id, e))
+            .count()
     }
 
     /// The CUDA graph captures on these streams: begin one, queue kernels,
@@ -465,10 +481,10 @@ impl StreamBackend for SimStreams {
             self.next,
             SimEventState {
                 stream,
-                complete: false,
                 at: self.clock,
             },
         );
+        self.done.entry(stream).or_default().outstanding += 1;
         self.outstanding += 1;
         Ok(SimEvent(self.next))
     }
@@ -477,7 +493,7 @@ impl StreamBackend for SimStreams {
         let gpu_at = self.gpu_at;
         self.events
             .get(&event.0)
-            .map(|e| e.complete || gpu_at.is_some_and(|g| e.at <= g))
+            .map(|e| self.completed(event.0, e) || gpu_at.is_some_and(|g| e.at <= g))
             .ok_or_else(|| BackendError::Other(format!("query of released event {}", event.0)))
     }
 
@@ -502,8 +518,15 @@ impl StreamBackend for SimStreams {
     }
 
     fn release(&mut self, event: SimEvent) {
-        if self.events.remove(&event.0).is_some() {
+        if let Some(e) = self.events.remove(&event.0) {
             self.outstanding -= 1;
+            if let Some(d) = self.done.get_mut(&e.stream) {
+                d.outstanding -= 1;
+                if d.outstanding == 0 {
+                    // Later events have larger ids: its watermark is moot.
+                    self.done.remove(&e.stream);
+                }
+            }
         }
     }
 
@@ -647,5 +670,32 @@ mod tests {
         s.release(e1);
         assert!(s.is_complete(&e1).is_err());
         assert_eq!(s.outstanding, 1);
+    }
+
+    #[test]
+    fn completing_an_event_completes_the_earlier_ones_of_its_stream_only() {
+        let mut s = SimStreams::new();
+        let a: Vec<SimEvent> = (0..3).map(|_| s.record(StreamId(1)).unwrap()).collect();
+        let b = s.record(StreamId(2)).unwrap();
+        let late = s.record(StreamId(1)).unwrap();
+        s.complete(a[1]);
+        let done: Vec<bool> = a.iter().map(|e| s.is_complete(e).unwrap()).collect();
+        assert_eq!(done, [true, true, false]);
+        assert!(!s.is_complete(&b).unwrap() && !s.is_complete(&late).unwrap());
+        assert_eq!(s.pending(), 3);
+        s.complete_all();
+        assert_eq!(s.pending(), 0);
+        let after = s.record(StreamId(2)).unwrap();
+        assert!(!s.is_complete(&after).unwrap(), "recorded after");
+        // A stream's record goes with its last event: a later event of it
+        // is pending again.
+        for e in a.into_iter().chain([late]) {
+            s.release(e);
+        }
+        assert!(!s.done.contains_key(&StreamId(1)), "stream 1 forgotten");
+        let again = s.record(StreamId(1)).unwrap();
+        assert!(!s.is_complete(&again).unwrap());
+        s.complete_stream(StreamId(1));
+        assert!(s.is_complete(&again).unwrap() && !s.is_complete(&after).unwrap());
     }
 }

@@ -27,7 +27,7 @@ pub struct Entry {
 }
 
 /// Keys with bins below which a new key never prunes the empty ones.
-const PRUNE_AT: usize = 16;
+pub(crate) const PRUNE_AT: usize = 16;
 
 const SUB_BITS: u32 = 6;
 /// A second-level bitmap: one bit per sub-bin.

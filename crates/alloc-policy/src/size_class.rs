@@ -36,6 +36,7 @@ use alloc_core::{
     OomRelease, Policy, PoolKind, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
 };
 
+use crate::free_index::PRUNE_AT;
 use crate::idle::idle_oldest_first;
 use crate::per_key::PerKey;
 
@@ -368,6 +369,9 @@ pub struct SizeClass {
     settings: SizeClassSettings,
     /// The free lists of each cache key seen, for both pools.
     lanes: PerKey<[PoolLists; 2]>,
+    /// Keys with lists after the last pruning of empty ones: the next
+    /// prunes once there are twice as many (at least [`PRUNE_AT`]).
+    pruned_len: usize,
     /// Position of each indexed block in its list, by block index.
     pos: Vec<u32>,
     /// Set once the device refused a slab during the current request: slabs
@@ -381,6 +385,7 @@ impl SizeClass {
         SizeClass {
             settings,
             lanes: PerKey::default(),
+            pruned_len: 0,
             pos: Vec::new(),
             shrink_slabs: false,
         }
@@ -394,6 +399,13 @@ impl SizeClass {
     /// The lists of `key` in `pool`, created on first use.
     #[inline]
     fn lists_mut(&mut self, key: CacheKey, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
+        if self.lanes.len() >= (2 * self.pruned_len).max(PRUNE_AT)
+            && self.lanes.position(key).is_none()
+        {
+            // A stream made per use leaves lists behind once its blocks are
+            // gone: forgotten here, at a cost shared by the new keys.
+            self.forget_empty_keys();
+        }
         let pools = self.lanes.get_or_insert_with(key, Default::default);
         (&mut pools[pool.index()], &mut self.pos)
     }
@@ -624,6 +636,7 @@ impl Reclaim for SizeClass {
     fn forget_empty_keys(&mut self) {
         self.lanes
             .retain(|pools| !pools.iter().all(PoolLists::is_empty));
+        self.pruned_len = self.lanes.len();
     }
 }
 
@@ -710,6 +723,24 @@ mod tests {
 
     fn engine() -> TestEngine {
         engine_with(SizeClassSettings::default(), 64 * GIB)
+    }
+
+    #[test]
+    fn lists_of_streams_that_hold_nothing_are_forgotten_as_new_streams_come() {
+        // A stream per use on a device that the streams' slabs fill: the
+        // slabs of old streams go back, and their empty lists with them.
+        let mut e = engine_with(SizeClassSettings::default(), GIB);
+        for s in 1..=4000 {
+            let a = e.malloc(4 * MIB, StreamId(s)).unwrap();
+            e.free(a.addr).unwrap();
+        }
+        let held = e.heap().segments().count();
+        let lanes = e.policy().lanes.len();
+        assert!(
+            lanes <= 2 * held.max(PRUNE_AT) + 1,
+            "{lanes} keys with lists for {held} segments"
+        );
+        e.assert_valid();
     }
 
     #[test]

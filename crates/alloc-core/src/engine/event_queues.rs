@@ -41,7 +41,12 @@ pub(super) struct EventQueues<E> {
     /// Outstanding event count of each block awaiting events (the events
     /// still to record included).
     awaiting: FxHashMap<BlockId, u32>,
+    /// The streams with events queued, in the order of their first event;
+    /// a queue that runs dry goes, so that their number follows the streams
+    /// with events outstanding, not every stream ever used.
     queues: Vec<StreamQueue<E>>,
+    /// The position of each stream's queue in `queues`.
+    queue_at: FxHashMap<StreamId, usize>,
     /// Events a free could not record (the driver failed): the block
     /// awaits them too, and they are recorded at the next poll, host wait
     /// or hand-over. An event recorded later covers more of the stream's
@@ -55,6 +60,7 @@ impl<E> Default for EventQueues<E> {
             users: FxHashMap::default(),
             awaiting: FxHashMap::default(),
             queues: Vec::new(),
+            queue_at: FxHashMap::default(),
             unrecorded: Vec::new(),
         }
     }
@@ -204,17 +210,34 @@ impl<E> EventQueues<E> {
 
     /// The queue of `stream`, made on first use.
     fn queue_of(&mut self, stream: StreamId) -> &mut VecDeque<PendingEvent<E>> {
-        let i = match self.queues.iter().position(|q| q.stream == stream) {
-            Some(i) => i,
-            None => {
-                self.queues.push(StreamQueue {
-                    stream,
-                    events: VecDeque::new(),
-                });
-                self.queues.len() - 1
-            }
-        };
+        let queues = &mut self.queues;
+        let i = *self.queue_at.entry(stream).or_insert_with(|| {
+            queues.push(StreamQueue {
+                stream,
+                events: VecDeque::new(),
+            });
+            queues.len() - 1
+        });
         &mut self.queues[i].events
+    }
+
+    /// Drops the queues that ran dry (their order kept). Called by the
+    /// walks over every queue, which pay for it.
+    fn drop_empty_queues(&mut self) {
+        if self.queues.iter().all(|q| !q.events.is_empty()) {
+            return;
+        }
+        self.queues.retain(|q| !q.events.is_empty());
+        self.queue_at.clear();
+        for (i, q) in self.queues.iter().enumerate() {
+            self.queue_at.insert(q.stream, i);
+        }
+    }
+
+    /// Number of streams with events queued.
+    #[cfg(test)]
+    fn queued_streams(&self) -> usize {
+        self.queues.len()
     }
 
     /// One event of `block` was consumed; pushes it to `done` if it was the
@@ -252,6 +275,7 @@ impl<E> EventQueues<E> {
                 }
             }
         }
+        self.drop_empty_queues();
         Ok(())
     }
 
@@ -277,6 +301,7 @@ impl<E> EventQueues<E> {
                 self.event_done(entry.block, done);
             }
         }
+        self.drop_empty_queues();
         recorded
     }
 
@@ -359,6 +384,33 @@ mod tests {
         assert_eq!(done, vec![block(1)]);
         assert!(!q.any_awaiting() && q.pending().next().is_none());
         assert_eq!(s.outstanding, 0, "events go back to the backend");
+    }
+
+    #[test]
+    fn queues_that_run_dry_are_forgotten() {
+        let (mut q, mut s) = (EventQueues::default(), SimStreams::new());
+        // A block per fresh stream, as a stream made per use leaves them.
+        for n in 1..=1000 {
+            free(&mut q, &mut s, block(n), &[StreamId(n as u64)]);
+        }
+        assert_eq!(q.queued_streams(), 1000);
+        let mut done = Vec::new();
+        for n in 1..=998 {
+            s.complete_stream(StreamId(n));
+        }
+        q.poll(&mut s, &mut done).unwrap();
+        assert_eq!(done.len(), 998);
+        assert_eq!(q.queued_streams(), 2, "the two streams still running");
+        // A stream used again after its queue went gets a new one, found
+        // by later frees.
+        free(&mut q, &mut s, block(2000), &[StreamId(5)]);
+        free(&mut q, &mut s, block(2001), &[StreamId(999)]);
+        assert_eq!(q.queued_streams(), 3);
+        assert_eq!(q.pending().filter(|p| p.0 == StreamId(999)).count(), 2);
+        q.synchronize(&mut s, &mut done).unwrap();
+        assert_eq!(q.queued_streams(), 0);
+        assert_eq!(done.len(), 1002);
+        assert!(!q.any_awaiting());
     }
 
     #[test]

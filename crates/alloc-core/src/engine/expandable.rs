@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use super::free_page_index::Visits;
 use super::growable::{growth, Growable, SegmentKey};
 use super::{detach_pages, virtual_memory, Engine, MAX_REQUEST};
 use crate::backend::{MemoryBackend, StreamBackend};
@@ -31,8 +32,9 @@ fn elapsed_ns(started: Instant) -> u64 {
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Every growable segment's invariants ([`Growable::check`]), and with
-    /// `unmap_free_pages` each one with free mapped pages listed for unmapping.
+    /// Every growable segment's invariants ([`Growable::check`]), with
+    /// `unmap_free_pages` each one with free mapped pages listed for
+    /// unmapping, and the empty ones listed as such (`empty_segments.rs`).
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
         for (key, g) in &self.growable {
             let paused = self.pools.is_paused_key(self.heap.segment(g.segment).key());
@@ -44,6 +46,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                     self.heap.segment(g.segment).addr
                 ));
             }
+            let seg = self.heap.segment(g.segment);
+            let empty = seg.unmapped == seg.size && seg.is_idle() && seg.private_pool.is_none();
+            if empty != self.empty.contains(key) {
+                return Err(format!(
+                    "segment {:#x} is empty: {empty}, listed as empty: {}",
+                    seg.addr, !empty
+                ));
+            }
+        }
+        if self.empty.len() > self.growable.len() {
+            return Err(format!(
+                "{} empty segments listed, {} growable segments",
+                self.empty.len(),
+                self.growable.len()
+            ));
         }
         Ok(())
     }
@@ -120,6 +137,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             .expect("growable");
         g.pages_mapped(end, extra, reused_busy);
         self.free_pages.note((req.key, req.pool));
+        self.empty.remove(&(req.key, req.pool));
         if free_tail > 0 {
             self.policy.remove_free(&self.heap, last);
         }
@@ -314,7 +332,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// and the mapping raises the peak by what is missing; with no mapping
     /// to come (emptying the cache) or with `wait` (at a memory budget),
     /// the host waits for each stream with busy pages that stay and unmaps
-    /// them too. Returns whether pages were detached.
+    /// them too, at a budget those of parked segments last
+    /// ([`Engine::wait_for_parked`]). Returns whether pages were detached.
     pub(super) fn unmap_free_pages(
         &mut self,
         keep: Option<BlockId>,
@@ -323,14 +342,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         spare_kept: bool,
         wait: bool,
     ) -> Result<bool, AllocError> {
-        // A walk that waits visits every segment; one that does not, those
-        // parked segments that may give something now.
+        // Emptying the cache takes every page: every parked segment wakes.
+        // A walk for a mapping wakes those that may give something without
+        // a wait; at a budget, it waits for the parked ones last, if still
+        // short (so that a wait is paid once per segment, not a visit of
+        // every busy segment per growth).
         let waits = mover.is_none() || wait;
-        self.wake_parked(if waits { None } else { mover.map(|m| m.0) })?;
+        self.wake_parked(mover.map(|m| m.0))?;
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        for key in self.free_pages.to_visit() {
+        let mut visits = Visits::new(&self.free_pages);
+        while let Some(key) = visits.next(&self.free_pages) {
             if *budget == 0 {
                 break;
             }
@@ -375,10 +398,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 _ => (Vec::new(), busy),
             };
             // Every free page busy, none to move, and no mark to record:
-            // the next walk that does not wait would find the same until a
-            // mark completes (the kept range aside, which walks see in part).
+            // the next walk for a mapping would find the same until a mark
+            // completes (the kept range aside, which walks see in part).
             let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
-            if !waits && none_idle && same.is_empty() && !keeps_one && !kept {
+            if mover.is_some() && none_idle && same.is_empty() && !keeps_one && !kept {
                 let idle_pages = &self.growable[&key].idle;
                 if let (false, Some(mark)) =
                     (idle_pages.wants_mark(), idle_pages.oldest_mark_number())
@@ -401,9 +424,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             detached = true;
             self.unmap_runs(&key, busy, budget, true)?;
         }
-        if mover.is_none() || wait {
+        if waits {
             // Emptying the cache, or at a budget: wait for every stream with
-            // busy pages.
+            // busy pages visited, then at a budget for parked ones.
             for (key, busy) in waiting {
                 if *budget == 0 {
                     break;
@@ -412,7 +435,41 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 self.unmap_runs(&key, busy, budget, false)?;
             }
         }
+        if mover.is_some() && wait {
+            self.wait_for_parked(keep, budget)?;
+        }
         Ok(detached)
+    }
+
+    /// At a budget, still short after a walk: waits for the streams of
+    /// parked segments, oldest mark first (the first to complete on a GPU
+    /// the host runs ahead of), and unmaps their free pages, now idle,
+    /// until `budget` bytes are unmapped or none is parked.
+    fn wait_for_parked(
+        &mut self,
+        keep: Option<BlockId>,
+        budget: &mut u64,
+    ) -> Result<(), AllocError> {
+        while *budget > 0 {
+            let Some(key) = self.free_pages.oldest_parked() else {
+                break;
+            };
+            // Woken: walks visit it again, and it leaves this loop.
+            self.free_pages.wake(&key);
+            self.free_pages.count_visit();
+            let seg_key = self.heap.segment(self.growable[&key].segment).key();
+            if !self.pools.releasable(seg_key) {
+                continue;
+            }
+            let runs = self.growable[&key].free_mapped_runs(&self.heap, keep);
+            if runs.is_empty() {
+                continue;
+            }
+            self.heap.ledger.stats.page_moves.rounds += 1;
+            self.wait_for_growable(&key)?;
+            self.unmap_runs(&key, runs, budget, false)?;
+        }
+        Ok(())
     }
 
     /// `unmap_free_pages`: ends the epoch of the growable segment `key` with
@@ -439,9 +496,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     /// Wakes the parked segments (see `free_page_index.rs`) a walk may get
-    /// something from: with `stream` (a mapping on it to come, no waiting),
-    /// its own and those whose oldest mark completed, polled oldest first
-    /// and one more in turn; with `None`, all of them.
+    /// something from without waiting: with `stream` (a mapping on it to
+    /// come), its own and those whose oldest mark completed, polled oldest
+    /// first and one more in turn; with `None` (emptying the cache), all of
+    /// them.
     fn wake_parked(&mut self, stream: Option<StreamId>) -> Result<(), AllocError> {
         let Some(stream) = stream else {
             self.free_pages.wake_all();
@@ -492,13 +550,46 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.pages_unmapped(seg_id, take);
             *budget = budget.saturating_sub(take);
         }
+        let seg = self.heap.segment(seg_id);
+        if seg.unmapped == seg.size && seg.is_idle() && seg.private_pool.is_none() {
+            self.empty.note(*key);
+        }
         Ok(())
+    }
+
+    /// Gives back the growable segments that became empty first (every
+    /// page unmapped, no block in use) while more are empty than may be
+    /// kept (`empty_segments.rs`): their address ranges, the heap's and the
+    /// policy's records of them. Pages of their streams come from a new
+    /// segment the next time. Called at the end of a malloc; a failure
+    /// leaves the segment to `empty_cache`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn forget_empty_segments(&mut self) {
+        while self.empty.too_many(self.growable.len()) {
+            let Some(key) = self.empty.pop_oldest() else {
+                break;
+            };
+            let Some(g) = self.growable.get(&key) else {
+                continue;
+            };
+            let seg = self.heap.segment(g.segment);
+            let empty = seg.unmapped == seg.size && seg.is_idle();
+            let detached = g.idle.detached_runs().next().is_some();
+            if !empty || detached || !self.pools.releasable(seg.key()) {
+                continue; // in use again, or not ours to give back now
+            }
+            if self.release_segments(&[g.segment]).is_err() {
+                break;
+            }
+        }
     }
 
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
     pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
         self.free_pages.forget(key);
+        self.empty.remove(key);
         if let Some(mut g) = self.growable.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
@@ -623,6 +714,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         g.pages_mapped(start, bytes, false);
         self.heap.pages_mapped(seg_id, bytes);
         self.free_pages.note(*key);
+        self.empty.remove(key);
         Ok(true)
     }
 
@@ -701,6 +793,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let g = self.growable.get_mut(&key).expect("growable");
             g.pages_mapped(start, bytes, reused_busy);
             self.heap.pages_mapped(seg_id, bytes);
+            self.empty.remove(&key);
         }
         if !runs_empty {
             self.mark_epoch(&key)?;

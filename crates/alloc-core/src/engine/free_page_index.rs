@@ -43,6 +43,8 @@ pub(super) struct FreePageIndex {
     visited: u64,
     /// Marks recorded so far (their numbers, in recording order).
     marks: u64,
+    /// Segments listed so far (see [`Visits`]).
+    listed: u64,
 }
 
 /// Parked segments, by the number of the mark whose completion wakes them
@@ -93,7 +95,7 @@ impl FreePageIndex {
     #[inline]
     pub(super) fn note(&mut self, key: SegmentKey) {
         self.parked.unpark(&key);
-        self.keys.insert(key);
+        self.listed += u64::from(self.keys.insert(key));
     }
 
     /// The segment `key` holds no free mapped page (a walk found none), or
@@ -114,7 +116,7 @@ impl FreePageIndex {
     /// Wakes the parked segment `key`: walks visit it again.
     pub(super) fn wake(&mut self, key: &SegmentKey) {
         if self.parked.unpark(key) {
-            self.keys.insert(*key);
+            self.listed += u64::from(self.keys.insert(*key));
         }
     }
 
@@ -163,7 +165,7 @@ impl FreePageIndex {
 
     /// The parked segment whose mark was recorded first: the first to
     /// complete on a GPU the host runs ahead of.
-    fn oldest_parked(&self) -> Option<SegmentKey> {
+    pub(super) fn oldest_parked(&self) -> Option<SegmentKey> {
         self.parked.by_mark.values().next().copied()
     }
 
@@ -187,9 +189,11 @@ impl FreePageIndex {
         self.marks
     }
 
-    /// The segments a walk may visit.
-    pub(super) fn to_visit(&self) -> Vec<SegmentKey> {
-        self.keys.iter().copied().collect()
+    /// The segments a walk may visit, all of them (tests).
+    #[cfg(test)]
+    fn to_visit(&self) -> Vec<SegmentKey> {
+        let mut visits = Visits::new(self);
+        std::iter::from_fn(|| visits.next(self)).collect()
     }
 
     /// A walk visited one more segment.
@@ -211,6 +215,59 @@ impl FreePageIndex {
     /// Segments parked now.
     pub(super) fn parked(&self) -> usize {
         self.parked.mark_of.len()
+    }
+}
+
+/// A walk over the listed segments in the index's order, handed out in
+/// batches that double, so that a walk that stops early (its budget met)
+/// pays for the segments it visited, not for every one listed (at a budget,
+/// thousands with idle pages for a growth that needs one).
+///
+/// While it runs the walk may take segments out of the list (forget, park)
+/// but not list any: a hash set keeps the order of its other elements when
+/// one goes, so those of the batches handed out that are still listed come
+/// first, and the next batch starts past them. The order is the one a walk
+/// over a copy of the whole list had.
+#[derive(Debug)]
+pub(super) struct Visits {
+    batch: Vec<SegmentKey>,
+    /// Position in `batch` of the next segment.
+    next: usize,
+    /// Segments handed out before `batch` that are still listed.
+    skip: usize,
+    /// Size of the next batch.
+    size: usize,
+    /// [`FreePageIndex::listed`] when the walk began.
+    listed: u64,
+}
+
+impl Visits {
+    /// A walk over what `index` lists now.
+    pub(super) fn new(index: &FreePageIndex) -> Self {
+        Visits {
+            batch: Vec::new(),
+            next: 0,
+            skip: 0,
+            size: 8,
+            listed: index.listed,
+        }
+    }
+
+    /// The next segment to visit, in the order of `index` (the same index
+    /// the walk began on).
+    pub(super) fn next(&mut self, index: &FreePageIndex) -> Option<SegmentKey> {
+        if self.next == self.batch.len() {
+            debug_assert_eq!(self.listed, index.listed, "a segment listed during a walk");
+            self.skip += self.batch.iter().filter(|k| index.keys.contains(k)).count();
+            self.batch.clear();
+            let rest = index.keys.iter().skip(self.skip).take(self.size);
+            self.batch.extend(rest.copied());
+            self.size = self.size.saturating_mul(2);
+            self.next = 0;
+        }
+        let key = *self.batch.get(self.next)?;
+        self.next += 1;
+        Some(key)
     }
 }
 
@@ -247,6 +304,35 @@ mod tests {
         index.count_visit();
         index.count_visit();
         assert_eq!(index.visited(), 2);
+    }
+
+    #[test]
+    fn a_walk_hands_out_the_list_in_its_order_past_what_it_took_out() {
+        let mut index = FreePageIndex::default();
+        for s in 0..1000 {
+            index.note(key(s));
+        }
+        let order: Vec<SegmentKey> = index.keys.iter().copied().collect();
+        // A walk that takes out every other segment it visits, and parks
+        // one in three of the rest, sees every segment once, in order.
+        let mut visits = Visits::new(&index);
+        let mut seen = Vec::new();
+        while let Some(k) = visits.next(&index) {
+            match seen.len() % 6 {
+                0 | 2 | 4 => index.forget(&k),
+                1 => index.park(k, seen.len() as u64),
+                _ => {}
+            }
+            seen.push(k);
+        }
+        assert_eq!(seen, order);
+        assert_eq!(index.keys.len(), 333, "two in six stay listed");
+        // A walk that stops after two segments was handed a batch, not the
+        // list.
+        let mut visits = Visits::new(&index);
+        let first = [visits.next(&index), visits.next(&index)];
+        assert_eq!(visits.batch.len(), 8);
+        assert_eq!(first.map(Option::unwrap).to_vec(), index.to_visit()[..2]);
     }
 
     #[test]
