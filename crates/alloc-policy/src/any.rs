@@ -1,6 +1,7 @@
 //! [`AnyPolicy`]: one of the compiled-in policies, chosen at run time from
 //! the `policy:` key of the configuration string.
 
+use alloc_core::config::{Config, GarbageCollection, PolicyConfig, PolicyKind};
 use alloc_core::{
     forward_policy, AllocatorConfig, BlockId, CacheKey, ConfigError, Engine, EngineOptions, Heap,
     MemoryBackend, Policy, Request, StreamBackend,
@@ -39,7 +40,8 @@ pub enum AnyPolicy {
 
 impl AnyPolicy {
     /// Builds the policy named by `cfg.policy` (`<base>` or `<base>+gc-age`),
-    /// or the default policy when unnamed.
+    /// or the default policy (the first compiled in) when unnamed, from the
+    /// checked form of `cfg` ([`AllocatorConfig::typed_or`]).
     ///
     /// A name this crate knows whose cargo feature is off is refused with
     /// the feature to enable; any other name with the compiled-in ones.
@@ -58,79 +60,70 @@ impl AnyPolicy {
     /// # Ok::<(), alloc_core::ConfigError>(())
     /// ```
     pub fn from_config(cfg: &AllocatorConfig) -> Result<Self, ConfigError> {
-        let name = cfg.policy.as_deref().unwrap_or(BASE_POLICIES[0]);
-        // `part` of `name` is refused: either its feature is off or no
-        // policy of this crate has that name (at that place).
-        let refuse = |part: &str, known: &[&str]| {
-            let reason = if known.contains(&part) {
-                format!("policy `{part}` is not compiled in; enable cargo feature `{part}`")
-            } else {
-                format!("compiled-in policies are: {}", policy_names().join(", "))
-            };
-            ConfigError::InvalidValue {
-                key: "policy".into(),
-                value: alloc_core::config::excerpt(name),
-                reason,
-            }
-        };
-        let (base, adaptor) = match name.split_once('+') {
-            Some((base, adaptor)) => (base, Some(adaptor)),
-            None => (name, None),
-        };
-        let base = match base {
+        AnyPolicy::from_typed(&AnyPolicy::typed(cfg)?)
+    }
+
+    /// The checked form of `cfg` for this build
+    /// ([`AllocatorConfig::typed_or`]): a policy name this build runs, the
+    /// first compiled-in policy when it names none.
+    ///
+    /// ```
+    /// use alloc_core::AllocatorConfig;
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = AllocatorConfig::parse("max_split_size_mb:64")?;
+    /// assert_eq!(AnyPolicy::typed(&cfg)?.policy_name(), alloc_policy::BASE_POLICIES[0]);
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn typed(cfg: &AllocatorConfig) -> Result<Config, ConfigError> {
+        if let Some(name) = &cfg.policy {
+            check_name(name)?;
+        }
+        cfg.typed_or(DEFAULT_POLICY)
+    }
+
+    /// Builds the policy of a checked configuration, with its own settings
+    /// and, for [`GarbageCollection::ByAge`], inside `gc-age`. Refused only
+    /// when that policy's cargo feature is off.
+    ///
+    /// ```
+    /// use alloc_core::config::{Config, GarbageCollection, PolicyConfig, SizeClassConfig};
+    /// use alloc_core::Policy;
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = Config {
+    ///     policy: PolicyConfig::SizeClass(SizeClassConfig { idle_slab_limit: Some(0) }),
+    ///     gc: Some(GarbageCollection::ByAge { threshold: Some(0.5) }),
+    ///     ..Config::default()
+    /// };
+    /// assert_eq!(AnyPolicy::from_typed(&cfg)?.name(), "size-class+gc-age");
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn from_typed(cfg: &Config) -> Result<Self, ConfigError> {
+        let base = match &cfg.policy {
             #[cfg(feature = "pytorch-bfc")]
-            "pytorch-bfc" => AnyPolicy::PytorchBfc(PytorchBfc::new(BfcSettings::from(cfg))),
+            PolicyConfig::PytorchBfc(bfc) => AnyPolicy::PytorchBfc(PytorchBfc::new(
+                BfcSettings::new(bfc, cfg.engine.segments.expandable()),
+            )),
             #[cfg(feature = "buddy")]
-            "buddy" => AnyPolicy::Buddy(Buddy::new(BuddySettings::from(cfg))),
+            PolicyConfig::Buddy => AnyPolicy::Buddy(Buddy::new(BuddySettings::default())),
             #[cfg(feature = "size-class")]
-            "size-class" => AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(cfg))),
-            other => return Err(refuse(other, &ALL_BASE_POLICIES)),
-        };
-        #[cfg(feature = "pytorch-bfc")]
-        let planner = matches!(base, AnyPolicy::PytorchBfc(_));
-        #[cfg(not(feature = "pytorch-bfc"))]
-        let planner = false;
-        // Options of pytorch-bfc's placement: refused by the other policies.
-        let placements = [
-            (cfg.plan_layout, "plan_layout", "true".to_string()),
-            (
-                cfg.first_fit.is_some(),
-                "first_fit_mb",
-                (cfg.first_fit.unwrap_or(0) / alloc_core::MIB).to_string(),
-            ),
-        ];
-        for (set, key, value) in placements {
-            if set && !planner {
-                return Err(ConfigError::InvalidValue {
-                    key: key.into(),
-                    value,
-                    reason: format!(
-                        "applies to policy `pytorch-bfc` only, not `{}`",
-                        base.name()
-                    ),
-                });
+            PolicyConfig::SizeClass(slabs) => {
+                AnyPolicy::SizeClass(SizeClass::new(SizeClassSettings::from(slabs)))
             }
-        }
-        base.check_growth(cfg)?;
-        #[cfg(feature = "size-class")]
-        let slabs = matches!(base, AnyPolicy::SizeClass(_));
-        #[cfg(not(feature = "size-class"))]
-        let slabs = false;
-        if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
-            return Err(ConfigError::InvalidValue {
-                key: "idle_slab_limit_mb".into(),
-                value: (limit / alloc_core::MIB).to_string(),
-                reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
-            });
-        }
-        match adaptor {
-            None => Ok(base),
+            #[allow(unreachable_patterns)]
+            other => return Err(not_compiled_in(other.kind().name(), &cfg.policy_name())),
+        };
+        match cfg.gc {
             #[cfg(feature = "gc-age")]
-            Some("gc-age") => Ok(AnyPolicy::GcAge(Box::new(GcAge::new(
-                base,
-                GcAgeSettings::from(cfg),
-            )))),
-            Some(other) => Err(refuse(other, &[GC_AGE])),
+            Some(GarbageCollection::ByAge { threshold }) => Ok(AnyPolicy::GcAge(Box::new(
+                GcAge::new(base, GcAgeSettings::with_threshold(threshold)),
+            ))),
+            #[cfg(not(feature = "gc-age"))]
+            Some(GarbageCollection::ByAge { .. }) => {
+                Err(not_compiled_in(GC_AGE, &cfg.policy_name()))
+            }
+            _ => Ok(base),
         }
     }
 
@@ -167,13 +160,72 @@ impl AnyPolicy {
         memory: M,
         streams: S,
     ) -> Result<Engine<AnyPolicy, M, S>, ConfigError> {
-        let policy = AnyPolicy::from_config(cfg)?;
+        AnyPolicy::typed_engine(&AnyPolicy::typed(cfg)?, memory, streams)
+    }
+
+    /// An engine over `memory` and `streams` with the policy and engine
+    /// options of a checked configuration.
+    pub fn typed_engine<M: MemoryBackend, S: StreamBackend>(
+        cfg: &Config,
+        memory: M,
+        streams: S,
+    ) -> Result<Engine<AnyPolicy, M, S>, ConfigError> {
+        let policy = AnyPolicy::from_typed(cfg)?;
         Ok(Engine::new(
             policy,
             memory,
             streams,
             EngineOptions::from(cfg),
         ))
+    }
+}
+
+/// The policy of a configuration that names none: the first compiled in
+/// (the first of [`BASE_POLICIES`]).
+const DEFAULT_POLICY: PolicyKind = if cfg!(feature = "pytorch-bfc") {
+    PolicyKind::PytorchBfc
+} else if cfg!(feature = "buddy") {
+    PolicyKind::Buddy
+} else {
+    PolicyKind::SizeClass
+};
+
+/// Refuses a policy name this build cannot run: one this crate knows
+/// whose cargo feature is off with the feature to enable, any other with
+/// the compiled-in names.
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    let (base, adaptor) = match name.split_once('+') {
+        Some((base, adaptor)) => (base, Some(adaptor)),
+        None => (name, None),
+    };
+    let refuse = |part: &str, known: &[&str]| {
+        if known.contains(&part) {
+            not_compiled_in(part, name)
+        } else {
+            ConfigError::InvalidValue {
+                key: "policy".into(),
+                value: alloc_core::config::excerpt(name),
+                reason: format!("compiled-in policies are: {}", policy_names().join(", ")),
+            }
+        }
+    };
+    if !BASE_POLICIES.contains(&base) {
+        return Err(refuse(base, &ALL_BASE_POLICIES));
+    }
+    match adaptor {
+        None => Ok(()),
+        Some(GC_AGE) if cfg!(feature = "gc-age") => Ok(()),
+        Some(other) => Err(refuse(other, &[GC_AGE])),
+    }
+}
+
+/// `part` of the policy `name` is a policy of this crate whose cargo
+/// feature is off.
+fn not_compiled_in(part: &str, name: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: "policy".into(),
+        value: alloc_core::config::excerpt(name),
+        reason: format!("policy `{part}` is not compiled in; enable cargo feature `{part}`"),
     }
 }
 
