@@ -8,19 +8,19 @@
 //!
 //! What the types rule out (these do not compile):
 //!
-//! ```compile_fail
+//! ```compile_fail,E0559
 //! use alloc_core::config::Segments;
 //! // Unmapping free pages exists only inside expandable segments.
 //! let s = Segments::Fixed { unmap: None };
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0559
 //! use alloc_core::config::PolicyConfig;
 //! // `buddy` has no split limit: `max_split_size_mb` is pytorch-bfc's.
 //! let p = PolicyConfig::Buddy { max_split_size: 64 << 20 };
 //! ```
 //!
-//! ```compile_fail
+//! ```compile_fail,E0560
 //! use alloc_core::config::{PolicyConfig, SizeClassConfig};
 //! // A layout plan is pytorch-bfc's placement, not size-class's.
 //! let p = PolicyConfig::SizeClass(SizeClassConfig { idle_slab_limit: None, plan_layout: true });
@@ -473,7 +473,7 @@ impl AllocatorConfig {
         let segments = match (self.expandable_segments, self.unmap_free_pages) {
             (false, _) => Segments::Fixed,
             (true, unmap) => Segments::Expandable {
-                unmap: unmap.then(|| UnmapFreePages {
+                unmap: unmap.then_some(UnmapFreePages {
                     pages: self.unmap_pages,
                     worker: self.unmap_worker,
                     budget: self.memory_budget,
