@@ -202,10 +202,13 @@ fn check_name(name: &str) -> Result<(), ConfigError> {
         if known.contains(&part) {
             not_compiled_in(part, name)
         } else {
+            let names = policy_names();
+            let suggestion = alloc_core::config::closest(name, names.iter().map(String::as_str))
+                .map_or_else(String::new, |s| format!("; did you mean `{s}`?"));
             ConfigError::InvalidValue {
                 key: "policy".into(),
                 value: alloc_core::config::excerpt(name),
-                reason: format!("compiled-in policies are: {}", policy_names().join(", ")),
+                reason: format!("compiled-in policies are: {}{suggestion}", names.join(", ")),
             }
         }
     };
@@ -392,6 +395,15 @@ mod tests {
             let err = error_of(&format!("policy:{}+gc-age", BASE_POLICIES[0]));
             assert!(err.contains("enable cargo feature `gc-age`"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_misspelt_policy_gets_a_suggestion() {
+        let default = BASE_POLICIES[0];
+        let name = &default[..default.len() - 1];
+        let err = error_of(&format!("policy:{name}"));
+        let meant = format!("did you mean `{default}`?");
+        assert!(err.contains(&meant), "{err}");
     }
 
     #[test]
