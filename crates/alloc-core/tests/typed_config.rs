@@ -160,3 +160,35 @@ fn a_hand_built_flat_view_is_checked_whole() {
     let e = flat.typed().unwrap_err();
     assert!(e.to_string().contains("needs expandable_segments"), "{e}");
 }
+
+#[test]
+fn a_configuration_written_in_code_is_checked_as_a_string_is() {
+    use alloc_core::config::{BfcConfig, UnmapFreePages};
+    assert_eq!(Config::default().check(), Ok(()));
+    let placed = Config {
+        policy: PolicyConfig::PytorchBfc(BfcConfig {
+            plan_layout: true,
+            ..BfcConfig::default()
+        }),
+        ..Config::default()
+    };
+    let e = placed.check().unwrap_err().to_string();
+    assert!(
+        e.contains("plan_layout") && e.contains("needs expandable_segments"),
+        "{e}"
+    );
+    let scaled = Config {
+        engine: alloc_core::config::EngineConfig {
+            segments: Segments::Expandable {
+                unmap: Some(UnmapFreePages {
+                    pages: alloc_core::SCALED_UNMAP_PAGES,
+                    ..UnmapFreePages::default()
+                }),
+            },
+            ..Default::default()
+        },
+        ..placed
+    };
+    let e = scaled.check().unwrap_err().to_string();
+    assert!(e.contains("pages of one size"), "{e}");
+}

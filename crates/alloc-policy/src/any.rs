@@ -82,9 +82,10 @@ impl AnyPolicy {
         cfg.typed_or(DEFAULT_POLICY)
     }
 
-    /// Builds the policy of a checked configuration, with its own settings
-    /// and, for [`GarbageCollection::ByAge`], inside `gc-age`. Refused only
-    /// when that policy's cargo feature is off.
+    /// Builds the policy of a typed configuration, with its own settings
+    /// and, for [`GarbageCollection::ByAge`], inside `gc-age`. Refused when
+    /// that policy's cargo feature is off, or when the configuration, written
+    /// in code, fails the parser's checks ([`Config::check`]).
     ///
     /// ```
     /// use alloc_core::config::{Config, GarbageCollection, PolicyConfig, SizeClassConfig};
@@ -103,6 +104,7 @@ impl AnyPolicy {
     /// }
     /// ```
     pub fn from_typed(cfg: &Config) -> Result<Self, ConfigError> {
+        cfg.check()?;
         let base = match &cfg.policy {
             #[cfg(feature = "pytorch-bfc")]
             PolicyConfig::PytorchBfc(bfc) => AnyPolicy::PytorchBfc(PytorchBfc::new(

@@ -327,6 +327,28 @@ impl Config {
         AllocatorConfig::parse(text)?.typed()
     }
 
+    /// Checks a configuration written in code as the parser checks a
+    /// string: what the types leave open across their parts (expandable
+    /// segments with a policy that cannot grow them, `plan_layout` or
+    /// `first_fit` without expandable segments, `plan_layout` over pages of
+    /// several sizes). [`Config::parse`] gives only configurations that
+    /// pass.
+    ///
+    /// ```
+    /// use alloc_core::config::{Config, PolicyConfig, Segments};
+    ///
+    /// let cfg = Config {
+    ///     policy: PolicyConfig::Buddy,
+    ///     ..Config::parse("expandable")?
+    /// };
+    /// let e = cfg.check().unwrap_err();
+    /// assert!(e.to_string().contains("policy `buddy` does not support growable segments"));
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn check(&self) -> Result<(), ConfigError> {
+        self.flat().typed().map(|_| ())
+    }
+
     /// The `policy:` value: the base policy, with `+gc-age` when that
     /// adaptor wraps it.
     pub fn policy_name(&self) -> String {
