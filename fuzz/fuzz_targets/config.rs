@@ -7,7 +7,7 @@
 //! everything back.
 #![no_main]
 
-use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
+use alloc_core::{AllocatorConfig, EngineOptions, SimMemory, SimStreams, StreamId, GIB, MIB};
 use alloc_policy::AnyPolicy;
 use libfuzzer_sys::fuzz_target;
 
@@ -27,6 +27,20 @@ fuzz_target!(|data: &[u8]| {
         Ok(&cfg),
         "parsing is deterministic"
     );
+    // A checked form, when there is one, goes back to the flat view and
+    // returns unchanged, and gives the engine what the flat view gives.
+    if let Ok(typed) = AnyPolicy::typed(&cfg) {
+        assert_eq!(
+            typed.flat().typed_or(typed.policy.kind()).as_ref(),
+            Ok(&typed),
+            "{text}: the checked form round-trips"
+        );
+        assert_eq!(
+            EngineOptions::from(&typed),
+            EngineOptions::from(&cfg),
+            "{text}: the same engine options"
+        );
+    }
     let Ok(mut engine) = AnyPolicy::engine(&cfg, SimMemory::new(64 * GIB), SimStreams::new())
     else {
         return;

@@ -8,11 +8,16 @@ pub mod keys;
 pub mod named;
 mod suggest;
 mod text;
+mod typed;
 
 pub use keys::{all_keys, known_keys, PyTorchKey, Treatment, OUR_KEYS, PYTORCH_KEYS};
 pub use named::{named_setting, NamedSetting, NAMED_SETTINGS};
 pub use suggest::{closest, edit_distance};
 pub use text::{excerpt, EXCERPT_CHARS};
+pub use typed::{
+    BfcConfig, Config, EngineConfig, GarbageCollection, PolicyConfig, PolicyKind, Segments,
+    SizeClassConfig, UnmapFreePages, GC_AGE_SUFFIX,
+};
 
 use crate::budget::MemoryBudget;
 use crate::page_layout::PageLayout;
@@ -85,23 +90,39 @@ fn did_you_mean(suggestion: &Option<&'static str>) -> String {
     suggestion.map_or_else(String::new, |s| format!("; did you mean `{s}`?"))
 }
 
-/// Parsed allocator settings.
+/// Allocator settings as the configuration string gives them, one field per
+/// option: the flat view of a configuration.
+///
+/// The parser fills it key by key; [`AllocatorConfig::typed`] gives the
+/// checked form, [`Config`], which policies and engines are built from.
+/// This view stays for what reads options by name: the C interface's
+/// snapshot, settings changed at run time ([`AllocatorConfig::with_settings`])
+/// and `alloc-cuda`'s allocator over a policy of one's own, which takes
+/// engine options without naming a policy. A string that names a policy is
+/// checked against it here too (an option of another policy is refused);
+/// one that names none is checked against the default policy when it is
+/// built.
 ///
 /// ```
 /// use alloc_core::{AllocatorConfig, MIB};
 ///
-/// let cfg = AllocatorConfig::parse("policy:buddy,max_split_size_mb:128,expandable_segments:True")?;
+/// let cfg = AllocatorConfig::parse("policy:buddy,max_split_size_mb:128,stream_wait_reuse:True")?;
 /// assert_eq!(cfg.policy.as_deref(), Some("buddy"));
 /// assert_eq!(cfg.max_split_size, 128 * MIB);
-/// assert!(cfg.expandable_segments);
+/// assert!(cfg.stream_wait_reuse);
 ///
 /// // A bad value is an error naming its key.
 /// let err = AllocatorConfig::parse("max_split_size_mb:lots").unwrap_err();
 /// assert!(err.to_string().contains("max_split_size_mb"));
 ///
+/// // So is an option of another policy.
+/// let err = AllocatorConfig::parse("policy:buddy,expandable_segments:True").unwrap_err();
+/// assert!(err.to_string().contains("policy `buddy` does not support growable segments"));
+///
 /// // Or field by field, from the defaults.
 /// let mut cfg = AllocatorConfig::default();
 /// cfg.stream_wait_reuse = true;
+/// assert!(cfg.typed()?.engine.stream_wait_reuse);
 /// # Ok::<(), alloc_core::ConfigError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -266,6 +287,7 @@ impl AllocatorConfig {
         let mut cfg = self.clone();
         let mut set = Explicit::default();
         cfg.apply(text, &mut set, true)?;
+        cfg.check_policy_options()?;
         cfg.check(set)?;
         Ok(cfg)
     }
@@ -522,6 +544,16 @@ impl AllocatorConfig {
         Ok(())
     }
 
+    /// The options set away from their defaults that [`Self::check`] needs
+    /// to know were set, for a configuration not read from text.
+    fn explicit(&self) -> Explicit {
+        let default = AllocatorConfig::default();
+        Explicit {
+            page: self.unmap_pages != default.unmap_pages,
+            worker: self.unmap_worker != default.unmap_worker,
+        }
+    }
+
     /// Divisions that apply to a (non-zero) size, per PyTorch's interval rule.
     pub fn divisions_for(&self, size: u64) -> u32 {
         let log = 63 - size.max(1).leading_zeros() as usize;
@@ -747,7 +779,7 @@ mod tests {
     fn parses_every_key() {
         let c = AllocatorConfig::parse(
             "max_split_size_mb:128, garbage_collection_threshold:0.6,expandable_segments:True,\
-             policy:buddy,stream_wait_reuse:true,backend:native,max_non_split_rounding_mb:64,\
+             policy:pytorch-bfc,stream_wait_reuse:true,backend:native,max_non_split_rounding_mb:64,\
              unmap_free_pages:true",
         )
         .unwrap();
@@ -758,7 +790,7 @@ mod tests {
         assert_eq!(c.max_non_split_rounding, 64 * MIB);
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert!(c.expandable_segments && c.stream_wait_reuse);
-        assert_eq!(c.policy.as_deref(), Some("buddy"));
+        assert_eq!(c.policy.as_deref(), Some("pytorch-bfc"));
     }
 
     #[test]

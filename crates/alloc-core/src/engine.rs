@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 use crate::budget::MemoryBudget;
-use crate::config::AllocatorConfig;
+use crate::config::{AllocatorConfig, Config, UnmapFreePages};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 use crate::page_layout::PageLayout;
@@ -80,6 +80,9 @@ impl Default for EngineOptions {
     }
 }
 
+/// The flat view's options as they stand (a policy of one's own, settings
+/// changed at run time); for a configuration the parser accepts, the same
+/// as from its checked form.
 impl From<&AllocatorConfig> for EngineOptions {
     fn from(cfg: &AllocatorConfig) -> Self {
         EngineOptions {
@@ -91,6 +94,24 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_worker: cfg.unmap_worker,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
             memory_budget: cfg.memory_budget,
+        }
+    }
+}
+
+/// The engine's part of a checked configuration, and its garbage
+/// collection threshold.
+impl From<&Config> for EngineOptions {
+    fn from(cfg: &Config) -> Self {
+        let unmap = cfg.engine.segments.unmap();
+        EngineOptions {
+            garbage_collection_threshold: cfg.gc.and_then(|g| g.threshold()),
+            stream_wait_reuse: cfg.engine.stream_wait_reuse,
+            expandable_segments: cfg.engine.segments.expandable(),
+            unmap_free_pages: unmap.is_some(),
+            unmap_pages: unmap.map_or_else(|| UnmapFreePages::default().pages, |u| u.pages),
+            unmap_worker: unmap.is_some_and(|u| u.worker),
+            graph_capture_record_stream_reuse: cfg.engine.graph_capture_record_stream_reuse,
+            memory_budget: unmap.and_then(|u| u.budget),
         }
     }
 }

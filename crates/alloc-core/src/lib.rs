@@ -37,7 +37,9 @@ mod validate;
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 pub use budget::MemoryBudget;
 pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
-pub use config::{AllocatorConfig, ConfigError, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES};
+pub use config::{
+    AllocatorConfig, Config, ConfigError, PolicyConfig, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES,
+};
 pub use engine::{
     Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
     SegmentCheckpoint, MAX_REQUEST,

@@ -203,7 +203,9 @@ impl CudaAllocator {
     /// context) with the policy the configuration names. Prefer
     /// [`CudaAllocator::global`] for the process-wide one.
     pub fn new(ordinal: usize, config: &AllocatorConfig) -> Result<Self, CudaError> {
-        Self::build(ordinal, policy_for(config)?, config)
+        let typed = AnyPolicy::typed(config)?;
+        let policy = AnyPolicy::from_typed(&typed)?;
+        Self::build(ordinal, policy, EngineOptions::from(&typed), config)
     }
 
     /// What `plan_layout` did so far (`None` unless it is on, with
@@ -285,10 +287,17 @@ impl<P: Policy> CudaAllocator<P> {
         config: &AllocatorConfig,
     ) -> Result<Self, CudaError> {
         check_own_policy(&policy, config)?;
-        Self::build(ordinal, policy, config)
+        Self::build(ordinal, policy, EngineOptions::from(config), config)
     }
 
-    fn build(ordinal: usize, policy: P, config: &AllocatorConfig) -> Result<Self, CudaError> {
+    /// The allocator running `policy` with the engine `options`; `config`
+    /// is the flat view they came from, kept for run-time settings.
+    fn build(
+        ordinal: usize,
+        policy: P,
+        options: EngineOptions,
+        config: &AllocatorConfig,
+    ) -> Result<Self, CudaError> {
         let count = driver::device_count()?;
         if ordinal >= count {
             return Err(CudaError::InvalidDevice { ordinal, count });
@@ -296,9 +305,10 @@ impl<P: Policy> CudaAllocator<P> {
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
         let observer = ObserverSlot::default();
-        let memory = CudaMemory::with_observer(ctx.clone(), observer.clone(), config.unmap_worker)?;
+        let memory =
+            CudaMemory::with_observer(ctx.clone(), observer.clone(), options.unmap_worker)?;
         let streams = CudaStreams::new(ctx.clone());
-        let mut engine = Engine::new(policy, memory, streams, EngineOptions::from(config));
+        let mut engine = Engine::new(policy, memory, streams, options);
         if engine.expandable_fallback() {
             NO_VIRTUAL_MEMORY.say();
         }

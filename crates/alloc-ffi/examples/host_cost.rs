@@ -15,7 +15,7 @@ use std::ptr::null_mut;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use alloc_core::{AllocatorConfig, Engine, EngineOptions, SimMemory, SimStreams, StreamId};
+use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId};
 use alloc_cuda::CudaAllocator;
 use alloc_ffi::{gpualloc_free, gpualloc_malloc};
 use alloc_policy::AnyPolicy;
@@ -107,14 +107,7 @@ fn main() {
         "{:<34} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "layer", "512B", "64KiB", "1MiB", "8MiB", "64MiB", "m.small", "m.wide"
     );
-    let sim = || {
-        Engine::new(
-            AnyPolicy::from_config(&cfg).unwrap(),
-            SimMemory::new(1 << 40),
-            SimStreams::new(),
-            EngineOptions::from(&cfg),
-        )
-    };
+    let sim = || AnyPolicy::engine(&cfg, SimMemory::new(1 << 40), SimStreams::new()).unwrap();
     let mut e = sim();
     let e2 = std::cell::RefCell::new(&mut e);
     print(

@@ -2,12 +2,19 @@
 //! the `policy:` key of the configuration string, with the age-based
 //! collector when the name ends in `+gc-age`.
 
+use alloc_core::config::{Config, GarbageCollection, PolicyConfig, PolicyKind};
 use alloc_core::{
     forward_policy, AllocatorConfig, Audit, ConfigError, Engine, EngineOptions, Heap,
     MemoryBackend, Policy, Pressure, Reclaim, SegmentId, StreamBackend,
 };
 
 use crate::{policy_names, BasePolicy, ALL_BASE_POLICIES, BASE_POLICIES, GC_AGE};
+#[cfg(feature = "pytorch-bfc")]
+use crate::{BfcSettings, PytorchBfc};
+#[cfg(feature = "buddy")]
+use crate::{Buddy, BuddySettings};
+#[cfg(feature = "size-class")]
+use crate::{SizeClass, SizeClassSettings};
 #[cfg(feature = "gc-age")]
 use crate::{GcAge, GcAgeSettings};
 
@@ -24,7 +31,8 @@ pub struct AnyPolicy {
 
 impl AnyPolicy {
     /// Builds the policy named by `cfg.policy` (`<base>` or `<base>+gc-age`),
-    /// or the default policy when unnamed.
+    /// or the default policy (the first compiled in) when unnamed, from the
+    /// checked form of `cfg` ([`AllocatorConfig::typed_or`]).
     ///
     /// A name this crate knows whose cargo feature is off is refused with
     /// the feature to enable; any other name with the compiled-in ones.
@@ -43,74 +51,75 @@ impl AnyPolicy {
     /// # Ok::<(), alloc_core::ConfigError>(())
     /// ```
     pub fn from_config(cfg: &AllocatorConfig) -> Result<Self, ConfigError> {
-        let name = cfg.policy.as_deref().unwrap_or(BASE_POLICIES[0]);
-        // `part` of `name` is refused: either its feature is off or no
-        // policy of this crate has that name (at that place).
-        let refuse = |part: &str, known: &[&str]| {
-            let reason = if known.contains(&part) {
-                format!("policy `{part}` is not compiled in; enable cargo feature `{part}`")
-            } else {
-                format!("compiled-in policies are: {}", policy_names().join(", "))
-            };
-            ConfigError::InvalidValue {
-                key: "policy".into(),
-                value: alloc_core::config::excerpt(name),
-                reason,
-            }
-        };
-        let (base, adaptor) = match name.split_once('+') {
-            Some((base, adaptor)) => (base, Some(adaptor)),
-            None => (name, None),
-        };
-        let Some(base) = BasePolicy::from_name(base, cfg) else {
-            return Err(refuse(base, ALL_BASE_POLICIES));
-        };
-        #[cfg(feature = "pytorch-bfc")]
-        let planner = matches!(base, BasePolicy::PytorchBfc(_));
-        #[cfg(not(feature = "pytorch-bfc"))]
-        let planner = false;
-        // Options of pytorch-bfc's placement: refused by the other policies.
-        let placements = [
-            (cfg.plan_layout, "plan_layout", "true".to_string()),
-            (
-                cfg.first_fit.is_some(),
-                "first_fit_mb",
-                (cfg.first_fit.unwrap_or(0) / alloc_core::MIB).to_string(),
-            ),
-        ];
-        for (set, key, value) in placements {
-            if set && !planner {
-                return Err(ConfigError::InvalidValue {
-                    key: key.into(),
-                    value,
-                    reason: format!(
-                        "applies to policy `pytorch-bfc` only, not `{}`",
-                        base.name()
-                    ),
-                });
-            }
+        AnyPolicy::from_typed(&AnyPolicy::typed(cfg)?)
+    }
+
+    /// The checked form of `cfg` for this build
+    /// ([`AllocatorConfig::typed_or`]): a policy name this build runs, the
+    /// first compiled-in policy when it names none.
+    ///
+    /// ```
+    /// use alloc_core::AllocatorConfig;
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = AllocatorConfig::parse("max_split_size_mb:64")?;
+    /// assert_eq!(AnyPolicy::typed(&cfg)?.policy_name(), alloc_policy::BASE_POLICIES[0]);
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn typed(cfg: &AllocatorConfig) -> Result<Config, ConfigError> {
+        if let Some(name) = &cfg.policy {
+            check_name(name)?;
         }
-        check_growth(&base, cfg)?;
-        #[cfg(feature = "size-class")]
-        let slabs = matches!(base, BasePolicy::SizeClass(_));
-        #[cfg(not(feature = "size-class"))]
-        let slabs = false;
-        if let (Some(limit), false) = (cfg.idle_slab_limit, slabs) {
-            return Err(ConfigError::InvalidValue {
-                key: "idle_slab_limit_mb".into(),
-                value: (limit / alloc_core::MIB).to_string(),
-                reason: format!("applies to policy `size-class` only, not `{}`", base.name()),
-            });
-        }
+        cfg.typed_or(DEFAULT_POLICY)
+    }
+
+    /// Builds the policy of a typed configuration, with its own settings
+    /// and, for [`GarbageCollection::ByAge`], inside `gc-age`. Refused when
+    /// that policy's cargo feature is off, or when the configuration, written
+    /// in code, fails the parser's checks ([`Config::check`]).
+    ///
+    /// ```
+    /// use alloc_core::config::{Config, GarbageCollection, PolicyConfig, SizeClassConfig};
+    /// use alloc_core::Policy;
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = Config {
+    ///     policy: PolicyConfig::SizeClass(SizeClassConfig { idle_slab_limit: Some(0) }),
+    ///     gc: Some(GarbageCollection::ByAge { threshold: Some(0.5) }),
+    ///     ..Config::default()
+    /// };
+    /// match AnyPolicy::from_typed(&cfg) {
+    ///     Ok(policy) => assert_eq!(policy.name(), "size-class+gc-age"),
+    ///     // A build without `size-class` or `gc-age` names the feature.
+    ///     Err(e) => assert!(e.to_string().contains("enable cargo feature"), "{e}"),
+    /// }
+    /// ```
+    pub fn from_typed(cfg: &Config) -> Result<Self, ConfigError> {
+        cfg.check()?;
+        let base = match &cfg.policy {
+            #[cfg(feature = "pytorch-bfc")]
+            PolicyConfig::PytorchBfc(bfc) => BasePolicy::PytorchBfc(PytorchBfc::new(
+                BfcSettings::new(bfc, cfg.engine.segments.expandable()),
+            )),
+            #[cfg(feature = "buddy")]
+            PolicyConfig::Buddy => BasePolicy::Buddy(Buddy::new(BuddySettings::default())),
+            #[cfg(feature = "size-class")]
+            PolicyConfig::SizeClass(slabs) => {
+                BasePolicy::SizeClass(SizeClass::new(SizeClassSettings::from(slabs)))
+            }
+            #[allow(unreachable_patterns)]
+            other => return Err(not_compiled_in(other.kind().name(), &cfg.policy_name())),
+        };
         #[cfg(feature = "gc-age")]
-        let gc = match adaptor {
-            None => None,
-            Some("gc-age") => Some(GcAge::new(GcAgeSettings::from(cfg))),
-            Some(other) => return Err(refuse(other, &[GC_AGE])),
+        let gc = match cfg.gc {
+            Some(GarbageCollection::ByAge { threshold }) => {
+                Some(GcAge::new(GcAgeSettings::with_threshold(threshold)))
+            }
+            _ => None,
         };
         #[cfg(not(feature = "gc-age"))]
-        if let Some(other) = adaptor {
-            return Err(refuse(other, &[GC_AGE]));
+        if let Some(GarbageCollection::ByAge { .. }) = cfg.gc {
+            return Err(not_compiled_in(GC_AGE, &cfg.policy_name()));
         }
         Ok(AnyPolicy {
             base,
@@ -161,13 +170,75 @@ impl AnyPolicy {
         memory: M,
         streams: S,
     ) -> Result<Engine<AnyPolicy, M, S>, ConfigError> {
-        let policy = AnyPolicy::from_config(cfg)?;
+        AnyPolicy::typed_engine(&AnyPolicy::typed(cfg)?, memory, streams)
+    }
+
+    /// An engine over `memory` and `streams` with the policy and engine
+    /// options of a checked configuration.
+    pub fn typed_engine<M: MemoryBackend, S: StreamBackend>(
+        cfg: &Config,
+        memory: M,
+        streams: S,
+    ) -> Result<Engine<AnyPolicy, M, S>, ConfigError> {
+        let policy = AnyPolicy::from_typed(cfg)?;
         Ok(Engine::new(
             policy,
             memory,
             streams,
             EngineOptions::from(cfg),
         ))
+    }
+}
+
+/// The policy of a configuration that names none: the first compiled in
+/// (the first of [`BASE_POLICIES`]).
+const DEFAULT_POLICY: PolicyKind = if cfg!(feature = "pytorch-bfc") {
+    PolicyKind::PytorchBfc
+} else if cfg!(feature = "buddy") {
+    PolicyKind::Buddy
+} else {
+    PolicyKind::SizeClass
+};
+
+/// Refuses a policy name this build cannot run: one this crate knows
+/// whose cargo feature is off with the feature to enable, any other with
+/// the compiled-in names.
+fn check_name(name: &str) -> Result<(), ConfigError> {
+    let (base, adaptor) = match name.split_once('+') {
+        Some((base, adaptor)) => (base, Some(adaptor)),
+        None => (name, None),
+    };
+    let refuse = |part: &str, known: &[&str]| {
+        if known.contains(&part) {
+            not_compiled_in(part, name)
+        } else {
+            let names = policy_names();
+            let suggestion = alloc_core::config::closest(name, names.iter().map(String::as_str))
+                .map_or_else(String::new, |s| format!("; did you mean `{s}`?"));
+            ConfigError::InvalidValue {
+                key: "policy".into(),
+                value: alloc_core::config::excerpt(name),
+                reason: format!("compiled-in policies are: {}{suggestion}", names.join(", ")),
+            }
+        }
+    };
+    if !BASE_POLICIES.contains(&base) {
+        return Err(refuse(base, ALL_BASE_POLICIES));
+    }
+    match adaptor {
+        None => Ok(()),
+        Some(GC_AGE) if cfg!(feature = "gc-age") => Ok(()),
+        Some(other) => Err(refuse(other, &[GC_AGE])),
+    }
+}
+
+/// `part` of the policy `name` is a policy of this crate whose cargo
+/// feature is off.
+fn not_compiled_in(part: &str, name: &str) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: "policy".into(),
+        value: alloc_core::config::excerpt(name),
+        reason: format!("policy `{part}` is not compiled in; enable cargo feature `{part}`"),
     }
 }
 
@@ -354,6 +425,15 @@ mod tests {
             let err = error_of(&format!("policy:{}+gc-age", BASE_POLICIES[0]));
             assert!(err.contains("enable cargo feature `gc-age`"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_misspelt_policy_gets_a_suggestion() {
+        let default = BASE_POLICIES[0];
+        let name = &default[..default.len() - 1];
+        let err = error_of(&format!("policy:{name}"));
+        let meant = format!("did you mean `{default}`?");
+        assert!(err.contains(&meant), "{err}");
     }
 
     #[test]

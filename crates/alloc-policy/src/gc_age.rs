@@ -51,10 +51,17 @@ impl Default for GcAgeSettings {
 impl From<&AllocatorConfig> for GcAgeSettings {
     /// The threshold from `garbage_collection_threshold`, else the default.
     fn from(cfg: &AllocatorConfig) -> Self {
+        GcAgeSettings::with_threshold(cfg.garbage_collection_threshold)
+    }
+}
+
+impl GcAgeSettings {
+    /// The settings with `garbage_collection_threshold` when given
+    /// ([`alloc_core::config::GarbageCollection::ByAge`]), else
+    /// [`DEFAULT_THRESHOLD`].
+    pub fn with_threshold(threshold: Option<f64>) -> Self {
         GcAgeSettings {
-            threshold: cfg
-                .garbage_collection_threshold
-                .unwrap_or(DEFAULT_THRESHOLD),
+            threshold: threshold.unwrap_or(DEFAULT_THRESHOLD),
             ..GcAgeSettings::default()
         }
     }

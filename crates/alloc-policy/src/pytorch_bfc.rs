@@ -6,7 +6,7 @@
 
 use crate::free_index::{Entry, FreeIndex};
 use crate::layout_plan::{LayoutPlan, PlanStats};
-use alloc_core::config::{AllocatorConfig, ROUNDUP_INTERVALS};
+use alloc_core::config::{AllocatorConfig, BfcConfig, ROUNDUP_INTERVALS};
 use alloc_core::pytorch::{
     LARGE_BUFFER, MIN_BLOCK_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
@@ -43,19 +43,27 @@ impl Default for BfcSettings {
 }
 
 impl From<&AllocatorConfig> for BfcSettings {
+    /// The flat view's options, as [`BfcSettings::new`] takes them.
     fn from(cfg: &AllocatorConfig) -> Self {
-        BfcSettings {
-            max_split_size: cfg.max_split_size,
-            max_non_split_rounding: cfg.max_non_split_rounding,
-            divisions: cfg.roundup_power2_divisions,
-            expandable: cfg.expandable_segments,
-            plan_layout: cfg.plan_layout,
-            first_fit_from: cfg.first_fit.unwrap_or(u64::MAX),
-        }
+        BfcSettings::new(&cfg.bfc(), cfg.expandable_segments)
     }
 }
 
 impl BfcSettings {
+    /// The policy's settings from its configuration, and whether segments
+    /// grow (`expandable_segments`, an engine option this policy places
+    /// blocks by).
+    pub fn new(cfg: &BfcConfig, expandable: bool) -> Self {
+        BfcSettings {
+            max_split_size: cfg.max_split_size,
+            max_non_split_rounding: cfg.max_non_split_rounding,
+            divisions: cfg.roundup_power2_divisions,
+            expandable,
+            plan_layout: cfg.plan_layout,
+            first_fit_from: cfg.first_fit.unwrap_or(u64::MAX),
+        }
+    }
+
     /// PyTorch's `round_size`.
     pub fn round_size(&self, size: u64) -> u64 {
         if size < MIN_BLOCK_SIZE {

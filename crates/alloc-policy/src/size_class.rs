@@ -30,6 +30,7 @@
 //! a slab, the request's idle segments go back and the slab shrinks to the
 //! class size for the retries.
 
+use alloc_core::config::SizeClassConfig;
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap,
@@ -162,7 +163,7 @@ impl Default for SizeClassSettings {
     }
 }
 
-impl From<&AllocatorConfig> for SizeClassSettings {
+impl From<&SizeClassConfig> for SizeClassSettings {
     /// The defaults, or with `idle_slab_limit_mb` set the bounded mode: at
     /// most that many idle bytes cached, and idle slabs kept for their own
     /// classes (not reset), which in replay reserves less on variable-length
@@ -170,7 +171,7 @@ impl From<&AllocatorConfig> for SizeClassSettings {
     /// device-wide synchronization) per slab released. The configuration's
     /// `garbage_collection_threshold` reaches the policy through
     /// [`Pressure::threshold`].
-    fn from(cfg: &AllocatorConfig) -> Self {
+    fn from(cfg: &SizeClassConfig) -> Self {
         match cfg.idle_slab_limit {
             None => SizeClassSettings::default(),
             Some(limit) => SizeClassSettings {
@@ -179,6 +180,13 @@ impl From<&AllocatorConfig> for SizeClassSettings {
                 ..SizeClassSettings::default()
             },
         }
+    }
+}
+
+impl From<&AllocatorConfig> for SizeClassSettings {
+    /// The flat view's `idle_slab_limit_mb`, as from [`SizeClassConfig`].
+    fn from(cfg: &AllocatorConfig) -> Self {
+        SizeClassSettings::from(&cfg.size_class())
     }
 }
 

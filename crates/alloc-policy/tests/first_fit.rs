@@ -56,10 +56,12 @@ fn the_option_needs_growable_segments() {
 #[cfg(feature = "size-class")]
 #[test]
 fn other_policies_refuse_the_option() {
-    let cfg = AllocatorConfig::parse("policy:size-class,expandable_segments:true,first_fit_mb:8")
-        .unwrap();
-    match AnyPolicy::from_config(&cfg) {
-        Err(ConfigError::InvalidValue { key, .. }) => assert_eq!(key, "first_fit_mb"),
+    let text = "policy:size-class,expandable_segments:true,first_fit_mb:8";
+    match AllocatorConfig::parse(text) {
+        Err(ConfigError::InvalidValue { key, reason, .. }) => {
+            assert_eq!(key, "first_fit_mb");
+            assert!(reason.contains("not `size-class`"), "{reason}");
+        }
         other => panic!("expected first_fit_mb refused, got {other:?}"),
     }
 }

@@ -139,12 +139,18 @@ fn plan_layout_needs_expandable_segments_and_pytorch_bfc() {
         .iter()
         .filter(|p| **p != "pytorch-bfc")
     {
-        let cfg = AllocatorConfig::parse(&format!(
+        // The policy named, the parser refuses the option as another's.
+        let e = AllocatorConfig::parse(&format!(
             "policy:{policy},expandable_segments:true,plan_layout:true"
-        ));
-        if let Ok(cfg) = cfg {
-            let e = AnyPolicy::from_config(&cfg).unwrap_err();
-            assert!(e.to_string().contains("pytorch-bfc"), "{e}");
-        }
+        ))
+        .unwrap_err();
+        let expected = format!("applies to policy `pytorch-bfc` only, not `{policy}`");
+        assert!(e.to_string().contains(&expected), "{e}");
+        // Built from a view that skipped the parser, the policy refuses it.
+        let mut cfg = AllocatorConfig::parse("").unwrap();
+        cfg.policy = Some(policy.to_string());
+        cfg.plan_layout = true;
+        let e = AnyPolicy::from_config(&cfg).unwrap_err();
+        assert!(e.to_string().contains(&expected), "{e}");
     }
 }

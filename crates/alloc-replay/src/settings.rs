@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn every_setting_parses_and_the_first_two_are_pytorchs() {
         for s in SETTINGS {
-            alloc_core::AllocatorConfig::parse(s.engine_config())
+            alloc_core::Config::parse(s.engine_config())
                 .unwrap_or_else(|e| panic!("{}: {e}", s.name));
         }
         assert_eq!(SETTINGS[0], PYTORCH_DEFAULT);
