@@ -680,6 +680,7 @@ def main(argv=None):
     text = report(cells, paths, bool(args.devices), info)
     print("\n" + text)
     name = "host_threads_devices.json" if args.devices else "host_threads.json"
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, name), "w") as f:
         json.dump({"argv": sys.argv[1:] if argv is None else argv, "info": info, "cells": cells, "report": text,
                    "seconds": round(time.time() - t0, 1)}, f, indent=1)
