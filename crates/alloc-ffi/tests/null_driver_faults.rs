@@ -461,10 +461,22 @@ fn stream_op_counters_match_the_driver_calls() {
     assert!(!q.is_null());
     let after = read();
     let delta = |key: &str| after[key] - before[key];
-    assert_eq!(delta("stream_ops.recorded"), nd.calls("cuEventRecord") - records);
-    assert_eq!(delta("stream_ops.queried"), nd.calls("cuEventQuery") - queries);
-    assert!(delta("stream_ops.recorded") >= 1, "the cross-stream free recorded an event");
-    assert!(delta("stream_ops.queried") >= 1, "the next malloc polled it");
+    assert_eq!(
+        delta("stream_ops.recorded"),
+        nd.calls("cuEventRecord") - records
+    );
+    assert_eq!(
+        delta("stream_ops.queried"),
+        nd.calls("cuEventQuery") - queries
+    );
+    assert!(
+        delta("stream_ops.recorded") >= 1,
+        "the cross-stream free recorded an event"
+    );
+    assert!(
+        delta("stream_ops.queried") >= 1,
+        "the next malloc polled it"
+    );
     assert_eq!(delta("stream_ops.host_waits"), 0);
     assert_eq!(delta("stream_ops.stream_waits"), 0);
     gpualloc_free(q, 0, 0, null_mut());
