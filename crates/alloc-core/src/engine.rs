@@ -27,7 +27,8 @@ use crate::policy::{Capabilities, Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
-use crate::tags::Tags;
+pub use crate::tags::CopyBlocks;
+use crate::tags::SleepTags;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use event_queues::{EventQueues, Users};
@@ -35,7 +36,6 @@ use free_page_index::FreePageIndex;
 use growable::Growable;
 pub(crate) use growable::SegmentKey;
 pub(crate) use live_table::LiveTable;
-pub use sleep::CopyBlocks;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
 /// bug, refused before any arithmetic could overflow.
@@ -197,7 +197,7 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     /// after the pool is released, until its last segment went back.
     sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
     /// Sleep tags: pools whose memory can be paused and resumed.
-    tags: Tags,
+    tags: SleepTags,
     /// Bytes by which the reserved peak rose while the policy kept free
     /// pages mapped ([`Policy::kept_mapped`]), at most a share of the peak
     /// (`expandable.rs`).
@@ -230,7 +230,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             pools: PrivatePools::default(),
             capture_frees: Default::default(),
             sources: FxHashMap::default(),
-            tags: Tags::default(),
+            tags: SleepTags::default(),
             kept_growth: 0,
             caps,
         }
@@ -327,7 +327,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(invalid_size(size));
         }
         if let Some(pool) = pool {
-            self.refuse_paused(pool)?;
+            self.tags.admit(pool, &self.pools)?;
         }
         self.poll_events()?;
         if self.capture_frees.has_markers() {
@@ -634,7 +634,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Every segment with its blocks.
     pub fn snapshot(&self) -> Snapshot {
         let mut snap = Snapshot::of(&self.heap, &self.pools);
-        self.annotate_tags(&mut snap);
+        self.tags.annotate(&mut snap, &self.pools);
         snap
     }
 
@@ -725,7 +725,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.pools.use_count(pool) == 0 {
             return Err(AllocError::UnknownPool { pool });
         }
-        if !self.pool_segments(pool).is_empty()
+        if !self.pools.segments(&self.heap, pool).is_empty()
             || self.sources.contains_key(&pool)
             || self.pools.is_tagged(pool)
         {
@@ -1087,7 +1087,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 .sources
                 .keys()
                 .copied()
-                .filter(|&p| self.pools.use_count(p) == 0 && self.pool_segments(p).is_empty())
+                .filter(|&p| {
+                    self.pools.use_count(p) == 0 && self.pools.segments(&self.heap, p).is_empty()
+                })
                 .collect();
             for p in spent {
                 self.sources.remove(&p);

@@ -20,7 +20,8 @@
 use rustc_hash::FxHashMap;
 
 use crate::error::AllocError;
-use crate::types::{CacheKey, PrivatePool};
+use crate::heap::Heap;
+use crate::types::{CacheKey, PrivatePool, SegmentId};
 
 /// Identifies a private pool: PyTorch's `MempoolId_t` pair.
 pub type PoolId = (u64, u64);
@@ -257,6 +258,14 @@ impl PrivatePools {
     #[inline]
     pub(crate) fn pool_of(&self, key: CacheKey) -> Option<PoolId> {
         key.private_pool.map(|p| self.ids[p.index()].pool)
+    }
+
+    /// The segments of `pool` in `heap`, in address order.
+    pub(crate) fn segments(&self, heap: &Heap, pool: PoolId) -> Vec<SegmentId> {
+        heap.segments()
+            .filter(|(_, s)| self.pool_of(s.key()) == Some(pool))
+            .map(|(id, _)| id)
+            .collect()
     }
 
     /// Whether a segment of the cache `key` may go back to the device:

@@ -19,7 +19,7 @@ use crate::error::AllocError;
 use crate::heap::BlockState;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
+use crate::types::{BlockId, CacheKey, PoolKind};
 use crate::Allocation;
 
 /// One block of a checkpointed segment.
@@ -78,15 +78,6 @@ pub struct RestoreOutcome {
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// The pool's segments, in address order.
-    pub(super) fn pool_segments(&self, pool: PoolId) -> Vec<SegmentId> {
-        self.heap
-            .segments()
-            .filter(|(_, s)| self.pools.pool_of(s.key()) == Some(pool))
-            .map(|(id, _)| id)
-            .collect()
-    }
-
     /// Errors unless `pool` is held.
     fn held_pool(&self, pool: PoolId, what: &str) -> Result<(), AllocError> {
         if self.pools.use_count(pool) == 0 {
@@ -104,7 +95,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.held_pool(pool, "checkpoint")?;
         self.poll_events()?;
         let mut segments = Vec::new();
-        for seg_id in self.pool_segments(pool) {
+        for seg_id in self.pools.segments(&self.heap, pool) {
             let seg = self.heap.segment(seg_id);
             let mut blocks = Vec::with_capacity(seg.blocks as usize);
             for id in self.heap.segment_blocks(seg_id) {
@@ -141,7 +132,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         expected: &HashSet<u64, H>,
     ) -> bool {
         let mut count = 0;
-        for seg_id in self.pool_segments(pool) {
+        for seg_id in self.pools.segments(&self.heap, pool) {
             for id in self.heap.segment_blocks(seg_id) {
                 let b = self.heap.block(id);
                 if b.state == BlockState::Allocated {
@@ -176,7 +167,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Err(self.unrestorable(checkpoint.live_addresses().next().unwrap_or(0)));
         }
         self.poll_events()?;
-        let segments = self.pool_segments(pool);
+        let segments = self.pools.segments(&self.heap, pool);
         let mut live: Vec<BlockId> = Vec::new();
         for &seg_id in &segments {
             for id in self.heap.segment_blocks(seg_id) {
