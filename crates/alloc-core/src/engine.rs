@@ -23,14 +23,15 @@ pub(crate) mod live_table;
 mod settings;
 mod sleep;
 mod streams_in_use;
+pub use crate::checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use crate::policy::{Capabilities, Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
 pub use crate::tags::CopyBlocks;
 use crate::tags::SleepTags;
+pub use crate::types::Allocation;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
-pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use event_queues::{EventQueues, Users};
 use free_page_index::FreePageIndex;
 use growable::Growable;
@@ -127,19 +128,6 @@ fn invalid_size(size: u64) -> AllocError {
     }
 }
 
-/// A block handed out by [`Engine::malloc`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Allocation {
-    /// Device address.
-    pub addr: u64,
-    /// Usable size of the block (the request rounded up by the policy).
-    pub size: u64,
-    /// Bytes asked for.
-    pub requested: u64,
-    /// The allocating stream.
-    pub stream: StreamId,
-}
-
 /// The caching allocator.
 ///
 /// A block is reused only on the stream it was allocated for, unless the
@@ -187,15 +175,13 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,
-    /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
+    /// Private pools (CUDA graphs, `MemPool`s), their segment sources, and
+    /// whether a capture is on.
     pools: PrivatePools,
     /// Addresses freed during a capture while other streams used them:
     /// their events are recorded once no capture is underway, unless the
     /// capture's graph lets them be reused before.
     capture_frees: capture_reuse::CaptureFrees,
-    /// Private pools whose segments come from a source of their own; kept
-    /// after the pool is released, until its last segment went back.
-    sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
     /// Sleep tags: pools whose memory can be paused and resumed.
     tags: SleepTags,
     /// Bytes by which the reserved peak rose while the policy kept free
@@ -229,7 +215,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             granularity,
             pools: PrivatePools::default(),
             capture_frees: Default::default(),
-            sources: FxHashMap::default(),
             tags: SleepTags::default(),
             kept_growth: 0,
             caps,
@@ -722,19 +707,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         pool: PoolId,
         source: Box<dyn SegmentSource>,
     ) -> Result<(), AllocError> {
-        if self.pools.use_count(pool) == 0 {
-            return Err(AllocError::UnknownPool { pool });
-        }
-        if !self.pools.segments(&self.heap, pool).is_empty()
-            || self.sources.contains_key(&pool)
-            || self.pools.is_tagged(pool)
-        {
-            return Err(AllocError::InvalidArgument(format!(
-                "private pool {pool:?} already has segments, a source of its own, or a sleep tag"
-            )));
-        }
-        self.sources.insert(pool, source);
-        Ok(())
+        self.pools.set_source(&self.heap, pool, source)
     }
 
     /// Holders of the private pool `pool` (0 once released).
@@ -996,17 +969,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.ledger.stats.num_alloc_retries += 1;
         }
-        let sourced = self.sourced_pool(req.key);
+        let sourced = self.pools.source(req.key).is_some();
         // A sleep tag's pool always grows (its pages are unmapped at pause).
-        if (self.expandable || self.pools.is_tagged_key(req.key)) && sourced.is_none() {
+        if (self.expandable || self.pools.is_tagged_key(req.key)) && !sourced {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);
         if self.would_pass_limit(size) {
             return Ok(None);
         }
-        let made = match sourced {
-            Some(p) => self.sources.get_mut(&p).expect("source").allocate(size),
+        let made = match self.pools.source(req.key) {
+            Some(source) => source.allocate(size),
             None => self.memory.allocate(size),
         };
         match made {
@@ -1040,12 +1013,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Gives the idle segments of the private pool `pool` back.
     fn release_idle_pool_segments(&mut self, pool: PoolId) -> Result<(), AllocError> {
-        let idle: Vec<SegmentId> = self
-            .heap
-            .segments()
-            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
-            .map(|(id, _)| id)
-            .collect();
+        let idle = self.pools.idle_segments(&self.heap, pool);
         self.release_segments(&idle)
     }
 
@@ -1059,9 +1027,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.pools.releasable(seg.key()) {
                 continue; // a held private pool: a graph replays into it
             }
-            if let Some(p) = self.sourced_pool(seg.key()) {
-                let (addr, size) = (seg.addr, seg.size);
-                self.sources.get_mut(&p).expect("source").free(addr, size)?;
+            let (addr, size) = (seg.addr, seg.size);
+            if let Some(source) = self.pools.source(seg.key()) {
+                source.free(addr, size)?;
             } else if seg.expandable {
                 let key = (seg.key(), seg.pool);
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
@@ -1081,28 +1049,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.pools.segment_removed(key);
             self.heap.ledger.stats.num_device_free += 1;
         }
-        if !self.sources.is_empty() {
-            // A released pool's source goes once its last segment went back.
-            let spent: Vec<PoolId> = self
-                .sources
-                .keys()
-                .copied()
-                .filter(|&p| {
-                    self.pools.use_count(p) == 0 && self.pools.segments(&self.heap, p).is_empty()
-                })
-                .collect();
-            for p in spent {
-                self.sources.remove(&p);
-            }
-        }
+        // A released pool's source goes once its last segment went back.
+        self.pools.drop_spent_sources(&self.heap);
         Ok(())
-    }
-
-    /// The private pool behind the cache `key`, when its segments come
-    /// from a source of its own.
-    fn sourced_pool(&self, key: CacheKey) -> Option<PoolId> {
-        self.pools
-            .pool_of(key)
-            .filter(|p| self.sources.contains_key(p))
     }
 }

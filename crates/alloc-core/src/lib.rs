@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod budget;
 pub mod capture;
+pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod error;

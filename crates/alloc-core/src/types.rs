@@ -196,6 +196,19 @@ impl SegmentId {
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
+/// A block handed out by [`Engine::malloc`](crate::Engine::malloc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address.
+    pub addr: u64,
+    /// Usable size of the block (the request rounded up by the policy).
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The allocating stream.
+    pub stream: StreamId,
+}
+
 /// One kibibyte.
 pub const KIB: u64 = 1 << 10;
 /// One gibibyte.

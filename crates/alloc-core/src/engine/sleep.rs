@@ -60,7 +60,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// have no segment yet, no segment source and split blocks.
     pub fn bind_tag(&mut self, tag: &str, pool: PoolId) -> Result<(), AllocError> {
         let growth = self.growth_for_tags();
-        let sourced = self.sources.contains_key(&pool);
+        let sourced = self.pools.is_sourced(pool);
         self.tags
             .bind(tag, pool, &mut self.pools, &self.heap, sourced, growth)
     }
