@@ -55,7 +55,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         self.poll_events()?;
         let live =
-            checkpoint.blocks_to_free(&self.heap, &self.pools, |id| self.events.has_users(id))?;
+            checkpoint.blocks_to_free(&self.heap, &self.pools, |id| self.order.has_users(id))?;
         let mut outcome = RestoreOutcome::default();
         for id in live {
             let addr = self.heap.block(id).addr;

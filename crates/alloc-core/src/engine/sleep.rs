@@ -209,14 +209,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
         // Events a free could not record are recorded now, to be waited for.
-        self.events.record_missing(&mut self.streams)?;
-        for (stream, block, event) in self.events.pending() {
-            if mine(&self.heap, block) {
-                self.streams.synchronize(event)?;
-                self.free_pages.wake_stream(stream);
+        let (heap, free_pages) = (&self.heap, &mut self.free_pages);
+        self.order.synchronize_blocks(
+            &mut self.streams,
+            |id| mine(heap, id),
+            |stream| {
+                free_pages.wake_stream(stream);
                 waited.insert(stream);
-            }
-        }
+            },
+        )?;
         // The events waited for complete in order: their blocks go back now.
         self.poll_events()?;
         // Those events cover work up to the frees only: every stream that
@@ -228,12 +229,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.wait_for_growable(&key)?;
             now.insert(key.0.stream);
         }
-        let mut others: Vec<StreamId> = Vec::new();
-        for (id, users) in self.events.users() {
-            if mine(&self.heap, id) {
-                others.extend(users.iter().copied());
-            }
-        }
+        let others = self.order.users_of_blocks(|id| mine(&self.heap, id));
         for stream in others {
             if now.insert(stream) {
                 let event = self.streams.record(stream)?;
