@@ -312,15 +312,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if size.wrapping_sub(1) >= MAX_REQUEST {
             return Err(invalid_size(size));
         }
+        // Each part is asked one question: may the sleep tags allocate from
+        // the pool, has stream ordering work to settle, how do the private
+        // pools serve the pool.
         if let Some(pool) = pool {
             self.tags.admit(pool, &self.pools)?;
         }
         if self.order.due_at_malloc(self.pools.capture_underway()) {
             self.settle_stream_order(stream)?;
         }
-        let private_pool = match pool {
-            Some(p) => Some(self.pools.number(p)?),
-            None => None,
+        let (private_pool, whole) = match pool {
+            Some(p) => {
+                let route = self.pools.route(p)?;
+                (Some(route.number), route.whole)
+            }
+            None => (None, false),
         };
         let key = CacheKey {
             stream,
@@ -329,10 +335,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let req = self.policy.plan(size, key);
         self.heap.tick(req.pool);
         // A no-split pool hands the free block out whole (one block per
-        // segment, as PyTorch's `MemPool(no_split=True)`).
-        let whole = pool.is_some_and(|p| self.pools.no_split(p));
-        // One call to find and carve: a call each dispatched twice on the
-        // variant of an enum of policies.
+        // segment, as PyTorch's `MemPool(no_split=True)`). One call to find
+        // and carve: a call each dispatched twice on the variant of an enum
+        // of policies.
         let cached = if whole {
             self.policy.take_free(&self.heap, &req)
         } else {

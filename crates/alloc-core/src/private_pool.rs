@@ -65,6 +65,16 @@ impl fmt::Debug for Sources {
     }
 }
 
+/// How an allocation that names a pool is served: what a malloc asks the
+/// private pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The number its blocks and segments carry.
+    pub(crate) number: PrivatePool,
+    /// Whether the pool hands out whole blocks, never split.
+    pub(crate) whole: bool,
+}
+
 /// Bookkeeping of every private pool of one engine.
 #[derive(Debug, Default)]
 pub(crate) struct PrivatePools {
@@ -189,6 +199,18 @@ impl PrivatePools {
         };
         self.numbers.insert(pool, number);
         Ok(number)
+    }
+
+    /// How an allocation from `pool` is served: its number (given on first
+    /// use) and whether it hands out whole blocks;
+    /// [`AllocError::UnknownPool`] unless the pool exists.
+    #[inline]
+    pub(crate) fn route(&mut self, pool: PoolId) -> Result<Route, AllocError> {
+        let number = self.number(pool)?;
+        Ok(Route {
+            number,
+            whole: self.no_split(pool),
+        })
     }
 
     /// A segment of the cache `key` was made.
@@ -590,5 +612,20 @@ mod tests {
         p.segment_removed(key);
         p.drop_spent_sources(&heap);
         assert!(!p.is_sourced(pool));
+    }
+
+    #[test]
+    fn a_route_names_the_pools_number_and_whether_it_splits() {
+        let mut p = PrivatePools::default();
+        assert_eq!(
+            p.route((1, 2)),
+            Err(AllocError::UnknownPool { pool: (1, 2) })
+        );
+        p.retain((1, 2));
+        let route = p.route((1, 2)).unwrap();
+        assert_eq!(route.number, p.number((1, 2)).unwrap());
+        assert!(!route.whole);
+        assert!(p.set_no_split((1, 2)));
+        assert!(p.route((1, 2)).unwrap().whole);
     }
 }
