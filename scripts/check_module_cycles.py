@@ -9,8 +9,8 @@ leads to the module that defines it. `mod b;` declarations and the root's re-exp
 uses: the root only assembles the crate, so its own items are leaves. Inline modules
 (`mod tests { use super::*; }`) belong to their file.
 
-    python3 scripts/check_module_cycles.py crates/alloc-cuda   # fails on a circle
-    python3 scripts/check_module_cycles.py --report crates/alloc-core   # lists, never fails
+    python3 scripts/check_module_cycles.py crates/alloc-core crates/alloc-cuda   # fails on a circle
+    python3 scripts/check_module_cycles.py --report crates/alloc-policy   # lists, never fails
     python3 scripts/check_module_cycles.py --graph crates/alloc-cuda    # prints the edges
     python3 scripts/check_module_cycles.py --self-test
 """

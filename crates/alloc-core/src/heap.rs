@@ -16,19 +16,10 @@ use std::collections::BTreeMap;
 use std::ops::{Index, IndexMut};
 
 use crate::ledger::Ledger;
+/// A block's life-cycle state (defined beside the other plain types, which
+/// the ledger reads without the heap).
+pub use crate::types::BlockState;
 use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
-
-/// Life-cycle state of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BlockState {
-    /// Cached: available for reuse, indexed by the policy.
-    Free,
-    /// Handed out to a caller.
-    Allocated,
-    /// Freed by the caller, but other streams may still use it: reusable only
-    /// once the events recorded on those streams complete.
-    AwaitingEvents,
-}
 
 /// A contiguous piece of a segment (64 bytes: one cache line).
 #[derive(Clone, Copy, Debug)]

@@ -27,7 +27,7 @@ use crate::heap::Heap;
 use crate::types::{CacheKey, PrivatePool, SegmentId};
 
 /// Identifies a private pool: PyTorch's `MempoolId_t` pair.
-pub type PoolId = (u64, u64);
+pub use crate::types::PoolId;
 
 #[derive(Debug, Default)]
 struct PoolState {

@@ -209,6 +209,21 @@ pub struct Allocation {
     pub stream: StreamId,
 }
 
+/// Life-cycle state of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockState {
+    /// Cached: available for reuse, indexed by the policy.
+    Free,
+    /// Handed out to a caller.
+    Allocated,
+    /// Freed by the caller, but other streams may still use it: reusable only
+    /// once the events recorded on those streams complete.
+    AwaitingEvents,
+}
+
+/// Identifies a private pool: PyTorch's `MempoolId_t` pair.
+pub type PoolId = (u64, u64);
+
 /// One kibibyte.
 pub const KIB: u64 = 1 << 10;
 /// One gibibyte.
