@@ -318,7 +318,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if let Some(pool) = pool {
             self.tags.admit(pool, &self.pools)?;
         }
-        if self.order.due_at_malloc(self.pools.capture_underway()) {
+        if self.order.due_at_malloc() {
             self.settle_stream_order(stream)?;
         }
         let (private_pool, whole) = match pool {

@@ -55,12 +55,12 @@ impl<E> StreamOrder<E> {
         self.capture_reuse = capture_reuse;
     }
 
-    /// Whether an allocation must settle stream order first: events to
-    /// poll (none while `capturing`), or frees deferred by a capture that
-    /// its graph may have ordered.
+    /// Whether an allocation may have stream order to settle first: events
+    /// to poll (unless a capture is underway, which the settling asks), or
+    /// frees deferred by a capture that its graph may have ordered.
     #[inline]
-    pub(super) fn due_at_malloc(&self, capturing: bool) -> bool {
-        (self.events.any_awaiting() && !capturing) || self.capture_frees.has_markers()
+    pub(super) fn due_at_malloc(&self) -> bool {
+        self.events.any_awaiting() || self.capture_frees.has_markers()
     }
 
     /// Whether events are to be polled (none while `capturing`).
@@ -266,7 +266,7 @@ impl<E> StreamOrder<E> {
         stream: StreamId,
         done: &mut Vec<BlockId>,
     ) {
-        if !self.capture_reuse {
+        if !(self.capture_reuse && self.capture_frees.has_markers()) {
             return;
         }
         let Some(graph) = streams.capture_graph() else {
@@ -395,10 +395,10 @@ mod tests {
         let in_use: Vec<_> = order.streams_in_use(&heap).into_iter().collect();
         assert_eq!(in_use, [StreamId(1), StreamId(2)]);
         assert_eq!(order.users_of_blocks(|id| id == a), [StreamId(2)]);
-        assert!(!order.due_at_malloc(false));
+        assert!(!order.due_at_malloc());
         free(&mut order, &mut streams, &mut heap, &mut live, a);
         assert_eq!(heap.block(a).state, BlockState::AwaitingEvents);
-        assert!(order.due_at_malloc(false) && !order.due_at_malloc(true));
+        assert!(order.due_at_malloc() && !order.due_poll(true));
         let mut done = Vec::new();
         order.poll(&mut streams, &mut done).unwrap();
         assert!(done.is_empty(), "stream 2 still runs");
@@ -461,7 +461,7 @@ mod tests {
         let deferred = order.defer_capture_free(&mut streams, &heap, &live, addr);
         assert!(matches!(deferred, Some(Ok(()))));
         assert!(order.capture_frees.is_deferred(addr));
-        assert!(!order.due_at_malloc(true), "an eager use: no markers");
+        assert!(!order.due_at_malloc(), "an eager use: no markers");
         let again = order.defer_capture_free(&mut streams, &heap, &live, addr);
         assert!(matches!(again, Some(Err(AllocError::DoubleFree { .. }))));
         let recorded = order.record_use(&mut streams, &heap, a, addr, StreamId(3), true);
@@ -487,7 +487,7 @@ mod tests {
         assert!(order
             .defer_capture_free(&mut streams, &heap, &live, addr)
             .is_some());
-        assert!(order.due_at_malloc(true), "markers to join");
+        assert!(order.due_at_malloc(), "markers to join");
         let mut done = Vec::new();
         order.reuse_joined_frees(&mut streams, &mut live, s1, &mut done);
         assert!(done.is_empty(), "stream 1 does not follow stream 2 yet");
@@ -495,6 +495,6 @@ mod tests {
         order.reuse_joined_frees(&mut streams, &mut live, s1, &mut done);
         assert_eq!(done, [a]);
         assert!(live.get(addr).is_none() && !order.has_users(a));
-        assert!(!order.due_at_malloc(true));
+        assert!(!order.due_at_malloc());
     }
 }
