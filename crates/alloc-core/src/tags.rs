@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::engine::live_table::LiveTable;
 use crate::error::{AllocError, BackendError};
 use crate::heap::{BlockState, Heap};
 use crate::private_pool::{PoolId, PrivatePools};
@@ -344,17 +343,15 @@ impl SleepTags {
 
     /// Ends the resume of `tag`, whose pages `paused` recorded are mapped
     /// again (`mapped` bytes): the tag and its pool count as resumed, and
-    /// the saved blocks still allocated at their size (`live`) go to
-    /// `restore`.
-    #[allow(clippy::too_many_arguments)]
+    /// the saved blocks `(addr, size)` still allocated at their size
+    /// (`allocated`) go to `restore`.
     pub(crate) fn finish_resume(
         &mut self,
         tag: &str,
         paused: &Paused,
         mapped: u64,
         pools: &mut PrivatePools,
-        heap: &Heap,
-        live: &LiveTable,
+        allocated: impl Fn(u64, u64) -> bool,
         restore: CopyBlocks<'_>,
     ) -> Result<ResumeReport, AllocError> {
         if let Some(entry) = self.by_name.get_mut(tag) {
@@ -365,7 +362,7 @@ impl SleepTags {
             .saved
             .iter()
             .copied()
-            .filter(|&(addr, size)| live.get(addr).is_some_and(|id| heap.block(id).size == size))
+            .filter(|&(addr, size)| allocated(addr, size))
             .collect();
         if !restored.is_empty() {
             restore(&restored)?;
@@ -472,6 +469,7 @@ pub struct ResumeReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::live_table::LiveTable;
     use crate::types::{CacheKey, PoolKind, StreamId, MIB};
 
     const GROWS: Result<(), AllocError> = Ok(());
@@ -620,11 +618,12 @@ mod tests {
 
         // The first block is freed while paused: only the second comes back.
         live.remove(base);
+        let still_live = |addr, size| live.get(addr).is_some_and(|id| heap.block(id).size == size);
         let (pool, paused) = t.for_resume("kv", &pools).unwrap();
         assert_eq!(pool, kv);
         let mut restored = Vec::new();
         let report = t
-            .finish_resume("kv", &paused, 8 * MIB, &mut pools, &heap, &live, &mut |b| {
+            .finish_resume("kv", &paused, 8 * MIB, &mut pools, still_live, &mut |b| {
                 restored.extend_from_slice(b);
                 Ok(())
             })

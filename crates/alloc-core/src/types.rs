@@ -32,7 +32,7 @@ impl fmt::LowerHex for StreamId {
 }
 
 /// A private pool as blocks and segments carry it: a small number the engine
-/// gives each [`PoolId`](crate::PoolId) in use (four bytes, so that a
+/// gives each [`PoolId`] in use (four bytes, so that a
 /// [`Block`](crate::Block) stays one cache line), handed to a new pool once
 /// its pool is released and its last segment gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

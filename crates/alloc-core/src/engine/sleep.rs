@@ -163,15 +163,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             mapped += bytes;
         }
-        self.tags.finish_resume(
-            tag,
-            &paused,
-            mapped,
-            &mut self.pools,
-            &self.heap,
-            &self.live,
-            restore,
-        )
+        let (heap, live) = (&self.heap, &self.live);
+        let allocated = |addr, size| live.get(addr).is_some_and(|id| heap.block(id).size == size);
+        self.tags
+            .finish_resume(tag, &paused, mapped, &mut self.pools, allocated, restore)
     }
 
     // ----- internals -----
