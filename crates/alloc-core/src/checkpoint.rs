@@ -246,17 +246,8 @@ mod tests {
             stream: StreamId(3),
             private_pool: Some(pools.number(pool).unwrap()),
         };
-        let total = sizes.iter().map(|s| s.0).sum();
-        let (_, first) = heap.add_segment(0x4000_0000, total, PoolKind::Large, key);
+        heap.add_cut_segment(0x4000_0000, key, sizes);
         pools.segment_added(key);
-        let mut block = Some(first);
-        for &(size, allocated) in sizes {
-            let Some(id) = block else { break };
-            block = (heap.block(id).size > size).then(|| heap.split(id, size));
-            if allocated {
-                heap.set_state(id, BlockState::Allocated, size - 1);
-            }
-        }
         heap
     }
 
@@ -279,7 +270,7 @@ mod tests {
             vec![0x4000_0000, 0x4000_0000 + 3 * MIB]
         );
         let live = seg.allocation(&seg.blocks[0]);
-        assert_eq!((live.requested, live.stream), (MIB - 1, StreamId(3)));
+        assert_eq!((live.requested, live.stream), (MIB, StreamId(3)));
         let expected: HashSet<u64> = cp.live_addresses().collect();
         assert!(live_allocations_are(&heap, &pools, pool, &expected));
         let fewer: HashSet<u64> = expected.iter().copied().take(1).collect();

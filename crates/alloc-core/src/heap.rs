@@ -780,6 +780,32 @@ pub fn coalesce(heap: &mut Heap, id: BlockId, mut unindex: impl FnMut(&Heap, Blo
 }
 
 #[cfg(test)]
+impl Heap {
+    /// For the parts' tests: a segment of `key` at `addr` cut into blocks of
+    /// `sizes` in address order, the `true` ones allocated (their request
+    /// their size); returns the segment and its blocks.
+    pub(crate) fn add_cut_segment(
+        &mut self,
+        addr: u64,
+        key: CacheKey,
+        sizes: &[(u64, bool)],
+    ) -> (SegmentId, Vec<BlockId>) {
+        let total = sizes.iter().map(|s| s.0).sum();
+        let (seg, first) = self.add_segment(addr, total, PoolKind::Large, key);
+        let (mut rest, mut blocks) = (Some(first), Vec::new());
+        for &(size, allocated) in sizes {
+            let Some(id) = rest else { break };
+            rest = (self.block(id).size > size).then(|| self.split(id, size));
+            if allocated {
+                self.set_state(id, BlockState::Allocated, size);
+            }
+            blocks.push(id);
+        }
+        (seg, blocks)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -479,7 +479,7 @@ mod tests {
     }
 
     /// A segment of `pool` at `addr` cut into blocks of `sizes`, the
-    /// `allocated` ones handed out.
+    /// allocated ones entered in `live`.
     fn segment(
         heap: &mut Heap,
         pools: &mut PrivatePools,
@@ -492,17 +492,10 @@ mod tests {
             stream: StreamId(1),
             private_pool: Some(pools.number(pool).unwrap()),
         };
-        let total = sizes.iter().map(|s| s.0).sum();
-        let (seg, first) = heap.add_segment(addr, total, PoolKind::Large, key);
+        let (seg, blocks) = heap.add_cut_segment(addr, key, sizes);
         pools.segment_added(key);
-        let mut block = Some(first);
-        for &(size, allocated) in sizes {
-            let Some(id) = block else { break };
-            block = (heap.block(id).size > size).then(|| heap.split(id, size));
-            if allocated {
-                heap.set_state(id, BlockState::Allocated, size);
-                live.insert(heap.block(id).addr, id);
-            }
+        for (id, _) in blocks.into_iter().zip(sizes).filter(|(_, s)| s.1) {
+            live.insert(heap.block(id).addr, id);
         }
         seg
     }

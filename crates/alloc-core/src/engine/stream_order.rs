@@ -338,14 +338,10 @@ mod tests {
             stream: StreamId(1),
             private_pool: None,
         };
-        let (_, first) = heap.add_segment(0x1000_0000, sizes.iter().sum(), PoolKind::Large, key);
-        let (mut block, mut ids) = (Some(first), Vec::new());
-        for &size in sizes {
-            let Some(id) = block else { break };
-            block = (heap.block(id).size > size).then(|| heap.split(id, size));
-            heap.set_state(id, BlockState::Allocated, size);
+        let sizes: Vec<(u64, bool)> = sizes.iter().map(|&s| (s, true)).collect();
+        let (_, ids) = heap.add_cut_segment(0x1000_0000, key, &sizes);
+        for &id in &ids {
             live.insert(heap.block(id).addr, id);
-            ids.push(id);
         }
         (heap, ids)
     }
