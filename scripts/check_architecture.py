@@ -6,6 +6,10 @@ must exist; every file name (foo.rs, bridge.cpp, ...) and folder name (engine/) 
 file or folder somewhere in the repository's sources; every capitalised word must be a type
 (struct, enum, trait or type alias in Rust, class or struct in C++) defined there, unless it
 is one of the few outside names below; and every crate of the workspace must appear.
+A type followed by a Rust file in parentheses, `StreamOrder (engine/stream_order.rs)`, must
+be defined in a file at that path (or ending with it); and the type of every field of
+`Engine` (crates/alloc-core/src/engine.rs) that the repository defines must be named: the
+picture shows every part the engine holds.
 
     python3 scripts/check_architecture.py              # check docs/architecture.md
     python3 scripts/check_architecture.py --self-test  # the checker finds what it should
@@ -26,6 +30,8 @@ FILE_RE = re.compile(r"(?<![\w/.-])([\w-]+\.(?:rs|cpp|h|py|so))\b")
 DIR_RE = re.compile(r"(?<![\w/.-])([a-z_]+)/(?![\w.])")
 TYPE_RE = re.compile(r"(?<![\w.:'])([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*)\b")
 CRATE_RE = re.compile(r"\b(alloc-[a-z]+|xtask)\b")
+PLACED_RE = re.compile(r"\b([A-Z]\w*) \(((?:[\w-]+/)*[\w-]+\.rs)\b")
+ENGINE_RS = os.path.join("crates", "alloc-core", "src", "engine.rs")
 
 
 def picture(markdown):
@@ -37,8 +43,9 @@ def picture(markdown):
 
 
 def source_index(root):
-    """(file names, folder names, defined type names) of the repository's sources."""
-    files, dirs, types = set(), set(), set()
+    """(file names, folder names, {defined type name: the files defining it}) of the
+    repository's sources, files as paths relative to the root."""
+    files, dirs, types = set(), set(), {}
     defn = re.compile(
         r"^\s*(?:pub(?:\([\w:]+\))?\s+)?(?:struct|enum|trait|type|union|class)\s+([A-Za-z_]\w*)",
         re.M,
@@ -50,8 +57,10 @@ def source_index(root):
             for name in names:
                 files.add(name)
                 if name.endswith((".rs", ".cpp", ".h")):
-                    with open(os.path.join(d, name), encoding="utf-8", errors="replace") as f:
-                        types.update(defn.findall(f.read()))
+                    path = os.path.join(d, name)
+                    with open(path, encoding="utf-8", errors="replace") as f:
+                        for t in defn.findall(f.read()):
+                            types.setdefault(t, set()).add(os.path.relpath(path, root))
     return files, dirs, types
 
 
@@ -61,6 +70,23 @@ def workspace_crates(root):
         text = f.read()
     members = re.search(r"members\s*=\s*\[(.*?)\]", text, re.S).group(1)
     return {os.path.basename(m) for m in re.findall(r'"([^"]+)"', members)}
+
+
+def engine_field_types(root, types):
+    """The types the repository defines that `Engine`'s fields are made of."""
+    path = os.path.join(root, ENGINE_RS)
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r"^pub struct Engine<[^>]*> \{\n(.*?)^\}", text, re.S | re.M)
+    if not m:
+        return set()
+    body = "\n".join(l for l in m.group(1).splitlines() if not l.strip().startswith("//"))
+    found = set()
+    for ty in re.findall(r"^\s*\w+:\s*(.+?),?\s*$", body, re.M):
+        found.update(t for t in re.findall(r"(?<!::)\b[A-Z]\w*\b", ty) if t in types and len(t) > 1)
+    return found
 
 
 def problems(pic, root):
@@ -80,6 +106,12 @@ def problems(pic, root):
     for name in sorted(set(TYPE_RE.findall(pic))):
         if name not in types and name not in OUTSIDE:
             found.append("no such type: %s" % name)
+    for name, file in sorted(set(PLACED_RE.findall(pic))):
+        homes = types.get(name, set())
+        if homes and not any(("/" + h).endswith("/" + file) for h in homes):
+            found.append("%s is not defined in %s" % (name, file))
+    for name in sorted(engine_field_types(root, types) - set(TYPE_RE.findall(pic))):
+        found.append("a part of Engine not in the picture: %s" % name)
     named = set(CRATE_RE.findall(pic))
     for crate in sorted(workspace_crates(root) - named):
         found.append("crate not in the picture: %s" % crate)
@@ -91,18 +123,28 @@ def problems(pic, root):
 def self_test():
     """The checker passes a picture of things that exist and flags each kind of mistake."""
     crates = " ".join("crates/%s" % c for c in sorted(workspace_crates(ROOT)) if c != "xtask")
-    good = "%s xtask\n Engine (engine.rs), Heap (heap.rs), engine/, python/gpu_alloc/bridge.cpp\n" % crates
+    _, _, types = source_index(ROOT)
+    parts = " ".join(sorted(engine_field_types(ROOT, types)))
+    assert {"Heap", "StreamOrder", "SleepTags", "PrivatePools"} <= set(parts.split()), parts
+    good = "%s xtask\n Engine (engine.rs), Heap (heap.rs), engine/, python/gpu_alloc/bridge.cpp\n%s\n" % (
+        crates,
+        parts,
+    )
     assert problems(good, ROOT) == [], problems(good, ROOT)
     for bad, expected in [
         ("crates/alloc-nothing", "no such path: crates/alloc-nothing"),
         ("Engine (enjine.rs)", "no such file: enjine.rs"),
         ("the parts in enjine/", "no such folder: enjine/"),
         ("EngineParts (engine.rs)", "no such type: EngineParts"),
+        ("SleepTags (engine/stream_order.rs)", "SleepTags is not defined in engine/stream_order.rs"),
     ]:
         got = problems(good + bad + "\n", ROOT)
         assert expected in got, (bad, got)
     missing = good.replace("crates/alloc-core", "")
     assert "crate not in the picture: alloc-core" in problems(missing, ROOT), problems(missing, ROOT)
+    no_order = good.replace("StreamOrder", "")
+    got = problems(no_order, ROOT)
+    assert "a part of Engine not in the picture: StreamOrder" in got, got
 
 
 def main():

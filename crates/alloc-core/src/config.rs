@@ -235,13 +235,7 @@ impl Default for AllocatorConfig {
     }
 }
 
-/// Default large-pool page of `unmap_free_pages` (16 MiB): on the H100,
-/// with busy pages moving without host waits, it keeps the step time of
-/// ResNet-50 and GPT-2 training within 2% of PyTorch's and reserves less
-/// than every PyTorch setting on those and on ViT; 8 MiB pages reserve a
-/// little less (also below PyTorch on GPT-2 generation) at 1.03-1.3x the
-/// training step (docs/policies.md, "Page size").
-pub const DEFAULT_UNMAP_PAGE: u64 = 16 << 20;
+pub use crate::page_layout::DEFAULT_UNMAP_PAGE;
 
 /// The pages of `unmap_page_mb:auto`: 2 MiB pages up to 2 GiB into a
 /// growable segment, then pages of at most 1/512 of the offset below them

@@ -2,6 +2,8 @@
 //! stream/event backend. Owns the heap, the pointer table, deferred frees
 //! (`record_stream`), the out-of-memory path and the statistics.
 
+use std::collections::BTreeSet;
+
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
@@ -23,21 +25,23 @@ mod idle_pages;
 pub(crate) mod live_table;
 mod settings;
 mod sleep;
-mod streams_in_use;
+mod stream_order;
+pub use crate::checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use crate::policy::{Capabilities, Policy, Pressure, Request};
 use crate::private_pool::{PoolId, PrivatePools};
 use crate::snapshot::Snapshot;
 use crate::stats::Stats;
-use crate::tags::Tags;
+pub use crate::tags::CopyBlocks;
+use crate::tags::SleepTags;
+pub use crate::types::Allocation;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
-pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use empty_segments::EmptySegments;
-use event_queues::{EventQueues, Users};
+use event_queues::Users;
 use free_page_index::FreePageIndex;
 use growable::Growable;
 pub(crate) use growable::SegmentKey;
 pub(crate) use live_table::LiveTable;
-pub use sleep::CopyBlocks;
+use stream_order::StreamOrder;
 
 /// Largest request the engine accepts (1 PiB): anything larger is a caller
 /// bug, refused before any arithmetic could overflow.
@@ -150,19 +154,6 @@ fn invalid_size(size: u64) -> AllocError {
     }
 }
 
-/// A block handed out by [`Engine::malloc`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Allocation {
-    /// Device address.
-    pub addr: u64,
-    /// Usable size of the block (the request rounded up by the policy).
-    pub size: u64,
-    /// Bytes asked for.
-    pub requested: u64,
-    /// The allocating stream.
-    pub stream: StreamId,
-}
-
 /// The caching allocator.
 ///
 /// A block is reused only on the stream it was allocated for, unless the
@@ -196,9 +187,9 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     options: EngineOptions,
     /// Address of every allocated block.
     live: LiveTable,
-    /// Other streams that used allocated blocks, and the events freed
-    /// blocks await (`record_stream`).
-    events: EventQueues<S::Event>,
+    /// When blocks other streams used (`record_stream`) may be reused:
+    /// their events, frees deferred by captures, early reuse.
+    order: StreamOrder<S::Event>,
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
     /// Growable segments by (cache, pool), when expandable segments are on.
@@ -213,17 +204,11 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     expandable: bool,
     /// The backend's page granularity; 0 when it has no virtual memory.
     granularity: u64,
-    /// Private pools (CUDA graphs, `MemPool`s) and whether a capture is on.
+    /// Private pools (CUDA graphs, `MemPool`s), their segment sources, and
+    /// whether a capture is on.
     pools: PrivatePools,
-    /// Addresses freed during a capture while other streams used them:
-    /// their events are recorded once no capture is underway, unless the
-    /// capture's graph lets them be reused before.
-    capture_frees: capture_reuse::CaptureFrees,
-    /// Private pools whose segments come from a source of their own; kept
-    /// after the pool is released, until its last segment went back.
-    sources: FxHashMap<PoolId, Box<dyn SegmentSource>>,
     /// Sleep tags: pools whose memory can be paused and resumed.
-    tags: Tags,
+    tags: SleepTags,
     /// Bytes by which the reserved peak rose while the policy kept free
     /// pages mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)),
     /// at most a share of the peak (`expandable.rs`).
@@ -247,7 +232,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             heap,
             options,
             live: LiveTable::default(),
-            events: EventQueues::default(),
+            order: StreamOrder::new(
+                options.stream_wait_reuse,
+                options.graph_capture_record_stream_reuse,
+            ),
             limit: None,
             growable: FxHashMap::default(),
             free_pages: FreePageIndex::default(),
@@ -255,9 +243,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             expandable,
             granularity,
             pools: PrivatePools::default(),
-            capture_frees: Default::default(),
-            sources: FxHashMap::default(),
-            tags: Tags::default(),
+            tags: SleepTags::default(),
             kept_growth: 0,
             caps,
         }
@@ -356,16 +342,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if size.wrapping_sub(1) >= MAX_REQUEST {
             return Err(invalid_size(size));
         }
+        // Each part is asked one question: may the sleep tags allocate from
+        // the pool, has stream ordering work to settle, how do the private
+        // pools serve the pool.
         if let Some(pool) = pool {
-            self.refuse_paused(pool)?;
+            self.tags.admit(pool, &self.pools)?;
         }
-        self.poll_events()?;
-        if self.capture_frees.has_markers() {
-            self.reuse_joined_frees(stream);
+        if self.order.due_at_malloc() {
+            self.settle_stream_order(stream)?;
         }
-        let private_pool = match pool {
-            Some(p) => Some(self.pools.number(p)?),
-            None => None,
+        let (private_pool, whole) = match pool {
+            Some(p) => {
+                let route = self.pools.route(p)?;
+                (Some(route.number), route.whole)
+            }
+            None => (None, false),
         };
         let key = CacheKey {
             stream,
@@ -375,7 +366,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.heap.tick(req.pool);
         // A no-split pool hands the free block out whole (one block per
         // segment, as PyTorch's `MemPool(no_split=True)`).
-        let whole = pool.is_some_and(|p| self.pools.no_split(p));
         let piece = match self.policy.take_free(&self.heap, &req) {
             Some(block) if whole => block,
             Some(block) => self.policy.carve(&mut self.heap, block, &req),
@@ -406,9 +396,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline(never)]
     fn no_cached_block(&mut self, req: Request, whole: bool) -> Result<BlockId, AllocError> {
         let req = &req;
-        let reused = if self.options.stream_wait_reuse
-            && self.events.any_awaiting()
-            && !self.pools.capture_underway()
+        let reused = if self.order.may_hand_over(self.pools.capture_underway())
             && self.reuse_by_stream_wait(req)?
         {
             self.policy.take_free(&self.heap, req)
@@ -468,7 +456,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     #[inline]
     fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
-        if self.pools.capture_underway() && self.events.any_users() {
+        if self.order.may_defer_free(self.pools.capture_underway()) {
             if let Some(deferred) = self.defer_capture_free(addr) {
                 return deferred;
             }
@@ -476,7 +464,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(id) = self.live.remove(addr) else {
             return Err(self.bad_pointer(addr));
         };
-        match self.events.take_users(id) {
+        match self.order.take_users(id) {
             // A free changes no other block's state, and several frees in
             // one call (the end of a capture) all lower the counts.
             None => self.recache::<true>(id),
@@ -494,26 +482,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// streams). `None` when the block is not such a block.
     #[inline(never)]
     fn defer_capture_free(&mut self, addr: u64) -> Option<Result<(), AllocError>> {
-        let id = self
-            .live
-            .get(addr)
-            .filter(|&id| self.events.has_users(id))?;
-        if self.capture_frees.is_deferred(addr) {
-            return Some(Err(AllocError::DoubleFree { addr }));
-        }
-        let stream = self.heap.block(id).stream;
-        let users: Users = self.events.users_of(id).into();
-        let markers = self.free_markers(id, stream, &users);
-        self.capture_frees.defer(addr, markers);
-        Some(Ok(()))
+        self.order
+            .defer_capture_free(&mut self.streams, &self.heap, &self.live, addr)
     }
 
     /// A freed block that other streams used awaits events recorded on them.
     #[inline(never)]
     fn await_freed(&mut self, id: BlockId, users: Users) -> Result<(), AllocError> {
-        self.capture_frees.forget(id);
-        self.heap.set_state(id, BlockState::AwaitingEvents, 0);
-        self.events.await_users(&mut self.streams, id, users)?;
+        self.order
+            .await_freed(&mut self.streams, &mut self.heap, id, users)?;
         Ok(())
     }
 
@@ -523,16 +500,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let Some(id) = self.live.get(addr) else {
             return Err(self.bad_pointer(addr));
         };
-        if self.capture_frees.is_deferred(addr) {
-            // Freed during a capture, its events still to be recorded.
-            return Err(AllocError::DoubleFree { addr });
-        }
-        if self.heap.block(id).stream == stream {
-            return Ok(());
-        }
-        let first = self.events.record_use(id, stream);
-        self.note_capture_use(id, stream, first);
-        Ok(())
+        let capturing = self.pools.capture_underway();
+        self.order
+            .record_use(&mut self.streams, &self.heap, id, addr, stream, capturing)
     }
 
     /// Polls recorded events; blocks whose events all completed become free.
@@ -544,10 +514,23 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     #[inline]
     fn poll_events(&mut self) -> Result<(), AllocError> {
-        if !self.events.any_awaiting() || self.pools.capture_underway() {
+        if !self.order.due_poll(self.pools.capture_underway()) {
             return Ok(());
         }
         self.poll_awaiting()
+    }
+
+    /// What stream ordering does before an allocation on `stream`: events
+    /// polled, frees deferred by a capture whose graph ordered their uses
+    /// taken back. Out of line: most allocations have nothing to settle.
+    #[inline(never)]
+    fn settle_stream_order(&mut self, stream: StreamId) -> Result<(), AllocError> {
+        self.poll_events()?;
+        let mut done = Vec::new();
+        self.order
+            .reuse_joined_frees(&mut self.streams, &mut self.live, stream, &mut done);
+        self.release_all_to_cache(done);
+        Ok(())
     }
 
     /// [`Engine::poll_events`] with events to poll, out of line: inlined,
@@ -555,7 +538,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline(never)]
     fn poll_awaiting(&mut self) -> Result<(), AllocError> {
         let mut done = Vec::new();
-        let polled = self.events.poll(&mut self.streams, &mut done);
+        let polled = self.order.poll(&mut self.streams, &mut done);
         self.release_all_to_cache(done);
         Ok(polled?)
     }
@@ -645,7 +628,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Every segment with its blocks.
     pub fn snapshot(&self) -> Snapshot {
         let mut snap = Snapshot::of(&self.heap, &self.pools);
-        self.annotate_tags(&mut snap);
+        self.tags.annotate(&mut snap, &self.pools);
         snap
     }
 
@@ -672,7 +655,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             return Ok(());
         }
         let mut result = Ok(());
-        for addr in self.capture_frees.take_all() {
+        for addr in self.order.end_captures() {
             let freed = self.free_unsettled(addr);
             result = result.and(freed);
         }
@@ -733,19 +716,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         pool: PoolId,
         source: Box<dyn SegmentSource>,
     ) -> Result<(), AllocError> {
-        if self.pools.use_count(pool) == 0 {
-            return Err(AllocError::UnknownPool { pool });
-        }
-        if !self.pool_segments(pool).is_empty()
-            || self.sources.contains_key(&pool)
-            || self.pools.is_tagged(pool)
-        {
-            return Err(AllocError::InvalidArgument(format!(
-                "private pool {pool:?} already has segments, a source of its own, or a sleep tag"
-            )));
-        }
-        self.sources.insert(pool, source);
-        Ok(())
+        self.pools.set_source(&self.heap, pool, source)
     }
 
     /// Holders of the private pool `pool` (0 once released).
@@ -788,9 +759,37 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.free_pages.parked()
     }
 
+    /// Every stream the engine may still use: the stream of every segment
+    /// (its cached blocks serve later requests on that stream, and a
+    /// growable segment records events on it) and every stream recorded on
+    /// a live block (its free records an event there, a pause of its sleep
+    /// tag waits for it). A stream outside this set is used again only when
+    /// a caller names it.
+    ///
+    /// ```
+    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = AllocatorConfig::default();
+    /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+    /// let (compute, copy) = (StreamId(1), StreamId(2));
+    /// let a = engine.malloc(4 * MIB, compute)?;
+    /// engine.record_stream(a.addr, copy)?;
+    /// assert_eq!(engine.streams_in_use().into_iter().collect::<Vec<_>>(), [compute, copy]);
+    /// engine.free(a.addr)?; // records an event on the copy stream: done with it
+    /// assert_eq!(engine.streams_in_use().into_iter().collect::<Vec<_>>(), [compute]);
+    /// engine.streams_mut().complete_stream(copy);
+    /// engine.empty_cache()?; // the segment of stream 1 goes back
+    /// assert!(engine.streams_in_use().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn streams_in_use(&self) -> BTreeSet<StreamId> {
+        self.order.streams_in_use(&self.heap)
+    }
+
     /// Number of blocks awaiting stream events.
     pub fn awaiting_events(&self) -> usize {
-        self.events.awaiting_len()
+        self.order.awaiting_len()
     }
 
     /// The policy.
@@ -827,16 +826,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Checks every invariant; returns a description of the first violation.
     pub fn validate(&self) -> Result<(), String> {
+        let (awaiting, named) = self.order.awaited();
         crate::validate::check(
             &self.heap,
             &self.policy,
             self.caps.coalesces,
             &self.live,
-            self.events.awaiting(),
-            self.events
-                .pending()
-                .map(|(_, block, _)| block)
-                .chain(self.events.unrecorded_blocks()),
+            awaiting,
+            named,
         )?;
         self.pools
             .check(self.heap.segments().map(|(_, s)| s.key()))?;
@@ -904,7 +901,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn synchronize_events(&mut self) -> Result<(), AllocError> {
         self.heap.ledger.stats.num_sync_all_streams += 1;
         let mut done = Vec::new();
-        let synced = self.events.synchronize(&mut self.streams, &mut done);
+        let synced = self.order.synchronize(&mut self.streams, &mut done);
         // Marks on the streams waited for may have completed.
         self.free_pages.wake_all();
         self.release_all_to_cache(done);
@@ -918,34 +915,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// anything was converted.
     #[inline(never)]
     fn reuse_by_stream_wait(&mut self, req: &Request) -> Result<bool, AllocError> {
-        let candidates: Vec<BlockId> = self
-            .events
-            .awaiting()
-            .keys()
-            .copied()
-            .filter(|&id| {
-                let b = self.heap.block(id);
-                b.key() == req.key && b.pool == req.pool
-            })
-            .collect();
-        let best = candidates
-            .iter()
-            .copied()
-            .filter(|&id| self.heap.block(id).size >= req.size)
-            .min_by_key(|&id| (self.heap.block(id).size, self.heap.block(id).addr));
-        let chosen: Vec<BlockId> = match best {
-            Some(id) => vec![id],
-            None => candidates,
-        };
-        for &block in &chosen {
-            let mut done = Vec::new();
-            let handed = self
-                .events
-                .hand_over(&mut self.streams, block, req.key.stream, &mut done);
-            self.release_all_to_cache(done);
-            handed?;
-        }
-        Ok(!chosen.is_empty())
+        let mut done = Vec::new();
+        let handed = self
+            .order
+            .hand_over(&mut self.streams, &self.heap, req, &mut done);
+        self.release_all_to_cache(done);
+        Ok(handed?)
     }
 
     /// No cached block fits: garbage-collect, then reserve a new segment,
@@ -1007,17 +982,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if is_retry {
             self.heap.ledger.stats.num_alloc_retries += 1;
         }
-        let sourced = self.sourced_pool(req.key);
+        let sourced = self.pools.source(req.key).is_some();
         // A sleep tag's pool always grows (its pages are unmapped at pause).
-        if (self.expandable || self.pools.is_tagged_key(req.key)) && sourced.is_none() {
+        if (self.expandable || self.pools.is_tagged_key(req.key)) && !sourced {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);
         if self.would_pass_limit(size) {
             return Ok(None);
         }
-        let made = match sourced {
-            Some(p) => self.sources.get_mut(&p).expect("source").allocate(size),
+        let made = match self.pools.source(req.key) {
+            Some(source) => source.allocate(size),
             None => self.memory.allocate(size),
         };
         match made {
@@ -1051,12 +1026,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Gives the idle segments of the private pool `pool` back.
     fn release_idle_pool_segments(&mut self, pool: PoolId) -> Result<(), AllocError> {
-        let idle: Vec<SegmentId> = self
-            .heap
-            .segments()
-            .filter(|(_, s)| s.is_idle() && self.pools.pool_of(s.key()) == Some(pool))
-            .map(|(id, _)| id)
-            .collect();
+        let idle = self.pools.idle_segments(&self.heap, pool);
         self.release_segments(&idle)
     }
 
@@ -1070,9 +1040,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             if !self.pools.releasable(seg.key()) {
                 continue; // a held private pool: a graph replays into it
             }
-            if let Some(p) = self.sourced_pool(seg.key()) {
-                let (addr, size) = (seg.addr, seg.size);
-                self.sources.get_mut(&p).expect("source").free(addr, size)?;
+            let (addr, size) = (seg.addr, seg.size);
+            if let Some(source) = self.pools.source(seg.key()) {
+                source.free(addr, size)?;
             } else if seg.expandable {
                 let key = (seg.key(), seg.pool);
                 let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
@@ -1092,26 +1062,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.pools.segment_removed(key);
             self.heap.ledger.stats.num_device_free += 1;
         }
-        if !self.sources.is_empty() {
-            // A released pool's source goes once its last segment went back.
-            let spent: Vec<PoolId> = self
-                .sources
-                .keys()
-                .copied()
-                .filter(|&p| self.pools.use_count(p) == 0 && self.pool_segments(p).is_empty())
-                .collect();
-            for p in spent {
-                self.sources.remove(&p);
-            }
-        }
+        // A released pool's source goes once its last segment went back.
+        self.pools.drop_spent_sources(&self.heap);
         Ok(())
-    }
-
-    /// The private pool behind the cache `key`, when its segments come
-    /// from a source of its own.
-    fn sourced_pool(&self, key: CacheKey) -> Option<PoolId> {
-        self.pools
-            .pool_of(key)
-            .filter(|p| self.sources.contains_key(p))
     }
 }

@@ -118,7 +118,7 @@ pub enum AllocError {
     )]
     UnknownPool {
         /// The pool's id.
-        pool: crate::private_pool::PoolId,
+        pool: crate::types::PoolId,
     },
     /// An argument other than a size was out of range.
     #[error("invalid argument: {0}")]

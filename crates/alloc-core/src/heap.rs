@@ -16,19 +16,10 @@ use std::collections::BTreeMap;
 use std::ops::{Index, IndexMut};
 
 use crate::ledger::Ledger;
+/// A block's life-cycle state (defined beside the other plain types, which
+/// the ledger reads without the heap).
+pub use crate::types::BlockState;
 use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
-
-/// Life-cycle state of a block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BlockState {
-    /// Cached: available for reuse, indexed by the policy.
-    Free,
-    /// Handed out to a caller.
-    Allocated,
-    /// Freed by the caller, but other streams may still use it: reusable only
-    /// once the events recorded on those streams complete.
-    AwaitingEvents,
-}
 
 /// A contiguous piece of a segment (64 bytes: one cache line).
 #[derive(Clone, Copy, Debug)]
@@ -786,6 +777,32 @@ pub fn coalesce(heap: &mut Heap, id: BlockId, mut unindex: impl FnMut(&Heap, Blo
         }
     }
     id
+}
+
+#[cfg(test)]
+impl Heap {
+    /// For the parts' tests: a segment of `key` at `addr` cut into blocks of
+    /// `sizes` in address order, the `true` ones allocated (their request
+    /// their size); returns the segment and its blocks.
+    pub(crate) fn add_cut_segment(
+        &mut self,
+        addr: u64,
+        key: CacheKey,
+        sizes: &[(u64, bool)],
+    ) -> (SegmentId, Vec<BlockId>) {
+        let total = sizes.iter().map(|s| s.0).sum();
+        let (seg, first) = self.add_segment(addr, total, PoolKind::Large, key);
+        let (mut rest, mut blocks) = (Some(first), Vec::new());
+        for &(size, allocated) in sizes {
+            let Some(id) = rest else { break };
+            rest = (self.block(id).size > size).then(|| self.split(id, size));
+            if allocated {
+                self.set_state(id, BlockState::Allocated, size);
+            }
+            blocks.push(id);
+        }
+        (seg, blocks)
+    }
 }
 
 #[cfg(test)]

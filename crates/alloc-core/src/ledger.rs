@@ -10,10 +10,9 @@
 //! change of a plain `malloc` or `free` may apply at once instead
 //! ([`Ledger::state_changed`] with `NOW`), which saves the tally.
 
-use crate::heap::BlockState;
 use crate::live_stats::LiveStats;
 use crate::stats::Stats;
-use crate::types::PoolKind;
+use crate::types::{BlockState, PoolKind};
 
 /// Net change of the block-derived statistics of one pool since the last
 /// [`Ledger::settle`], indexed by the `T_*` constants.

@@ -15,6 +15,7 @@
 pub mod backend;
 pub mod budget;
 pub mod capture;
+pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -37,20 +38,19 @@ mod validate;
 pub use backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
 pub use budget::MemoryBudget;
 pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
-pub use config::{
-    AllocatorConfig, Config, ConfigError, PolicyConfig, DEFAULT_UNMAP_PAGE, SCALED_UNMAP_PAGES,
-};
-pub use engine::{
-    Allocation, BlockCheckpoint, CopyBlocks, Engine, EngineOptions, PoolCheckpoint, RestoreOutcome,
-    SegmentCheckpoint, MAX_REQUEST,
-};
+pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
+pub use config::{AllocatorConfig, Config, ConfigError, PolicyConfig, SCALED_UNMAP_PAGES};
+pub use engine::{Engine, EngineOptions, MAX_REQUEST};
 pub use error::{AllocError, BackendError, OomReport};
-pub use heap::{coalesce, Block, BlockState, Heap, Segment};
-pub use page_layout::{PageLayout, RangePages};
+pub use heap::{coalesce, Block, Heap, Segment};
+pub use page_layout::{PageLayout, RangePages, DEFAULT_UNMAP_PAGE};
 pub use policy::{Audit, Capabilities, KeptKeys, OomRelease, Policy, Pressure, Reclaim, Request};
-pub use private_pool::PoolId;
-pub use sim::{SimCapture, SimDataMemory, SimEvent, SimMemory, SimStreams};
+pub use sim::data::SimDataMemory;
+pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
-pub use tags::{Backup, PauseReport, ResumeReport, TagInfo};
-pub use types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId, GIB, KIB, MIB};
+pub use tags::{Backup, CopyBlocks, PauseReport, ResumeReport, TagInfo};
+pub use types::{
+    Allocation, BlockId, BlockState, CacheKey, PoolId, PoolKind, PrivatePool, SegmentId, StreamId,
+    GIB, KIB, MIB,
+};

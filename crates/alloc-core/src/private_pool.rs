@@ -17,13 +17,17 @@
 //! last of them goes back: the bookkeeping is bounded by the pools in use,
 //! not by every id ever seen.
 
+use std::fmt;
+
 use rustc_hash::FxHashMap;
 
+use crate::backend::SegmentSource;
 use crate::error::AllocError;
-use crate::types::{CacheKey, PrivatePool};
+use crate::heap::Heap;
+use crate::types::{CacheKey, PrivatePool, SegmentId};
 
 /// Identifies a private pool: PyTorch's `MempoolId_t` pair.
-pub type PoolId = (u64, u64);
+pub use crate::types::PoolId;
 
 #[derive(Debug, Default)]
 struct PoolState {
@@ -50,6 +54,27 @@ struct Numbered {
     segments: u32,
 }
 
+/// The segment sources of pools that take their segments from an
+/// allocator of their own (`MemPool(allocator)`).
+#[derive(Default)]
+struct Sources(FxHashMap<PoolId, Box<dyn SegmentSource>>);
+
+impl fmt::Debug for Sources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set().entries(self.0.keys()).finish()
+    }
+}
+
+/// How an allocation that names a pool is served: what a malloc asks the
+/// private pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The number its blocks and segments carry.
+    pub(crate) number: PrivatePool,
+    /// Whether the pool hands out whole blocks, never split.
+    pub(crate) whole: bool,
+}
+
 /// Bookkeeping of every private pool of one engine.
 #[derive(Debug, Default)]
 pub(crate) struct PrivatePools {
@@ -66,6 +91,9 @@ pub(crate) struct PrivatePools {
     /// as during a CUDA graph capture (no event queries, nothing returned to
     /// the device).
     routing: u32,
+    /// Pools whose segments come from a source of their own; kept after
+    /// the pool is released, until its last segment went back.
+    sources: Sources,
 }
 
 impl PrivatePools {
@@ -173,6 +201,18 @@ impl PrivatePools {
         Ok(number)
     }
 
+    /// How an allocation from `pool` is served: its number (given on first
+    /// use) and whether it hands out whole blocks;
+    /// [`AllocError::UnknownPool`] unless the pool exists.
+    #[inline]
+    pub(crate) fn route(&mut self, pool: PoolId) -> Result<Route, AllocError> {
+        let number = self.number(pool)?;
+        Ok(Route {
+            number,
+            whole: self.no_split(pool),
+        })
+    }
+
     /// A segment of the cache `key` was made.
     pub(crate) fn segment_added(&mut self, key: CacheKey) {
         if let Some(n) = key.private_pool {
@@ -257,6 +297,75 @@ impl PrivatePools {
     #[inline]
     pub(crate) fn pool_of(&self, key: CacheKey) -> Option<PoolId> {
         key.private_pool.map(|p| self.ids[p.index()].pool)
+    }
+
+    /// The segments of `pool` in `heap`, in address order.
+    pub(crate) fn segments(&self, heap: &Heap, pool: PoolId) -> Vec<SegmentId> {
+        heap.segments()
+            .filter(|(_, s)| self.pool_of(s.key()) == Some(pool))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// The idle segments of `pool` in `heap`, in address order.
+    pub(crate) fn idle_segments(&self, heap: &Heap, pool: PoolId) -> Vec<SegmentId> {
+        heap.segments()
+            .filter(|(_, s)| s.is_idle() && self.pool_of(s.key()) == Some(pool))
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Makes the held `pool`, which has no segment in `heap` yet, take its
+    /// segments from `source` and give them back to it.
+    pub(crate) fn set_source(
+        &mut self,
+        heap: &Heap,
+        pool: PoolId,
+        source: Box<dyn SegmentSource>,
+    ) -> Result<(), AllocError> {
+        if self.use_count(pool) == 0 {
+            return Err(AllocError::UnknownPool { pool });
+        }
+        if !self.segments(heap, pool).is_empty() || self.is_sourced(pool) || self.is_tagged(pool) {
+            return Err(AllocError::InvalidArgument(format!(
+                "private pool {pool:?} already has segments, a source of its own, or a sleep tag"
+            )));
+        }
+        self.sources.0.insert(pool, source);
+        Ok(())
+    }
+
+    /// Whether `pool` takes its segments from a source of its own.
+    pub(crate) fn is_sourced(&self, pool: PoolId) -> bool {
+        self.sources.0.contains_key(&pool)
+    }
+
+    /// The source the segments of the cache `key` come from, if its pool
+    /// has one.
+    pub(crate) fn source(&mut self, key: CacheKey) -> Option<&mut dyn SegmentSource> {
+        if self.sources.0.is_empty() {
+            return None;
+        }
+        let pool = self.pool_of(key)?;
+        Some(self.sources.0.get_mut(&pool)?.as_mut())
+    }
+
+    /// Drops the source of every released pool whose last segment in
+    /// `heap` went back.
+    pub(crate) fn drop_spent_sources(&mut self, heap: &Heap) {
+        if self.sources.0.is_empty() {
+            return;
+        }
+        let spent: Vec<PoolId> = self
+            .sources
+            .0
+            .keys()
+            .copied()
+            .filter(|&p| self.use_count(p) == 0 && self.segments(heap, p).is_empty())
+            .collect();
+        for p in spent {
+            self.sources.0.remove(&p);
+        }
     }
 
     /// Whether a segment of the cache `key` may go back to the device:
@@ -449,5 +558,74 @@ mod tests {
             );
         }
         assert_eq!(p.numbered(), 0);
+    }
+
+    /// A source that hands out consecutive addresses.
+    struct Counter(u64);
+
+    impl SegmentSource for Counter {
+        fn allocate(&mut self, size: u64) -> Result<u64, crate::BackendError> {
+            self.0 += size;
+            Ok(self.0 - size)
+        }
+
+        fn free(&mut self, _addr: u64, _size: u64) -> Result<(), crate::BackendError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_pool_source_serves_its_keys_and_goes_with_the_pools_last_segment() {
+        use crate::types::PoolKind;
+        let mut p = PrivatePools::default();
+        let mut heap = Heap::new(u64::MAX);
+        let pool = (3, 3);
+        assert!(
+            p.set_source(&heap, pool, Box::new(Counter(0))).is_err(),
+            "not held"
+        );
+        p.retain(pool);
+        p.set_source(&heap, pool, Box::new(Counter(0x1000)))
+            .unwrap();
+        assert!(p.is_sourced(pool));
+        assert!(
+            p.set_source(&heap, pool, Box::new(Counter(0))).is_err(),
+            "has one"
+        );
+        let key = CacheKey {
+            stream: StreamId(0),
+            private_pool: Some(p.number(pool).unwrap()),
+        };
+        assert!(
+            p.source(CacheKey::default()).is_none(),
+            "the device's cache"
+        );
+        let addr = p.source(key).expect("sourced").allocate(64).unwrap();
+        assert_eq!(addr, 0x1000);
+        let (seg, _) = heap.add_segment(addr, 64, PoolKind::Small, key);
+        p.segment_added(key);
+        assert_eq!(p.idle_segments(&heap, pool), vec![seg]);
+        assert!(p.release(pool));
+        p.drop_spent_sources(&heap);
+        assert!(p.is_sourced(pool), "a segment is left");
+        heap.remove_segment(seg);
+        p.segment_removed(key);
+        p.drop_spent_sources(&heap);
+        assert!(!p.is_sourced(pool));
+    }
+
+    #[test]
+    fn a_route_names_the_pools_number_and_whether_it_splits() {
+        let mut p = PrivatePools::default();
+        assert_eq!(
+            p.route((1, 2)),
+            Err(AllocError::UnknownPool { pool: (1, 2) })
+        );
+        p.retain((1, 2));
+        let route = p.route((1, 2)).unwrap();
+        assert_eq!(route.number, p.number((1, 2)).unwrap());
+        assert!(!route.whole);
+        assert!(p.set_no_split((1, 2)));
+        assert!(p.route((1, 2)).unwrap().whole);
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 mod capture;
-mod data;
+pub mod data;
 
 use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
 use crate::capture::CaptureGraph;
@@ -13,7 +13,6 @@ use crate::error::BackendError;
 use crate::page_layout::{PageLayout, RangePages};
 use crate::types::StreamId;
 pub use capture::SimCapture;
-pub use data::SimDataMemory;
 
 /// Address alignment and spacing of simulated segments (the driver's 2 MiB
 /// granularity).

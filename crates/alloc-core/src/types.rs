@@ -32,7 +32,7 @@ impl fmt::LowerHex for StreamId {
 }
 
 /// A private pool as blocks and segments carry it: a small number the engine
-/// gives each [`PoolId`](crate::PoolId) in use (four bytes, so that a
+/// gives each [`PoolId`] in use (four bytes, so that a
 /// [`Block`](crate::Block) stays one cache line), handed to a new pool once
 /// its pool is released and its last segment gone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -196,6 +196,34 @@ impl SegmentId {
 
 /// One mebibyte.
 pub const MIB: u64 = 1 << 20;
+/// A block handed out by [`Engine::malloc`](crate::Engine::malloc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Device address.
+    pub addr: u64,
+    /// Usable size of the block (the request rounded up by the policy).
+    pub size: u64,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// The allocating stream.
+    pub stream: StreamId,
+}
+
+/// Life-cycle state of a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockState {
+    /// Cached: available for reuse, indexed by the policy.
+    Free,
+    /// Handed out to a caller.
+    Allocated,
+    /// Freed by the caller, but other streams may still use it: reusable only
+    /// once the events recorded on those streams complete.
+    AwaitingEvents,
+}
+
+/// Identifies a private pool: PyTorch's `MempoolId_t` pair.
+pub type PoolId = (u64, u64);
+
 /// One kibibyte.
 pub const KIB: u64 = 1 << 10;
 /// One gibibyte.

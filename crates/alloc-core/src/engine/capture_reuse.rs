@@ -22,11 +22,8 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 use smallvec::SmallVec;
 
-use super::Engine;
-use crate::backend::{MemoryBackend, StreamBackend};
 use crate::capture::{CaptureGraph, GraphNode};
 use crate::error::BackendError;
-use crate::policy::Policy;
 use crate::types::{BlockId, StreamId};
 
 /// Where the uses of a block freed during a capture end in its graph.
@@ -91,6 +88,64 @@ impl CaptureFrees {
         self.deferred.drain(..).map(|d| d.addr).collect()
     }
 
+    /// The markers of block `id`, freed now during a capture while `uses`
+    /// streams used it besides `stream`, its allocation stream, read from
+    /// the capture's `graph`; `None` when it must wait for the capture's
+    /// end: a use lies outside the capture, a stream is not capturing in
+    /// it, or the graph cannot be read (waiting is always safe).
+    pub(super) fn markers(
+        &self,
+        graph: &mut dyn CaptureGraph,
+        id: BlockId,
+        stream: StreamId,
+        uses: &[StreamId],
+    ) -> Option<Markers> {
+        let capture = *self.captured_uses.get(&id)?;
+        let mut nodes = SmallVec::new();
+        for &s in std::iter::once(&stream).chain(uses) {
+            let frontier = graph.frontier(s).ok()??;
+            if frontier.capture != capture {
+                return None;
+            }
+            for node in frontier.nodes {
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                }
+            }
+        }
+        // No node at all (nothing queued yet in the capture): PyTorch
+        // defers such a free to the capture's end; so do we.
+        (!nodes.is_empty()).then_some(Markers {
+            stream,
+            capture,
+            nodes,
+        })
+    }
+
+    /// `record_stream` gave block `id` a use on `stream` (`first`: its
+    /// first extra one); `graph` is the capture's when the use may count
+    /// (the option is on and a capture is underway): notes whether it was
+    /// recorded in a capture.
+    pub(super) fn note_use_on(
+        &mut self,
+        graph: Option<&mut dyn CaptureGraph>,
+        id: BlockId,
+        stream: StreamId,
+        first: bool,
+    ) {
+        match graph {
+            None => {
+                if !self.captured_uses.is_empty() {
+                    self.note_use(id, first, None);
+                }
+            }
+            Some(g) => {
+                let capture = g.frontier(stream).ok().flatten().map(|f| f.capture);
+                self.note_use(id, first, capture);
+            }
+        }
+    }
+
     /// `record_stream` gave block `id` a use (`first`: its first extra
     /// one) on a stream capturing in `capture` (`None`: not capturing).
     fn note_use(&mut self, id: BlockId, first: bool, capture: Option<u64>) {
@@ -120,7 +175,7 @@ impl CaptureFrees {
 
     /// Removes and returns the deferred frees of `stream` whose markers
     /// its frontier in `graph` has joined.
-    fn take_joined(
+    pub(super) fn take_joined(
         &mut self,
         graph: &mut dyn CaptureGraph,
         stream: StreamId,
@@ -177,88 +232,6 @@ fn extend_reach(
         }
     }
     Ok(())
-}
-
-impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// The markers of block `id`, freed now during a capture while
-    /// `uses` streams used it besides `stream`, its allocation stream;
-    /// `None` when it must wait for the capture's end: the option is off,
-    /// a use lies outside the capture, a stream is not capturing in it, or
-    /// its graph cannot be read (waiting is always safe).
-    pub(super) fn free_markers(
-        &mut self,
-        id: BlockId,
-        stream: StreamId,
-        uses: &[StreamId],
-    ) -> Option<Markers> {
-        if !self.options.graph_capture_record_stream_reuse {
-            return None;
-        }
-        let capture = *self.capture_frees.captured_uses.get(&id)?;
-        let graph = self.streams.capture_graph()?;
-        let mut nodes = SmallVec::new();
-        for &s in std::iter::once(&stream).chain(uses) {
-            let frontier = graph.frontier(s).ok()??;
-            if frontier.capture != capture {
-                return None;
-            }
-            for node in frontier.nodes {
-                if !nodes.contains(&node) {
-                    nodes.push(node);
-                }
-            }
-        }
-        // No node at all (nothing queued yet in the capture): PyTorch
-        // defers such a free to the capture's end; so do we.
-        (!nodes.is_empty()).then_some(Markers {
-            stream,
-            capture,
-            nodes,
-        })
-    }
-
-    /// `record_stream` gave block `id` a use on `stream` (`first`: its first
-    /// extra one): notes whether it was recorded in a capture.
-    #[inline]
-    pub(super) fn note_capture_use(&mut self, id: BlockId, stream: StreamId, first: bool) {
-        if !(self.options.graph_capture_record_stream_reuse && self.pools.capture_underway()) {
-            if !self.capture_frees.captured_uses.is_empty() {
-                self.capture_frees.note_use(id, first, None);
-            }
-            return;
-        }
-        let capture = self
-            .streams
-            .capture_graph()
-            .and_then(|g| g.frontier(stream).ok().flatten())
-            .map(|f| f.capture);
-        self.capture_frees.note_use(id, first, capture);
-    }
-
-    /// Before an allocation on `stream`: the blocks of `stream` freed
-    /// during the capture whose markers its frontier has joined go back to
-    /// the cache, their other streams' work ordered before anything queued
-    /// on `stream` from now on.
-    pub(super) fn reuse_joined_frees(&mut self, stream: StreamId) {
-        if !self.options.graph_capture_record_stream_reuse {
-            return;
-        }
-        let Some(graph) = self.streams.capture_graph() else {
-            return;
-        };
-        // A graph that cannot be read leaves the blocks deferred: waiting
-        // for the capture's end is always safe.
-        let joined = self
-            .capture_frees
-            .take_joined(graph, stream)
-            .unwrap_or_default();
-        for addr in joined {
-            let id = self.live.remove(addr).expect("a deferred free is live");
-            self.events.take_users(id);
-            self.capture_frees.forget(id);
-            self.release_to_cache(id);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -56,6 +56,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let growable_memory = self.granularity > 0;
         self.expandable =
             wanted.expandable_segments && self.caps.supports_growth && growable_memory;
+        self.order.set_options(
+            wanted.stream_wait_reuse,
+            wanted.graph_capture_record_stream_reuse,
+        );
         self.options = wanted;
         self.heap
             .set_oversize_threshold(self.caps.oversize_threshold);

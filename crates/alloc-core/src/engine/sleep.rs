@@ -17,29 +17,14 @@
 
 use rustc_hash::FxHashSet;
 
-use super::SegmentKey;
 use super::{virtual_memory, Engine};
 use crate::backend::{MemoryBackend, StreamBackend};
-use crate::error::{AllocError, BackendError};
-use crate::heap::BlockState;
+use crate::error::AllocError;
+use crate::heap::Heap;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
-use crate::snapshot::Snapshot;
-use crate::tags::{Backup, PauseReport, Paused, ResumeReport, TagInfo};
-use crate::types::{CacheKey, PoolKind, SegmentId, StreamId};
-
-/// Receives the live blocks `(addr, size)` of a tag to copy them somewhere
-/// before a pause unmaps them (host backup), or to copy them back after a
-/// resume mapped them again. The memory is mapped and no queued work uses
-/// it while the callback runs.
-pub type CopyBlocks<'a> = &'a mut dyn FnMut(&[(u64, u64)]) -> Result<(), BackendError>;
-
-fn tag_error(tag: &str, reason: &'static str) -> AllocError {
-    AllocError::Tag {
-        tag: tag.to_string(),
-        reason,
-    }
-}
+use crate::tags::{Backup, CopyBlocks, PauseReport, ResumeReport, TagInfo};
+use crate::types::{CacheKey, PoolKind, SegmentId, SegmentKey, StreamId};
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// The private pool of the sleep tag `tag`, created (with a pool id of
@@ -66,47 +51,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn tag_pool(&mut self, tag: &str) -> Result<PoolId, AllocError> {
-        if let Some(pool) = self.tags.pool(tag) {
-            return Ok(pool);
-        }
-        self.check_taggable(tag)?;
-        let mut pool = self.tags.fresh_pool();
-        while self.pools.use_count(pool) > 0 || !self.pool_segments(pool).is_empty() {
-            pool = self.tags.fresh_pool();
-        }
-        self.pools.tag(pool);
-        self.tags.insert(tag, pool);
-        Ok(pool)
+        let growth = self.growth_for_tags();
+        self.tags.pool_for(tag, &mut self.pools, &self.heap, growth)
     }
 
     /// Makes the existing private pool `pool` (a PyTorch `MemPool`) the
     /// pool of the new sleep tag `tag`, holding it for good. The pool must
     /// have no segment yet, no segment source and split blocks.
     pub fn bind_tag(&mut self, tag: &str, pool: PoolId) -> Result<(), AllocError> {
-        match self.tags.pool(tag) {
-            Some(p) if p == pool => return Ok(()),
-            Some(_) => return Err(tag_error(tag, "already has another pool")),
-            None => {}
-        }
-        self.check_taggable(tag)?;
-        if self.tags.tag_of(pool).is_some() {
-            return Err(AllocError::InvalidArgument(format!(
-                "private pool {pool:?} already belongs to the sleep tag \"{}\"",
-                self.tags.tag_of(pool).unwrap_or_default()
-            )));
-        }
-        if !self.pool_segments(pool).is_empty()
-            || self.sources.contains_key(&pool)
-            || self.pools.no_split(pool)
-        {
-            return Err(AllocError::InvalidArgument(format!(
-                "private pool {pool:?} cannot become a sleep tag's pool: it already has \
-                 segments, a segment source of its own, or hands out whole blocks"
-            )));
-        }
-        self.pools.tag(pool);
-        self.tags.insert(tag, pool);
-        Ok(())
+        let growth = self.growth_for_tags();
+        let sourced = self.pools.is_sourced(pool);
+        self.tags
+            .bind(tag, pool, &mut self.pools, &self.heap, sourced, growth)
     }
 
     /// The sleep tag whose pool is `pool`, if any.
@@ -116,44 +72,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Every sleep tag with its state and memory, by name.
     pub fn tags(&self) -> Vec<TagInfo> {
-        self.tags
-            .iter()
-            .map(|(name, pool, paused)| {
-                let (mut reserved, mut allocated, mut segments) = (0, 0, 0);
-                for id in self.pool_segments(pool) {
-                    let seg = self.heap.segment(id);
-                    segments += 1;
-                    reserved += seg.size - seg.unmapped;
-                    allocated += self
-                        .heap
-                        .segment_blocks(id)
-                        .map(|b| self.heap.block(b))
-                        .filter(|b| b.state == BlockState::Allocated)
-                        .map(|b| b.size)
-                        .sum::<u64>();
-                }
-                TagInfo {
-                    name: name.to_string(),
-                    pool,
-                    paused: paused.is_some(),
-                    backup: paused.map(|p| p.backup),
-                    paused_bytes: paused.map_or(0, Paused::bytes),
-                    backed_up_bytes: paused.map_or(0, Paused::saved_bytes),
-                    reserved_bytes: reserved,
-                    allocated_bytes: allocated,
-                    segments,
-                }
-            })
-            .collect()
+        self.tags.infos(&self.heap, &self.pools)
     }
 
     /// Bytes given back by every paused tag.
     pub fn paused_bytes(&self) -> u64 {
-        self.tags
-            .iter()
-            .filter_map(|t| t.2)
-            .map(Paused::bytes)
-            .sum()
+        self.tags.paused_bytes()
     }
 
     /// Pauses the sleep tag `tag`: waits for the work of the streams that
@@ -181,56 +105,22 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         backup: Backup,
         save: CopyBlocks<'_>,
     ) -> Result<PauseReport, AllocError> {
-        let pool = self.tag_for_change(tag)?;
-        if self.tags.paused(tag).is_some() {
-            return Err(tag_error(tag, "is already paused"));
-        }
-        let segments = self.pool_segments(pool);
+        let pool = self.tags.for_pause(tag, &self.pools)?;
+        let segments = self.pools.segments(&self.heap, pool);
         let streams_waited = self.wait_for_tag_work(&segments)?;
-        let live: Vec<(u64, u64)> = segments
-            .iter()
-            .flat_map(|&id| self.heap.segment_blocks(id))
-            .map(|b| self.heap.block(b))
-            .filter(|b| b.state == BlockState::Allocated)
-            .map(|b| (b.addr, b.size))
-            .collect();
-        let saved = match backup {
-            Backup::Host if !live.is_empty() => {
-                save(&live)?;
-                live
-            }
-            _ => Vec::new(),
-        };
-        // Paused from here on, so that a failure midway leaves what was
-        // unmapped on record for the resume.
-        self.pools.set_paused(pool, true);
-        self.tags.set_paused(
-            tag,
-            Paused {
-                backup,
-                runs: Vec::new(),
-                saved,
-            },
-        );
+        self.tags
+            .begin_pause(tag, backup, &self.heap, &mut self.pools, &segments, save)?;
         let mut result = Ok(());
         for key in self.segment_keys(&segments) {
             let mut runs = Vec::new();
             result = self.unmap_whole_segment(&key, &mut runs);
-            let paused = self.tags.paused_mut(tag).expect("paused above");
-            paused
-                .runs
-                .extend(runs.into_iter().map(|(start, bytes)| (key, start, bytes)));
+            self.tags.note_unmapped(tag, key, runs);
             if result.is_err() {
                 break;
             }
         }
         result.and_then(|()| Ok(virtual_memory(&mut self.memory)?.release_spare()?))?;
-        let paused = self.tags.paused(tag).expect("paused above");
-        Ok(PauseReport {
-            released_bytes: paused.bytes(),
-            saved_bytes: paused.saved_bytes(),
-            streams_waited,
-        })
+        Ok(self.tags.pause_report(tag, streams_waited))
     }
 
     /// Resumes the paused sleep tag `tag`: maps fresh memory over every
@@ -254,10 +144,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         tag: &str,
         restore: CopyBlocks<'_>,
     ) -> Result<ResumeReport, AllocError> {
-        let pool = self.tag_for_change(tag)?;
-        let Some(paused) = self.tags.paused(tag).cloned() else {
-            return Err(tag_error(tag, "is not paused"));
-        };
+        let (_, paused) = self.tags.for_resume(tag, &self.pools)?;
         let mut mapped = 0;
         let mut released_cache = false;
         for (i, &(key, start, bytes)) in paused.runs.iter().enumerate() {
@@ -276,63 +163,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             mapped += bytes;
         }
-        self.tags.take_paused(tag);
-        self.pools.set_paused(pool, false);
-        let restored: Vec<(u64, u64)> = paused
-            .saved
-            .iter()
-            .copied()
-            .filter(|&(addr, size)| {
-                self.live
-                    .get(addr)
-                    .is_some_and(|id| self.heap.block(id).size == size)
-            })
-            .collect();
-        if !restored.is_empty() {
-            restore(&restored)?;
-        }
-        Ok(ResumeReport {
-            mapped_bytes: mapped,
-            restored_bytes: restored.iter().map(|r| r.1).sum(),
-        })
-    }
-
-    // ----- hooks of the engine's other operations -----
-
-    /// `malloc` from `pool`: refused while the pool's tag is paused.
-    pub(super) fn refuse_paused(&self, pool: PoolId) -> Result<(), AllocError> {
-        if !self.pools.is_paused(pool) {
-            return Ok(());
-        }
-        let tag = self.tags.tag_of(pool).unwrap_or_default();
-        Err(tag_error(
-            tag,
-            "is paused: its memory was given back; resume it before allocating from it",
-        ))
-    }
-
-    /// Names the tag and paused state of every tagged segment of `snap`.
-    pub(super) fn annotate_tags(&self, snap: &mut Snapshot) {
-        if self.tags.is_empty() {
-            return;
-        }
-        for seg in &mut snap.segments {
-            if let Some(pool) = seg.private_pool {
-                seg.tag = self.tags.tag_of(pool).map(str::to_string);
-                seg.paused = self.pools.is_paused(pool);
-            }
-        }
+        let (heap, live) = (&self.heap, &self.live);
+        let allocated = |addr, size| live.get(addr).is_some_and(|id| heap.block(id).size == size);
+        self.tags
+            .finish_resume(tag, &paused, mapped, &mut self.pools, allocated, restore)
     }
 
     // ----- internals -----
 
-    /// Whether a tag named `tag` can be created.
-    fn check_taggable(&self, tag: &str) -> Result<(), AllocError> {
-        if tag.is_empty() {
-            return Err(AllocError::InvalidArgument(
-                "a sleep tag needs a name".into(),
-            ));
-        }
+    /// Whether the engine can grow segments, which a sleep tag's pool
+    /// needs; the error to report if not.
+    fn growth_for_tags(&self) -> Result<(), AllocError> {
         if !self.caps.supports_growth || self.granularity == 0 {
             return Err(AllocError::InvalidArgument(format!(
                 "sleep tags need growable segments (virtual memory), which policy {} or this \
@@ -341,22 +182,6 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             )));
         }
         Ok(())
-    }
-
-    /// The pool of `tag` for a pause or resume, refused during a capture.
-    fn tag_for_change(&self, tag: &str) -> Result<PoolId, AllocError> {
-        let pool = self
-            .tags
-            .pool(tag)
-            .ok_or_else(|| tag_error(tag, "is unknown: no allocation was tagged with it"))?;
-        if self.pools.capture_underway() {
-            return Err(tag_error(
-                tag,
-                "cannot pause or resume during a CUDA graph capture or while allocations are \
-                 routed to a private pool",
-            ));
-        }
-        Ok(pool)
     }
 
     /// The growable segments among `segments`, by key.
@@ -375,18 +200,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// or used (`record_stream`) a live block. Returns the number of
     /// streams waited for.
     fn wait_for_tag_work(&mut self, segments: &[SegmentId]) -> Result<usize, AllocError> {
-        let mine = |heap: &crate::heap::Heap, id| segments.contains(&heap.block(id).segment);
+        let mine = |heap: &Heap, id| segments.contains(&heap.block(id).segment);
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
         // Events a free could not record are recorded now, to be waited for.
-        self.events.record_missing(&mut self.streams)?;
-        for (stream, block, event) in self.events.pending() {
-            if mine(&self.heap, block) {
-                self.streams.synchronize(event)?;
-                self.free_pages.wake_stream(stream);
+        let (heap, free_pages) = (&self.heap, &mut self.free_pages);
+        self.order.synchronize_blocks(
+            &mut self.streams,
+            |id| mine(heap, id),
+            |stream| {
+                free_pages.wake_stream(stream);
                 waited.insert(stream);
-            }
-        }
+            },
+        )?;
         // The events waited for complete in order: their blocks go back now.
         self.poll_events()?;
         // Those events cover work up to the frees only: every stream that
@@ -398,12 +224,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.wait_for_growable(&key)?;
             now.insert(key.0.stream);
         }
-        let mut others: Vec<StreamId> = Vec::new();
-        for (id, users) in self.events.users() {
-            if mine(&self.heap, id) {
-                others.extend(users.iter().copied());
-            }
-        }
+        let others = self.order.users_of_blocks(|id| mine(&self.heap, id));
         for stream in others {
             if now.insert(stream) {
                 let event = self.streams.record(stream)?;
