@@ -362,7 +362,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             stream,
             private_pool,
         };
-        let req = self.policy.plan(size, key);
+        let req = self.policy.round_request(size, key);
         self.heap.tick(req.pool);
         // A no-split pool hands the free block out whole (one block per
         // segment, as PyTorch's `MemPool(no_split=True)`).

@@ -113,7 +113,7 @@ pub struct OomRelease {
 /// placement only. Giving memory back is [`Reclaim`]'s, checking the
 /// policy's index is [`Audit`]'s; a policy implements all three.
 ///
-/// The engine calls these in a fixed protocol: [`Policy::plan`] once for
+/// The engine calls these in a fixed protocol: [`Policy::round_request`] once for
 /// every request; [`Policy::take_free`] to find a cached block; when none
 /// fits, a new segment of [`Policy::segment_size`] bytes is made and handed
 /// to [`Policy::carve`] as one free block; [`Policy::carve`] also receives
@@ -143,7 +143,7 @@ pub trait Policy: Reclaim + Audit {
     /// (with [`Request::new`]), for a request that may reuse the cached
     /// blocks of `key`. Called once per request: the engine keeps the answer
     /// for the request's every later step.
-    fn plan(&self, requested: u64, key: CacheKey) -> Request;
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request;
 
     /// Size of the device allocation to make when no cached block fits.
     fn segment_size(&self, req: &Request) -> u64;

@@ -51,7 +51,7 @@ impl Policy for FirstFit {
         "first-fit"
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = requested.div_ceil(ALIGN) * ALIGN;
         Request::new(requested, size, key, SMALL_REQUEST)
     }

@@ -385,7 +385,7 @@ impl Policy for Buddy {
         "buddy"
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let s = &self.settings;
         let rounded = pow2_ceil(requested.max(s.min_block));
         // An oversize request is above the large segment, hence above
@@ -708,22 +708,22 @@ mod tests {
     #[test]
     fn plan_rounds_to_powers_of_two_and_picks_pools() {
         let p = Buddy::default();
-        let plan = |n| {
-            let r = p.plan(n, CacheKey::shared(StreamId(7)));
+        let round = |n| {
+            let r = p.round_request(n, CacheKey::shared(StreamId(7)));
             (r.size, r.pool, p.segment_size(&r))
         };
-        assert_eq!(plan(1), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(512), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(513), (KIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(MIB), (MIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(MIB + 1), (2 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(33 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
-        assert_eq!(plan(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
-        assert_eq!(p.plan(3, StreamId(7).into()).key.stream, StreamId(7));
+        assert_eq!(round(1), (512, PoolKind::Small, 2 * MIB));
+        assert_eq!(round(512), (512, PoolKind::Small, 2 * MIB));
+        assert_eq!(round(513), (KIB, PoolKind::Small, 2 * MIB));
+        assert_eq!(round(MIB), (MIB, PoolKind::Small, 2 * MIB));
+        assert_eq!(round(MIB + 1), (2 * MIB, PoolKind::Large, 64 * MIB));
+        assert_eq!(round(33 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
+        assert_eq!(round(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
+        assert_eq!(p.round_request(3, StreamId(7).into()).key.stream, StreamId(7));
         // Never panics, even beyond what the engine accepts.
-        assert_eq!(plan(u64::MAX).1, PoolKind::Large);
+        assert_eq!(round(u64::MAX).1, PoolKind::Large);
         assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
     }
 
@@ -924,13 +924,13 @@ mod tests {
         let mut e = engine(130 * MIB);
         let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        let req = e.policy().plan(20 * MIB, StreamId(0).into());
+        let req = e.policy().round_request(20 * MIB, StreamId(0).into());
         let mut p = e.policy().clone();
         let release = p.release_for_oom(e.heap(), &req);
         let seg = e.heap().segment_containing(a.addr).unwrap();
         assert_eq!(release.segments, vec![seg]);
         assert!(release.sufficient);
-        let other = p.release_for_oom(e.heap(), &p.plan(20 * MIB, StreamId(3).into()));
+        let other = p.release_for_oom(e.heap(), &p.round_request(20 * MIB, StreamId(3).into()));
         assert!(other.segments.is_empty() && !other.sufficient);
         // 20 MiB needs a 64 MiB segment: the cached 100 MiB one goes back.
         let b = e.malloc(20 * MIB, StreamId(0)).unwrap();

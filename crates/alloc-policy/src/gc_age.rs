@@ -178,7 +178,7 @@ mod tests {
         fn name(&self) -> &str {
             "whole"
         }
-        fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        fn round_request(&self, requested: u64, key: CacheKey) -> Request {
             let pool = if requested <= MIB {
                 PoolKind::Small
             } else {

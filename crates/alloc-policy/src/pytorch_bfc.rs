@@ -354,7 +354,7 @@ impl Policy for PytorchBfc {
         Ok(())
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = if self.divides {
             self.settings.round_size(requested)
         } else {

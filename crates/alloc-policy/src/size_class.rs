@@ -494,7 +494,7 @@ impl Policy for SizeClass {
     }
 
     #[inline]
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = match class_of(requested) {
             Some(c) => class_size(c),
             None => round_up(requested, ROUND_LARGE),
@@ -778,7 +778,7 @@ mod tests {
             (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, PoolKind::Large),
         ];
         for &(requested, size, pool) in table {
-            let r = p.plan(requested, StreamId(7).into());
+            let r = p.round_request(requested, StreamId(7).into());
             assert_eq!((r.size, r.pool), (size, pool), "request of {requested} B");
             assert_eq!((r.requested, r.key.stream), (requested, StreamId(7)));
         }
