@@ -687,7 +687,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Makes the private pool `pool` hand out whole blocks, never split
     /// (PyTorch's `MemPool(no_split=True)`): each block is a whole cached
     /// block or a new segment. Refused for growable segments (a block there
-    /// is a piece of one range per stream) and for policies that tag blocks
+    /// is a piece of one range per stream) and for policies that bin blocks
     /// when carving them (size classes).
     pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
         if self.expandable || self.pools.is_tagged(pool) || !self.caps.rebuilds_layouts {

@@ -8,7 +8,7 @@
 //!
 //! Outside this crate a `&mut Heap` is the policies' edit handle: it reads
 //! blocks and segments and edits them only with [`Heap::split`],
-//! [`Heap::merge_next`] and [`Heap::set_tag`] (and [`coalesce`], built on
+//! [`Heap::merge_next`] and [`Heap::set_bin`] (and [`coalesce`], built on
 //! them). Creating, growing, shrinking and removing segments, changing a
 //! block's state and the statistics belong to the engine.
 
@@ -44,8 +44,9 @@ pub struct Block {
     pub private_pool: Option<PrivatePool>,
     /// The pool of its segment.
     pub pool: PoolKind,
-    /// Free for a policy's own bookkeeping (a size class, a buddy order, ...).
-    pub tag: u32,
+    /// The policy's word for where the block belongs in its index of free
+    /// blocks (a size class, a buddy order, ...); the heap only keeps it.
+    pub bin: u32,
     /// Per-pool allocator clock value when the block last became free.
     pub freed_at: u64,
     /// Whether the block was handed out since it was made (by a split or a
@@ -215,7 +216,7 @@ const VACANT: Block = Block {
     stream: StreamId::DEFAULT,
     private_pool: None,
     pool: PoolKind::Small,
-    tag: 0,
+    bin: 0,
     freed_at: 0,
     handed_out: false,
 };
@@ -255,10 +256,10 @@ impl Heap {
         self.clock[pool.index()]
     }
 
-    /// Sets the policy-private tag of a block.
+    /// Sets the policy-private bin of a block (see [`Block::bin`]).
     #[inline]
-    pub fn set_tag(&mut self, id: BlockId, tag: u32) {
-        self.blocks[id.index()].tag = tag;
+    pub fn set_bin(&mut self, id: BlockId, bin: u32) {
+        self.blocks[id.index()].bin = bin;
     }
 
     /// Number of segments.
@@ -377,7 +378,7 @@ impl Heap {
             stream: key.stream,
             private_pool: key.private_pool,
             pool,
-            tag: 0,
+            bin: 0,
             freed_at: self.clock[pool.index()],
             handed_out: false,
         });
@@ -482,7 +483,7 @@ impl Heap {
         rest.stream = stream;
         rest.private_pool = private_pool;
         rest.pool = pool;
-        rest.tag = 0;
+        rest.bin = 0;
         rest.freed_at = freed_at;
         rest.handed_out = false;
         let b = &mut blocks[id.index()];
@@ -570,7 +571,7 @@ impl Heap {
                 prev: Some(last),
                 next: None,
                 state: BlockState::Free,
-                tag: 0,
+                bin: 0,
                 freed_at: self.clock[pool.index()],
                 handed_out: false,
                 ..self.blocks[last.index()]

@@ -43,9 +43,9 @@ pub const LARGE_SEGMENT: u64 = 64 * MIB;
 /// OVERSIZE_REUSE_FACTOR` of its size: the same worst-case waste as rounding
 /// to a power of two.
 pub const OVERSIZE_REUSE_FACTOR: u64 = 2;
-/// Block tag of a dedicated (oversize) block; other blocks carry their order
+/// Block bin of a dedicated (oversize) block; other blocks carry their order
 /// (the base-2 logarithm of their size).
-pub const OVERSIZE_TAG: u32 = u32::MAX;
+pub const OVERSIZE_BIN: u32 = u32::MAX;
 
 /// The two pools, in [`PoolKind::index`] order.
 const POOLS: [PoolKind; 2] = [PoolKind::Small, PoolKind::Large];
@@ -254,7 +254,7 @@ impl Buddy {
             return;
         }
         let b = heap.block(id);
-        let (pool, order) = (b.pool, b.tag as usize % ORDERS);
+        let (pool, order) = (b.pool, b.bin as usize % ORDERS);
         if let Some(slot) = self.stream_slot(pool, b.key()) {
             self.unlink_at(pool, slot, order, id);
         }
@@ -346,7 +346,7 @@ impl Buddy {
                             || b.pool != pool
                             || b.key() != key
                             || b.size != 1 << order
-                            || b.tag as usize != order
+                            || b.bin as usize != order
                         {
                             return Err(format!(
                                 "block {:#x}: free-list key ({pool:?}, {}, order \
@@ -428,7 +428,7 @@ impl Policy for Buddy {
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         let mut size = heap.block(block).size;
         if self.is_oversize(req.size) || !size.is_power_of_two() {
-            heap.set_tag(block, OVERSIZE_TAG);
+            heap.set_bin(block, OVERSIZE_BIN);
             return block;
         }
         let want = req.size.max(self.settings.min_block);
@@ -440,11 +440,11 @@ impl Policy for Buddy {
                 size /= 2;
                 let upper = heap.split(block, size);
                 let order = order_of(size);
-                heap.set_tag(upper, order);
+                heap.set_bin(upper, order);
                 self.push_at(pool, slot, order as usize, upper);
             }
         }
-        heap.set_tag(block, order_of(size));
+        heap.set_bin(block, order_of(size));
         block
     }
 
@@ -452,7 +452,7 @@ impl Policy for Buddy {
     /// then lists the result at its order.
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         let b = heap.block(block);
-        if b.tag == OVERSIZE_TAG {
+        if b.bin == OVERSIZE_BIN {
             self.oversize.insert(oversize_key(heap, block));
             return;
         }
@@ -483,12 +483,12 @@ impl Policy for Buddy {
             id = lower;
         }
         let order = order_of(heap.block(id).size) as usize;
-        heap.set_tag(id, order as u32);
+        heap.set_bin(id, order as u32);
         self.push_at(pool, slot, order, id);
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        if heap.block(block).tag == OVERSIZE_TAG {
+        if heap.block(block).bin == OVERSIZE_BIN {
             self.oversize.remove(&oversize_key(heap, block));
         } else {
             self.unlink(heap, block);
@@ -567,7 +567,7 @@ impl Audit for Buddy {
 
     /// Buddy invariants: list keys match their blocks; every buddy block is
     /// a power of two at a multiple of its size within its segment and
-    /// tagged with its order; no free block has a free buddy of its size;
+    /// binned by its order; no free block has a free buddy of its size;
     /// dedicated segments hold one block.
     fn check(&self, heap: &Heap) -> Result<(), String> {
         let live: HashSet<BlockId> = heap.blocks().map(|(id, _)| id).collect();
@@ -586,7 +586,7 @@ impl Audit for Buddy {
             if oversize_key(heap, k.3) != *k
                 || b.state != BlockState::Free
                 || b.pool != PoolKind::Large
-                || b.tag != OVERSIZE_TAG
+                || b.bin != OVERSIZE_BIN
                 || !self.is_oversize(b.size)
             {
                 return Err(format!("stale oversize key for block at {:#x}", k.2));
@@ -598,9 +598,9 @@ impl Audit for Buddy {
         for (seg_id, seg) in heap.segments() {
             if self.is_oversize(seg.size) {
                 let b = heap.block(seg.first);
-                if seg.pool != PoolKind::Large || seg.blocks != 1 || b.tag != OVERSIZE_TAG {
+                if seg.pool != PoolKind::Large || seg.blocks != 1 || b.bin != OVERSIZE_BIN {
                     return Err(format!(
-                        "dedicated segment {:#x} is split or mistagged",
+                        "dedicated segment {:#x} is split or in the wrong bin",
                         seg.addr
                     ));
                 }
@@ -618,11 +618,11 @@ impl Audit for Buddy {
                 if !b.size.is_power_of_two()
                     || b.size < self.settings.min_block
                     || off & (b.size - 1) != 0
-                    || b.tag != order_of(b.size)
+                    || b.bin != order_of(b.size)
                 {
                     return Err(format!(
-                        "block {:#x} (size {}, offset {off}, tag {}) breaks the buddy layout",
-                        b.addr, b.size, b.tag
+                        "block {:#x} (size {}, offset {off}, bin {}) breaks the buddy layout",
+                        b.addr, b.size, b.bin
                     ));
                 }
                 if b.state != BlockState::Free || b.size == seg.size {
@@ -721,7 +721,10 @@ mod tests {
         assert_eq!(round(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
         assert_eq!(round(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
         assert_eq!(round(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
-        assert_eq!(p.round_request(3, StreamId(7).into()).key.stream, StreamId(7));
+        assert_eq!(
+            p.round_request(3, StreamId(7).into()).key.stream,
+            StreamId(7)
+        );
         // Never panics, even beyond what the engine accepts.
         assert_eq!(round(u64::MAX).1, PoolKind::Large);
         assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
@@ -749,14 +752,14 @@ mod tests {
         let heap = e.heap();
         let seg = heap.segment(heap.segment_containing(a.addr).unwrap());
         assert_eq!((seg.size, seg.addr), (2 * MIB, a.addr));
-        assert_eq!(heap.block(heap.block_at(a.addr).unwrap()).tag, 10);
+        assert_eq!(heap.block(heap.block_at(a.addr).unwrap()).bin, 10);
         e.assert_valid();
         e.free(a.addr).unwrap();
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
         let heap = e.heap();
         let seg = heap.segment_containing(a.addr).unwrap();
         assert_eq!(heap.segment(seg).blocks, 1);
-        assert_eq!(heap.block(heap.segment(seg).first).tag, 21);
+        assert_eq!(heap.block(heap.segment(seg).first).bin, 21);
         assert_eq!(e.stats().inactive_split.all.current, 0);
         assert_eq!(e.policy().idle_segments(e.heap()), vec![seg]);
         e.assert_valid();

@@ -59,11 +59,11 @@ pub const LARGE_SLAB: u64 = 64 * MIB;
 /// Slab sizes are capped at this, so rounding can never overflow.
 const MAX_SLAB: u64 = 1 << 40;
 
-/// Tag of a slab's uncarved remainder (class blocks are tagged with their
+/// Bin of a slab's uncarved remainder (class blocks are binned by their
 /// class index).
-const TAG_TAIL: u32 = u32::MAX - 1;
-/// Tag of a block that is a whole dedicated segment.
-const TAG_DEDICATED: u32 = u32::MAX;
+const BIN_TAIL: u32 = u32::MAX - 1;
+/// Bin of a block that is a whole dedicated segment.
+const BIN_DEDICATED: u32 = u32::MAX;
 
 /// The class of a block of `size` bytes, or `None` above [`MAX_CLASS_SIZE`].
 ///
@@ -204,13 +204,13 @@ fn worth_resetting(heap: &Heap, seg: SegmentId) -> bool {
         return false;
     }
     let head = heap.block(segment.first);
-    if head.tag == TAG_DEDICATED {
+    if head.bin == BIN_DEDICATED {
         return false;
     }
     let Some(tail) = head.next.map(|n| heap.block(n)) else {
         return true; // one class block: a tail serves more classes
     };
-    if tail.tag != TAG_TAIL || tail.next.is_some() {
+    if tail.bin != BIN_TAIL || tail.next.is_some() {
         return true;
     }
     let largest = match segment.pool {
@@ -235,15 +235,15 @@ enum Slot {
 }
 
 impl Slot {
-    /// Where a free block goes, from its tag and size.
+    /// Where a free block goes, from its bin and size.
     #[inline]
-    fn of(tag: u32, size: u64) -> Slot {
-        match tag {
-            TAG_DEDICATED => Slot::Dedicated,
+    fn of(bin: u32, size: u64) -> Slot {
+        match bin {
+            BIN_DEDICATED => Slot::Dedicated,
             t if (t as usize) < NUM_CLASSES && class_size(t as usize) == size => {
                 Slot::Class(t as usize)
             }
-            // Tails, and (defensively) any block whose tag does not match
+            // Tails, and (defensively) any block whose bin does not match
             // its size: indexed by what it can hold, so never handed out to
             // a request larger than itself.
             _ => match floor_class(size) {
@@ -418,11 +418,11 @@ impl SizeClass {
         (&mut pools[pool.index()], &mut self.pos)
     }
 
-    /// Indexes the free block `id` according to its tag and size.
+    /// Indexes the free block `id` according to its bin and size.
     #[inline]
     fn index(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
-        let slot = Slot::of(b.tag, b.size);
+        let slot = Slot::of(b.bin, b.size);
         let (lists, pos) = self.lists_mut(b.key(), b.pool);
         lists.push(pos, slot, id);
     }
@@ -442,7 +442,7 @@ impl SizeClass {
         while heap.block(first).next.is_some() {
             heap.merge_next(first);
         }
-        heap.set_tag(first, TAG_TAIL);
+        heap.set_bin(first, BIN_TAIL);
         self.index(heap, first);
     }
 
@@ -450,7 +450,7 @@ impl SizeClass {
     #[inline]
     fn unindex(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
-        let slot = Slot::of(b.tag, b.size);
+        let slot = Slot::of(b.bin, b.size);
         if let Some(pools) = self.lanes.get_mut(b.key()) {
             pools[b.pool.index()].remove(&mut self.pos, slot, id);
         }
@@ -541,19 +541,19 @@ impl Policy for SizeClass {
     #[inline]
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         let Some(class) = class_of(req.size) else {
-            heap.set_tag(block, TAG_DEDICATED);
+            heap.set_bin(block, BIN_DEDICATED);
             return block;
         };
         let size = class_size(class);
         let have = heap.block(block).size;
         if have > size {
             let rest = heap.split(block, size);
-            heap.set_tag(rest, TAG_TAIL);
+            heap.set_bin(rest, BIN_TAIL);
             self.index(heap, rest);
         }
-        // A block smaller than its class (never from the engine) is tagged as
+        // A block smaller than its class (never from the engine) is binned as
         // a tail so that, once free, it is indexed by what it can hold.
-        heap.set_tag(block, if have >= size { class as u32 } else { TAG_TAIL });
+        heap.set_bin(block, if have >= size { class as u32 } else { BIN_TAIL });
         block
     }
 
@@ -573,7 +573,7 @@ impl Policy for SizeClass {
         self.unindex(heap, block);
     }
 
-    /// Free blocks carry their size class in their tag, which carving a
+    /// Free blocks carry their size class in their bin, which carving a
     /// checkpointed layout from the front cannot recreate.
     fn capabilities(&self) -> Capabilities {
         Capabilities {
@@ -675,8 +675,8 @@ impl Audit for SizeClass {
                         if blk.state != BlockState::Free {
                             return Err(format!("{here}: indexed but not free"));
                         }
-                        if Slot::of(blk.tag, blk.size) != slot {
-                            return Err(format!("{here}: tag {} in the wrong list", blk.tag));
+                        if Slot::of(blk.bin, blk.size) != slot {
+                            return Err(format!("{here}: bin {} in the wrong list", blk.bin));
                         }
                         if self.pos.get(id.index()) != Some(&(at as u32)) {
                             return Err(format!("{here}: stale list position"));
@@ -691,9 +691,9 @@ impl Audit for SizeClass {
             }
         }
         for (_, b) in heap.blocks() {
-            let ok = match b.tag {
-                TAG_TAIL => b.state == BlockState::Free,
-                TAG_DEDICATED => heap.segment(b.segment).blocks == 1,
+            let ok = match b.bin {
+                BIN_TAIL => b.state == BlockState::Free,
+                BIN_DEDICATED => heap.segment(b.segment).blocks == 1,
                 t => {
                     (t as usize) < NUM_CLASSES
                         && class_size(t as usize) == b.size
@@ -702,8 +702,8 @@ impl Audit for SizeClass {
             };
             if !ok {
                 return Err(format!(
-                    "block {:#x} of {} bytes ({:?}) has tag {}: neither a class block, a free tail nor a dedicated segment",
-                    b.addr, b.size, b.state, b.tag
+                    "block {:#x} of {} bytes ({:?}) has bin {}: neither a class block, a free tail nor a dedicated segment",
+                    b.addr, b.size, b.state, b.bin
                 ));
             }
         }
