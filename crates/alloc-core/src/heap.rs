@@ -19,7 +19,7 @@ use crate::ledger::Ledger;
 /// A block's life-cycle state (defined beside the other plain types, which
 /// the ledger reads without the heap).
 pub use crate::types::BlockState;
-use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, Pool, PrivatePool, SegmentId, StreamId};
 
 /// A contiguous piece of a segment (64 bytes: one cache line).
 #[derive(Clone, Copy, Debug)]
@@ -43,7 +43,7 @@ pub struct Block {
     /// The private pool of its segment, if any.
     pub private_pool: Option<PrivatePool>,
     /// The pool of its segment.
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The policy's word for where the block belongs in its index of free
     /// blocks (a size class, a buddy order, ...); the heap only keeps it.
     pub bin: u32,
@@ -78,7 +78,7 @@ pub struct Segment {
     /// The private pool it belongs to, if any.
     pub private_pool: Option<PrivatePool>,
     /// The pool it belongs to.
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The lowest-addressed block.
     pub first: BlockId,
     /// The highest-addressed block.
@@ -215,7 +215,7 @@ const VACANT: Block = Block {
     state: BlockState::Free,
     stream: StreamId::DEFAULT,
     private_pool: None,
-    pool: PoolKind::Small,
+    pool: Pool::Small,
     bin: 0,
     freed_at: 0,
     handed_out: false,
@@ -252,7 +252,7 @@ impl Heap {
     /// The logical clock of `pool`: one tick per cache lookup in it. Ages
     /// ([`Block::freed_at`], [`Segment::idle_since`]) are read against it.
     #[inline]
-    pub fn clock(&self, pool: PoolKind) -> u64 {
+    pub fn clock(&self, pool: Pool) -> u64 {
         self.clock[pool.index()]
     }
 
@@ -363,7 +363,7 @@ impl Heap {
         &mut self,
         addr: u64,
         size: u64,
-        pool: PoolKind,
+        pool: Pool,
         key: CacheKey,
     ) -> (SegmentId, BlockId) {
         let seg_id = SegmentId(self.segments.vacant_key() as u32);
@@ -737,7 +737,7 @@ impl Heap {
 
     /// Advances the clock of one pool (one cache lookup).
     #[inline]
-    pub(crate) fn tick(&mut self, pool: PoolKind) {
+    pub(crate) fn tick(&mut self, pool: Pool) {
         self.clock[pool.index()] += 1;
     }
 }
@@ -792,7 +792,7 @@ impl Heap {
         sizes: &[(u64, bool)],
     ) -> (SegmentId, Vec<BlockId>) {
         let total = sizes.iter().map(|s| s.0).sum();
-        let (seg, first) = self.add_segment(addr, total, PoolKind::Large, key);
+        let (seg, first) = self.add_segment(addr, total, Pool::Large, key);
         let (mut rest, mut blocks) = (Some(first), Vec::new());
         for &(size, allocated) in sizes {
             let Some(id) = rest else { break };
@@ -812,7 +812,7 @@ mod tests {
 
     fn heap_with_segment(size: u64) -> (Heap, SegmentId, BlockId) {
         let mut heap = Heap::new(u64::MAX);
-        let (s, b) = heap.add_segment(0x1000, size, PoolKind::Large, CacheKey::default());
+        let (s, b) = heap.add_segment(0x1000, size, Pool::Large, CacheKey::default());
         (heap, s, b)
     }
 
@@ -884,8 +884,8 @@ mod tests {
                     heap.ledger.never_follow();
                 }
                 let key = CacheKey::default();
-                let (_, a) = heap.add_segment(0x1000, 1000, PoolKind::Large, key);
-                let (_, c) = heap.add_segment(0x9000, 1000, PoolKind::Small, key);
+                let (_, a) = heap.add_segment(0x1000, 1000, Pool::Large, key);
+                let (_, c) = heap.add_segment(0x9000, 1000, Pool::Small, key);
                 let b = heap.split(a, 400);
                 let d = heap.split(c, 200);
                 heap.ledger.settle();

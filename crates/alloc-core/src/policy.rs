@@ -6,7 +6,7 @@
 
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
+use crate::types::{BlockId, CacheKey, Pool, SegmentId};
 
 /// The cache keys for which a policy keeps pages mapped
 /// ([`Reclaim::kept_mapped_keys`]).
@@ -58,7 +58,7 @@ pub struct Request {
     /// Bytes the block will have (rounded).
     pub size: u64,
     /// Pool to serve it from.
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The cached blocks it may take: the allocating stream's, in its
     /// private pool if it names one.
     pub key: CacheKey,
@@ -72,9 +72,9 @@ impl Request {
     #[inline]
     pub const fn new(requested: u64, size: u64, key: CacheKey, small_max: u64) -> Request {
         let pool = if size <= small_max {
-            PoolKind::Small
+            Pool::Small
         } else {
-            PoolKind::Large
+            Pool::Large
         };
         Request {
             requested,
@@ -257,15 +257,9 @@ mod tests {
     fn a_request_is_small_up_to_the_limit() {
         let key = CacheKey::default();
         let at = Request::new(100, 1024, key, 1024);
-        assert_eq!(
-            (at.requested, at.size, at.pool),
-            (100, 1024, PoolKind::Small)
-        );
-        assert_eq!(Request::new(1025, 1536, key, 1024).pool, PoolKind::Large);
-        assert_eq!(Request::new(1, 1, key, 0).pool, PoolKind::Large);
-        assert_eq!(
-            Request::new(1, u64::MAX, key, u64::MAX).pool,
-            PoolKind::Small
-        );
+        assert_eq!((at.requested, at.size, at.pool), (100, 1024, Pool::Small));
+        assert_eq!(Request::new(1025, 1536, key, 1024).pool, Pool::Large);
+        assert_eq!(Request::new(1, 1, key, 0).pool, Pool::Large);
+        assert_eq!(Request::new(1, u64::MAX, key, u64::MAX).pool, Pool::Small);
     }
 }

@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashSet};
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
-    PoolKind, Reclaim, Request, SegmentId, MIB,
+    Pool, Reclaim, Request, SegmentId, MIB,
 };
 
 use crate::per_key::PerKey;
@@ -47,8 +47,8 @@ pub const OVERSIZE_REUSE_FACTOR: u64 = 2;
 /// (the base-2 logarithm of their size).
 pub const OVERSIZE_BIN: u32 = u32::MAX;
 
-/// The two pools, in [`PoolKind::index`] order.
-const POOLS: [PoolKind; 2] = [PoolKind::Small, PoolKind::Large];
+/// The two pools, in [`Pool::index`] order.
+const POOLS: [Pool; 2] = [Pool::Small, Pool::Large];
 /// Number of orders a 64-bit size can have.
 const ORDERS: usize = 64;
 /// Stream entries kept before entries with no free block are pruned.
@@ -105,10 +105,10 @@ impl BuddySettings {
 
     /// Segment size (largest order) of a pool.
     #[inline]
-    pub fn segment(&self, pool: PoolKind) -> u64 {
+    pub fn segment(&self, pool: Pool) -> u64 {
         match pool {
-            PoolKind::Small => self.small_segment,
-            PoolKind::Large => self.large_segment,
+            Pool::Small => self.small_segment,
+            Pool::Large => self.large_segment,
         }
     }
 }
@@ -207,11 +207,11 @@ impl Buddy {
         size > self.settings.large_segment
     }
 
-    fn stream_slot(&self, pool: PoolKind, key: CacheKey) -> Option<usize> {
+    fn stream_slot(&self, pool: Pool, key: CacheKey) -> Option<usize> {
         self.lists[pool.index()].position(key)
     }
 
-    fn stream_slot_or_insert(&mut self, pool: PoolKind, key: CacheKey) -> usize {
+    fn stream_slot_or_insert(&mut self, pool: Pool, key: CacheKey) -> usize {
         let lists = &mut self.lists[pool.index()];
         if lists.len() >= STREAM_PRUNE_AT && lists.position(key).is_none() {
             lists.retain(|l| l.mask != 0);
@@ -233,7 +233,7 @@ impl Buddy {
 
     /// Pushes `id` onto the list of `order` of stream entry `slot`.
     #[inline]
-    fn push_at(&mut self, pool: PoolKind, slot: usize, order: usize, id: BlockId) {
+    fn push_at(&mut self, pool: Pool, slot: usize, order: usize, id: BlockId) {
         let old = self.lists[pool.index()].at(slot).heads[order];
         *self.link_mut(id) = Link {
             prev: None,
@@ -263,7 +263,7 @@ impl Buddy {
     /// Unlinks the listed `id` from the list of `order` of stream entry
     /// `slot`.
     #[inline]
-    fn unlink_at(&mut self, pool: PoolKind, slot: usize, order: usize, id: BlockId) {
+    fn unlink_at(&mut self, pool: Pool, slot: usize, order: usize, id: BlockId) {
         let link = std::mem::take(&mut self.links[id.index()]);
         match link.prev {
             Some(p) => self.links[p.index()].next = link.next,
@@ -279,7 +279,7 @@ impl Buddy {
     }
 
     /// Pops a block of the smallest order >= `order` on `stream`.
-    fn pop_at_least(&mut self, pool: PoolKind, stream: CacheKey, order: u32) -> Option<BlockId> {
+    fn pop_at_least(&mut self, pool: Pool, stream: CacheKey, order: u32) -> Option<BlockId> {
         let slot = self.stream_slot(pool, stream)?;
         let lists = self.lists[pool.index()].at_mut(slot);
         let avail = lists.mask & (u64::MAX << (order % ORDERS as u32));
@@ -523,7 +523,7 @@ impl Reclaim for Buddy {
                 }
             }
         }
-        if req.pool == PoolKind::Large {
+        if req.pool == Pool::Large {
             for k in self
                 .oversize
                 .range((req.key, 0, 0, BlockId::MIN)..=(req.key, u64::MAX, u64::MAX, BlockId::MAX))
@@ -585,7 +585,7 @@ impl Audit for Buddy {
             let b = heap.block(k.3);
             if oversize_key(heap, k.3) != *k
                 || b.state != BlockState::Free
-                || b.pool != PoolKind::Large
+                || b.pool != Pool::Large
                 || b.bin != OVERSIZE_BIN
                 || !self.is_oversize(b.size)
             {
@@ -598,7 +598,7 @@ impl Audit for Buddy {
         for (seg_id, seg) in heap.segments() {
             if self.is_oversize(seg.size) {
                 let b = heap.block(seg.first);
-                if seg.pool != PoolKind::Large || seg.blocks != 1 || b.bin != OVERSIZE_BIN {
+                if seg.pool != Pool::Large || seg.blocks != 1 || b.bin != OVERSIZE_BIN {
                     return Err(format!(
                         "dedicated segment {:#x} is split or in the wrong bin",
                         seg.addr
@@ -712,21 +712,21 @@ mod tests {
             let r = p.round_request(n, CacheKey::shared(StreamId(7)));
             (r.size, r.pool, p.segment_size(&r))
         };
-        assert_eq!(round(1), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(round(512), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(round(513), (KIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(round(MIB), (MIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(round(MIB + 1), (2 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(round(33 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(round(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(round(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
-        assert_eq!(round(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
+        assert_eq!(round(1), (512, Pool::Small, 2 * MIB));
+        assert_eq!(round(512), (512, Pool::Small, 2 * MIB));
+        assert_eq!(round(513), (KIB, Pool::Small, 2 * MIB));
+        assert_eq!(round(MIB), (MIB, Pool::Small, 2 * MIB));
+        assert_eq!(round(MIB + 1), (2 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(33 * MIB), (64 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB), (64 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB + 1), (66 * MIB, Pool::Large, 66 * MIB));
+        assert_eq!(round(100 * MIB), (100 * MIB, Pool::Large, 100 * MIB));
         assert_eq!(
             p.round_request(3, StreamId(7).into()).key.stream,
             StreamId(7)
         );
         // Never panics, even beyond what the engine accepts.
-        assert_eq!(round(u64::MAX).1, PoolKind::Large);
+        assert_eq!(round(u64::MAX).1, Pool::Large);
         assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
     }
 

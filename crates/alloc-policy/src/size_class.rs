@@ -34,7 +34,7 @@ use alloc_core::config::SizeClassConfig;
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap,
-    OomRelease, Policy, PoolKind, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
+    OomRelease, Policy, Pool, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
 };
 
 use crate::free_index::PRUNE_AT;
@@ -99,11 +99,11 @@ pub fn class_size(class: usize) -> u64 {
 
 /// The pool of class `class`.
 #[inline]
-pub fn class_pool(class: usize) -> PoolKind {
+pub fn class_pool(class: usize) -> Pool {
     if class < SMALL_CLASSES {
-        PoolKind::Small
+        Pool::Small
     } else {
-        PoolKind::Large
+        Pool::Large
     }
 }
 
@@ -214,8 +214,8 @@ fn worth_resetting(heap: &Heap, seg: SegmentId) -> bool {
         return true;
     }
     let largest = match segment.pool {
-        PoolKind::Small => SMALL_CLASSES - 1,
-        PoolKind::Large => NUM_CLASSES - 1,
+        Pool::Small => SMALL_CLASSES - 1,
+        Pool::Large => NUM_CLASSES - 1,
     };
     let holds = |size| floor_class(size).map(|c| c.min(largest));
     holds(tail.size) != holds(segment.size)
@@ -406,7 +406,7 @@ impl SizeClass {
 
     /// The lists of `key` in `pool`, created on first use.
     #[inline]
-    fn lists_mut(&mut self, key: CacheKey, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
+    fn lists_mut(&mut self, key: CacheKey, pool: Pool) -> (&mut PoolLists, &mut Vec<u32>) {
         if self.lanes.len() >= (2 * self.pruned_len).max(PRUNE_AT)
             && self.lanes.position(key).is_none()
         {
@@ -465,8 +465,8 @@ impl SizeClass {
         let size = class_size(class);
         let slab = match (shrink, class_pool(class)) {
             (true, _) => 0,
-            (false, PoolKind::Small) => self.settings.small_slab,
-            (false, PoolKind::Large) => self.settings.large_slab,
+            (false, Pool::Small) => self.settings.small_slab,
+            (false, Pool::Large) => self.settings.large_slab,
         };
         round_up(size.max(slab.min(MAX_SLAB)), ROUND_LARGE)
     }
@@ -659,7 +659,7 @@ impl Audit for SizeClass {
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
         for (key, pools) in self.lanes.iter() {
-            for (pool, lists) in [PoolKind::Small, PoolKind::Large].iter().zip(pools) {
+            for (pool, lists) in [Pool::Small, Pool::Large].iter().zip(pools) {
                 for (slot, list) in lists.slots() {
                     if let Slot::Tail(b) = slot {
                         if list.is_empty() == (lists.tail_mask >> b & 1 == 1) {
@@ -754,28 +754,28 @@ mod tests {
     #[test]
     fn class_rounding_table() {
         let p = SizeClass::default();
-        let table: &[(u64, u64, PoolKind)] = &[
-            (1, 512, PoolKind::Small),
-            (512, 512, PoolKind::Small),
-            (513, 1024, PoolKind::Small),
-            (1536, 1536, PoolKind::Small),
-            (2048, 2048, PoolKind::Small),
-            (2049, 2560, PoolKind::Small),
-            (3000, 3072, PoolKind::Small),
-            (4096, 4096, PoolKind::Small),
-            (4097, 5 * KIB, PoolKind::Small),
-            (100 * KIB, 112 * KIB, PoolKind::Small),
-            (MIB - 1, MIB, PoolKind::Small),
-            (MIB, MIB, PoolKind::Small),
-            (MIB + 1, MIB + 256 * KIB, PoolKind::Large),
-            (3 * MIB, 3 * MIB, PoolKind::Large),
-            (5 * MIB + 1, 6 * MIB, PoolKind::Large),
-            (100 * MIB, 112 * MIB, PoolKind::Large),
-            (GIB - 1, GIB, PoolKind::Large),
-            (GIB, GIB, PoolKind::Large),
+        let table: &[(u64, u64, Pool)] = &[
+            (1, 512, Pool::Small),
+            (512, 512, Pool::Small),
+            (513, 1024, Pool::Small),
+            (1536, 1536, Pool::Small),
+            (2048, 2048, Pool::Small),
+            (2049, 2560, Pool::Small),
+            (3000, 3072, Pool::Small),
+            (4096, 4096, Pool::Small),
+            (4097, 5 * KIB, Pool::Small),
+            (100 * KIB, 112 * KIB, Pool::Small),
+            (MIB - 1, MIB, Pool::Small),
+            (MIB, MIB, Pool::Small),
+            (MIB + 1, MIB + 256 * KIB, Pool::Large),
+            (3 * MIB, 3 * MIB, Pool::Large),
+            (5 * MIB + 1, 6 * MIB, Pool::Large),
+            (100 * MIB, 112 * MIB, Pool::Large),
+            (GIB - 1, GIB, Pool::Large),
+            (GIB, GIB, Pool::Large),
             // Beyond the largest class: a dedicated segment, 2 MiB granules.
-            (GIB + 1, GIB + 2 * MIB, PoolKind::Large),
-            (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, PoolKind::Large),
+            (GIB + 1, GIB + 2 * MIB, Pool::Large),
+            (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, Pool::Large),
         ];
         for &(requested, size, pool) in table {
             let r = p.round_request(requested, StreamId(7).into());
@@ -801,7 +801,7 @@ mod tests {
             assert!(prev < 4 * MIN_BLOCK_SIZE || (size - prev - 1) * 4 <= prev + 1);
             assert_eq!(floor_class(size), Some(c));
             assert_eq!(floor_class(size + MIN_BLOCK_SIZE / 2).unwrap(), c);
-            assert_eq!(class_pool(c) == PoolKind::Small, size <= SMALL_SIZE);
+            assert_eq!(class_pool(c) == Pool::Small, size <= SMALL_SIZE);
             prev = size;
         }
         assert_eq!(prev, MAX_CLASS_SIZE);
@@ -877,7 +877,7 @@ mod tests {
         let snap = e.snapshot();
         assert_eq!(snap.segments.len(), 1);
         assert_eq!(snap.segments[0].total_size, LARGE_SLAB);
-        assert_eq!(snap.segments[0].segment_type, PoolKind::Large);
+        assert_eq!(snap.segments[0].segment_type, Pool::Large);
         // Small requests never come from large slabs.
         let s = e.malloc(512, StreamId(0)).unwrap();
         assert_eq!(e.snapshot().segments.len(), 2);
