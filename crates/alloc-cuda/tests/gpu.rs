@@ -238,7 +238,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     alloc.process_events().unwrap();
     assert_eq!(alloc.awaiting_events().unwrap(), 0);
 
-    // Event pool: many cross-stream frees reuse a handful of events.
+    // Event recycler: many cross-stream frees reuse a handful of events.
     let s1 = new_stream(&alloc);
     let s2 = new_stream(&alloc);
     let before = alloc.event_pool_stats().unwrap();
@@ -255,7 +255,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     s2.synchronize().unwrap();
     alloc.process_events().unwrap();
     let after = alloc.event_pool_stats().unwrap();
-    println!("event pool before {before:?}, after 500 cross-stream frees {after:?}");
+    println!("event recycler before {before:?}, after 500 cross-stream frees {after:?}");
     assert!(
         after.created - before.created <= 8,
         "events are created per free instead of pooled: {after:?}"
