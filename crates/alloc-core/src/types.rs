@@ -56,8 +56,8 @@ impl PrivatePool {
 /// Which cached blocks a request may reuse: those of its stream, either in
 /// the device-wide cache (`private_pool: None`) or in one private pool (a
 /// CUDA graph's, a `MemPool`'s). Policies index their free blocks by it, so
-/// a pool's blocks never serve another pool or the shared cache, whatever
-/// the stream values.
+/// a private pool's blocks never serve another private pool or the shared
+/// cache, whatever the stream values.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialOrd, Ord)]
 pub struct CacheKey {
     /// The stream the blocks belong to.
