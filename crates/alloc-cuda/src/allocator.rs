@@ -688,8 +688,8 @@ impl<P: Policy> CudaAllocator<P> {
     }
 
     /// Counters of the CUDA event recycler.
-    pub fn event_pool_stats(&self) -> Result<EventRecyclerStats, CudaError> {
-        Ok(self.engine()?.streams().pool_stats())
+    pub fn event_stats(&self) -> Result<EventRecyclerStats, CudaError> {
+        Ok(self.engine()?.streams().event_stats())
     }
 
     /// The policy's name.

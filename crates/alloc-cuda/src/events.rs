@@ -267,7 +267,7 @@ impl CudaStreams {
     }
 
     /// Counters of the event recycler.
-    pub fn pool_stats(&self) -> EventRecyclerStats {
+    pub fn event_stats(&self) -> EventRecyclerStats {
         self.spare.stats()
     }
 

@@ -241,7 +241,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     // Event recycler: many cross-stream frees reuse a handful of events.
     let s1 = new_stream(&alloc);
     let s2 = new_stream(&alloc);
-    let before = alloc.event_pool_stats().unwrap();
+    let before = alloc.event_stats().unwrap();
     for i in 0..500 {
         let mut buf = alloc.alloc::<u8>(4096 + i, &s1).unwrap();
         buf.fill_bytes(i as u8).unwrap();
@@ -254,7 +254,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     alloc.process_events().unwrap();
-    let after = alloc.event_pool_stats().unwrap();
+    let after = alloc.event_stats().unwrap();
     println!("event recycler before {before:?}, after 500 cross-stream frees {after:?}");
     assert!(
         after.created - before.created <= 8,
