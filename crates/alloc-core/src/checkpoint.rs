@@ -21,7 +21,7 @@ use crate::error::AllocError;
 use crate::heap::{BlockState, Heap};
 use crate::policy::{Policy, Request};
 use crate::private_pool::{PoolId, PrivatePools};
-use crate::types::{Allocation, BlockId, CacheKey, PoolKind};
+use crate::types::{Allocation, BlockId, CacheKey, Pool};
 
 /// One block of a checkpointed segment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct SegmentCheckpoint {
     /// Device address of the segment.
     pub addr: u64,
     /// Its pool (small or large).
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The cache its blocks are served from.
     key: CacheKey,
     /// Its blocks.

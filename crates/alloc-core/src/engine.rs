@@ -283,7 +283,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         stream: StreamId,
         pool: Option<PoolId>,
     ) -> Result<Allocation, AllocError> {
-        let (addr, block_size) = match self.malloc_unsettled(size, stream, pool) {
+        let (addr, block_size) = match self.hand_out(size, stream, pool) {
             Ok(placed) => placed,
             Err(e) => return self.malloc_failed(e),
         };
@@ -333,7 +333,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     // Address and size, not the block: read again after the settle (a
     // call), the block cost a bounds check and its loads once more.
     #[inline]
-    fn malloc_unsettled(
+    fn hand_out(
         &mut self,
         size: u64,
         stream: StreamId,
@@ -362,7 +362,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             stream,
             private_pool,
         };
-        let req = self.policy.plan(size, key);
+        let req = self.policy.round_request(size, key);
         self.heap.tick(req.pool);
         // A no-split pool hands the free block out whole (one block per
         // segment, as PyTorch's `MemPool(no_split=True)`).
@@ -437,7 +437,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     pub fn free(&mut self, addr: u64) -> Result<(), AllocError> {
         // The error out of line: kept across the settle, the error's bytes
         // were copied on every free.
-        match self.free_unsettled(addr) {
+        match self.take_back(addr) {
             Ok(()) => {
                 self.heap.ledger.settle();
                 Ok(())
@@ -454,8 +454,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Err(e)
     }
 
+    /// Takes back the block at `addr` (into the cache, or to wait for the
+    /// streams that used it), before the statistics settle.
     #[inline]
-    fn free_unsettled(&mut self, addr: u64) -> Result<(), AllocError> {
+    fn take_back(&mut self, addr: u64) -> Result<(), AllocError> {
         if self.order.may_defer_free(self.pools.capture_underway()) {
             if let Some(deferred) = self.defer_capture_free(addr) {
                 return deferred;
@@ -467,7 +469,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         match self.order.take_users(id) {
             // A free changes no other block's state, and several frees in
             // one call (the end of a capture) all lower the counts.
-            None => self.recache::<true>(id),
+            None => self.cache_freed_block(id),
             Some(users) => self.await_freed(id, users)?,
         }
         Ok(())
@@ -656,7 +658,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let mut result = Ok(());
         for addr in self.order.end_captures() {
-            let freed = self.free_unsettled(addr);
+            let freed = self.take_back(addr);
             result = result.and(freed);
         }
         self.heap.ledger.settle();
@@ -687,7 +689,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Makes the private pool `pool` hand out whole blocks, never split
     /// (PyTorch's `MemPool(no_split=True)`): each block is a whole cached
     /// block or a new segment. Refused for growable segments (a block there
-    /// is a piece of one range per stream) and for policies that tag blocks
+    /// is a piece of one range per stream) and for policies that bin blocks
     /// when carving them (size classes).
     pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
         if self.expandable || self.pools.is_tagged(pool) || !self.caps.rebuilds_layouts {
@@ -869,16 +871,24 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
+    /// Puts a block back in the cache, its statistics change counted at the
+    /// settle (a block whose streams' events completed, a pool's blocks).
     #[inline]
     fn release_to_cache(&mut self, id: BlockId) {
-        self.recache::<false>(id);
+        self.return_to_cache::<false>(id);
     }
 
-    /// Puts a block back in the cache; `COUNT_NOW`: it is the one block a
-    /// `free` gives back, whose statistics change is counted now rather
-    /// than at the settle ([`Heap::set_state_counted_now`]).
+    /// Puts the one block a `free` gives back in the cache, its statistics
+    /// change counted now ([`Heap::set_state_counted_now`]).
     #[inline]
-    fn recache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
+    fn cache_freed_block(&mut self, id: BlockId) {
+        self.return_to_cache::<true>(id);
+    }
+
+    /// [`Engine::release_to_cache`] (`COUNT_NOW` false) or
+    /// [`Engine::cache_freed_block`] (`COUNT_NOW` true).
+    #[inline]
+    fn return_to_cache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
         if self.options.unmap_free_pages {
             self.note_freed(id);
         }

@@ -10,7 +10,7 @@
 ///
 /// `forward_policy!(reach; all)` writes every method of `Policy`,
 /// `all_reclaim` every method of `Reclaim`, `all_audit` every method of
-/// `Audit`; `forward_policy!(reach; plan, take_free, ...)` only those named,
+/// `Audit`; `forward_policy!(reach; round_request, take_free, ...)` only those named,
 /// for an adaptor that writes the others itself. A wrapper that holds its
 /// policy in a field names it: `forward_policy!(field inner; ...)`.
 /// Otherwise `reach` names a macro that the forwarding invokes as
@@ -41,7 +41,7 @@
 ///         self.hits += u64::from(found.is_some());
 ///         found
 ///     }
-///     forward_policy!(field inner; name, reconfigure, capabilities, plan, segment_size,
+///     forward_policy!(field inner; name, reconfigure, capabilities, round_request, segment_size,
 ///         carve, insert_free, remove_free);
 /// }
 /// impl<P: Policy> Reclaim for Counting<P> {
@@ -81,7 +81,7 @@ macro_rules! forward_policy {
         $crate::forward_policy!([field $f]; $($methods)*);
     };
     ($reach:tt; all) => {
-        $crate::forward_policy!($reach; name, reconfigure, capabilities, plan, segment_size,
+        $crate::forward_policy!($reach; name, reconfigure, capabilities, round_request, segment_size,
             take_free, carve, insert_free, remove_free);
     };
     ($reach:tt; all_reclaim) => {
@@ -109,10 +109,10 @@ macro_rules! forward_policy {
             $crate::forward_policy!(@reach $reach, mut self, p => p.reconfigure(cfg))
         }
     };
-    (@method $reach:tt plan) => {
+    (@method $reach:tt round_request) => {
         #[inline]
-        fn plan(&self, requested: u64, key: $crate::CacheKey) -> $crate::Request {
-            $crate::forward_policy!(@reach $reach, ref self, p => p.plan(requested, key))
+        fn round_request(&self, requested: u64, key: $crate::CacheKey) -> $crate::Request {
+            $crate::forward_policy!(@reach $reach, ref self, p => p.round_request(requested, key))
         }
     };
     (@method $reach:tt segment_size) => {

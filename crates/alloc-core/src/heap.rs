@@ -8,7 +8,7 @@
 //!
 //! Outside this crate a `&mut Heap` is the policies' edit handle: it reads
 //! blocks and segments and edits them only with [`Heap::split`],
-//! [`Heap::merge_next`] and [`Heap::set_tag`] (and [`coalesce`], built on
+//! [`Heap::merge_next`] and [`Heap::set_bin`] (and [`coalesce`], built on
 //! them). Creating, growing, shrinking and removing segments, changing a
 //! block's state and the statistics belong to the engine.
 
@@ -19,7 +19,7 @@ use crate::ledger::Ledger;
 /// A block's life-cycle state (defined beside the other plain types, which
 /// the ledger reads without the heap).
 pub use crate::types::BlockState;
-use crate::types::{BlockId, CacheKey, PoolKind, PrivatePool, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, Pool, PrivatePool, SegmentId, StreamId};
 
 /// A contiguous piece of a segment (64 bytes: one cache line).
 #[derive(Clone, Copy, Debug)]
@@ -43,9 +43,10 @@ pub struct Block {
     /// The private pool of its segment, if any.
     pub private_pool: Option<PrivatePool>,
     /// The pool of its segment.
-    pub pool: PoolKind,
-    /// Free for a policy's own bookkeeping (a size class, a buddy order, ...).
-    pub tag: u32,
+    pub pool: Pool,
+    /// The policy's word for where the block belongs in its index of free
+    /// blocks (a size class, a buddy order, ...); the heap only keeps it.
+    pub bin: u32,
     /// Per-pool allocator clock value when the block last became free.
     pub freed_at: u64,
     /// Whether the block was handed out since it was made (by a split or a
@@ -77,7 +78,7 @@ pub struct Segment {
     /// The private pool it belongs to, if any.
     pub private_pool: Option<PrivatePool>,
     /// The pool it belongs to.
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The lowest-addressed block.
     pub first: BlockId,
     /// The highest-addressed block.
@@ -214,8 +215,8 @@ const VACANT: Block = Block {
     state: BlockState::Free,
     stream: StreamId::DEFAULT,
     private_pool: None,
-    pool: PoolKind::Small,
-    tag: 0,
+    pool: Pool::Small,
+    bin: 0,
     freed_at: 0,
     handed_out: false,
 };
@@ -251,14 +252,14 @@ impl Heap {
     /// The logical clock of `pool`: one tick per cache lookup in it. Ages
     /// ([`Block::freed_at`], [`Segment::idle_since`]) are read against it.
     #[inline]
-    pub fn clock(&self, pool: PoolKind) -> u64 {
+    pub fn clock(&self, pool: Pool) -> u64 {
         self.clock[pool.index()]
     }
 
-    /// Sets the policy-private tag of a block.
+    /// Sets the policy-private bin of a block (see [`Block::bin`]).
     #[inline]
-    pub fn set_tag(&mut self, id: BlockId, tag: u32) {
-        self.blocks[id.index()].tag = tag;
+    pub fn set_bin(&mut self, id: BlockId, bin: u32) {
+        self.blocks[id.index()].bin = bin;
     }
 
     /// Number of segments.
@@ -362,7 +363,7 @@ impl Heap {
         &mut self,
         addr: u64,
         size: u64,
-        pool: PoolKind,
+        pool: Pool,
         key: CacheKey,
     ) -> (SegmentId, BlockId) {
         let seg_id = SegmentId(self.segments.vacant_key() as u32);
@@ -377,7 +378,7 @@ impl Heap {
             stream: key.stream,
             private_pool: key.private_pool,
             pool,
-            tag: 0,
+            bin: 0,
             freed_at: self.clock[pool.index()],
             handed_out: false,
         });
@@ -482,7 +483,7 @@ impl Heap {
         rest.stream = stream;
         rest.private_pool = private_pool;
         rest.pool = pool;
-        rest.tag = 0;
+        rest.bin = 0;
         rest.freed_at = freed_at;
         rest.handed_out = false;
         let b = &mut blocks[id.index()];
@@ -570,7 +571,7 @@ impl Heap {
                 prev: Some(last),
                 next: None,
                 state: BlockState::Free,
-                tag: 0,
+                bin: 0,
                 freed_at: self.clock[pool.index()],
                 handed_out: false,
                 ..self.blocks[last.index()]
@@ -736,7 +737,7 @@ impl Heap {
 
     /// Advances the clock of one pool (one cache lookup).
     #[inline]
-    pub(crate) fn tick(&mut self, pool: PoolKind) {
+    pub(crate) fn tick(&mut self, pool: Pool) {
         self.clock[pool.index()] += 1;
     }
 }
@@ -791,7 +792,7 @@ impl Heap {
         sizes: &[(u64, bool)],
     ) -> (SegmentId, Vec<BlockId>) {
         let total = sizes.iter().map(|s| s.0).sum();
-        let (seg, first) = self.add_segment(addr, total, PoolKind::Large, key);
+        let (seg, first) = self.add_segment(addr, total, Pool::Large, key);
         let (mut rest, mut blocks) = (Some(first), Vec::new());
         for &(size, allocated) in sizes {
             let Some(id) = rest else { break };
@@ -811,7 +812,7 @@ mod tests {
 
     fn heap_with_segment(size: u64) -> (Heap, SegmentId, BlockId) {
         let mut heap = Heap::new(u64::MAX);
-        let (s, b) = heap.add_segment(0x1000, size, PoolKind::Large, CacheKey::default());
+        let (s, b) = heap.add_segment(0x1000, size, Pool::Large, CacheKey::default());
         (heap, s, b)
     }
 
@@ -883,8 +884,8 @@ mod tests {
                     heap.ledger.never_follow();
                 }
                 let key = CacheKey::default();
-                let (_, a) = heap.add_segment(0x1000, 1000, PoolKind::Large, key);
-                let (_, c) = heap.add_segment(0x9000, 1000, PoolKind::Small, key);
+                let (_, a) = heap.add_segment(0x1000, 1000, Pool::Large, key);
+                let (_, c) = heap.add_segment(0x9000, 1000, Pool::Small, key);
                 let b = heap.split(a, 400);
                 let d = heap.split(c, 200);
                 heap.ledger.settle();

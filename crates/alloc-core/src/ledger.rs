@@ -12,7 +12,7 @@
 
 use crate::live_stats::LiveStats;
 use crate::stats::Stats;
-use crate::types::{BlockState, PoolKind};
+use crate::types::{BlockState, Pool};
 
 /// Net change of the block-derived statistics of one pool since the last
 /// [`Ledger::settle`], indexed by the `T_*` constants.
@@ -111,7 +111,7 @@ impl Ledger {
 
     /// The tally of `pool`.
     #[inline(always)]
-    fn tally_mut(&mut self, pool: PoolKind) -> &mut Tally {
+    fn tally_mut(&mut self, pool: Pool) -> &mut Tally {
         &mut self.tally[pool.index()]
     }
 
@@ -122,7 +122,7 @@ impl Ledger {
     #[inline]
     pub(crate) fn account(
         &mut self,
-        pool: PoolKind,
+        pool: Pool,
         sign: i64,
         state: BlockState,
         split: bool,
@@ -146,7 +146,7 @@ impl Ledger {
     /// `was_alone`: it was its segment's only block (so it did not count
     /// as inactive split before).
     #[inline(always)]
-    pub(crate) fn block_split(&mut self, pool: PoolKind, whole: u64, was_alone: bool) {
+    pub(crate) fn block_split(&mut self, pool: Pool, whole: u64, was_alone: bool) {
         let unsplit = i64::from(was_alone);
         let t = self.tally_mut(pool);
         t[T_INACTIVE_SPLIT] += 1 + unsplit;
@@ -157,7 +157,7 @@ impl Ledger {
     /// it is its segment's only block now (so it no longer counts as
     /// inactive split).
     #[inline(always)]
-    pub(crate) fn blocks_merged(&mut self, pool: PoolKind, merged: u64, now_alone: bool) {
+    pub(crate) fn blocks_merged(&mut self, pool: Pool, merged: u64, now_alone: bool) {
         let unsplit = i64::from(now_alone);
         let t = self.tally_mut(pool);
         t[T_INACTIVE_SPLIT] -= 1 + unsplit;
@@ -178,7 +178,7 @@ impl Ledger {
     #[inline(always)]
     pub(crate) fn state_changed<const NOW: bool>(
         &mut self,
-        pool: PoolKind,
+        pool: Pool,
         sign: i64,
         size: u64,
         requested: u64,
@@ -212,7 +212,7 @@ impl Ledger {
     #[inline(always)]
     pub(crate) fn state_changed_other(
         &mut self,
-        pool: PoolKind,
+        pool: Pool,
         size: u64,
         split: bool,
         old: (BlockState, u64),
@@ -231,14 +231,7 @@ impl Ledger {
     /// Applies the statistics change of one block becoming allocated
     /// (`sign = 1`) or free (`sign = -1`) now.
     #[inline(always)]
-    fn apply_states(
-        &mut self,
-        pool: PoolKind,
-        sign: i64,
-        size: u64,
-        requested: u64,
-        oversize: bool,
-    ) {
+    fn apply_states(&mut self, pool: Pool, sign: i64, size: u64, requested: u64, oversize: bool) {
         #[cfg(debug_assertions)]
         {
             debug_assert!(
@@ -250,12 +243,8 @@ impl Ledger {
         // One copy per pool, so that the pool's column is a constant offset
         // in each update instead of an address computed for each.
         match pool {
-            PoolKind::Small => {
-                self.apply_states_in(PoolKind::Small, sign, size, requested, oversize)
-            }
-            PoolKind::Large => {
-                self.apply_states_in(PoolKind::Large, sign, size, requested, oversize)
-            }
+            Pool::Small => self.apply_states_in(Pool::Small, sign, size, requested, oversize),
+            Pool::Large => self.apply_states_in(Pool::Large, sign, size, requested, oversize),
         }
     }
 
@@ -263,7 +252,7 @@ impl Ledger {
     #[inline(always)]
     fn apply_states_in(
         &mut self,
-        pool: PoolKind,
+        pool: Pool,
         sign: i64,
         size: u64,
         requested: u64,
@@ -291,7 +280,7 @@ impl Ledger {
     }
 
     /// A segment of `size` bytes was made.
-    pub(crate) fn segment_added(&mut self, pool: PoolKind, size: u64) {
+    pub(crate) fn segment_added(&mut self, pool: Pool, size: u64) {
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, size);
         if size >= self.oversize_threshold {
@@ -302,7 +291,7 @@ impl Ledger {
     /// A segment of `size` bytes, `unmapped` of them not mapped, was
     /// removed (its blocks' contributions were removed with
     /// [`Ledger::account`]).
-    pub(crate) fn segment_removed(&mut self, pool: PoolKind, size: u64, unmapped: u64) {
+    pub(crate) fn segment_removed(&mut self, pool: Pool, size: u64, unmapped: u64) {
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size - unmapped);
         if size >= self.oversize_threshold {
@@ -311,14 +300,14 @@ impl Ledger {
     }
 
     /// A segment grew from `old` to `new` bytes, all of them mapped.
-    pub(crate) fn segment_grown(&mut self, pool: PoolKind, old: u64, new: u64) {
+    pub(crate) fn segment_grown(&mut self, pool: Pool, old: u64, new: u64) {
         self.resized(old, new);
         self.stats.reserved_bytes.increase(pool, new - old);
     }
 
     /// A segment shrank from `old` to `new` bytes; `unmapped` of the bytes
     /// cut off were not mapped (so they were not reserved).
-    pub(crate) fn segment_shrunk(&mut self, pool: PoolKind, old: u64, new: u64, unmapped: u64) {
+    pub(crate) fn segment_shrunk(&mut self, pool: Pool, old: u64, new: u64, unmapped: u64) {
         self.resized(old, new);
         self.stats
             .reserved_bytes
@@ -341,12 +330,12 @@ impl Ledger {
 
     /// `bytes` of pages inside a segment were unmapped: they no longer
     /// count as reserved.
-    pub(crate) fn pages_unmapped(&mut self, pool: PoolKind, bytes: u64) {
+    pub(crate) fn pages_unmapped(&mut self, pool: Pool, bytes: u64) {
         self.stats.reserved_bytes.decrease(pool, bytes);
     }
 
     /// `bytes` of unmapped pages inside a segment were mapped again.
-    pub(crate) fn pages_mapped(&mut self, pool: PoolKind, bytes: u64) {
+    pub(crate) fn pages_mapped(&mut self, pool: Pool, bytes: u64) {
         self.stats.reserved_bytes.increase(pool, bytes);
     }
 
@@ -360,7 +349,7 @@ impl Ledger {
         &mut self,
         threshold: u64,
         segments: impl Iterator<Item = u64>,
-        allocated: impl Iterator<Item = (PoolKind, u64)>,
+        allocated: impl Iterator<Item = (Pool, u64)>,
     ) {
         let old = std::mem::replace(&mut self.oversize_threshold, threshold);
         if old == threshold {
@@ -396,10 +385,10 @@ impl Ledger {
             self.settled_states();
         } else {
             let split_changed = |t: &Tally| (t[T_INACTIVE_SPLIT] | t[T_INACTIVE_SPLIT_BYTES]) != 0;
-            if split_changed(&self.tally[PoolKind::Small.index()]) {
+            if split_changed(&self.tally[Pool::Small.index()]) {
                 self.settle_split::<true>();
             }
-            if split_changed(&self.tally[PoolKind::Large.index()]) {
+            if split_changed(&self.tally[Pool::Large.index()]) {
                 self.settle_split::<false>();
             }
         }
@@ -492,11 +481,11 @@ impl Ledger {
 
 /// The pool of a settle's copy: `SMALL` names the small pool.
 #[inline(always)]
-const fn pool_of<const SMALL: bool>() -> PoolKind {
+const fn pool_of<const SMALL: bool>() -> Pool {
     if SMALL {
-        PoolKind::Small
+        Pool::Small
     } else {
-        PoolKind::Large
+        Pool::Large
     }
 }
 
@@ -504,8 +493,8 @@ const fn pool_of<const SMALL: bool>() -> PoolKind {
 mod tests {
     use super::*;
 
-    const LARGE: PoolKind = PoolKind::Large;
-    const SMALL: PoolKind = PoolKind::Small;
+    const LARGE: Pool = Pool::Large;
+    const SMALL: Pool = Pool::Small;
 
     #[test]
     fn splits_and_merges_count_at_the_settle() {

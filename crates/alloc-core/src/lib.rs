@@ -51,6 +51,6 @@ pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use tags::{Backup, CopyBlocks, PauseReport, ResumeReport, TagInfo};
 pub use types::{
-    Allocation, BlockId, BlockState, CacheKey, PoolId, PoolKind, PrivatePool, SegmentId, StreamId,
-    GIB, KIB, MIB,
+    Allocation, BlockId, BlockState, CacheKey, Pool, PoolId, PoolKind, PrivatePool, SegmentId,
+    StreamId, GIB, KIB, MIB,
 };

@@ -14,10 +14,10 @@
 //! updated ([`LiveStats::follows`]).
 
 use crate::stats::{PageMoves, Stat, StatArray, Stats};
-use crate::types::PoolKind;
+use crate::types::Pool;
 
 /// One quantity of the small and the large pool (indexed by
-/// [`PoolKind::index`]), with the all-pools peak.
+/// [`Pool::index`]), with the all-pools peak.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counter {
     current: [i64; 2],
@@ -34,13 +34,13 @@ pub(crate) struct Counter {
 impl Counter {
     /// Adds `amount` to `pool`.
     #[inline(always)]
-    pub(crate) fn increase(&mut self, pool: PoolKind, amount: u64) {
+    pub(crate) fn increase(&mut self, pool: Pool, amount: u64) {
         self.apply(pool, amount as i64);
     }
 
     /// Subtracts `amount` from `pool`.
     #[inline(always)]
-    pub(crate) fn decrease(&mut self, pool: PoolKind, amount: u64) {
+    pub(crate) fn decrease(&mut self, pool: Pool, amount: u64) {
         self.current[pool.index()] -= amount as i64;
     }
 
@@ -51,7 +51,7 @@ impl Counter {
     /// random from one operation to the next, and mispredicted it costs
     /// more than the arithmetic of both directions.
     #[inline(always)]
-    pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
+    pub(crate) fn apply(&mut self, pool: Pool, delta: i64) {
         let p = pool.index();
         let current = self.current[p] + delta;
         self.current[p] = current;
@@ -92,8 +92,8 @@ impl Counter {
     /// The quantity in PyTorch's model: both pools and their sum.
     pub(crate) fn array(&self) -> StatArray {
         let (small, large) = (
-            self.stat(PoolKind::Small.index()),
-            self.stat(PoolKind::Large.index()),
+            self.stat(Pool::Small.index()),
+            self.stat(Pool::Large.index()),
         );
         StatArray {
             all: Stat {
@@ -317,7 +317,7 @@ mod tests {
             let mut counter = Counter::default();
             let mut model = StatArray::default();
             for (kind, small, amount) in seq {
-                let pool = if small { PoolKind::Small } else { PoolKind::Large };
+                let pool = if small { Pool::Small } else { Pool::Large };
                 let now = model.pool(pool).current;
                 match kind {
                     0 => {
@@ -359,7 +359,7 @@ mod tests {
         let mut live = LiveStats::default();
         live.part();
         for (i, c) in live.counters_mut().into_iter().enumerate() {
-            c.increase(PoolKind::Large, i as u64 + 1);
+            c.increase(Pool::Large, i as u64 + 1);
         }
         let s = live.snapshot();
         let seen = [
@@ -382,8 +382,8 @@ mod tests {
         let mut live = LiveStats::default();
         live.part();
         for c in live.counters_mut() {
-            c.increase(PoolKind::Small, 10);
-            c.decrease(PoolKind::Small, 4);
+            c.increase(Pool::Small, 10);
+            c.decrease(Pool::Small, 4);
         }
         live.num_ooms = 1;
         live.reset_peaks();
@@ -413,7 +413,7 @@ mod tests {
     #[test]
     fn reset_accumulated_clears_every_event_count() {
         let mut live = LiveStats::default();
-        live.segment.increase(PoolKind::Large, 1);
+        live.segment.increase(Pool::Large, 1);
         live.num_alloc_retries = 1;
         live.num_ooms = 2;
         live.num_sync_all_streams = 3;

@@ -6,7 +6,7 @@
 
 use crate::config::{AllocatorConfig, ConfigError};
 use crate::heap::Heap;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId};
+use crate::types::{BlockId, CacheKey, Pool, SegmentId};
 
 /// The cache keys for which a policy keeps pages mapped
 /// ([`Reclaim::kept_mapped_keys`]).
@@ -58,7 +58,7 @@ pub struct Request {
     /// Bytes the block will have (rounded).
     pub size: u64,
     /// Pool to serve it from.
-    pub pool: PoolKind,
+    pub pool: Pool,
     /// The cached blocks it may take: the allocating stream's, in its
     /// private pool if it names one.
     pub key: CacheKey,
@@ -72,9 +72,9 @@ impl Request {
     #[inline]
     pub const fn new(requested: u64, size: u64, key: CacheKey, small_max: u64) -> Request {
         let pool = if size <= small_max {
-            PoolKind::Small
+            Pool::Small
         } else {
-            PoolKind::Large
+            Pool::Large
         };
         Request {
             requested,
@@ -113,7 +113,7 @@ pub struct OomRelease {
 /// placement only. Giving memory back is [`Reclaim`]'s, checking the
 /// policy's index is [`Audit`]'s; a policy implements all three.
 ///
-/// The engine calls these in a fixed protocol: [`Policy::plan`] once for
+/// The engine calls these in a fixed protocol: [`Policy::round_request`] once for
 /// every request; [`Policy::take_free`] to find a cached block; when none
 /// fits, a new segment of [`Policy::segment_size`] bytes is made and handed
 /// to [`Policy::carve`] as one free block; [`Policy::carve`] also receives
@@ -143,7 +143,7 @@ pub trait Policy: Reclaim + Audit {
     /// (with [`Request::new`]), for a request that may reuse the cached
     /// blocks of `key`. Called once per request: the engine keeps the answer
     /// for the request's every later step.
-    fn plan(&self, requested: u64, key: CacheKey) -> Request;
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request;
 
     /// Size of the device allocation to make when no cached block fits.
     fn segment_size(&self, req: &Request) -> u64;
@@ -257,15 +257,9 @@ mod tests {
     fn a_request_is_small_up_to_the_limit() {
         let key = CacheKey::default();
         let at = Request::new(100, 1024, key, 1024);
-        assert_eq!(
-            (at.requested, at.size, at.pool),
-            (100, 1024, PoolKind::Small)
-        );
-        assert_eq!(Request::new(1025, 1536, key, 1024).pool, PoolKind::Large);
-        assert_eq!(Request::new(1, 1, key, 0).pool, PoolKind::Large);
-        assert_eq!(
-            Request::new(1, u64::MAX, key, u64::MAX).pool,
-            PoolKind::Small
-        );
+        assert_eq!((at.requested, at.size, at.pool), (100, 1024, Pool::Small));
+        assert_eq!(Request::new(1025, 1536, key, 1024).pool, Pool::Large);
+        assert_eq!(Request::new(1, 1, key, 0).pool, Pool::Large);
+        assert_eq!(Request::new(1, u64::MAX, key, u64::MAX).pool, Pool::Small);
     }
 }

@@ -576,7 +576,7 @@ mod tests {
 
     #[test]
     fn a_pool_source_serves_its_keys_and_goes_with_the_pools_last_segment() {
-        use crate::types::PoolKind;
+        use crate::types::Pool;
         let mut p = PrivatePools::default();
         let mut heap = Heap::new(u64::MAX);
         let pool = (3, 3);
@@ -602,7 +602,7 @@ mod tests {
         );
         let addr = p.source(key).expect("sourced").allocate(64).unwrap();
         assert_eq!(addr, 0x1000);
-        let (seg, _) = heap.add_segment(addr, 64, PoolKind::Small, key);
+        let (seg, _) = heap.add_segment(addr, 64, Pool::Small, key);
         p.segment_added(key);
         assert_eq!(p.idle_segments(&heap, pool), vec![seg]);
         assert!(p.release(pool));

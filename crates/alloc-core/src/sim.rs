@@ -19,9 +19,9 @@ pub use capture::SimCapture;
 const SIM_ALIGN: u64 = 2 << 20;
 /// First simulated address: a typical CUDA device address.
 const SIM_BASE: u64 = 0x7f00_0000_0000;
-/// Where addresses go once an address plan is exhausted or abandoned: above
+/// Where addresses go once the recorded addresses are used up or abandoned: above
 /// any address a 49-bit device address space hands out.
-const PLAN_FALLBACK_BASE: u64 = 0x2_0000_0000_0000;
+const UNRECORDED_BASE: u64 = 0x2_0000_0000_0000;
 
 /// A device that hands out addresses only. Never touches memory.
 #[derive(Debug, Clone)]
@@ -31,7 +31,7 @@ pub struct SimMemory {
     next_addr: u64,
     live: BTreeMap<u64, u64>,
     /// Recorded (size, address) of segments, handed out in order.
-    plan: VecDeque<(u64, u64)>,
+    recorded: VecDeque<(u64, u64)>,
     /// Reserved address ranges: start -> (size, pages).
     ranges: BTreeMap<u64, (u64, PageLayout)>,
     /// Mapped chunks (granularity-sized) inside reserved ranges.
@@ -54,7 +54,7 @@ impl SimMemory {
             used: 0,
             next_addr: SIM_BASE,
             live: BTreeMap::new(),
-            plan: VecDeque::new(),
+            recorded: VecDeque::new(),
             ranges: BTreeMap::new(),
             chunks: BTreeSet::new(),
             detached: BTreeSet::new(),
@@ -65,15 +65,18 @@ impl SimMemory {
     }
 
     /// A device that hands out the addresses a real device gave a recording:
-    /// segment `i` gets `plan[i]`'s address when its size matches. Best fit
+    /// segment `i` gets `recorded[i]`'s address when its size matches. Best fit
     /// breaks ties by lowest address, so reproducing a recording exactly needs
     /// the real address order (the CUDA driver does not hand out ascending
-    /// addresses). At the first mismatch the plan is abandoned and addresses
-    /// come from a range no plan uses.
-    pub fn with_address_plan(capacity: u64, plan: impl IntoIterator<Item = (u64, u64)>) -> Self {
+    /// addresses). At the first mismatch the recording is abandoned and addresses
+    /// come from a range no recording uses.
+    pub fn with_recorded_addresses(
+        capacity: u64,
+        recorded: impl IntoIterator<Item = (u64, u64)>,
+    ) -> Self {
         SimMemory {
-            plan: plan.into_iter().collect(),
-            next_addr: PLAN_FALLBACK_BASE,
+            recorded: recorded.into_iter().collect(),
+            next_addr: UNRECORDED_BASE,
             ..SimMemory::new(capacity)
         }
     }
@@ -114,23 +117,23 @@ impl SimMemory {
         size > 0 && chunks_of(first, end - first).all(|c| self.chunks.contains(&c))
     }
 
-    /// The planned address for a segment of `size`, if the plan has one and
+    /// The recorded address for a segment of `size`, if there is one and
     /// it is free. A recording comes from a file: an address whose segment
     /// would reach into the fallback range (or past the end of the address
-    /// space) abandons the plan like any other mismatch.
-    fn planned(&mut self, size: u64) -> Option<u64> {
-        let &(want, addr) = self.plan.front()?;
+    /// space) abandons the recording like any other mismatch.
+    fn recorded_address(&mut self, size: u64) -> Option<u64> {
+        let &(want, addr) = self.recorded.front()?;
         let clear = |(&start, &len): (&u64, &u64)| start + len <= addr;
         let free = want == size
             && addr
                 .checked_add(size)
-                .filter(|&end| end <= PLAN_FALLBACK_BASE)
+                .filter(|&end| end <= UNRECORDED_BASE)
                 .is_some_and(|end| self.live.range(..end).next_back().is_none_or(clear));
         if free {
-            self.plan.pop_front();
+            self.recorded.pop_front();
             Some(addr)
         } else {
-            self.plan.clear();
+            self.recorded.clear();
             None
         }
     }
@@ -141,7 +144,7 @@ impl MemoryBackend for SimMemory {
         if size == 0 || size > self.available() {
             return Err(BackendError::OutOfMemory);
         }
-        let addr = match self.planned(size) {
+        let addr = match self.recorded_address(size) {
             Some(addr) => addr,
             None => {
                 let addr = self.next_addr;
@@ -553,8 +556,8 @@ mod tests {
     }
 
     #[test]
-    fn address_plan_is_followed_then_abandoned() {
-        let mut m = SimMemory::with_address_plan(
+    fn recorded_addresses_are_followed_then_abandoned() {
+        let mut m = SimMemory::with_recorded_addresses(
             1 << 30,
             [
                 (4 << 20, 0x9000_0000),
@@ -564,29 +567,31 @@ mod tests {
         );
         assert_eq!(m.allocate(4 << 20), Ok(0x9000_0000));
         assert_eq!(m.allocate(2 << 20), Ok(0x8000_0000));
-        // Size mismatch: the plan is abandoned.
+        // Size mismatch: the recording is abandoned.
         let other = m.allocate(6 << 20).unwrap();
-        assert!(other >= PLAN_FALLBACK_BASE);
-        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
-        // A planned address that overlaps a live segment is not used.
-        let mut m =
-            SimMemory::with_address_plan(1 << 30, [(4 << 20, 0x9000_0000), (2 << 20, 0x9020_0000)]);
+        assert!(other >= UNRECORDED_BASE);
+        assert!(m.allocate(2 << 20).unwrap() >= UNRECORDED_BASE);
+        // A recorded address that overlaps a live segment is not used.
+        let mut m = SimMemory::with_recorded_addresses(
+            1 << 30,
+            [(4 << 20, 0x9000_0000), (2 << 20, 0x9020_0000)],
+        );
         m.allocate(4 << 20).unwrap();
-        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
+        assert!(m.allocate(2 << 20).unwrap() >= UNRECORDED_BASE);
     }
 
     #[test]
-    fn address_plan_from_a_corrupt_recording_is_abandoned() {
+    fn addresses_from_a_corrupt_recording_are_abandoned() {
         // A segment address at the top of the address space overflowed: a
         // corrupt trace's replay panicked.
-        let mut m = SimMemory::with_address_plan(1 << 30, [(2 << 20, u64::MAX)]);
-        assert!(m.allocate(2 << 20).unwrap() >= PLAN_FALLBACK_BASE);
+        let mut m = SimMemory::with_recorded_addresses(1 << 30, [(2 << 20, u64::MAX)]);
+        assert!(m.allocate(2 << 20).unwrap() >= UNRECORDED_BASE);
         // One in the fallback range would collide with fallback segments.
-        let mut m = SimMemory::with_address_plan(1 << 30, [(2 << 20, PLAN_FALLBACK_BASE)]);
-        let planned_there = m.allocate(2 << 20).unwrap();
+        let mut m = SimMemory::with_recorded_addresses(1 << 30, [(2 << 20, UNRECORDED_BASE)]);
+        let recorded_there = m.allocate(2 << 20).unwrap();
         let next = m.allocate(2 << 20).unwrap();
-        assert_ne!(planned_there, next);
-        assert!(planned_there >= PLAN_FALLBACK_BASE && next > planned_there);
+        assert_ne!(recorded_there, next);
+        assert!(recorded_there >= UNRECORDED_BASE && next > recorded_there);
     }
 
     #[test]

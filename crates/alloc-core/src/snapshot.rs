@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::heap::{BlockState, Heap};
 use crate::private_pool::{PoolId, PrivatePools};
-use crate::types::{PoolKind, StreamId};
+use crate::types::{Pool, StreamId};
 
 /// State of a block as PyTorch names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -54,7 +54,7 @@ pub struct SegmentSnapshot {
     /// Stream it serves.
     pub stream: StreamId,
     /// `small` or `large`.
-    pub segment_type: PoolKind,
+    pub segment_type: Pool,
     /// Bytes of allocated blocks.
     pub allocated_size: u64,
     /// Bytes of allocated or pending blocks.

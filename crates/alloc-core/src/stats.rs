@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use crate::types::PoolKind;
+use crate::types::Pool;
 
 /// One tracked quantity.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -86,38 +86,38 @@ pub struct StatArray {
 
 impl StatArray {
     #[inline]
-    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+    fn pool_mut(&mut self, pool: Pool) -> &mut Stat {
         match pool {
-            PoolKind::Small => &mut self.small_pool,
-            PoolKind::Large => &mut self.large_pool,
+            Pool::Small => &mut self.small_pool,
+            Pool::Large => &mut self.large_pool,
         }
     }
 
     /// The entry of one pool.
-    pub fn pool(&self, pool: PoolKind) -> &Stat {
+    pub fn pool(&self, pool: Pool) -> &Stat {
         match pool {
-            PoolKind::Small => &self.small_pool,
-            PoolKind::Large => &self.large_pool,
+            Pool::Small => &self.small_pool,
+            Pool::Large => &self.large_pool,
         }
     }
 
     /// Increases the entry for `pool` and the total.
     #[inline]
-    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+    pub fn increase(&mut self, pool: Pool, amount: u64) {
         self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
     }
 
     /// Decreases the entry for `pool` and the total.
     #[inline]
-    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+    pub fn decrease(&mut self, pool: Pool, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
     /// Applies a signed change to the entry for `pool` and the total.
     #[inline]
-    pub fn apply(&mut self, pool: PoolKind, delta: i64) {
+    pub fn apply(&mut self, pool: Pool, delta: i64) {
         self.all.apply(delta);
         self.pool_mut(pool).apply(delta);
     }
@@ -322,9 +322,9 @@ mod tests {
     #[test]
     fn array_updates_pool_and_total() {
         let mut a = StatArray::default();
-        a.increase(PoolKind::Small, 4);
-        a.increase(PoolKind::Large, 6);
-        a.decrease(PoolKind::Small, 4);
+        a.increase(Pool::Small, 4);
+        a.increase(Pool::Large, 6);
+        a.decrease(Pool::Small, 4);
         assert_eq!(a.all.current, 6);
         assert_eq!(a.small_pool.current, 0);
         assert_eq!(a.large_pool.peak, 6);
@@ -333,7 +333,7 @@ mod tests {
     #[test]
     fn flat_map_uses_pytorch_names() {
         let mut stats = Stats::default();
-        stats.allocated_bytes.increase(PoolKind::Large, 100);
+        stats.allocated_bytes.increase(Pool::Large, 100);
         stats.num_device_alloc = 2;
         let map = stats.to_flat_map();
         assert_eq!(map["allocated_bytes.all.current"], 100);

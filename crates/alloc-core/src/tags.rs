@@ -470,7 +470,7 @@ pub struct ResumeReport {
 mod tests {
     use super::*;
     use crate::engine::live_table::LiveTable;
-    use crate::types::{CacheKey, PoolKind, StreamId, MIB};
+    use crate::types::{CacheKey, Pool, StreamId, MIB};
 
     const GROWS: Result<(), AllocError> = Ok(());
 
@@ -592,7 +592,7 @@ mod tests {
         .unwrap();
         assert_eq!(saved, vec![(base, MIB), (base + 3 * MIB, 4 * MIB)]);
         let key = heap.segment(seg).key();
-        t.note_unmapped("kv", (key, PoolKind::Large), vec![(base, 8 * MIB)]);
+        t.note_unmapped("kv", (key, Pool::Large), vec![(base, 8 * MIB)]);
         let report = t.pause_report("kv", 2);
         assert_eq!(
             (

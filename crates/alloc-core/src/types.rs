@@ -56,8 +56,8 @@ impl PrivatePool {
 /// Which cached blocks a request may reuse: those of its stream, either in
 /// the device-wide cache (`private_pool: None`) or in one private pool (a
 /// CUDA graph's, a `MemPool`'s). Policies index their free blocks by it, so
-/// a pool's blocks never serve another pool or the shared cache, whatever
-/// the stream values.
+/// a private pool's blocks never serve another private pool or the shared
+/// cache, whatever the stream values.
 #[derive(Clone, Copy, Debug, Default, Eq, PartialOrd, Ord)]
 pub struct CacheKey {
     /// The stream the blocks belong to.
@@ -119,27 +119,32 @@ impl From<StreamId> for CacheKey {
     }
 }
 
-/// Which of the two block pools a request or segment belongs to.
+/// The small or the large pool, PyTorch's two: which one a request,
+/// block or segment belongs to. (A private pool, PyTorch's `MemPool`, is
+/// a [`PoolId`] and is never called just "pool".)
 ///
 /// PyTorch keeps small (<= 1 MiB) and large requests apart so that small
 /// tensors never fragment large segments; every policy reports its statistics
 /// split the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum PoolKind {
+pub enum Pool {
     /// Requests of at most 1 MiB (after rounding).
     Small,
     /// Everything larger.
     Large,
 }
 
-impl PoolKind {
+/// The former name of [`Pool`], for code written before the rename.
+pub type PoolKind = Pool;
+
+impl Pool {
     /// Index of this pool in per-pool arrays (`0` is reserved for "all").
     #[inline]
     pub fn stat_index(self) -> usize {
         match self {
-            PoolKind::Small => 1,
-            PoolKind::Large => 2,
+            Pool::Small => 1,
+            Pool::Large => 2,
         }
     }
 
@@ -152,7 +157,7 @@ impl PoolKind {
 
 /// Names a growable segment: its cache key and pool. (Here rather than in
 /// `engine/growable.rs` because sleep tags keep such keys too.)
-pub(crate) type SegmentKey = (CacheKey, PoolKind);
+pub(crate) type SegmentKey = (CacheKey, Pool);
 
 /// Index of a block in the engine's arena.
 ///

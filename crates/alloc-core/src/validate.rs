@@ -8,7 +8,7 @@ use crate::engine::live_table::LiveTable;
 use crate::heap::{BlockState, Heap};
 use crate::policy::Policy;
 use crate::stats::{Stat, StatArray, Stats};
-use crate::types::{BlockId, PoolKind};
+use crate::types::{BlockId, Pool};
 
 /// Checks all invariants; `pending` lists the block of every outstanding event.
 pub(crate) fn check<P: Policy>(
@@ -172,7 +172,7 @@ fn check_events(
 /// Current values recomputed from the blocks, compared with the tracked ones.
 fn check_stats(heap: &Heap) -> Result<(), String> {
     let mut r = Stats::default();
-    let add = |a: &mut StatArray, pool: PoolKind, n: u64| a.increase(pool, n);
+    let add = |a: &mut StatArray, pool: Pool, n: u64| a.increase(pool, n);
     let mut oversize_allocs = Stat::default();
     let mut oversize_segs = Stat::default();
     for (seg_id, seg) in heap.segments() {

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use std::error::Error;
 
 use alloc_cuda::alloc_core::{
-    coalesce, Audit, BlockId, CacheKey, Capabilities, Heap, Policy, PoolKind, Reclaim, Request,
-    KIB, MIB,
+    coalesce, Audit, BlockId, CacheKey, Capabilities, Heap, Policy, Pool, Reclaim, Request, KIB,
+    MIB,
 };
 use alloc_cuda::{AllocatorConfig, CudaAllocator, DeviceBuffer};
 
@@ -37,11 +37,11 @@ const SEGMENT_UNIT: u64 = 2 * MIB;
 #[derive(Debug, Default)]
 struct FirstFit {
     /// Free blocks by (cache, pool, address).
-    free: BTreeMap<(CacheKey, PoolKind, u64), BlockId>,
+    free: BTreeMap<(CacheKey, Pool, u64), BlockId>,
 }
 
 /// A free block's place in the index.
-fn key(heap: &Heap, id: BlockId) -> (CacheKey, PoolKind, u64) {
+fn key(heap: &Heap, id: BlockId) -> (CacheKey, Pool, u64) {
     let b = heap.block(id);
     (b.key(), b.pool, b.addr)
 }
@@ -51,7 +51,7 @@ impl Policy for FirstFit {
         "first-fit"
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = requested.div_ceil(ALIGN) * ALIGN;
         Request::new(requested, size, key, SMALL_REQUEST)
     }

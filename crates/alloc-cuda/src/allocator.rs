@@ -20,13 +20,13 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
-use crate::events::{CudaStreams, EventPoolStats, StreamOpCounts};
+use crate::events::{CudaStreams, EventRecyclerStats, StreamOpCounts};
 use crate::ipc::{self, SharedRange};
 use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
 use crate::memory::CudaMemory;
 use crate::notice::NO_VIRTUAL_MEMORY;
 use crate::observer::{ObserverSlot, SegmentObserver};
-use crate::pinned::PinnedPool;
+use crate::pinned::PinnedAllocator;
 use crate::sleep::HostBackups;
 use crate::stream::{stream_ref, AsStream, StreamRef};
 use crate::vmm::SharedPages;
@@ -687,9 +687,9 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(self.engine()?.streams().op_counts())
     }
 
-    /// Counters of the CUDA event pool.
-    pub fn event_pool_stats(&self) -> Result<EventPoolStats, CudaError> {
-        Ok(self.engine()?.streams().pool_stats())
+    /// Counters of the CUDA event recycler.
+    pub fn event_stats(&self) -> Result<EventRecyclerStats, CudaError> {
+        Ok(self.engine()?.streams().event_stats())
     }
 
     /// The policy's name.
@@ -709,8 +709,8 @@ impl<P: Policy> CudaAllocator<P> {
     }
 
     /// The process-wide pinned host pool that backups go to.
-    pub fn pinned_pool(&self) -> Result<Arc<PinnedPool>, CudaError> {
-        PinnedPool::global()
+    pub fn pinned_pool(&self) -> Result<Arc<PinnedAllocator>, CudaError> {
+        PinnedAllocator::global()
     }
 
     /// Pauses the sleep tag `tag`: waits (host, through events) for the

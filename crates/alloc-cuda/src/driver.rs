@@ -115,7 +115,7 @@ pub(crate) unsafe fn memset_d8_async(
         .map_err(|e| driver_error("cuMemsetD8Async", e.0))
 }
 
-/// A CUDA event handle owned by an [`crate::EventPool`].
+/// A CUDA event handle owned by an [`crate::EventRecycler`].
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct RawEvent(sys::CUevent);
 

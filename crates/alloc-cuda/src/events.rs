@@ -1,4 +1,4 @@
-//! The engine's stream backend over CUDA events, with a pool of events so
+//! The engine's stream backend over CUDA events, with recycled events so
 //! that a cross-stream free costs a `cuEventRecord`, not a create + destroy;
 //! it also reads the graphs of captures underway (`cuStreamGetCaptureInfo`,
 //! `cuGraphNodeGetDependencies`) for `graph_capture_record_stream_reuse`.
@@ -49,16 +49,16 @@ impl StreamOpCounts {
     }
 }
 
-/// Counters of an [`EventPool`].
+/// Counters of an [`EventRecycler`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EventPoolStats {
-    /// Events created over the pool's life.
+pub struct EventRecyclerStats {
+    /// Events created over the recycler's life.
     pub created: u64,
     /// Events handed out and not yet given back.
     pub in_use: u64,
-    /// Idle events waiting in the pool.
+    /// Idle events waiting to be reused.
     pub pooled: u64,
-    /// Times an event was taken from the pool instead of created.
+    /// Times an event was reused instead of created.
     pub reused: u64,
 }
 
@@ -66,22 +66,22 @@ pub struct EventPoolStats {
 /// list is empty), `release` pushes it back. Generic over the handle so its
 /// logic is tested without a GPU.
 #[derive(Debug)]
-pub struct EventPool<H> {
+pub struct EventRecycler<H> {
     free: Vec<H>,
-    stats: EventPoolStats,
+    stats: EventRecyclerStats,
 }
 
-impl<H> Default for EventPool<H> {
+impl<H> Default for EventRecycler<H> {
     fn default() -> Self {
-        EventPool {
+        EventRecycler {
             free: Vec::new(),
-            stats: EventPoolStats::default(),
+            stats: EventRecyclerStats::default(),
         }
     }
 }
 
-impl<H> EventPool<H> {
-    /// An empty pool.
+impl<H> EventRecycler<H> {
+    /// An empty recycler.
     pub fn new() -> Self {
         Self::default()
     }
@@ -114,19 +114,19 @@ impl<H> EventPool<H> {
         self.free.drain(..)
     }
 
-    /// The pool's counters.
-    pub fn stats(&self) -> EventPoolStats {
-        EventPoolStats {
+    /// The recycler's counters.
+    pub fn stats(&self) -> EventRecyclerStats {
+        EventRecyclerStats {
             pooled: self.free.len() as u64,
             ..self.stats
         }
     }
 }
 
-/// An event recorded for the engine; goes back to the pool through
+/// An event recorded for the engine; goes back to the recycler through
 /// [`StreamBackend::release`].
 #[derive(Debug)]
-pub struct PooledEvent(RawEvent);
+pub struct RecycledEvent(RawEvent);
 
 /// [`StreamBackend`] over CUDA events of one device's primary context.
 /// `StreamId`s are raw `CUstream` values (`0`: legacy default stream), and
@@ -152,7 +152,7 @@ pub struct PooledEvent(RawEvent);
 #[derive(Debug)]
 pub struct CudaStreams {
     ctx: Arc<CudaContext>,
-    pool: EventPool<RawEvent>,
+    spare: EventRecycler<RawEvent>,
     streams: StreamTable<Arc<CudaStream>>,
     /// The cudarc stream whose `Arc` the table holds for the entry
     /// registered last through a cudarc stream: the address of its
@@ -175,7 +175,7 @@ impl CudaStreams {
     pub fn new(ctx: Arc<CudaContext>) -> Self {
         CudaStreams {
             ctx,
-            pool: EventPool::new(),
+            spare: EventRecycler::new(),
             streams: StreamTable::default(),
             last_cudarc: None,
             nodes: Vec::new(),
@@ -266,9 +266,9 @@ impl CudaStreams {
         self.streams.wants_pruning()
     }
 
-    /// Counters of the event pool.
-    pub fn pool_stats(&self) -> EventPoolStats {
-        self.pool.stats()
+    /// Counters of the event recycler.
+    pub fn event_stats(&self) -> EventRecyclerStats {
+        self.spare.stats()
     }
 
     /// `stream` if registered, else the error the engine reports.
@@ -282,34 +282,34 @@ impl CudaStreams {
 }
 
 impl StreamBackend for CudaStreams {
-    type Event = PooledEvent;
+    type Event = RecycledEvent;
 
-    fn record(&mut self, stream: StreamId) -> Result<PooledEvent, BackendError> {
+    fn record(&mut self, stream: StreamId) -> Result<RecycledEvent, BackendError> {
         let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
-        let event = self.pool.acquire(driver::event_create)?;
+        let event = self.spare.acquire(driver::event_create)?;
         // SAFETY: `stream` is registered: a cudarc stream of this context
         // that the table keeps alive, or a raw handle whose creator vouched
         // (`StreamHandle::from_raw`) that it lives while the engine uses it.
         match unsafe { driver::event_record(&event, stream.0) } {
             Ok(()) => {
                 self.counts.recorded += 1;
-                Ok(PooledEvent(event))
+                Ok(RecycledEvent(event))
             }
             Err(e) => {
-                self.pool.release(event);
+                self.spare.release(event);
                 Err(e.into())
             }
         }
     }
 
-    fn is_complete(&mut self, event: &PooledEvent) -> Result<bool, BackendError> {
+    fn is_complete(&mut self, event: &RecycledEvent) -> Result<bool, BackendError> {
         driver::bind(&self.ctx)?;
         self.counts.queried += 1;
         Ok(driver::event_query(&event.0)?)
     }
 
-    fn synchronize(&mut self, event: &PooledEvent) -> Result<(), BackendError> {
+    fn synchronize(&mut self, event: &RecycledEvent) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         let started = Instant::now();
         let waited = driver::event_synchronize(&event.0);
@@ -322,7 +322,7 @@ impl StreamBackend for CudaStreams {
     fn make_stream_wait(
         &mut self,
         stream: StreamId,
-        event: &PooledEvent,
+        event: &RecycledEvent,
     ) -> Result<(), BackendError> {
         let stream = self.registered_stream(stream)?;
         driver::bind(&self.ctx)?;
@@ -331,8 +331,8 @@ impl StreamBackend for CudaStreams {
         Ok(unsafe { driver::stream_wait_event(stream.0, &event.0) }?)
     }
 
-    fn release(&mut self, event: PooledEvent) {
-        self.pool.release(event.0);
+    fn release(&mut self, event: RecycledEvent) {
+        self.spare.release(event.0);
     }
 
     fn capture_graph(&mut self) -> Option<&mut dyn CaptureGraph> {
@@ -418,7 +418,7 @@ impl Drop for CudaStreams {
         if driver::bind(&self.ctx).is_err() {
             return;
         }
-        for event in self.pool.drain() {
+        for event in self.spare.drain() {
             let _ = driver::event_destroy(event);
         }
     }
@@ -429,25 +429,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pool_reuses_released_events_lifo() {
+    fn recycler_reuses_released_events_lifo() {
         let mut next = 0u32;
         let mut make = || -> Result<u32, ()> {
             next += 1;
             Ok(next)
         };
-        let mut pool = EventPool::new();
-        let a = pool.acquire(&mut make).unwrap();
-        let b = pool.acquire(&mut make).unwrap();
+        let mut spare = EventRecycler::new();
+        let a = spare.acquire(&mut make).unwrap();
+        let b = spare.acquire(&mut make).unwrap();
         assert_eq!((a, b), (1, 2));
-        pool.release(a);
+        spare.release(a);
         // The released handle comes back; nothing new is created.
-        assert_eq!(pool.acquire(&mut make).unwrap(), 1);
-        pool.release(b);
-        pool.release(1);
-        let s = pool.stats();
+        assert_eq!(spare.acquire(&mut make).unwrap(), 1);
+        spare.release(b);
+        spare.release(1);
+        let s = spare.stats();
         assert_eq!(
             s,
-            EventPoolStats {
+            EventRecyclerStats {
                 created: 2,
                 in_use: 0,
                 pooled: 2,
@@ -456,21 +456,21 @@ mod tests {
         );
         // A thousand record/release cycles still use the same two handles.
         for _ in 0..1000 {
-            let x = pool.acquire(&mut make).unwrap();
-            let y = pool.acquire(&mut make).unwrap();
-            pool.release(x);
-            pool.release(y);
+            let x = spare.acquire(&mut make).unwrap();
+            let y = spare.acquire(&mut make).unwrap();
+            spare.release(x);
+            spare.release(y);
         }
-        assert_eq!(pool.stats().created, 2);
-        assert_eq!(pool.drain().count(), 2);
-        assert_eq!(pool.stats().pooled, 0);
+        assert_eq!(spare.stats().created, 2);
+        assert_eq!(spare.drain().count(), 2);
+        assert_eq!(spare.stats().pooled, 0);
     }
 
     #[test]
     fn failed_creation_is_an_error_and_counts_nothing() {
-        let mut pool: EventPool<u32> = EventPool::new();
-        let r = pool.acquire(|| Err("no events"));
+        let mut spare: EventRecycler<u32> = EventRecycler::new();
+        let r = spare.acquire(|| Err("no events"));
         assert_eq!(r, Err("no events"));
-        assert_eq!(pool.stats(), EventPoolStats::default());
+        assert_eq!(spare.stats(), EventRecyclerStats::default());
     }
 }

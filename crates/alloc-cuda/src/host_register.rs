@@ -1,6 +1,6 @@
 //! Page-locking host memory that the caller allocated (`cuMemHostRegister`),
 //! as Numba's `mempin` (`cuda.pinned(array)`, `cuda.mapped(array)`) does:
-//! the pinned pool ([`crate::PinnedPool`]) allocates its memory, this pins
+//! the pinned allocator ([`crate::PinnedAllocator`]) allocates its memory, this pins
 //! memory it does not own.
 //!
 //! The ranges are kept in a table, so that the bytes pinned this way are

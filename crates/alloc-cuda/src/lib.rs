@@ -8,7 +8,7 @@
 //!   context of a device; capacity and free bytes from `cuMemGetInfo`. It
 //!   frees, unmaps and releases only what it allocated, mapped or reserved.
 //! - [`CudaStreams`]: the engine's stream backend over CUDA events, taken from
-//!   a pool ([`EventPool`]) of `CU_EVENT_DISABLE_TIMING` events; `synchronize`
+//!   a recycler ([`EventRecycler`]) of `CU_EVENT_DISABLE_TIMING` events; `synchronize`
 //!   is `cuEventSynchronize`, `make_stream_wait` is `cuStreamWaitEvent`.
 //!   Only streams registered with it reach the driver.
 //! - [`StreamHandle`]: a stream the allocator may use, from a cudarc stream
@@ -40,7 +40,7 @@
 //! Sleep and wake: allocations through a [`Tag`] ([`CudaAllocator::tag`])
 //! go to a pool of their own on growable segments; [`CudaAllocator::pause`]
 //! gives its physical memory back (optionally saving live blocks to pinned
-//! host memory from the [`PinnedPool`], our caching pinned-host allocator)
+//! host memory from the [`PinnedAllocator`], our caching pinned-host allocator)
 //! and [`CudaAllocator::resume`] takes fresh memory at the same addresses.
 //!
 //! A live block can be shared with another process (CUDA IPC):
@@ -114,12 +114,21 @@ pub mod vmm;
 pub use allocator::{CudaAllocator, MAX_DEVICES};
 pub use buffer::{DeviceBuffer, Plain};
 pub use error::{CudaError, CUDARC_CALL};
-pub use events::{CudaStreams, EventPool, EventPoolStats, PooledEvent, StreamOpCounts};
+pub use events::{CudaStreams, EventRecycler, EventRecyclerStats, RecycledEvent, StreamOpCounts};
 pub use host_register::{HostRegistry, RegisteredStats, Registrations};
 pub use ipc::SharedRange;
 pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
-pub use pinned::{pinned_block_size, HostCache, PinnedBuffer, PinnedPool, PinnedStats};
+pub use pinned::{pinned_block_size, HostCache, PinnedAllocator, PinnedBuffer, PinnedStats};
+
+/// The former name of [`EventRecycler`].
+pub type EventPool<H> = EventRecycler<H>;
+/// The former name of [`EventRecyclerStats`].
+pub type EventPoolStats = EventRecyclerStats;
+/// The former name of [`RecycledEvent`].
+pub type PooledEvent = RecycledEvent;
+/// The former name of [`PinnedAllocator`].
+pub type PinnedPool = PinnedAllocator;
 pub use stream::{AsStream, StreamHandle};
 pub use tag::Tag;
 pub use vmm::SharedPages;

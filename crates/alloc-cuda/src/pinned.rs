@@ -17,7 +17,7 @@ use cudarc::driver::CudaContext;
 
 use crate::driver::{self, HostPtr, RawEvent};
 use crate::error::{driver_error, CudaError};
-use crate::events::EventPool;
+use crate::events::EventRecycler;
 use crate::lock::lock_checked;
 use crate::stream::{stream_ref, AsStream, StreamHandle};
 
@@ -33,7 +33,7 @@ pub fn pinned_block_size(size: u64) -> u64 {
     }
 }
 
-/// Counters of a [`PinnedPool`], in bytes of whole blocks.
+/// Counters of a [`PinnedAllocator`], in bytes of whole blocks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PinnedStats {
     /// Bytes handed out now.
@@ -73,7 +73,7 @@ impl PinnedStats {
     }
 }
 
-/// The cache of a pinned pool, generic over the block handle `H` and the
+/// The cache of a [`PinnedAllocator`], generic over the block handle `H` and the
 /// event type `E` so that its rules are tested without a GPU.
 #[derive(Debug)]
 pub struct HostCache<H, E> {
@@ -191,54 +191,54 @@ impl<H, E> HostCache<H, E> {
     }
 }
 
-struct PoolState {
+struct PinnedState {
     cache: HostCache<HostPtr, RawEvent>,
-    events: EventPool<RawEvent>,
+    events: EventRecycler<RawEvent>,
 }
 
 /// Pinned host memory, cached: see the module docs. Blocks are portable
 /// (usable with every context of the process).
 ///
 /// ```no_run
-/// use alloc_cuda::{CudaAllocator, PinnedPool};
+/// use alloc_cuda::{CudaAllocator, PinnedAllocator};
 ///
-/// let pool = PinnedPool::global()?;
-/// let mut staging = pool.alloc(64 << 20)?; // 64 MiB of page-locked memory
+/// let pinned = PinnedAllocator::global()?;
+/// let mut staging = pinned.alloc(64 << 20)?; // 64 MiB of page-locked memory
 /// staging.as_mut_slice().fill(7);
 /// drop(staging); // cached: the next request of this size pins nothing
-/// let again = pool.alloc(64 << 20)?;
-/// assert_eq!(pool.stats()?.host_allocs, 1);
+/// let again = pinned.alloc(64 << 20)?;
+/// assert_eq!(pinned.stats()?.host_allocs, 1);
 /// # drop(again);
 /// # Ok::<(), alloc_cuda::CudaError>(())
 /// ```
-pub struct PinnedPool {
+pub struct PinnedAllocator {
     ctx: Arc<CudaContext>,
-    state: Mutex<PoolState>,
+    state: Mutex<PinnedState>,
 }
 
-impl std::fmt::Debug for PinnedPool {
+impl std::fmt::Debug for PinnedAllocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinnedPool")
+        f.debug_struct("PinnedAllocator")
             .field("device", &self.ctx.ordinal())
             .finish_non_exhaustive()
     }
 }
 
-static GLOBAL: OnceLock<Arc<PinnedPool>> = OnceLock::new();
+static GLOBAL: OnceLock<Arc<PinnedAllocator>> = OnceLock::new();
 
-impl PinnedPool {
-    /// A new, empty pool whose driver calls run in `ctx`.
+impl PinnedAllocator {
+    /// A new, empty allocator whose driver calls run in `ctx`.
     pub fn new(ctx: Arc<CudaContext>) -> Arc<Self> {
-        Arc::new(PinnedPool {
+        Arc::new(PinnedAllocator {
             ctx,
-            state: Mutex::new(PoolState {
+            state: Mutex::new(PinnedState {
                 cache: HostCache::default(),
-                events: EventPool::new(),
+                events: EventRecycler::new(),
             }),
         })
     }
 
-    /// The process-wide pool (in device 0's primary context), created on
+    /// The process-wide allocator (in device 0's primary context), created on
     /// first use; sleep tags back up into it.
     pub fn global() -> Result<Arc<Self>, CudaError> {
         if let Some(p) = GLOBAL.get() {
@@ -251,7 +251,7 @@ impl PinnedPool {
 
     /// The cache, locked; after a panic with the lock held, its counters
     /// are made to agree with its lists again (see [`crate::lock`]).
-    fn state(&self) -> Result<MutexGuard<'_, PoolState>, CudaError> {
+    fn state(&self) -> Result<MutexGuard<'_, PinnedState>, CudaError> {
         lock_checked(&self.state, |st| {
             st.cache.repair();
             Ok(())
@@ -263,7 +263,7 @@ impl PinnedPool {
     pub fn alloc(self: &Arc<Self>, len: usize) -> Result<PinnedBuffer, CudaError> {
         driver::bind(&self.ctx)?;
         let mut st = self.state()?;
-        let PoolState { cache, events } = &mut *st;
+        let PinnedState { cache, events } = &mut *st;
         let taken = cache.take(
             len as u64,
             |e| driver::event_query(e).unwrap_or(false),
@@ -285,7 +285,7 @@ impl PinnedPool {
             len,
             bytes,
             users: Vec::new(),
-            pool: self.clone(),
+            allocator: self.clone(),
         })
     }
 
@@ -299,7 +299,7 @@ impl PinnedPool {
         Ok(())
     }
 
-    /// The pool's counters.
+    /// The allocator's counters.
     pub fn stats(&self) -> Result<PinnedStats, CudaError> {
         Ok(self.state()?.cache.stats())
     }
@@ -332,7 +332,7 @@ impl PinnedPool {
     }
 }
 
-impl Drop for PinnedPool {
+impl Drop for PinnedAllocator {
     fn drop(&mut self) {
         if driver::bind(&self.ctx).is_err() {
             return;
@@ -347,7 +347,7 @@ impl Drop for PinnedPool {
     }
 }
 
-/// Pinned host memory from a [`PinnedPool`], back to its cache when
+/// Pinned host memory from a [`PinnedAllocator`], back to its cache when
 /// dropped.
 pub struct PinnedBuffer {
     ptr: Option<HostPtr>,
@@ -357,7 +357,7 @@ pub struct PinnedBuffer {
     /// events on them): its reuse waits for their work queued before the
     /// drop.
     users: Vec<StreamHandle>,
-    pool: Arc<PinnedPool>,
+    allocator: Arc<PinnedAllocator>,
 }
 
 impl std::fmt::Debug for PinnedBuffer {
@@ -420,7 +420,7 @@ impl PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         if let Some(ptr) = self.ptr.take() {
-            self.pool.give_back(ptr, self.bytes, &self.users);
+            self.allocator.give_back(ptr, self.bytes, &self.users);
         }
     }
 }

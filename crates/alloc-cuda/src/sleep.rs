@@ -4,7 +4,7 @@
 //! graphs captured over them stay valid. The engine decides what is paused
 //! and waits for the tag's streams through events
 //! (`alloc_core::Engine::pause_tag`); [`HostBackups`] copies live blocks to
-//! pinned host memory from the [`PinnedPool`] and back, on a stream of its
+//! pinned host memory from the [`PinnedAllocator`] and back, on a stream of its
 //! own, and keeps the copies of paused tags.
 //!
 //! The part knows nothing of the allocator handle: it is given the device's
@@ -21,7 +21,7 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::driver;
 use crate::error::{driver_error, CudaError};
 use crate::lock::lock_consistent;
-use crate::pinned::{PinnedBuffer, PinnedPool};
+use crate::pinned::{PinnedAllocator, PinnedBuffer};
 use crate::CudaEngine;
 
 /// The host copy of a paused tag: one pinned buffer with every saved block
@@ -81,17 +81,19 @@ impl HostBackups {
         backup: Backup,
     ) -> Result<PauseReport, CudaError> {
         let pinned = match backup {
-            Backup::Host => Some(PinnedPool::global()?),
+            Backup::Host => Some(PinnedAllocator::global()?),
             Backup::None => None,
         };
         let copy_stream = self.copy_stream(ctx)?;
         let mut saved: Option<HostCopy> = None;
         let mut engine = lock()?;
         let report = engine.pause_tag(tag, backup, &mut |blocks| {
-            let pool = pinned.as_ref().expect("host backups have a pinned pool");
+            let pool = pinned
+                .as_ref()
+                .expect("host backups have a pinned allocator");
             let (offsets, total) = host_layout(blocks);
             let mut host = pool.alloc(total as usize).map_err(copy_failed)?;
-            // The pinned pool may have bound another device's context.
+            // The pinned allocator may have bound another device's context.
             driver::bind(ctx).map_err(copy_failed)?;
             for &(addr, size) in blocks {
                 // SAFETY: the host buffer holds `total` pinned bytes, the

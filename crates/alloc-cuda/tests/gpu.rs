@@ -238,10 +238,10 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     alloc.process_events().unwrap();
     assert_eq!(alloc.awaiting_events().unwrap(), 0);
 
-    // Event pool: many cross-stream frees reuse a handful of events.
+    // Event recycler: many cross-stream frees reuse a handful of events.
     let s1 = new_stream(&alloc);
     let s2 = new_stream(&alloc);
-    let before = alloc.event_pool_stats().unwrap();
+    let before = alloc.event_stats().unwrap();
     for i in 0..500 {
         let mut buf = alloc.alloc::<u8>(4096 + i, &s1).unwrap();
         buf.fill_bytes(i as u8).unwrap();
@@ -254,8 +254,8 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     alloc.process_events().unwrap();
-    let after = alloc.event_pool_stats().unwrap();
-    println!("event pool before {before:?}, after 500 cross-stream frees {after:?}");
+    let after = alloc.event_stats().unwrap();
+    println!("event recycler before {before:?}, after 500 cross-stream frees {after:?}");
     assert!(
         after.created - before.created <= 8,
         "events are created per free instead of pooled: {after:?}"

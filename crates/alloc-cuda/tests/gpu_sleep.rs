@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use alloc_core::{human_bytes, AllocError, MIB};
 use alloc_cuda::cudarc::driver::sys;
-use alloc_cuda::{Backup, CudaAllocator, CudaError, PinnedPool};
+use alloc_cuda::{Backup, CudaAllocator, CudaError, PinnedAllocator};
 use common::{
     allocator, launch_spin_copy, new_stream, spin_copy_kernel, under_sanitizer, word_pattern,
 };
@@ -117,11 +117,11 @@ fn host_backup_keeps_contents_and_addresses_and_gives_memory_back() {
         assert!(pinned.cached_bytes >= report.saved_bytes);
         if !config.is_empty() {
             // The same blocks paused again (a new allocator, the same
-            // process-wide pinned pool): nothing new is pinned.
+            // process-wide pinned allocator): nothing new is pinned.
             assert!(pinned.cache_hits > 0, "[{config}] {pinned:?}");
         }
     }
-    PinnedPool::global().unwrap().empty_cache().unwrap();
+    PinnedAllocator::global().unwrap().empty_cache().unwrap();
 }
 
 #[test]
@@ -254,7 +254,7 @@ fn a_cuda_graph_over_a_tagged_pool_replays_after_pause_and_resume() {
         drop((src, dst));
         alloc.validate().unwrap().unwrap();
     }
-    PinnedPool::global().unwrap().empty_cache().unwrap();
+    PinnedAllocator::global().unwrap().empty_cache().unwrap();
 }
 
 #[test]
@@ -286,13 +286,13 @@ fn double_pause_unknown_tag_and_allocation_while_paused_are_clear_errors() {
     drop(buf);
     let buf = kv.alloc::<u8>(MIB as usize, &stream).unwrap(); // allowed again
     drop(buf);
-    PinnedPool::global().unwrap().empty_cache().unwrap();
+    PinnedAllocator::global().unwrap().empty_cache().unwrap();
 }
 
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn pinned_pool_caches_blocks_and_waits_for_streams_that_used_them() {
-    let pool = PinnedPool::new(allocator("").context().clone());
+    let pool = PinnedAllocator::new(allocator("").context().clone());
     let mut a = pool.alloc(10 * MIB as usize).unwrap();
     assert!(
         a.as_slice().iter().all(|&b| b == 0),

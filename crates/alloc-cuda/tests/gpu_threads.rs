@@ -281,7 +281,7 @@ fn stress(config: &str, memory_fraction: bool) {
         stats.num_device_free,
         stats.num_alloc_retries,
         stats.page_moves.pages_unmapped,
-        alloc.event_pool_stats().unwrap(),
+        alloc.event_stats().unwrap(),
     );
     assert_drained(&alloc);
 }

@@ -1,7 +1,7 @@
 //! Page-locking memory the caller allocated, across the C ABI
 //! (`gpualloc_host_register` / `gpualloc_host_unregister`): Numba's `mempin`
 //! through the library, so that the bytes pinned in place are counted in
-//! the host statistics (`gpualloc_host_stats_json`) beside the pinned pool's.
+//! the host statistics (`gpualloc_host_stats_json`) beside the pinned allocator's.
 
 use std::ffi::{c_int, c_void};
 

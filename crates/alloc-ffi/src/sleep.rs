@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::{Mutex, MutexGuard};
 
 use alloc_core::{AllocError, Backup, TagInfo};
-use alloc_cuda::{CudaAllocator, CudaError, PinnedBuffer, PinnedPool, StreamHandle};
+use alloc_cuda::{CudaAllocator, CudaError, PinnedAllocator, PinnedBuffer, StreamHandle};
 
 use crate::state::{self, CtxGuard, FfiError, FfiResult};
 use crate::{c_str, call_int, call_ptr, named_pool, CudaStream};
@@ -216,7 +216,7 @@ pub extern "C" fn gpualloc_host_alloc(size: usize) -> *mut c_void {
             return Err(FfiError::invalid("gpualloc_host_alloc of 0 bytes"));
         }
         let _ctx = CtxGuard::save_if_driver_loaded();
-        let mut buf = PinnedPool::global()?.alloc(size)?;
+        let mut buf = PinnedAllocator::global()?.alloc(size)?;
         let ptr = buf.as_mut_ptr();
         host_buffers()
             .get_or_insert_with(HashMap::new)
@@ -271,7 +271,7 @@ pub extern "C" fn gpualloc_host_record_stream(ptr: *mut c_void, stream: CudaStre
 pub extern "C" fn gpualloc_host_empty_cache() -> c_int {
     call_int(|| {
         let _ctx = CtxGuard::save_if_driver_loaded();
-        Ok(PinnedPool::global()?.empty_cache()?)
+        Ok(PinnedAllocator::global()?.empty_cache()?)
     })
 }
 
@@ -281,7 +281,7 @@ pub extern "C" fn gpualloc_host_empty_cache() -> c_int {
 pub extern "C" fn gpualloc_host_stats_json() -> *mut c_char {
     call_ptr(|| {
         let _ctx = CtxGuard::save_if_driver_loaded();
-        let pool = PinnedPool::global()?.stats()?;
+        let pool = PinnedAllocator::global()?.stats()?;
         let registered = crate::host_register::registered_stats();
         let map: serde_json::Map<String, serde_json::Value> = pool
             .named()

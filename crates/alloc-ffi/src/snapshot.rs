@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use alloc_core::{AllocatorConfig, PoolKind, Snapshot, SnapshotState};
+use alloc_core::{AllocatorConfig, Pool, Snapshot, SnapshotState};
 use serde::Serialize;
 
 /// One block of a segment, as PyTorch's snapshot has it.
@@ -117,10 +117,10 @@ pub enum SettingValue {
     Map(BTreeMap<String, i64>),
 }
 
-fn pool_name(p: PoolKind) -> &'static str {
+fn pool_name(p: Pool) -> &'static str {
     match p {
-        PoolKind::Small => "small",
-        PoolKind::Large => "large",
+        Pool::Small => "small",
+        Pool::Large => "large",
     }
 }
 

@@ -288,7 +288,7 @@ impl Policy for BasePolicy {
             other => dispatch!(mut other, p => p.carve(heap, block, req)),
         }
     }
-    forward_policy!(dispatch; name, reconfigure, capabilities, plan, segment_size, insert_free,
+    forward_policy!(dispatch; name, reconfigure, capabilities, round_request, segment_size, insert_free,
         remove_free);
 }
 
@@ -345,7 +345,7 @@ impl Policy for AnyPolicy {
     ) -> alloc_core::BlockId {
         self.base.carve(heap, block, req)
     }
-    forward_policy!(base; capabilities, plan, segment_size, insert_free, remove_free);
+    forward_policy!(base; capabilities, round_request, segment_size, insert_free, remove_free);
 }
 
 impl Reclaim for AnyPolicy {

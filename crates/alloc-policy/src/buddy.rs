@@ -30,7 +30,7 @@ use std::collections::{BTreeSet, HashSet};
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, Heap, OomRelease, Policy,
-    PoolKind, Reclaim, Request, SegmentId, MIB,
+    Pool, Reclaim, Request, SegmentId, MIB,
 };
 
 use crate::per_key::PerKey;
@@ -43,12 +43,12 @@ pub const LARGE_SEGMENT: u64 = 64 * MIB;
 /// OVERSIZE_REUSE_FACTOR` of its size: the same worst-case waste as rounding
 /// to a power of two.
 pub const OVERSIZE_REUSE_FACTOR: u64 = 2;
-/// Block tag of a dedicated (oversize) block; other blocks carry their order
+/// Block bin of a dedicated (oversize) block; other blocks carry their order
 /// (the base-2 logarithm of their size).
-pub const OVERSIZE_TAG: u32 = u32::MAX;
+pub const OVERSIZE_BIN: u32 = u32::MAX;
 
-/// The two pools, in [`PoolKind::index`] order.
-const POOLS: [PoolKind; 2] = [PoolKind::Small, PoolKind::Large];
+/// The two pools, in [`Pool::index`] order.
+const POOLS: [Pool; 2] = [Pool::Small, Pool::Large];
 /// Number of orders a 64-bit size can have.
 const ORDERS: usize = 64;
 /// Stream entries kept before entries with no free block are pruned.
@@ -105,10 +105,10 @@ impl BuddySettings {
 
     /// Segment size (largest order) of a pool.
     #[inline]
-    pub fn segment(&self, pool: PoolKind) -> u64 {
+    pub fn segment(&self, pool: Pool) -> u64 {
         match pool {
-            PoolKind::Small => self.small_segment,
-            PoolKind::Large => self.large_segment,
+            Pool::Small => self.small_segment,
+            Pool::Large => self.large_segment,
         }
     }
 }
@@ -207,11 +207,11 @@ impl Buddy {
         size > self.settings.large_segment
     }
 
-    fn stream_slot(&self, pool: PoolKind, key: CacheKey) -> Option<usize> {
+    fn stream_slot(&self, pool: Pool, key: CacheKey) -> Option<usize> {
         self.lists[pool.index()].position(key)
     }
 
-    fn stream_slot_or_insert(&mut self, pool: PoolKind, key: CacheKey) -> usize {
+    fn stream_slot_or_insert(&mut self, pool: Pool, key: CacheKey) -> usize {
         let lists = &mut self.lists[pool.index()];
         if lists.len() >= STREAM_PRUNE_AT && lists.position(key).is_none() {
             lists.retain(|l| l.mask != 0);
@@ -233,7 +233,7 @@ impl Buddy {
 
     /// Pushes `id` onto the list of `order` of stream entry `slot`.
     #[inline]
-    fn push_at(&mut self, pool: PoolKind, slot: usize, order: usize, id: BlockId) {
+    fn push_at(&mut self, pool: Pool, slot: usize, order: usize, id: BlockId) {
         let old = self.lists[pool.index()].at(slot).heads[order];
         *self.link_mut(id) = Link {
             prev: None,
@@ -254,7 +254,7 @@ impl Buddy {
             return;
         }
         let b = heap.block(id);
-        let (pool, order) = (b.pool, b.tag as usize % ORDERS);
+        let (pool, order) = (b.pool, b.bin as usize % ORDERS);
         if let Some(slot) = self.stream_slot(pool, b.key()) {
             self.unlink_at(pool, slot, order, id);
         }
@@ -263,7 +263,7 @@ impl Buddy {
     /// Unlinks the listed `id` from the list of `order` of stream entry
     /// `slot`.
     #[inline]
-    fn unlink_at(&mut self, pool: PoolKind, slot: usize, order: usize, id: BlockId) {
+    fn unlink_at(&mut self, pool: Pool, slot: usize, order: usize, id: BlockId) {
         let link = std::mem::take(&mut self.links[id.index()]);
         match link.prev {
             Some(p) => self.links[p.index()].next = link.next,
@@ -279,7 +279,7 @@ impl Buddy {
     }
 
     /// Pops a block of the smallest order >= `order` on `stream`.
-    fn pop_at_least(&mut self, pool: PoolKind, stream: CacheKey, order: u32) -> Option<BlockId> {
+    fn pop_at_least(&mut self, pool: Pool, stream: CacheKey, order: u32) -> Option<BlockId> {
         let slot = self.stream_slot(pool, stream)?;
         let lists = self.lists[pool.index()].at_mut(slot);
         let avail = lists.mask & (u64::MAX << (order % ORDERS as u32));
@@ -346,7 +346,7 @@ impl Buddy {
                             || b.pool != pool
                             || b.key() != key
                             || b.size != 1 << order
-                            || b.tag as usize != order
+                            || b.bin as usize != order
                         {
                             return Err(format!(
                                 "block {:#x}: free-list key ({pool:?}, {}, order \
@@ -385,7 +385,7 @@ impl Policy for Buddy {
         "buddy"
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let s = &self.settings;
         let rounded = pow2_ceil(requested.max(s.min_block));
         // An oversize request is above the large segment, hence above
@@ -428,7 +428,7 @@ impl Policy for Buddy {
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         let mut size = heap.block(block).size;
         if self.is_oversize(req.size) || !size.is_power_of_two() {
-            heap.set_tag(block, OVERSIZE_TAG);
+            heap.set_bin(block, OVERSIZE_BIN);
             return block;
         }
         let want = req.size.max(self.settings.min_block);
@@ -440,11 +440,11 @@ impl Policy for Buddy {
                 size /= 2;
                 let upper = heap.split(block, size);
                 let order = order_of(size);
-                heap.set_tag(upper, order);
+                heap.set_bin(upper, order);
                 self.push_at(pool, slot, order as usize, upper);
             }
         }
-        heap.set_tag(block, order_of(size));
+        heap.set_bin(block, order_of(size));
         block
     }
 
@@ -452,7 +452,7 @@ impl Policy for Buddy {
     /// then lists the result at its order.
     fn insert_free(&mut self, heap: &mut Heap, block: BlockId) {
         let b = heap.block(block);
-        if b.tag == OVERSIZE_TAG {
+        if b.bin == OVERSIZE_BIN {
             self.oversize.insert(oversize_key(heap, block));
             return;
         }
@@ -483,12 +483,12 @@ impl Policy for Buddy {
             id = lower;
         }
         let order = order_of(heap.block(id).size) as usize;
-        heap.set_tag(id, order as u32);
+        heap.set_bin(id, order as u32);
         self.push_at(pool, slot, order, id);
     }
 
     fn remove_free(&mut self, heap: &Heap, block: BlockId) {
-        if heap.block(block).tag == OVERSIZE_TAG {
+        if heap.block(block).bin == OVERSIZE_BIN {
             self.oversize.remove(&oversize_key(heap, block));
         } else {
             self.unlink(heap, block);
@@ -523,7 +523,7 @@ impl Reclaim for Buddy {
                 }
             }
         }
-        if req.pool == PoolKind::Large {
+        if req.pool == Pool::Large {
             for k in self
                 .oversize
                 .range((req.key, 0, 0, BlockId::MIN)..=(req.key, u64::MAX, u64::MAX, BlockId::MAX))
@@ -567,7 +567,7 @@ impl Audit for Buddy {
 
     /// Buddy invariants: list keys match their blocks; every buddy block is
     /// a power of two at a multiple of its size within its segment and
-    /// tagged with its order; no free block has a free buddy of its size;
+    /// binned by its order; no free block has a free buddy of its size;
     /// dedicated segments hold one block.
     fn check(&self, heap: &Heap) -> Result<(), String> {
         let live: HashSet<BlockId> = heap.blocks().map(|(id, _)| id).collect();
@@ -585,8 +585,8 @@ impl Audit for Buddy {
             let b = heap.block(k.3);
             if oversize_key(heap, k.3) != *k
                 || b.state != BlockState::Free
-                || b.pool != PoolKind::Large
-                || b.tag != OVERSIZE_TAG
+                || b.pool != Pool::Large
+                || b.bin != OVERSIZE_BIN
                 || !self.is_oversize(b.size)
             {
                 return Err(format!("stale oversize key for block at {:#x}", k.2));
@@ -598,9 +598,9 @@ impl Audit for Buddy {
         for (seg_id, seg) in heap.segments() {
             if self.is_oversize(seg.size) {
                 let b = heap.block(seg.first);
-                if seg.pool != PoolKind::Large || seg.blocks != 1 || b.tag != OVERSIZE_TAG {
+                if seg.pool != Pool::Large || seg.blocks != 1 || b.bin != OVERSIZE_BIN {
                     return Err(format!(
-                        "dedicated segment {:#x} is split or mistagged",
+                        "dedicated segment {:#x} is split or in the wrong bin",
                         seg.addr
                     ));
                 }
@@ -618,11 +618,11 @@ impl Audit for Buddy {
                 if !b.size.is_power_of_two()
                     || b.size < self.settings.min_block
                     || off & (b.size - 1) != 0
-                    || b.tag != order_of(b.size)
+                    || b.bin != order_of(b.size)
                 {
                     return Err(format!(
-                        "block {:#x} (size {}, offset {off}, tag {}) breaks the buddy layout",
-                        b.addr, b.size, b.tag
+                        "block {:#x} (size {}, offset {off}, bin {}) breaks the buddy layout",
+                        b.addr, b.size, b.bin
                     ));
                 }
                 if b.state != BlockState::Free || b.size == seg.size {
@@ -708,22 +708,25 @@ mod tests {
     #[test]
     fn plan_rounds_to_powers_of_two_and_picks_pools() {
         let p = Buddy::default();
-        let plan = |n| {
-            let r = p.plan(n, CacheKey::shared(StreamId(7)));
+        let round = |n| {
+            let r = p.round_request(n, CacheKey::shared(StreamId(7)));
             (r.size, r.pool, p.segment_size(&r))
         };
-        assert_eq!(plan(1), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(512), (512, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(513), (KIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(MIB), (MIB, PoolKind::Small, 2 * MIB));
-        assert_eq!(plan(MIB + 1), (2 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(33 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(64 * MIB), (64 * MIB, PoolKind::Large, 64 * MIB));
-        assert_eq!(plan(64 * MIB + 1), (66 * MIB, PoolKind::Large, 66 * MIB));
-        assert_eq!(plan(100 * MIB), (100 * MIB, PoolKind::Large, 100 * MIB));
-        assert_eq!(p.plan(3, StreamId(7).into()).key.stream, StreamId(7));
+        assert_eq!(round(1), (512, Pool::Small, 2 * MIB));
+        assert_eq!(round(512), (512, Pool::Small, 2 * MIB));
+        assert_eq!(round(513), (KIB, Pool::Small, 2 * MIB));
+        assert_eq!(round(MIB), (MIB, Pool::Small, 2 * MIB));
+        assert_eq!(round(MIB + 1), (2 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(33 * MIB), (64 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB), (64 * MIB, Pool::Large, 64 * MIB));
+        assert_eq!(round(64 * MIB + 1), (66 * MIB, Pool::Large, 66 * MIB));
+        assert_eq!(round(100 * MIB), (100 * MIB, Pool::Large, 100 * MIB));
+        assert_eq!(
+            p.round_request(3, StreamId(7).into()).key.stream,
+            StreamId(7)
+        );
         // Never panics, even beyond what the engine accepts.
-        assert_eq!(plan(u64::MAX).1, PoolKind::Large);
+        assert_eq!(round(u64::MAX).1, Pool::Large);
         assert_eq!(p.capabilities().oversize_threshold, 64 * MIB + 1);
     }
 
@@ -749,14 +752,14 @@ mod tests {
         let heap = e.heap();
         let seg = heap.segment(heap.segment_containing(a.addr).unwrap());
         assert_eq!((seg.size, seg.addr), (2 * MIB, a.addr));
-        assert_eq!(heap.block(heap.block_at(a.addr).unwrap()).tag, 10);
+        assert_eq!(heap.block(heap.block_at(a.addr).unwrap()).bin, 10);
         e.assert_valid();
         e.free(a.addr).unwrap();
         assert_eq!(free_sizes(&e, a.addr), vec![2 * MIB]);
         let heap = e.heap();
         let seg = heap.segment_containing(a.addr).unwrap();
         assert_eq!(heap.segment(seg).blocks, 1);
-        assert_eq!(heap.block(heap.segment(seg).first).tag, 21);
+        assert_eq!(heap.block(heap.segment(seg).first).bin, 21);
         assert_eq!(e.stats().inactive_split.all.current, 0);
         assert_eq!(e.policy().idle_segments(e.heap()), vec![seg]);
         e.assert_valid();
@@ -924,13 +927,13 @@ mod tests {
         let mut e = engine(130 * MIB);
         let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();
-        let req = e.policy().plan(20 * MIB, StreamId(0).into());
+        let req = e.policy().round_request(20 * MIB, StreamId(0).into());
         let mut p = e.policy().clone();
         let release = p.release_for_oom(e.heap(), &req);
         let seg = e.heap().segment_containing(a.addr).unwrap();
         assert_eq!(release.segments, vec![seg]);
         assert!(release.sufficient);
-        let other = p.release_for_oom(e.heap(), &p.plan(20 * MIB, StreamId(3).into()));
+        let other = p.release_for_oom(e.heap(), &p.round_request(20 * MIB, StreamId(3).into()));
         assert!(other.segments.is_empty() && !other.sufficient);
         // 20 MiB needs a 64 MiB segment: the cached 100 MiB one goes back.
         let b = e.malloc(20 * MIB, StreamId(0)).unwrap();

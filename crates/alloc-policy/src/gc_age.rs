@@ -147,7 +147,7 @@ impl Reclaim for GcAge {
 mod tests {
     use super::*;
     use alloc_core::{Audit, BlockId, CacheKey, Capabilities, Policy, Request, StreamId};
-    use alloc_core::{Engine, EngineOptions, PoolKind, SimMemory, SimStreams, GIB, MIB};
+    use alloc_core::{Engine, EngineOptions, Pool, SimMemory, SimStreams, GIB, MIB};
 
     /// A minimal policy: one block per segment, exact-size reuse, no
     /// collector of its own but a [`GcAge`]. Sizes are rounded to 2 MiB;
@@ -178,11 +178,11 @@ mod tests {
         fn name(&self) -> &str {
             "whole"
         }
-        fn plan(&self, requested: u64, key: CacheKey) -> Request {
+        fn round_request(&self, requested: u64, key: CacheKey) -> Request {
             let pool = if requested <= MIB {
-                PoolKind::Small
+                Pool::Small
             } else {
-                PoolKind::Large
+                Pool::Large
             };
             Request {
                 requested,

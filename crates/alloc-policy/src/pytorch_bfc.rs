@@ -12,7 +12,7 @@ use alloc_core::pytorch::{
 };
 use alloc_core::{
     coalesce, Audit, BlockId, CacheKey, Capabilities, ConfigError, Heap, KeptKeys, OomRelease,
-    Policy, PoolKind, Pressure, Reclaim, Request, SegmentId,
+    Policy, Pool, Pressure, Reclaim, Request, SegmentId,
 };
 
 /// Settings of the PyTorch policy, from the allocator configuration.
@@ -219,9 +219,9 @@ impl PytorchBfc {
         self.free.iter().map(FreeIndex::key_entries).sum()
     }
 
-    fn should_split(&self, pool: PoolKind, block_size: u64, size: u64) -> bool {
+    fn should_split(&self, pool: Pool, block_size: u64, size: u64) -> bool {
         let remaining = block_size - size;
-        if pool == PoolKind::Small || self.settings.expandable {
+        if pool == Pool::Small || self.settings.expandable {
             remaining >= MIN_BLOCK_SIZE
         } else {
             size < self.settings.max_split_size && remaining > SMALL_SIZE
@@ -333,7 +333,7 @@ impl PytorchBfc {
 
     /// Smallest free block of `stream` in `pool` with size >= `size`.
     #[inline]
-    fn lower_bound(&self, pool: PoolKind, stream: CacheKey, size: u64) -> Option<Entry> {
+    fn lower_bound(&self, pool: Pool, stream: CacheKey, size: u64) -> Option<Entry> {
         self.free[pool.index()].lower_bound(stream, size)
     }
 }
@@ -354,7 +354,7 @@ impl Policy for PytorchBfc {
         Ok(())
     }
 
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = if self.divides {
             self.settings.round_size(requested)
         } else {
@@ -462,8 +462,8 @@ impl Reclaim for PytorchBfc {
             return Vec::new();
         }
         let target = pressure.reserved - gc_threshold;
-        let now = heap.clock(PoolKind::Large);
-        let mut candidates: Vec<(BlockId, u64, u64)> = self.free[PoolKind::Large.index()]
+        let now = heap.clock(Pool::Large);
+        let mut candidates: Vec<(BlockId, u64, u64)> = self.free[Pool::Large.index()]
             .iter()
             .filter(|(_, e)| heap.segment(heap.block(e.id).segment).blocks == 1)
             .map(|(_, e)| (e.id, e.size, now - heap.block(e.id).freed_at))
@@ -518,7 +518,7 @@ impl Audit for PytorchBfc {
     }
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
-        for (pool, free) in [PoolKind::Small, PoolKind::Large].iter().zip(&self.free) {
+        for (pool, free) in [Pool::Small, Pool::Large].iter().zip(&self.free) {
             for (stream, e) in free.iter() {
                 let b = heap.block(e.id);
                 if (b.key(), b.size, b.addr, b.pool) != (stream, e.size, e.addr, *pool) {
@@ -527,7 +527,7 @@ impl Audit for PytorchBfc {
             }
         }
         match &self.plan {
-            Some(plan) => plan.check(&self.free[PoolKind::Large.index()]),
+            Some(plan) => plan.check(&self.free[Pool::Large.index()]),
             None => Ok(()),
         }
     }
@@ -581,14 +581,14 @@ mod tests {
     #[test]
     fn split_thresholds() {
         let p = PytorchBfc::default();
-        assert!(p.should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 512));
-        assert!(!p.should_split(PoolKind::Small, 1024, 1024));
-        assert!(!p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB));
-        assert!(p.should_split(PoolKind::Large, 20 * MIB, 19 * MIB - 512));
+        assert!(p.should_split(Pool::Small, 2 * MIB, 2 * MIB - 512));
+        assert!(!p.should_split(Pool::Small, 1024, 1024));
+        assert!(!p.should_split(Pool::Large, 20 * MIB, 19 * MIB));
+        assert!(p.should_split(Pool::Large, 20 * MIB, 19 * MIB - 512));
         let p = PytorchBfc::new(BfcSettings::from(
             &AllocatorConfig::parse("max_split_size_mb:64").unwrap(),
         ));
-        assert!(!p.should_split(PoolKind::Large, 200 * MIB, 64 * MIB));
-        assert!(p.should_split(PoolKind::Large, 200 * MIB, 63 * MIB));
+        assert!(!p.should_split(Pool::Large, 200 * MIB, 64 * MIB));
+        assert!(p.should_split(Pool::Large, 200 * MIB, 63 * MIB));
     }
 }

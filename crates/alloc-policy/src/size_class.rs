@@ -34,7 +34,7 @@ use alloc_core::config::SizeClassConfig;
 use alloc_core::pytorch::{MIN_BLOCK_SIZE, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE};
 use alloc_core::{
     AllocatorConfig, Audit, BlockId, BlockState, CacheKey, Capabilities, ConfigError, Heap,
-    OomRelease, Policy, PoolKind, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
+    OomRelease, Policy, Pool, Pressure, Reclaim, Request, SegmentId, GIB, MIB,
 };
 
 use crate::free_index::PRUNE_AT;
@@ -59,11 +59,11 @@ pub const LARGE_SLAB: u64 = 64 * MIB;
 /// Slab sizes are capped at this, so rounding can never overflow.
 const MAX_SLAB: u64 = 1 << 40;
 
-/// Tag of a slab's uncarved remainder (class blocks are tagged with their
+/// Bin of a slab's uncarved remainder (class blocks are binned by their
 /// class index).
-const TAG_TAIL: u32 = u32::MAX - 1;
-/// Tag of a block that is a whole dedicated segment.
-const TAG_DEDICATED: u32 = u32::MAX;
+const BIN_TAIL: u32 = u32::MAX - 1;
+/// Bin of a block that is a whole dedicated segment.
+const BIN_DEDICATED: u32 = u32::MAX;
 
 /// The class of a block of `size` bytes, or `None` above [`MAX_CLASS_SIZE`].
 ///
@@ -99,11 +99,11 @@ pub fn class_size(class: usize) -> u64 {
 
 /// The pool of class `class`.
 #[inline]
-pub fn class_pool(class: usize) -> PoolKind {
+pub fn class_pool(class: usize) -> Pool {
     if class < SMALL_CLASSES {
-        PoolKind::Small
+        Pool::Small
     } else {
-        PoolKind::Large
+        Pool::Large
     }
 }
 
@@ -204,18 +204,18 @@ fn worth_resetting(heap: &Heap, seg: SegmentId) -> bool {
         return false;
     }
     let head = heap.block(segment.first);
-    if head.tag == TAG_DEDICATED {
+    if head.bin == BIN_DEDICATED {
         return false;
     }
     let Some(tail) = head.next.map(|n| heap.block(n)) else {
         return true; // one class block: a tail serves more classes
     };
-    if tail.tag != TAG_TAIL || tail.next.is_some() {
+    if tail.bin != BIN_TAIL || tail.next.is_some() {
         return true;
     }
     let largest = match segment.pool {
-        PoolKind::Small => SMALL_CLASSES - 1,
-        PoolKind::Large => NUM_CLASSES - 1,
+        Pool::Small => SMALL_CLASSES - 1,
+        Pool::Large => NUM_CLASSES - 1,
     };
     let holds = |size| floor_class(size).map(|c| c.min(largest));
     holds(tail.size) != holds(segment.size)
@@ -235,15 +235,15 @@ enum Slot {
 }
 
 impl Slot {
-    /// Where a free block goes, from its tag and size.
+    /// Where a free block goes, from its bin and size.
     #[inline]
-    fn of(tag: u32, size: u64) -> Slot {
-        match tag {
-            TAG_DEDICATED => Slot::Dedicated,
+    fn of(bin: u32, size: u64) -> Slot {
+        match bin {
+            BIN_DEDICATED => Slot::Dedicated,
             t if (t as usize) < NUM_CLASSES && class_size(t as usize) == size => {
                 Slot::Class(t as usize)
             }
-            // Tails, and (defensively) any block whose tag does not match
+            // Tails, and (defensively) any block whose bin does not match
             // its size: indexed by what it can hold, so never handed out to
             // a request larger than itself.
             _ => match floor_class(size) {
@@ -406,7 +406,7 @@ impl SizeClass {
 
     /// The lists of `key` in `pool`, created on first use.
     #[inline]
-    fn lists_mut(&mut self, key: CacheKey, pool: PoolKind) -> (&mut PoolLists, &mut Vec<u32>) {
+    fn lists_mut(&mut self, key: CacheKey, pool: Pool) -> (&mut PoolLists, &mut Vec<u32>) {
         if self.lanes.len() >= (2 * self.pruned_len).max(PRUNE_AT)
             && self.lanes.position(key).is_none()
         {
@@ -418,11 +418,11 @@ impl SizeClass {
         (&mut pools[pool.index()], &mut self.pos)
     }
 
-    /// Indexes the free block `id` according to its tag and size.
+    /// Indexes the free block `id` according to its bin and size.
     #[inline]
     fn index(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
-        let slot = Slot::of(b.tag, b.size);
+        let slot = Slot::of(b.bin, b.size);
         let (lists, pos) = self.lists_mut(b.key(), b.pool);
         lists.push(pos, slot, id);
     }
@@ -442,7 +442,7 @@ impl SizeClass {
         while heap.block(first).next.is_some() {
             heap.merge_next(first);
         }
-        heap.set_tag(first, TAG_TAIL);
+        heap.set_bin(first, BIN_TAIL);
         self.index(heap, first);
     }
 
@@ -450,7 +450,7 @@ impl SizeClass {
     #[inline]
     fn unindex(&mut self, heap: &Heap, id: BlockId) {
         let b = heap.block(id);
-        let slot = Slot::of(b.tag, b.size);
+        let slot = Slot::of(b.bin, b.size);
         if let Some(pools) = self.lanes.get_mut(b.key()) {
             pools[b.pool.index()].remove(&mut self.pos, slot, id);
         }
@@ -465,8 +465,8 @@ impl SizeClass {
         let size = class_size(class);
         let slab = match (shrink, class_pool(class)) {
             (true, _) => 0,
-            (false, PoolKind::Small) => self.settings.small_slab,
-            (false, PoolKind::Large) => self.settings.large_slab,
+            (false, Pool::Small) => self.settings.small_slab,
+            (false, Pool::Large) => self.settings.large_slab,
         };
         round_up(size.max(slab.min(MAX_SLAB)), ROUND_LARGE)
     }
@@ -494,7 +494,7 @@ impl Policy for SizeClass {
     }
 
     #[inline]
-    fn plan(&self, requested: u64, key: CacheKey) -> Request {
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
         let size = match class_of(requested) {
             Some(c) => class_size(c),
             None => round_up(requested, ROUND_LARGE),
@@ -541,19 +541,19 @@ impl Policy for SizeClass {
     #[inline]
     fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
         let Some(class) = class_of(req.size) else {
-            heap.set_tag(block, TAG_DEDICATED);
+            heap.set_bin(block, BIN_DEDICATED);
             return block;
         };
         let size = class_size(class);
         let have = heap.block(block).size;
         if have > size {
             let rest = heap.split(block, size);
-            heap.set_tag(rest, TAG_TAIL);
+            heap.set_bin(rest, BIN_TAIL);
             self.index(heap, rest);
         }
-        // A block smaller than its class (never from the engine) is tagged as
+        // A block smaller than its class (never from the engine) is binned as
         // a tail so that, once free, it is indexed by what it can hold.
-        heap.set_tag(block, if have >= size { class as u32 } else { TAG_TAIL });
+        heap.set_bin(block, if have >= size { class as u32 } else { BIN_TAIL });
         block
     }
 
@@ -573,7 +573,7 @@ impl Policy for SizeClass {
         self.unindex(heap, block);
     }
 
-    /// Free blocks carry their size class in their tag, which carving a
+    /// Free blocks carry their size class in their bin, which carving a
     /// checkpointed layout from the front cannot recreate.
     fn capabilities(&self) -> Capabilities {
         Capabilities {
@@ -659,7 +659,7 @@ impl Audit for SizeClass {
 
     fn check(&self, heap: &Heap) -> Result<(), String> {
         for (key, pools) in self.lanes.iter() {
-            for (pool, lists) in [PoolKind::Small, PoolKind::Large].iter().zip(pools) {
+            for (pool, lists) in [Pool::Small, Pool::Large].iter().zip(pools) {
                 for (slot, list) in lists.slots() {
                     if let Slot::Tail(b) = slot {
                         if list.is_empty() == (lists.tail_mask >> b & 1 == 1) {
@@ -675,8 +675,8 @@ impl Audit for SizeClass {
                         if blk.state != BlockState::Free {
                             return Err(format!("{here}: indexed but not free"));
                         }
-                        if Slot::of(blk.tag, blk.size) != slot {
-                            return Err(format!("{here}: tag {} in the wrong list", blk.tag));
+                        if Slot::of(blk.bin, blk.size) != slot {
+                            return Err(format!("{here}: bin {} in the wrong list", blk.bin));
                         }
                         if self.pos.get(id.index()) != Some(&(at as u32)) {
                             return Err(format!("{here}: stale list position"));
@@ -691,9 +691,9 @@ impl Audit for SizeClass {
             }
         }
         for (_, b) in heap.blocks() {
-            let ok = match b.tag {
-                TAG_TAIL => b.state == BlockState::Free,
-                TAG_DEDICATED => heap.segment(b.segment).blocks == 1,
+            let ok = match b.bin {
+                BIN_TAIL => b.state == BlockState::Free,
+                BIN_DEDICATED => heap.segment(b.segment).blocks == 1,
                 t => {
                     (t as usize) < NUM_CLASSES
                         && class_size(t as usize) == b.size
@@ -702,8 +702,8 @@ impl Audit for SizeClass {
             };
             if !ok {
                 return Err(format!(
-                    "block {:#x} of {} bytes ({:?}) has tag {}: neither a class block, a free tail nor a dedicated segment",
-                    b.addr, b.size, b.state, b.tag
+                    "block {:#x} of {} bytes ({:?}) has bin {}: neither a class block, a free tail nor a dedicated segment",
+                    b.addr, b.size, b.state, b.bin
                 ));
             }
         }
@@ -754,31 +754,31 @@ mod tests {
     #[test]
     fn class_rounding_table() {
         let p = SizeClass::default();
-        let table: &[(u64, u64, PoolKind)] = &[
-            (1, 512, PoolKind::Small),
-            (512, 512, PoolKind::Small),
-            (513, 1024, PoolKind::Small),
-            (1536, 1536, PoolKind::Small),
-            (2048, 2048, PoolKind::Small),
-            (2049, 2560, PoolKind::Small),
-            (3000, 3072, PoolKind::Small),
-            (4096, 4096, PoolKind::Small),
-            (4097, 5 * KIB, PoolKind::Small),
-            (100 * KIB, 112 * KIB, PoolKind::Small),
-            (MIB - 1, MIB, PoolKind::Small),
-            (MIB, MIB, PoolKind::Small),
-            (MIB + 1, MIB + 256 * KIB, PoolKind::Large),
-            (3 * MIB, 3 * MIB, PoolKind::Large),
-            (5 * MIB + 1, 6 * MIB, PoolKind::Large),
-            (100 * MIB, 112 * MIB, PoolKind::Large),
-            (GIB - 1, GIB, PoolKind::Large),
-            (GIB, GIB, PoolKind::Large),
+        let table: &[(u64, u64, Pool)] = &[
+            (1, 512, Pool::Small),
+            (512, 512, Pool::Small),
+            (513, 1024, Pool::Small),
+            (1536, 1536, Pool::Small),
+            (2048, 2048, Pool::Small),
+            (2049, 2560, Pool::Small),
+            (3000, 3072, Pool::Small),
+            (4096, 4096, Pool::Small),
+            (4097, 5 * KIB, Pool::Small),
+            (100 * KIB, 112 * KIB, Pool::Small),
+            (MIB - 1, MIB, Pool::Small),
+            (MIB, MIB, Pool::Small),
+            (MIB + 1, MIB + 256 * KIB, Pool::Large),
+            (3 * MIB, 3 * MIB, Pool::Large),
+            (5 * MIB + 1, 6 * MIB, Pool::Large),
+            (100 * MIB, 112 * MIB, Pool::Large),
+            (GIB - 1, GIB, Pool::Large),
+            (GIB, GIB, Pool::Large),
             // Beyond the largest class: a dedicated segment, 2 MiB granules.
-            (GIB + 1, GIB + 2 * MIB, PoolKind::Large),
-            (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, PoolKind::Large),
+            (GIB + 1, GIB + 2 * MIB, Pool::Large),
+            (5 * GIB + 3 * MIB, 5 * GIB + 4 * MIB, Pool::Large),
         ];
         for &(requested, size, pool) in table {
-            let r = p.plan(requested, StreamId(7).into());
+            let r = p.round_request(requested, StreamId(7).into());
             assert_eq!((r.size, r.pool), (size, pool), "request of {requested} B");
             assert_eq!((r.requested, r.key.stream), (requested, StreamId(7)));
         }
@@ -801,7 +801,7 @@ mod tests {
             assert!(prev < 4 * MIN_BLOCK_SIZE || (size - prev - 1) * 4 <= prev + 1);
             assert_eq!(floor_class(size), Some(c));
             assert_eq!(floor_class(size + MIN_BLOCK_SIZE / 2).unwrap(), c);
-            assert_eq!(class_pool(c) == PoolKind::Small, size <= SMALL_SIZE);
+            assert_eq!(class_pool(c) == Pool::Small, size <= SMALL_SIZE);
             prev = size;
         }
         assert_eq!(prev, MAX_CLASS_SIZE);
@@ -877,7 +877,7 @@ mod tests {
         let snap = e.snapshot();
         assert_eq!(snap.segments.len(), 1);
         assert_eq!(snap.segments[0].total_size, LARGE_SLAB);
-        assert_eq!(snap.segments[0].segment_type, PoolKind::Large);
+        assert_eq!(snap.segments[0].segment_type, Pool::Large);
         // Small requests never come from large slabs.
         let s = e.malloc(512, StreamId(0)).unwrap();
         assert_eq!(e.snapshot().segments.len(), 2);

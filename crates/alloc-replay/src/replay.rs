@@ -130,19 +130,19 @@ fn engine_on(
 
 /// The simulated device for replaying `trace`: it hands out the recording's
 /// segment addresses where the trace has them (see
-/// [`SimMemory::with_address_plan`]), so that replaying PyTorch's policy
+/// [`SimMemory::with_recorded_addresses`]), so that replaying PyTorch's policy
 /// reproduces PyTorch's choices exactly.
 pub fn device_for(trace: &Trace, capacity: u64) -> SimMemory {
-    let plan: Vec<(u64, u64)> = trace
+    let recorded: Vec<(u64, u64)> = trace
         .segment_allocs
         .iter()
         .zip(&trace.segment_addrs)
         .map_while(|(&size, addr)| addr.map(|a| (size, a)))
         .collect();
-    if plan.is_empty() {
+    if recorded.is_empty() {
         SimMemory::new(capacity)
     } else {
-        SimMemory::with_address_plan(capacity, plan)
+        SimMemory::with_recorded_addresses(capacity, recorded)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::heap::Heap;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PoolId;
 use crate::tags::{Backup, CopyBlocks, PauseReport, ResumeReport, TagInfo};
-use crate::types::{CacheKey, PoolKind, SegmentId, SegmentKey, StreamId};
+use crate::types::{CacheKey, Pool, SegmentId, SegmentKey, StreamId};
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// The private pool of the sleep tag `tag`, created (with a pool id of
@@ -252,7 +252,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.out_of_memory(&Request {
             requested,
             size: requested,
-            pool: PoolKind::Large,
+            pool: Pool::Large,
             key: CacheKey::default(),
         })
     }

@@ -329,7 +329,7 @@ impl<E> StreamOrder<E> {
 mod tests {
     use super::*;
     use crate::sim::{SimEvent, SimStreams};
-    use crate::types::{CacheKey, PoolKind, MIB};
+    use crate::types::{CacheKey, Pool, MIB};
 
     /// A heap with one segment on stream 1 cut into live blocks of `sizes`.
     fn heap_of(sizes: &[u64], live: &mut LiveTable) -> (Heap, Vec<BlockId>) {
@@ -421,7 +421,7 @@ mod tests {
         let req = |size| Request {
             requested: size,
             size,
-            pool: PoolKind::Large,
+            pool: Pool::Large,
             key,
         };
         let mut done = Vec::new();

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use alloc_core::pytorch::MIN_BLOCK_SIZE;
-use alloc_core::{BlockId, BlockState, CacheKey, Heap, PoolKind, Request};
+use alloc_core::{BlockId, BlockState, CacheKey, Heap, Pool, Request};
 
 use super::{pack, Life, PeriodDetector, PlanStats};
 use crate::free_index::FreeIndex;
@@ -69,7 +69,7 @@ fn is_free_start(heap: &Heap, key: Option<CacheKey>, start: u64, id: BlockId) ->
     b.addr == start
         && b.size > 0
         && b.state == BlockState::Free
-        && b.pool == PoolKind::Large
+        && b.pool == Pool::Large
         && Some(b.key()) == key
 }
 
@@ -165,8 +165,8 @@ impl LayoutPlan {
     }
 
     /// Whether `req` is one the plan follows.
-    fn follows(&mut self, key: CacheKey, pool: PoolKind) -> bool {
-        if pool != PoolKind::Large || key.private_pool.is_some() {
+    fn follows(&mut self, key: CacheKey, pool: Pool) -> bool {
+        if pool != Pool::Large || key.private_pool.is_some() {
             return false;
         }
         *self.key.get_or_insert(key) == key
@@ -436,7 +436,7 @@ impl LayoutPlan {
     pub(crate) fn freed(&mut self, heap: &Heap, survivor: BlockId) {
         if matches!(self.phase, Phase::Following { .. }) {
             let b = heap.block(survivor);
-            if Some(b.key()) == self.key && b.pool == PoolKind::Large {
+            if Some(b.key()) == self.key && b.pool == Pool::Large {
                 self.starts.insert(b.addr, survivor);
             }
         }
@@ -464,7 +464,7 @@ impl LayoutPlan {
         let key = self.key.expect("a learned stream");
         let Some(segment) = heap
             .segments()
-            .find(|(_, s)| s.key() == key && s.pool == PoolKind::Large && s.expandable)
+            .find(|(_, s)| s.key() == key && s.pool == Pool::Large && s.expandable)
             .map(|(id, _)| id)
         else {
             self.detector.ban(period as usize);

@@ -473,7 +473,7 @@ fn main() -> BoxResult<()> {
     let plain_ns = Workload::Pair(64 * KIB as usize).measure(&mut plain, pair_iters, reps, &ctx)?;
     let cross_ns = Workload::Pair(64 * KIB as usize).measure(&mut cross, pair_iters, reps, &ctx)?;
     alloc.process_events()?;
-    let events = alloc.event_pool_stats()?;
+    let events = alloc.event_stats()?;
     println!();
     println!(
         "| 64 KiB pair, ours (default) | same stream: {plain_ns:.0} ns | with record_stream on a second stream: {cross_ns:.0} ns | CUDA events created: {} for {} cross-stream frees |",
