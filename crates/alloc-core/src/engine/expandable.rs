@@ -287,30 +287,22 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 break;
             }
             self.segments.free_pages_mut().count_visit();
-            let g = &self.segments[&key];
-            let (seg_id, pages) = (g.segment, *g.pages());
-            let seg_key = self.heap.segment(seg_id).key();
+            let pages = *self.segments[&key].pages();
+            let seg_key = self.heap.segment(self.segments[&key].segment).key();
             if !self.pools.releasable(seg_key) {
-                continue;
-            }
-            let mut runs = g.free_mapped_runs(&self.heap, keep);
-            let keeps_one = keep.is_some_and(|b| self.heap.block(b).segment == seg_id);
-            if runs.is_empty() && !keeps_one {
-                // Nothing to find here until a free or a mapping notes it.
-                self.segments.free_pages_mut().forget(&key);
                 continue;
             }
             // Making room for a mapping, the pages the policy keeps mapped
             // stay (a plan uses them again every step) within their
             // allowance; emptying the cache takes them too.
-            if spare_kept && key.1 == PoolKind::Large {
-                if let Some((lo, hi)) = self.policy.kept_mapped(seg_key) {
-                    runs = outside(runs, (pages.floor(lo), pages.ceil(hi)));
-                }
-            }
-            if runs.is_empty() {
+            let policy = &self.policy;
+            let spared = |cache| {
+                let spares = spare_kept && key.1 == PoolKind::Large;
+                spares.then(|| policy.kept_mapped(cache)).flatten()
+            };
+            let Some(runs) = self.segments.runs_to_take(&self.heap, &key, keep, spared) else {
                 continue;
-            }
+            };
             // End the epoch here: an idle stream has passed the new mark at
             // once, and later rounds find what was freed so far idle.
             self.heap.ledger.stats.page_moves.rounds += 1;
@@ -330,13 +322,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // the next walk for a mapping would find the same until a mark
             // completes (the kept range aside, which walks see in part).
             let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
-            if mover.is_some() && none_idle && same.is_empty() && !keeps_one && !kept {
-                let idle_pages = &self.segments[&key].idle;
-                if let (false, Some(mark)) =
-                    (idle_pages.wants_mark(), idle_pages.oldest_mark_number())
-                {
-                    self.segments.free_pages_mut().park(key, mark);
-                }
+            if mover.is_some() && none_idle && same.is_empty() && !kept {
+                self.segments.park_if_stuck(&self.heap, key, keep);
             }
             if !same.is_empty() {
                 movable.push((key, same));
@@ -703,37 +690,5 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.streams.release(event);
         self.segments.free_pages_mut().wake_stream(stream);
         Ok(waited?)
-    }
-}
-
-/// The parts of page runs `(start, bytes)` outside `[lo, hi)` (page
-/// boundaries).
-fn outside(runs: Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(runs.len());
-    for (start, bytes) in runs {
-        let end = start + bytes;
-        if end <= lo || start >= hi {
-            out.push((start, bytes));
-            continue;
-        }
-        out.extend((start < lo).then(|| (start, lo - start)));
-        out.extend((end > hi).then(|| (hi, end - hi)));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::outside;
-
-    #[test]
-    fn runs_are_cut_to_what_lies_outside_the_kept_range() {
-        let runs = vec![(0, 4), (8, 8), (20, 4), (30, 2)];
-        assert_eq!(
-            outside(runs, (10, 22)),
-            vec![(0, 4), (8, 2), (22, 2), (30, 2)]
-        );
-        assert_eq!(outside(vec![(0, 8)], (0, 8)), vec![]);
-        assert_eq!(outside(vec![(4, 4)], (0, 2)), vec![(4, 4)]);
     }
 }

@@ -17,7 +17,7 @@ use super::free_page_index::FreePageIndex;
 use super::growable::{growth, Growable, SegmentKey};
 use crate::heap::{BlockState, Heap};
 use crate::page_layout::PageLayout;
-use crate::types::{BlockId, PoolKind};
+use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 
 /// Keeping a planned range mapped may raise the reserved peak by at most
 /// 1/100 of it over the allocator's life: enough for what outlives a step
@@ -139,7 +139,7 @@ impl<E> GrowableSegments<E> {
     /// mark `done` says completed (or that have none).
     pub(super) fn wake_for<X>(
         &mut self,
-        stream: crate::types::StreamId,
+        stream: StreamId,
         mut done: impl FnMut(&E) -> Result<bool, X>,
     ) -> Result<(), X> {
         let segments = &self.segments;
@@ -247,6 +247,51 @@ impl<E> GrowableSegments<E> {
         }
     }
 
+    /// The free mapped pages of `key` that a walk may take, as runs in
+    /// address order: none under `keep`, and none of the range `spared`
+    /// gives for the segment's cache (the policy's kept range, while it
+    /// stays mapped). `None` when there are none; a segment without any
+    /// free mapped page (nor `keep`) leaves the index until a free or a
+    /// mapping notes it again.
+    pub(super) fn runs_to_take(
+        &mut self,
+        heap: &Heap,
+        key: &SegmentKey,
+        keep: Option<BlockId>,
+        spared: impl FnOnce(CacheKey) -> Option<(u64, u64)>,
+    ) -> Option<Vec<(u64, u64)>> {
+        let g = &self.segments[key];
+        let mut runs = g.free_mapped_runs(heap, keep);
+        if runs.is_empty() && !Self::holds(heap, g, keep) {
+            self.free_pages.forget(key);
+            return None;
+        }
+        if let Some((lo, hi)) = spared(heap.segment(g.segment).key()) {
+            let pages = g.pages();
+            runs = outside(runs, (pages.floor(lo), pages.ceil(hi)));
+        }
+        (!runs.is_empty()).then_some(runs)
+    }
+
+    /// A walk for a mapping found every free page of `key` busy and none
+    /// that can move: unless the segment holds `keep` or may still record a
+    /// mark, walks skip it until its oldest mark completes, as nothing they
+    /// do changes that before.
+    pub(super) fn park_if_stuck(&mut self, heap: &Heap, key: SegmentKey, keep: Option<BlockId>) {
+        let g = &self.segments[&key];
+        if Self::holds(heap, g, keep) {
+            return;
+        }
+        if let (false, Some(mark)) = (g.idle.wants_mark(), g.idle.oldest_mark_number()) {
+            self.free_pages.park(key, mark);
+        }
+    }
+
+    /// Whether the block `keep` lies in `g`'s segment.
+    fn holds(heap: &Heap, g: &Growable<E>, keep: Option<BlockId>) -> bool {
+        keep.is_some_and(|b| heap.block(b).segment == g.segment)
+    }
+
     /// Whether more segments are empty than may be kept.
     #[inline(always)]
     pub(super) fn too_many_empty(&self) -> bool {
@@ -260,8 +305,8 @@ impl<E> GrowableSegments<E> {
     pub(super) fn next_to_forget(
         &mut self,
         heap: &Heap,
-        mut releasable: impl FnMut(&crate::types::CacheKey) -> bool,
-    ) -> Option<Option<crate::types::SegmentId>> {
+        mut releasable: impl FnMut(&CacheKey) -> bool,
+    ) -> Option<Option<SegmentId>> {
         if !self.too_many_empty() {
             return None;
         }
@@ -321,7 +366,7 @@ impl<E> GrowableSegments<E> {
     pub(super) fn check(
         &self,
         heap: &Heap,
-        mut paused: impl FnMut(&crate::types::CacheKey) -> bool,
+        mut paused: impl FnMut(&CacheKey) -> bool,
     ) -> Result<(), String> {
         for (key, g) in &self.segments {
             g.check(heap, paused(&heap.segment(g.segment).key()))?;
@@ -358,5 +403,217 @@ impl<E> Index<&SegmentKey> for GrowableSegments<E> {
     /// The growable segment `key`, which must exist.
     fn index(&self, key: &SegmentKey) -> &Growable<E> {
         &self.segments[key]
+    }
+}
+
+/// The parts of page runs `(start, bytes)` outside `[lo, hi)` (page
+/// boundaries).
+fn outside(runs: Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(runs.len());
+    for (start, bytes) in runs {
+        let end = start + bytes;
+        if end <= lo || start >= hi {
+            out.push((start, bytes));
+            continue;
+        }
+        out.extend((start < lo).then(|| (start, lo - start)));
+        out.extend((end > hi).then(|| (hi, end - hi)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pytorch::LARGE_BUFFER;
+    use crate::types::{GIB, MIB};
+
+    const BASE: u64 = 0x1000_0000;
+    const GRANULE: u64 = 2 * MIB;
+
+    /// The large pool of stream 0's shared cache.
+    fn key() -> SegmentKey {
+        (CacheKey::shared(StreamId(0)), PoolKind::Large)
+    }
+
+    /// Page recycling on, with 8 MiB large pages on a 2 MiB device.
+    fn recycling() -> GrowableSegments<u32> {
+        GrowableSegments::new(GRANULE, true, true, PageLayout::uniform(8 * MIB))
+    }
+
+    /// A growable segment of `key()` of eight 2 MiB pages: [0, 4 MiB)
+    /// allocated, [4, 14 MiB) free, [14, 16 MiB) allocated; its blocks.
+    fn segment(segments: &mut GrowableSegments<u32>, heap: &mut Heap) -> [BlockId; 3] {
+        let sizes = [(4 * MIB, true), (10 * MIB, false), (2 * MIB, true)];
+        let (seg, blocks) = heap.add_cut_segment(BASE, key().0, &sizes);
+        heap.set_expandable(seg);
+        let pages = PageLayout::uniform(GRANULE);
+        let g = Growable::new(seg, BASE, pages, GIB, 16 * MIB, false);
+        segments.add(key(), g);
+        [blocks[0], blocks[1], blocks[2]]
+    }
+
+    #[test]
+    fn large_pages_serve_recycling_and_tagged_pools_only() {
+        let large = PageLayout::uniform(8 * MIB);
+        let plain = GrowableSegments::<u32>::new(GRANULE, true, false, large);
+        let uniform = PageLayout::uniform(GRANULE);
+        assert_eq!(plain.page_layout(PoolKind::Large, false), uniform);
+        assert_eq!(plain.page_layout(PoolKind::Large, true), large);
+        assert_eq!(recycling().page_layout(PoolKind::Large, false), large);
+        assert_eq!(recycling().page_layout(PoolKind::Small, true), uniform);
+        // Pages are never smaller than the device maps.
+        let coarse = GrowableSegments::<u32>::new(16 * MIB, true, true, large);
+        let pages = coarse.page_layout(PoolKind::Large, false);
+        assert_eq!(pages, PageLayout::uniform(16 * MIB));
+        assert!(recycling().recycles_pages() && !plain.recycles_pages());
+    }
+
+    #[test]
+    fn segments_grow_only_with_virtual_memory() {
+        let mut none = GrowableSegments::<u32>::new(0, true, false, PageLayout::uniform(MIB));
+        assert!(!none.expandable());
+        none.set_expandable(true);
+        assert!(!none.expandable(), "no virtual memory: ordinary segments");
+        let mut vm = GrowableSegments::<u32>::new(GRANULE, false, false, PageLayout::uniform(MIB));
+        assert!(!vm.expandable());
+        vm.set_expandable(true);
+        assert!(vm.expandable());
+    }
+
+    #[test]
+    fn growth_counts_the_free_tail_and_ranges_are_whole_steps() {
+        let mut segments = GrowableSegments::new(GRANULE, true, false, PageLayout::uniform(MIB));
+        let mut heap = Heap::new(u64::MAX);
+        let pages = PageLayout::uniform(GRANULE);
+        // No segment yet: one step covers 5 MiB.
+        assert_eq!(
+            segments.growth(&heap, &key(), &pages, 5 * MIB),
+            LARGE_BUFFER
+        );
+        // The segment's tail is allocated: a whole step again, for 21 MiB two.
+        segment(&mut segments, &mut heap);
+        assert_eq!(
+            segments.growth(&heap, &key(), &pages, 21 * MIB),
+            2 * LARGE_BUFFER
+        );
+        let range = segments.new_range(PoolKind::Large, &pages, 100 * MIB, GIB);
+        assert_eq!(range, 5 * LARGE_BUFFER, "the device in whole steps");
+        let capped = segments.new_range(PoolKind::Large, &pages, 8 * GIB, GIB);
+        assert_eq!(
+            capped,
+            GIB.div_ceil(LARGE_BUFFER) * LARGE_BUFFER + LARGE_BUFFER
+        );
+    }
+
+    #[test]
+    fn the_kept_range_may_raise_the_peak_by_a_hundredth() {
+        let mut segments = recycling();
+        let peak = 1000 * MIB;
+        assert_eq!(segments.kept_allowance(peak), 10 * MIB);
+        segments.kept_grew(4 * MIB);
+        assert_eq!(segments.kept_allowance(peak), 6 * MIB);
+        segments.kept_grew(6 * MIB);
+        assert_eq!(segments.kept_allowance(peak), 0);
+        assert_eq!(
+            segments.kept_allowance(2 * peak),
+            10 * MIB,
+            "a share of the peak"
+        );
+    }
+
+    #[test]
+    fn walks_take_free_pages_outside_the_kept_block_and_range() {
+        let mut segments = recycling();
+        let mut heap = Heap::new(u64::MAX);
+        let [_, free, _] = segment(&mut segments, &mut heap);
+        let whole = segments.runs_to_take(&heap, &key(), None, |_| None);
+        assert_eq!(whole, Some(vec![(BASE + 4 * MIB, 10 * MIB)]));
+        // The policy keeps [6, 9 MiB) mapped: whole pages [6, 10 MiB) stay.
+        let kept = |_| Some((BASE + 6 * MIB, BASE + 9 * MIB));
+        let spared = segments.runs_to_take(&heap, &key(), None, kept);
+        let runs = vec![(BASE + 4 * MIB, 2 * MIB), (BASE + 10 * MIB, 4 * MIB)];
+        assert_eq!(spared, Some(runs));
+        // The block being mapped keeps its pages: none left, yet the
+        // segment stays listed (it holds that block).
+        assert_eq!(
+            segments.runs_to_take(&heap, &key(), Some(free), |_| None),
+            None
+        );
+        assert!(segments.free_pages().contains(&key()));
+        // No free page at all: the segment leaves the index until noted.
+        heap.set_state(free, BlockState::Allocated, 10 * MIB);
+        assert_eq!(segments.runs_to_take(&heap, &key(), None, |_| None), None);
+        assert!(!segments.free_pages().contains(&key()));
+        heap.set_state(free, BlockState::Free, 0);
+        segments.freed(&heap, free);
+        assert!(
+            segments.free_pages().contains(&key()),
+            "a free notes it again"
+        );
+    }
+
+    #[test]
+    fn busy_segments_park_until_their_oldest_mark_unless_they_hold_the_block() {
+        let mut segments = recycling();
+        let mut heap = Heap::new(u64::MAX);
+        let [_, free, _] = segment(&mut segments, &mut heap);
+        // A mark may still be recorded: the next walk ends an epoch.
+        segments.get_mut(&key()).idle.end_epoch(7, 1);
+        segments.park_if_stuck(&heap, key(), None);
+        assert_eq!(segments.free_pages().parked(), 0);
+        let mut number = 1;
+        while segments[&key()].idle.wants_mark() {
+            number += 1;
+            segments.get_mut(&key()).idle.end_epoch(8, number);
+        }
+        segments.park_if_stuck(&heap, key(), Some(free));
+        assert_eq!(segments.free_pages().parked(), 0, "it holds the block");
+        segments.park_if_stuck(&heap, key(), None);
+        assert_eq!(segments.free_pages().parked(), 1);
+        // Its mark completed: a walk for its stream wakes it.
+        let woken = segments.wake_for(StreamId(1), |&mark| Ok::<_, ()>(mark == 7));
+        assert_eq!(woken, Ok(()));
+        assert_eq!(segments.free_pages().parked(), 0);
+    }
+
+    #[test]
+    fn empty_segments_are_listed_and_checked() {
+        let mut segments = recycling();
+        let mut heap = Heap::new(u64::MAX);
+        let blocks = segment(&mut segments, &mut heap);
+        assert_eq!(segments.check(&heap, |_| false), Ok(()));
+        for b in [blocks[0], blocks[2]] {
+            heap.set_state(b, BlockState::Free, 0);
+        }
+        heap.merge_next(blocks[0]);
+        heap.merge_next(blocks[0]);
+        assert_eq!(heap.block(blocks[0]).size, 16 * MIB);
+        segments.pages_unmapped(&mut heap, &key(), BASE, 16 * MIB, false);
+        let unlisted = segments.check(&heap, |_| false);
+        assert!(unlisted.is_err_and(|e| e.contains("is empty: true")));
+        segments.note_if_empty(&heap, &key());
+        assert_eq!(segments.check(&heap, |_| false), Ok(()));
+        // One empty segment is within what is kept: nothing to give back.
+        assert!(!segments.too_many_empty());
+        let releasable = |_: &CacheKey| true;
+        assert_eq!(segments.next_to_forget(&heap, releasable), None);
+        // Mapped again, it is no longer empty; removed, it is gone.
+        segments.pages_mapped(&key(), BASE, 2 * MIB, false);
+        heap.pages_mapped(segments[&key()].segment, 2 * MIB);
+        assert_eq!(segments.check(&heap, |_| false), Ok(()));
+        assert!(segments.remove(&key()).is_some());
+        assert!(segments.get(&key()).is_none() && segments.keys().is_empty());
+    }
+
+    #[test]
+    fn runs_are_cut_to_what_lies_outside_the_kept_range() {
+        let runs = vec![(0, 4), (8, 8), (20, 4), (30, 2)];
+        assert_eq!(
+            outside(runs, (10, 22)),
+            vec![(0, 4), (8, 2), (22, 2), (30, 2)]
+        );
+        assert_eq!(outside(vec![(0, 8)], (0, 8)), vec![]);
+        assert_eq!(outside(vec![(4, 4)], (0, 2)), vec![(4, 4)]);
     }
 }
