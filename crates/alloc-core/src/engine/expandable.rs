@@ -13,7 +13,7 @@ use crate::budget::ReclaimInputs;
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
 use crate::page_set::partition_pages;
-use crate::policy::{KeptKeys, Policy, Request};
+use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
 use crate::types::{BlockId, PoolKind, SegmentKey, StreamId};
 
@@ -233,21 +233,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Whether the policy keeps part of a growable segment mapped
     /// ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)).
     fn keeps_pages_mapped(&self) -> bool {
-        let kept = |key: &SegmentKey, g: &Growable<S::Event>| {
-            key.1 == PoolKind::Large
-                && self
-                    .policy
-                    .kept_mapped(self.heap.segment(g.segment).key())
-                    .is_some()
-        };
-        match self.policy.kept_mapped_keys() {
-            KeptKeys::None => false,
-            KeptKeys::One(cache) => {
-                let key = (cache, PoolKind::Large);
-                self.segments.get(&key).is_some_and(|g| kept(&key, g))
-            }
-            KeptKeys::Any => self.segments.iter().any(|(key, g)| kept(key, g)),
-        }
+        let policy = &self.policy;
+        let keys = policy.kept_mapped_keys();
+        self.segments.keeps_range(&self.heap, keys, |cache| {
+            policy.kept_mapped(cache).is_some()
+        })
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
@@ -635,19 +625,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// handed out; `Ok(false)` when the device (or the memory fraction) has
     /// no room.
     pub(super) fn map_pages_under(&mut self, block: BlockId) -> Result<bool, AllocError> {
-        let b = self.heap.block(block);
-        let size = b.size;
-        let seg = self.heap.segment(b.segment);
-        if !seg.expandable || seg.unmapped == 0 {
+        let Some(plan) = self.segments.runs_to_map(&self.heap, block) else {
             return Ok(true);
-        }
-        let (seg_id, key) = (b.segment, (seg.key(), seg.pool));
-        let g = &self.segments[&key];
-        let layout = *g.pages();
-        let (lo, hi) = g.covering(b.addr, size);
-        let runs = g.unmapped_runs(lo, hi);
-        let needed = runs.iter().map(|r| r.1).sum();
-        let runs_empty = runs.is_empty();
+        };
+        let (key, (lo, hi), layout) = (plan.key, plan.span, plan.pages);
+        let runs_empty = plan.runs.is_empty();
         if !runs_empty {
             // Pages shared with free neighbours, and those of a mapping that
             // fails midway, are free mapped pages.
@@ -656,12 +638,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;
         }
-        let mover = (
-            key.0.stream,
-            runs.first().map_or(0, |r| layout.size_at(r.0)),
-        );
-        let reused_busy = self.make_room(needed, Some(block), mover)?;
-        for (start, bytes) in runs {
+        let mover = (key.0.stream, plan.first_page());
+        let reused_busy = self.make_room(plan.bytes(), Some(block), mover)?;
+        for (start, bytes) in plan.runs {
             if self.would_pass_limit(bytes) {
                 return Ok(false);
             }
@@ -672,7 +651,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let pages = layout.count(start, start + bytes);
             self.count_move(started, |m| m.pages_mapped += pages);
             self.segments.pages_mapped(&key, start, bytes, reused_busy);
-            self.heap.pages_mapped(seg_id, bytes);
+            self.heap.pages_mapped(plan.segment, bytes);
         }
         if !runs_empty {
             self.mark_epoch(&key)?;

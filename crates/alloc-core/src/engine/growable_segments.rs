@@ -16,7 +16,8 @@ use super::empty_segments::EmptySegments;
 use super::free_page_index::FreePageIndex;
 use super::growable::{growth, Growable, SegmentKey};
 use crate::heap::{BlockState, Heap};
-use crate::page_layout::PageLayout;
+use crate::page_layout::{PageLayout, RangePages};
+use crate::policy::KeptKeys;
 use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
 
 /// Keeping a planned range mapped may raise the reserved peak by at most
@@ -106,11 +107,6 @@ impl<E> GrowableSegments<E> {
     /// The keys of every growable segment.
     pub(super) fn keys(&self) -> Vec<SegmentKey> {
         self.segments.keys().copied().collect()
-    }
-
-    /// Every growable segment, by key.
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&SegmentKey, &Growable<E>)> {
-        self.segments.iter()
     }
 
     /// The growable segment `key`, if there is one.
@@ -292,6 +288,49 @@ impl<E> GrowableSegments<E> {
         keep.is_some_and(|b| heap.block(b).segment == g.segment)
     }
 
+    /// The pages to map under the free block `block` of the heap before it
+    /// is handed out; `None` when its segment does not grow or has every
+    /// page mapped.
+    pub(super) fn runs_to_map(&self, heap: &Heap, block: BlockId) -> Option<RunsToMap> {
+        let b = heap.block(block);
+        let seg = heap.segment(b.segment);
+        if !seg.expandable || seg.unmapped == 0 {
+            return None;
+        }
+        let key = (seg.key(), seg.pool);
+        let g = &self.segments[&key];
+        let span = g.covering(b.addr, b.size);
+        Some(RunsToMap {
+            key,
+            segment: b.segment,
+            span,
+            pages: *g.pages(),
+            runs: g.unmapped_runs(span.0, span.1),
+        })
+    }
+
+    /// Whether the policy keeps part of a large-pool growable segment
+    /// mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)):
+    /// `keys` are the caches it may answer for, `kept` its answer for one.
+    pub(super) fn keeps_range(
+        &self,
+        heap: &Heap,
+        keys: KeptKeys,
+        kept: impl Fn(CacheKey) -> bool,
+    ) -> bool {
+        let kept = |key: &SegmentKey, g: &Growable<E>| {
+            key.1 == PoolKind::Large && kept(heap.segment(g.segment).key())
+        };
+        match keys {
+            KeptKeys::None => false,
+            KeptKeys::One(cache) => {
+                let key = (cache, PoolKind::Large);
+                self.segments.get(&key).is_some_and(|g| kept(&key, g))
+            }
+            KeptKeys::Any => self.segments.iter().any(|(key, g)| kept(key, g)),
+        }
+    }
+
     /// Whether more segments are empty than may be kept.
     #[inline(always)]
     pub(super) fn too_many_empty(&self) -> bool {
@@ -394,6 +433,34 @@ impl<E> GrowableSegments<E> {
             ));
         }
         Ok(())
+    }
+}
+
+/// The pages to map under a block before it is handed out
+/// ([`GrowableSegments::runs_to_map`]).
+#[derive(Debug, PartialEq)]
+pub(super) struct RunsToMap {
+    /// The block's growable segment, by key.
+    pub(super) key: SegmentKey,
+    /// The block's segment in the heap.
+    pub(super) segment: SegmentId,
+    /// The whole pages the block touches, `[lo, hi)`.
+    pub(super) span: (u64, u64),
+    /// The segment's pages.
+    pub(super) pages: RangePages,
+    /// The unmapped runs `(start, bytes)` of `span`, in address order.
+    pub(super) runs: Vec<(u64, u64)>,
+}
+
+impl RunsToMap {
+    /// Bytes to map.
+    pub(super) fn bytes(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+
+    /// The size of the first page to map (0 when none is).
+    pub(super) fn first_page(&self) -> u64 {
+        self.runs.first().map_or(0, |r| self.pages.size_at(r.0))
     }
 }
 
@@ -604,6 +671,50 @@ mod tests {
         assert_eq!(segments.check(&heap, |_| false), Ok(()));
         assert!(segments.remove(&key()).is_some());
         assert!(segments.get(&key()).is_none() && segments.keys().is_empty());
+    }
+
+    #[test]
+    fn a_block_maps_the_unmapped_pages_it_touches() {
+        let mut segments = recycling();
+        let mut heap = Heap::new(u64::MAX);
+        let [a, free, _] = segment(&mut segments, &mut heap);
+        assert_eq!(segments.runs_to_map(&heap, free), None, "all mapped");
+        // [6, 10 MiB) unmapped: the free block [4, 14 MiB) maps them back.
+        segments.pages_unmapped(&mut heap, &key(), BASE + 6 * MIB, 4 * MIB, false);
+        let plan = segments.runs_to_map(&heap, free).expect("pages to map");
+        assert_eq!(plan.span, (BASE + 4 * MIB, BASE + 14 * MIB));
+        assert_eq!(plan.runs, vec![(BASE + 6 * MIB, 4 * MIB)]);
+        assert_eq!((plan.bytes(), plan.first_page()), (4 * MIB, GRANULE));
+        // The allocated block [0, 4 MiB) lies on mapped pages.
+        let none = segments.runs_to_map(&heap, a).expect("a growable segment");
+        assert!(none.runs.is_empty() && none.bytes() == 0 && none.first_page() == 0);
+    }
+
+    #[test]
+    fn only_the_large_pool_keeps_a_range_and_for_the_keys_asked() {
+        let mut segments = recycling();
+        let mut heap = Heap::new(u64::MAX);
+        segment(&mut segments, &mut heap);
+        let cache = key().0;
+        assert!(!segments.keeps_range(&heap, KeptKeys::None, |_| true));
+        assert!(segments.keeps_range(&heap, KeptKeys::Any, |_| true));
+        assert!(!segments.keeps_range(&heap, KeptKeys::Any, |_| false));
+        assert!(segments.keeps_range(&heap, KeptKeys::One(cache), |c| c == cache));
+        let other = CacheKey::shared(StreamId(3));
+        assert!(!segments.keeps_range(&heap, KeptKeys::One(other), |_| true));
+        // A small-pool segment keeps nothing.
+        let mut small = recycling();
+        let (seg, _) = heap.add_cut_segment(BASE + GIB, cache, &[(2 * MIB, false)]);
+        let g = Growable::new(
+            seg,
+            BASE + GIB,
+            PageLayout::uniform(GRANULE),
+            GIB,
+            2 * MIB,
+            false,
+        );
+        small.add((cache, PoolKind::Small), g);
+        assert!(!small.keeps_range(&heap, KeptKeys::Any, |_| true));
     }
 
     #[test]
