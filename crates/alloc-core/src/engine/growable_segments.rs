@@ -4,9 +4,11 @@
 //! the range a policy keeps mapped may raise the reserved peak.
 //!
 //! This part decides what needs no device: which segment a request grows
-//! and by how much, the pages of a new one, the growth allowance of the kept
-//! range, which segments are empty. The engine's `expandable.rs` drives the
-//! backends with its answers, handing it the heap where a record changes.
+//! and by how much, the pages of a new one, the pages to map under a block,
+//! which free pages a walk takes (outside the policy's kept range, within
+//! its growth allowance), when a busy segment parks and wakes, which empty
+//! segment goes back. The engine's `expandable.rs` drives the backends with
+//! its answers, handing it the heap where a record changes.
 
 use std::ops::Index;
 
@@ -370,9 +372,9 @@ impl<E> GrowableSegments<E> {
         self.segments.remove(key)
     }
 
-    /// Of a `deficit` of bytes past the reserved peak `peak` that the
-    /// policy's kept range would cause, how many it may still raise the peak
-    /// by ([`KEPT_MAPPED_SHARE`]); the rest its free pages give up.
+    /// How many bytes the policy's kept range may still raise the reserved
+    /// peak `peak` by ([`KEPT_MAPPED_SHARE`]): past that, its free pages
+    /// give way to a mapping too.
     pub(super) fn kept_allowance(&self, peak: u64) -> u64 {
         (peak / KEPT_MAPPED_SHARE).saturating_sub(self.kept_growth)
     }
