@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 
-use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 
 use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
@@ -21,6 +20,7 @@ mod event_queues;
 mod expandable;
 mod free_page_index;
 mod growable;
+mod growable_segments;
 mod idle_pages;
 pub(crate) mod live_table;
 mod settings;
@@ -35,11 +35,8 @@ pub use crate::tags::CopyBlocks;
 use crate::tags::SleepTags;
 pub use crate::types::Allocation;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
-use empty_segments::EmptySegments;
 use event_queues::Users;
-use free_page_index::FreePageIndex;
-use growable::Growable;
-pub(crate) use growable::SegmentKey;
+use growable_segments::GrowableSegments;
 pub(crate) use live_table::LiveTable;
 use stream_order::StreamOrder;
 
@@ -192,27 +189,13 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     order: StreamOrder<S::Event>,
     /// Reserved-bytes limit from `set_memory_fraction`.
     limit: Option<u64>,
-    /// Growable segments by (cache, pool), when expandable segments are on.
-    growable: FxHashMap<SegmentKey, Growable<S::Event>>,
-    /// The growable segments that may hold free mapped pages: what
-    /// unmapping free pages visits, less those parked while their pages
-    /// are busy.
-    free_pages: FreePageIndex,
-    /// The growable segments that hold nothing, given back beyond a few
-    /// (`expandable.rs`).
-    empty: EmptySegments,
-    expandable: bool,
-    /// The backend's page granularity; 0 when it has no virtual memory.
-    granularity: u64,
+    /// Growable segments and the recycling of their free pages.
+    segments: GrowableSegments<S::Event>,
     /// Private pools (CUDA graphs, `MemPool`s), their segment sources, and
     /// whether a capture is on.
     pools: PrivatePools,
     /// Sleep tags: pools whose memory can be paused and resumed.
     tags: SleepTags,
-    /// Bytes by which the reserved peak rose while the policy kept free
-    /// pages mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)),
-    /// at most a share of the peak (`expandable.rs`).
-    kept_growth: u64,
     /// The policy's capabilities, read at construction and after each
     /// reconfiguration.
     caps: Capabilities,
@@ -224,7 +207,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let caps = policy.capabilities();
         let heap = Heap::new(caps.oversize_threshold);
         let granularity = memory.virtual_memory().map_or(0, |vm| vm.granularity());
-        let expandable = options.expandable_segments && caps.supports_growth && granularity > 0;
+        let segments = GrowableSegments::new(
+            granularity,
+            options.expandable_segments && caps.supports_growth,
+            options.unmap_free_pages,
+            options.unmap_pages,
+        );
         Engine {
             policy,
             memory,
@@ -237,14 +225,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 options.graph_capture_record_stream_reuse,
             ),
             limit: None,
-            growable: FxHashMap::default(),
-            free_pages: FreePageIndex::default(),
-            empty: EmptySegments::default(),
-            expandable,
-            granularity,
+            segments,
             pools: PrivatePools::default(),
             tags: SleepTags::default(),
-            kept_growth: 0,
             caps,
         }
     }
@@ -258,7 +241,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Whether segments grow (expandable segments were asked for and both
     /// the policy and the backend support them).
     pub fn expandable(&self) -> bool {
-        self.expandable
+        self.segments.expandable()
     }
 
     /// Whether expandable segments were asked for on a backend without
@@ -266,7 +249,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// PyTorch falls back where the driver lacks virtual memory management
     /// (the caller says so once).
     pub fn expandable_fallback(&self) -> bool {
-        self.options.expandable_segments && self.granularity == 0
+        self.options.expandable_segments && self.segments.granularity() == 0
     }
 
     /// Allocates at least `size` bytes for use on `stream`.
@@ -300,8 +283,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline(always)]
     fn end_malloc(&mut self) {
         self.heap.ledger.settle();
-        if self.options.unmap_free_pages {
-            if self.empty.too_many(self.growable.len()) {
+        if self.segments.recycles_pages() {
+            if self.segments.too_many_empty() {
                 self.forget_empty_segments();
             }
             self.release_spare_pages();
@@ -371,7 +354,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             Some(block) => self.policy.carve(&mut self.heap, block, &req),
             None => self.no_cached_block(req, whole)?,
         };
-        if self.options.unmap_free_pages {
+        if self.segments.recycles_pages() {
             self.map_or_refuse(piece, req)?;
         }
         // Read before the state changes, whose stores would make them
@@ -692,11 +675,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// is a piece of one range per stream) and for policies that bin blocks
     /// when carving them (size classes).
     pub fn set_pool_no_split(&mut self, pool: PoolId) -> Result<(), AllocError> {
-        if self.expandable || self.pools.is_tagged(pool) || !self.caps.rebuilds_layouts {
+        if self.segments.expandable() || self.pools.is_tagged(pool) || !self.caps.rebuilds_layouts {
             return Err(AllocError::InvalidArgument(format!(
                 "a no-split pool needs cudaMalloc segments and a splitting policy, not {}{}",
                 self.policy.name(),
-                if self.expandable {
+                if self.segments.expandable() {
                     " with expandable segments"
                 } else {
                     ""
@@ -752,13 +735,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// (`unmap_free_pages`): its work, which follows the segments that hold
     /// free mapped pages, not the streams ever seen.
     pub fn free_page_segments_visited(&self) -> u64 {
-        self.free_pages.visited()
+        self.segments.free_pages().visited()
     }
 
     /// Growable segments whose free pages the unmapping of free pages
     /// skips until their stream's marks complete (they are all busy).
     pub fn parked_free_page_segments(&self) -> usize {
-        self.free_pages.parked()
+        self.segments.free_pages().parked()
     }
 
     /// Every stream the engine may still use: the stream of every segment
@@ -889,8 +872,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// [`Engine::cache_freed_block`] (`COUNT_NOW` true).
     #[inline]
     fn return_to_cache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
-        if self.options.unmap_free_pages {
-            self.note_freed(id);
+        if self.segments.recycles_pages() {
+            self.segments.freed(&self.heap, id);
         }
         if COUNT_NOW {
             self.heap.set_state_counted_now(id, BlockState::Free, 0);
@@ -913,7 +896,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let mut done = Vec::new();
         let synced = self.order.synchronize(&mut self.streams, &mut done);
         // Marks on the streams waited for may have completed.
-        self.free_pages.wake_all();
+        self.segments.free_pages_mut().wake_all();
         self.release_all_to_cache(done);
         Ok(synced?)
     }
@@ -994,7 +977,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
         let sourced = self.pools.source(req.key).is_some();
         // A sleep tag's pool always grows (its pages are unmapped at pause).
-        if (self.expandable || self.pools.is_tagged_key(req.key)) && !sourced {
+        if (self.segments.expandable() || self.pools.is_tagged_key(req.key)) && !sourced {
             return self.grow_segment(req);
         }
         let size = self.policy.segment_size(req);
@@ -1055,7 +1038,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 source.free(addr, size)?;
             } else if seg.expandable {
                 let key = (seg.key(), seg.pool);
-                let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.growable[&key].range);
+                let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.segments[&key].range);
                 self.settle_detached(&key, addr, end)?;
                 self.unmap_mapped_runs(&key, addr, end)?;
                 virtual_memory(&mut self.memory)?.release(addr, range)?;

@@ -6,25 +6,16 @@
 use std::time::Instant;
 
 use super::free_page_index::Visits;
-use super::growable::{growth, Growable, SegmentKey};
+use super::growable::Growable;
 use super::{detach_pages, virtual_memory, Engine, MAX_REQUEST};
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::budget::ReclaimInputs;
 use crate::error::{AllocError, BackendError};
 use crate::heap::BlockState;
-use crate::page_layout::PageLayout;
 use crate::page_set::partition_pages;
-use crate::policy::{KeptKeys, Policy, Request};
+use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
-use crate::types::{BlockId, PoolKind, StreamId};
-
-/// Keeping a planned range mapped may raise the reserved peak by at most
-/// 1/100 of it over the allocator's life: enough for what outlives a step
-/// above the plan (ResNet-50's input batch: +0.9%), and a bound when plans
-/// that are followed for a while and then dropped keep pages from the
-/// requests that vary around them (ViT with random batches: +4.3% before
-/// the bound).
-const KEPT_MAPPED_SHARE: u64 = 100;
+use crate::types::{BlockId, PoolKind, SegmentKey, StreamId};
 
 /// Nanoseconds since `started` (saturating).
 fn elapsed_ns(started: Instant) -> u64 {
@@ -32,80 +23,37 @@ fn elapsed_ns(started: Instant) -> u64 {
 }
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Every growable segment's invariants ([`Growable::check`]), with
-    /// `unmap_free_pages` each one with free mapped pages listed for
-    /// unmapping, and the empty ones listed as such (`empty_segments.rs`).
+    /// Every growable segment's invariants, its pages' records among them
+    /// ([`GrowableSegments::check`](super::growable_segments::GrowableSegments::check)).
     pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
-        for (key, g) in &self.growable {
-            let paused = self.pools.is_paused_key(self.heap.segment(g.segment).key());
-            g.check(&self.heap, paused)?;
-            let unlisted = self.options.unmap_free_pages && !self.free_pages.contains(key);
-            if unlisted && !g.free_mapped_runs(&self.heap, None).is_empty() {
-                return Err(format!(
-                    "segment {:#x} holds free mapped pages but is not listed for unmapping",
-                    self.heap.segment(g.segment).addr
-                ));
-            }
-            let seg = self.heap.segment(g.segment);
-            let empty = seg.unmapped == seg.size && seg.is_idle() && seg.private_pool.is_none();
-            if empty != self.empty.contains(key) {
-                return Err(format!(
-                    "segment {:#x} is empty: {empty}, listed as empty: {}",
-                    seg.addr, !empty
-                ));
-            }
-        }
-        if self.empty.len() > self.growable.len() {
-            return Err(format!(
-                "{} empty segments listed, {} growable segments",
-                self.empty.len(),
-                self.growable.len()
-            ));
-        }
-        Ok(())
+        let pools = &self.pools;
+        self.segments
+            .check(&self.heap, |key| pools.is_paused_key(*key))
     }
 
     /// Expandable segments: maps more memory at the end of the stream's
     /// growable segment (reserving its address range first if needed) so that
     /// its free tail covers `req`; returns that free tail.
     pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let pages = self.page_layout(req);
-        let grown = self
-            .growable
-            .get(&(req.key, req.pool))
-            .map(|g| (g.segment, g.range));
-        let (mapped, free_tail) = grown.map_or((0, 0), |(segment, _)| {
-            let seg = self.heap.segment(segment);
-            let last = self.heap.block(seg.last);
-            let tail = if last.state == BlockState::Free {
-                last.size
-            } else {
-                0
-            };
-            (seg.size, tail)
-        });
-        let extra = growth(
-            req.pool,
-            &pages,
-            self.granularity,
-            mapped,
-            req.size,
-            free_tail,
-        );
+        let key = (req.key, req.pool);
+        let tagged = self.pools.is_tagged_key(req.key);
+        let pages = self.segments.page_layout(req.pool, tagged);
+        let grown = self.segments.get(&key).map(|g| (g.segment, g.range));
+        let extra = self.segments.growth(&self.heap, &key, &pages, req.size);
         // The free tail grows into the new pages: keep it mapped.
         let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
+        let free_tail = tail.is_some_and(|b| self.heap.block(b).state == BlockState::Free);
+        let mapped = grown.map_or(0, |(segment, _)| self.heap.segment(segment).size);
         let mover = (req.key.stream, pages.size_at(mapped));
         let reused_busy = self.make_room(extra, tail, mover)?;
         if self.would_pass_limit(extra) {
             return Ok(None);
         }
         let Some((segment, range)) = grown else {
-            // The device's size in whole growth steps and largest pages; no
-            // request is larger than MAX_REQUEST, so neither is the range of
-            // a device that reports more (a backend's value: no overflow).
-            let step = growth(req.pool, &pages, self.granularity, 0, 1, 0);
-            let capacity = self.memory.capacity().min(MAX_REQUEST + step);
-            let range = (capacity.div_ceil(step) * step).next_multiple_of(pages.largest());
+            let capacity = self.memory.capacity();
+            let range = self
+                .segments
+                .new_range(req.pool, &pages, capacity, MAX_REQUEST);
             if extra > range {
                 return Ok(None); // larger than the device: out of memory
             }
@@ -119,8 +67,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.pools.segment_added(req.key);
             self.heap.set_expandable(segment);
             let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
-            self.growable.insert((req.key, req.pool), grown);
-            self.free_pages.note((req.key, req.pool));
+            self.segments.add(key, grown);
             return Ok(Some(block));
         };
         let seg = self.heap.segment(segment);
@@ -131,40 +78,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !self.map_pages(end, extra)? {
             return Ok(None);
         }
-        let g = self
-            .growable
-            .get_mut(&(req.key, req.pool))
-            .expect("growable");
-        g.pages_mapped(end, extra, reused_busy);
-        self.free_pages.note((req.key, req.pool));
-        self.empty.remove(&(req.key, req.pool));
-        if free_tail > 0 {
+        self.segments.pages_mapped(&key, end, extra, reused_busy);
+        self.segments.free_pages_mut().note(key);
+        if free_tail {
             self.policy.remove_free(&self.heap, last);
         }
         let tail = self.heap.grow_segment(segment, extra);
-        self.mark_epoch(&(req.key, req.pool))?;
+        self.mark_epoch(&key)?;
         Ok(Some(tail))
-    }
-
-    /// The physical pages of a new growable segment for `req`: the
-    /// backend's granularity, or the configured large-pool pages (each at
-    /// least a granule) with `unmap_free_pages` or in a sleep tag's pool,
-    /// where fewer, larger pages make pauses and resumes cheaper.
-    fn page_layout(&self, req: &Request) -> PageLayout {
-        let granularity = self.granularity;
-        let large_pages = self.options.unmap_free_pages || self.pools.is_tagged_key(req.key);
-        if large_pages && req.pool == PoolKind::Large {
-            self.options.unmap_pages.at_least(granularity)
-        } else {
-            PageLayout::uniform(granularity)
-        }
     }
 
     /// Unmaps the whole free chunks at the end of every growable segment.
     pub(super) fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
+        let keys = self.segments.keys();
         for key in keys {
-            let g = &self.growable[&key];
+            let g = &self.segments[&key];
             let seg_id = g.segment;
             let seg = self.heap.segment(seg_id);
             if seg.is_idle() || !self.pools.releasable(seg.key()) {
@@ -177,7 +105,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let cut = end - keep_to;
             self.settle_detached(&key, keep_to, end)?;
             self.unmap_mapped_runs(&key, keep_to, end)?;
-            let g = self.growable.get_mut(&key).expect("growable");
+            let g = self.segments.get_mut(&key);
             let pages = *g.pages();
             let unmapped = g.unmapped.remove_in(keep_to, end, &pages);
             self.policy.remove_free(&self.heap, last_id);
@@ -218,7 +146,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
-        for (start, bytes) in self.growable[key].mapped_runs(lo, hi) {
+        for (start, bytes) in self.segments[key].mapped_runs(lo, hi) {
             virtual_memory(&mut self.memory)?.unmap(start, bytes)?;
             self.heap.ledger.stats.num_device_free += 1;
         }
@@ -231,7 +159,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// first, until the mapping fits under the peak or none are left. Only
     /// peak-raising mappings pay for it, so a steady state maps and unmaps
     /// nothing. The range the policy keeps mapped gives up its pages last,
-    /// once its growth allowance ([`KEPT_MAPPED_SHARE`]) is spent. `mover`
+    /// once its growth allowance
+    /// ([`GrowableSegments::kept_allowance`](super::growable_segments::GrowableSegments::kept_allowance)) is spent. `mover`
     /// is the real stream and page size of the mapping to come (the size of
     /// its first page). Returns whether busy pages were detached for it
     /// ([`Engine::unmap_free_pages`]).
@@ -241,7 +170,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         keep: Option<BlockId>,
         mover: (StreamId, u64),
     ) -> Result<bool, AllocError> {
-        if !self.options.unmap_free_pages || self.pools.capture_underway() {
+        if !self.segments.recycles_pages() || self.pools.capture_underway() {
             return Ok(false);
         }
         let peak = self.heap.ledger.stats.reserved_bytes.all_peak() as u64;
@@ -265,13 +194,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if deficit > 0 && self.keeps_pages_mapped() {
             // The policy's kept range may raise the peak by its allowance
             // only; beyond it, its free pages move too.
-            let allowance = (peak / KEPT_MAPPED_SHARE).saturating_sub(self.kept_growth);
+            let allowance = self.segments.kept_allowance(peak);
             if deficit > allowance {
                 let mut over = deficit - allowance;
                 detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false, wait)?;
                 deficit = allowance + over;
             }
-            self.kept_growth += deficit.min(allowance);
+            self.segments.kept_grew(deficit.min(allowance));
         }
         Ok(detached)
     }
@@ -285,15 +214,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     pub(super) fn reclaim_free_pages(&mut self, keep: Option<BlockId>) -> Result<bool, AllocError> {
         // Without virtual memory (expandable segments fell back to ordinary
         // ones) no page was ever unmapped: nothing to reclaim or settle.
-        if !self.options.unmap_free_pages || self.granularity == 0 || self.pools.capture_underway()
-        {
+        let recycles = self.segments.recycles_pages() && self.segments.granularity() > 0;
+        if !recycles || self.pools.capture_underway() {
             return Ok(false);
         }
         let before = self.reserved_bytes();
         let mut everything = u64::MAX;
         self.unmap_free_pages(keep, &mut everything, None, false, true)?;
         // Detached memory is physically freed when its old mapping goes.
-        let keys: Vec<SegmentKey> = self.growable.keys().copied().collect();
+        let keys = self.segments.keys();
         for key in keys {
             self.settle_detached(&key, 0, u64::MAX)?;
         }
@@ -304,21 +233,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Whether the policy keeps part of a growable segment mapped
     /// ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)).
     fn keeps_pages_mapped(&self) -> bool {
-        let kept = |key: &SegmentKey, g: &Growable<S::Event>| {
-            key.1 == PoolKind::Large
-                && self
-                    .policy
-                    .kept_mapped(self.heap.segment(g.segment).key())
-                    .is_some()
-        };
-        match self.policy.kept_mapped_keys() {
-            KeptKeys::None => false,
-            KeptKeys::One(cache) => {
-                let key = (cache, PoolKind::Large);
-                self.growable.get(&key).is_some_and(|g| kept(&key, g))
-            }
-            KeptKeys::Any => self.growable.iter().any(|(key, g)| kept(key, g)),
-        }
+        let policy = &self.policy;
+        let keys = policy.kept_mapped_keys();
+        self.segments.keeps_range(&self.heap, keys, |cache| {
+            policy.kept_mapped(cache).is_some()
+        })
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
@@ -352,42 +271,34 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let mut visits = Visits::new(&self.free_pages);
-        while let Some(key) = visits.next(&self.free_pages) {
+        let mut visits = Visits::new(self.segments.free_pages());
+        while let Some(key) = visits.next(self.segments.free_pages()) {
             if *budget == 0 {
                 break;
             }
-            self.free_pages.count_visit();
-            let g = &self.growable[&key];
-            let (seg_id, pages) = (g.segment, *g.pages());
-            let seg_key = self.heap.segment(seg_id).key();
+            self.segments.free_pages_mut().count_visit();
+            let pages = *self.segments[&key].pages();
+            let seg_key = self.heap.segment(self.segments[&key].segment).key();
             if !self.pools.releasable(seg_key) {
-                continue;
-            }
-            let mut runs = g.free_mapped_runs(&self.heap, keep);
-            let keeps_one = keep.is_some_and(|b| self.heap.block(b).segment == seg_id);
-            if runs.is_empty() && !keeps_one {
-                // Nothing to find here until a free or a mapping notes it.
-                self.free_pages.forget(&key);
                 continue;
             }
             // Making room for a mapping, the pages the policy keeps mapped
             // stay (a plan uses them again every step) within their
             // allowance; emptying the cache takes them too.
-            if spare_kept && key.1 == PoolKind::Large {
-                if let Some((lo, hi)) = self.policy.kept_mapped(seg_key) {
-                    runs = outside(runs, (pages.floor(lo), pages.ceil(hi)));
-                }
-            }
-            if runs.is_empty() {
+            let policy = &self.policy;
+            let spared = |cache| {
+                let spares = spare_kept && key.1 == PoolKind::Large;
+                spares.then(|| policy.kept_mapped(cache)).flatten()
+            };
+            let Some(runs) = self.segments.runs_to_take(&self.heap, &key, keep, spared) else {
                 continue;
-            }
+            };
             // End the epoch here: an idle stream has passed the new mark at
             // once, and later rounds find what was freed so far idle.
             self.heap.ledger.stats.page_moves.rounds += 1;
             self.mark_epoch(&key)?;
             self.poll_marks(&key)?;
-            let (idle, busy) = self.growable[&key].idle.split_runs(&runs);
+            let (idle, busy) = self.segments[&key].idle.split_runs(&runs);
             let none_idle = idle.is_empty();
             self.unmap_runs(&key, idle, budget, false)?;
             // Busy pages of the mover's stream and page size can move.
@@ -401,13 +312,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // the next walk for a mapping would find the same until a mark
             // completes (the kept range aside, which walks see in part).
             let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
-            if mover.is_some() && none_idle && same.is_empty() && !keeps_one && !kept {
-                let idle_pages = &self.growable[&key].idle;
-                if let (false, Some(mark)) =
-                    (idle_pages.wants_mark(), idle_pages.oldest_mark_number())
-                {
-                    self.free_pages.park(key, mark);
-                }
+            if mover.is_some() && none_idle && same.is_empty() && !kept {
+                self.segments.park_if_stuck(&self.heap, key, keep);
             }
             if !same.is_empty() {
                 movable.push((key, same));
@@ -451,17 +357,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         budget: &mut u64,
     ) -> Result<(), AllocError> {
         while *budget > 0 {
-            let Some(key) = self.free_pages.oldest_parked() else {
+            let Some(key) = self.segments.free_pages_mut().oldest_parked() else {
                 break;
             };
             // Woken: walks visit it again, and it leaves this loop.
-            self.free_pages.wake(&key);
-            self.free_pages.count_visit();
-            let seg_key = self.heap.segment(self.growable[&key].segment).key();
+            self.segments.free_pages_mut().wake(&key);
+            self.segments.free_pages_mut().count_visit();
+            let seg_key = self.heap.segment(self.segments[&key].segment).key();
             if !self.pools.releasable(seg_key) {
                 continue;
             }
-            let runs = self.growable[&key].free_mapped_runs(&self.heap, keep);
+            let runs = self.segments[&key].free_mapped_runs(&self.heap, keep);
             if runs.is_empty() {
                 continue;
             }
@@ -478,19 +384,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// unmap rounds and after mappings, the moments around which later
     /// rounds look for idle pages.
     fn mark_epoch(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
-        if !self.options.unmap_free_pages || self.pools.capture_underway() {
+        if !self.segments.recycles_pages() || self.pools.capture_underway() {
             return Ok(());
         }
         self.poll_marks(key)?;
-        if self.growable[key].idle.wants_mark() {
-            let stream = self.heap.segment(self.growable[key].segment).stream;
+        if self.segments[key].idle.wants_mark() {
+            let stream = self.heap.segment(self.segments[key].segment).stream;
             let mark = self.streams.record(stream)?;
-            let number = self.free_pages.number_mark();
-            self.growable
-                .get_mut(key)
-                .expect("growable")
-                .idle
-                .end_epoch(mark, number);
+            let number = self.segments.free_pages_mut().number_mark();
+            self.segments.get_mut(key).idle.end_epoch(mark, number);
         }
         Ok(())
     }
@@ -502,16 +404,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// them.
     fn wake_parked(&mut self, stream: Option<StreamId>) -> Result<(), AllocError> {
         let Some(stream) = stream else {
-            self.free_pages.wake_all();
+            self.segments.free_pages_mut().wake_all();
             return Ok(());
         };
         // A segment's oldest outstanding mark has completed (or it has none).
-        let (growable, streams) = (&self.growable, &mut self.streams);
-        self.free_pages
-            .wake_for(stream, |key| match growable[key].idle.oldest_mark() {
-                Some(mark) => Ok(streams.is_complete(mark)?),
-                None => Ok(true),
-            })
+        let streams = &mut self.streams;
+        self.segments.wake_for(stream, |mark| {
+            Ok::<_, AllocError>(streams.is_complete(mark)?)
+        })
     }
 
     /// Unmaps page runs of the growable segment `key`, from the highest
@@ -525,7 +425,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         budget: &mut u64,
         detach: bool,
     ) -> Result<(), AllocError> {
-        let (seg_id, layout) = (self.growable[key].segment, *self.growable[key].pages());
+        let layout = *self.segments[key].pages();
         for (start, bytes) in runs.into_iter().rev() {
             if *budget == 0 {
                 break;
@@ -545,15 +445,11 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 self.count_move(started, |m| m.pages_unmapped += pages);
             }
             self.heap.ledger.stats.num_device_free += 1;
-            let g = self.growable.get_mut(key).expect("growable");
-            g.pages_unmapped(start, take, detach);
-            self.heap.pages_unmapped(seg_id, take);
+            let segments = &mut self.segments;
+            segments.pages_unmapped(&mut self.heap, key, start, take, detach);
             *budget = budget.saturating_sub(take);
         }
-        let seg = self.heap.segment(seg_id);
-        if seg.unmapped == seg.size && seg.is_idle() && seg.private_pool.is_none() {
-            self.empty.note(*key);
-        }
+        self.segments.note_if_empty(&self.heap, key);
         Ok(())
     }
 
@@ -566,20 +462,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[cold]
     #[inline(never)]
     pub(super) fn forget_empty_segments(&mut self) {
-        while self.empty.too_many(self.growable.len()) {
-            let Some(key) = self.empty.pop_oldest() else {
+        loop {
+            let pools = &self.pools;
+            let next = self
+                .segments
+                .next_to_forget(&self.heap, |key| pools.releasable(*key));
+            let Some(next) = next else {
                 break;
             };
-            let Some(g) = self.growable.get(&key) else {
-                continue;
-            };
-            let seg = self.heap.segment(g.segment);
-            let empty = seg.unmapped == seg.size && seg.is_idle();
-            let detached = g.idle.detached_runs().next().is_some();
-            if !empty || detached || !self.pools.releasable(seg.key()) {
+            let Some(segment) = next else {
                 continue; // in use again, or not ours to give back now
-            }
-            if self.release_segments(&[g.segment]).is_err() {
+            };
+            if self.release_segments(&[segment]).is_err() {
                 break;
             }
         }
@@ -588,9 +482,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
     pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
-        self.free_pages.forget(key);
-        self.empty.remove(key);
-        if let Some(mut g) = self.growable.remove(key) {
+        if let Some(mut g) = self.segments.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
                 "segment dropped with detached pages still mapped"
@@ -612,7 +504,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Retires the completed marks of the growable segment `key`, and drops
     /// the old mappings of detached pages the GPU is now done with.
     fn poll_marks(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
-        let g = self.growable.get_mut(key).expect("growable");
+        let g = self.segments.get_mut(key);
         while let Some(mark) = g.idle.oldest_mark() {
             if !self.streams.is_complete(mark)? {
                 break;
@@ -639,16 +531,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         hi: u64,
     ) -> Result<(), AllocError> {
         self.poll_marks(key)?;
-        let Some(epoch) = self.growable[key].idle.detached_epoch_in(lo, hi) else {
+        let Some(epoch) = self.segments[key].idle.detached_epoch_in(lo, hi) else {
             return Ok(());
         };
-        match self.growable[key].idle.mark_ending(epoch) {
+        match self.segments[key].idle.mark_ending(epoch) {
             Some(mark) => {
                 let started = Instant::now();
                 self.streams.synchronize(mark)?;
-                self.free_pages.wake_stream(key.0.stream);
+                self.segments.free_pages_mut().wake_stream(key.0.stream);
                 self.count_move(started, |m| m.stream_waits += 1);
-                let g = self.growable.get_mut(key).expect("growable");
+                let g = self.segments.get_mut(key);
                 for mark in g.idle.waited_for_epoch(epoch) {
                     self.streams.release(mark);
                 }
@@ -662,9 +554,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// page freed so far becomes idle, and its marks go back.
     pub(super) fn wait_for_growable(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
         let started = Instant::now();
-        self.wait_for_stream(self.heap.segment(self.growable[key].segment).stream)?;
+        self.wait_for_stream(self.heap.segment(self.segments[key].segment).stream)?;
         self.count_move(started, |m| m.stream_waits += 1);
-        let g = self.growable.get_mut(key).expect("growable");
+        let g = self.segments.get_mut(key);
         for mark in g.idle.waited() {
             self.streams.release(mark);
         }
@@ -682,15 +574,14 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), AllocError> {
         self.settle_detached(key, 0, u64::MAX)?;
-        let seg_id = self.growable[key].segment;
+        let seg_id = self.segments[key].segment;
         let seg = self.heap.segment(seg_id);
-        let runs = self.growable[key].mapped_runs(seg.addr, seg.addr + seg.size);
+        let runs = self.segments[key].mapped_runs(seg.addr, seg.addr + seg.size);
         for (start, bytes) in runs {
             virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
             self.heap.ledger.stats.num_device_free += 1;
-            let g = self.growable.get_mut(key).expect("growable");
-            g.pages_unmapped(start, bytes, false);
-            self.heap.pages_unmapped(seg_id, bytes);
+            let segments = &mut self.segments;
+            segments.pages_unmapped(&mut self.heap, key, start, bytes, false);
             out.push((start, bytes));
         }
         Ok(())
@@ -709,12 +600,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if self.would_pass_limit(bytes) || !self.map_pages(start, bytes)? {
             return Ok(false);
         }
-        let seg_id = self.growable[key].segment;
-        let g = self.growable.get_mut(key).expect("growable");
-        g.pages_mapped(start, bytes, false);
+        let seg_id = self.segments[key].segment;
+        self.segments.pages_mapped(key, start, bytes, false);
         self.heap.pages_mapped(seg_id, bytes);
-        self.free_pages.note(*key);
-        self.empty.remove(key);
+        self.segments.free_pages_mut().note(*key);
         Ok(true)
     }
 
@@ -727,60 +616,31 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         bytes: u64,
     ) -> Result<(), AllocError> {
         virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
-        let g = self.growable.get_mut(key).expect("growable");
-        let seg_id = g.segment;
-        g.pages_unmapped(start, bytes, false);
-        self.heap.pages_unmapped(seg_id, bytes);
+        let segments = &mut self.segments;
+        segments.pages_unmapped(&mut self.heap, key, start, bytes, false);
         Ok(())
-    }
-
-    /// `unmap_free_pages`: stamps the pages under the block `id`, about to
-    /// become free, with the current epoch.
-    pub(super) fn note_freed(&mut self, id: BlockId) {
-        let b = self.heap.block(id);
-        let seg = self.heap.segment(b.segment);
-        if !seg.expandable {
-            return;
-        }
-        let (lo, hi) = (b.addr, b.addr + b.size);
-        let key = (seg.key(), seg.pool);
-        if let Some(g) = self.growable.get_mut(&key) {
-            g.idle.freed(lo, hi);
-            self.free_pages.note(key);
-        }
     }
 
     /// Maps the unmapped pages under the free block `block` before it is
     /// handed out; `Ok(false)` when the device (or the memory fraction) has
     /// no room.
     pub(super) fn map_pages_under(&mut self, block: BlockId) -> Result<bool, AllocError> {
-        let b = self.heap.block(block);
-        let size = b.size;
-        let seg = self.heap.segment(b.segment);
-        if !seg.expandable || seg.unmapped == 0 {
+        let Some(plan) = self.segments.runs_to_map(&self.heap, block) else {
             return Ok(true);
-        }
-        let (seg_id, key) = (b.segment, (seg.key(), seg.pool));
-        let g = &self.growable[&key];
-        let layout = *g.pages();
-        let (lo, hi) = g.covering(b.addr, size);
-        let runs = g.unmapped_runs(lo, hi);
-        let needed = runs.iter().map(|r| r.1).sum();
-        let runs_empty = runs.is_empty();
+        };
+        let (key, (lo, hi), layout) = (plan.key, plan.span, plan.pages);
+        let runs_empty = plan.runs.is_empty();
         if !runs_empty {
             // Pages shared with free neighbours, and those of a mapping that
             // fails midway, are free mapped pages.
-            self.free_pages.note(key);
+            self.segments.free_pages_mut().note(key);
             // Detached pages lie only in unmapped runs: a block with none
             // pays no event query here.
             self.settle_detached(&key, lo, hi)?;
         }
-        let mover = (
-            key.0.stream,
-            runs.first().map_or(0, |r| layout.size_at(r.0)),
-        );
-        let reused_busy = self.make_room(needed, Some(block), mover)?;
-        for (start, bytes) in runs {
+        let mover = (key.0.stream, plan.first_page());
+        let reused_busy = self.make_room(plan.bytes(), Some(block), mover)?;
+        for (start, bytes) in plan.runs {
             if self.would_pass_limit(bytes) {
                 return Ok(false);
             }
@@ -790,10 +650,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             }
             let pages = layout.count(start, start + bytes);
             self.count_move(started, |m| m.pages_mapped += pages);
-            let g = self.growable.get_mut(&key).expect("growable");
-            g.pages_mapped(start, bytes, reused_busy);
-            self.heap.pages_mapped(seg_id, bytes);
-            self.empty.remove(&key);
+            self.segments.pages_mapped(&key, start, bytes, reused_busy);
+            self.heap.pages_mapped(plan.segment, bytes);
         }
         if !runs_empty {
             self.mark_epoch(&key)?;
@@ -809,39 +667,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let event = self.streams.record(stream)?;
         let waited = self.streams.synchronize(&event);
         self.streams.release(event);
-        self.free_pages.wake_stream(stream);
+        self.segments.free_pages_mut().wake_stream(stream);
         Ok(waited?)
-    }
-}
-
-/// The parts of page runs `(start, bytes)` outside `[lo, hi)` (page
-/// boundaries).
-fn outside(runs: Vec<(u64, u64)>, (lo, hi): (u64, u64)) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(runs.len());
-    for (start, bytes) in runs {
-        let end = start + bytes;
-        if end <= lo || start >= hi {
-            out.push((start, bytes));
-            continue;
-        }
-        out.extend((start < lo).then(|| (start, lo - start)));
-        out.extend((end > hi).then(|| (hi, end - hi)));
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::outside;
-
-    #[test]
-    fn runs_are_cut_to_what_lies_outside_the_kept_range() {
-        let runs = vec![(0, 4), (8, 8), (20, 4), (30, 2)];
-        assert_eq!(
-            outside(runs, (10, 22)),
-            vec![(0, 4), (8, 2), (22, 2), (30, 2)]
-        );
-        assert_eq!(outside(vec![(0, 8)], (0, 8)), vec![]);
-        assert_eq!(outside(vec![(4, 4)], (0, 2)), vec![(4, 4)]);
     }
 }

@@ -53,9 +53,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.caps = self.policy.capabilities();
         // Without virtual memory, segments stay ordinary ones, as at
         // construction ([`Engine::expandable_fallback`]).
-        let growable_memory = self.granularity > 0;
-        self.expandable =
-            wanted.expandable_segments && self.caps.supports_growth && growable_memory;
+        self.segments
+            .set_expandable(wanted.expandable_segments && self.caps.supports_growth);
         self.order.set_options(
             wanted.stream_wait_reuse,
             wanted.graph_capture_record_stream_reuse,

@@ -174,7 +174,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Whether the engine can grow segments, which a sleep tag's pool
     /// needs; the error to report if not.
     fn growth_for_tags(&self) -> Result<(), AllocError> {
-        if !self.caps.supports_growth || self.granularity == 0 {
+        if !self.caps.supports_growth || self.segments.granularity() == 0 {
             return Err(AllocError::InvalidArgument(format!(
                 "sleep tags need growable segments (virtual memory), which policy {} or this \
                  device lacks",
@@ -204,7 +204,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
         // Events a free could not record are recorded now, to be waited for.
-        let (heap, free_pages) = (&self.heap, &mut self.free_pages);
+        let (heap, free_pages) = (&self.heap, self.segments.free_pages_mut());
         self.order.synchronize_blocks(
             &mut self.streams,
             |id| mine(heap, id),
@@ -230,7 +230,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 let event = self.streams.record(stream)?;
                 let done = self.streams.synchronize(&event);
                 self.streams.release(event);
-                self.free_pages.wake_stream(stream);
+                self.segments.free_pages_mut().wake_stream(stream);
                 done?;
             }
         }
