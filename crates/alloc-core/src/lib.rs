@@ -44,7 +44,9 @@ pub use engine::{Engine, EngineOptions, MAX_REQUEST};
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, Heap, Segment};
 pub use page_layout::{PageLayout, RangePages, DEFAULT_UNMAP_PAGE};
-pub use policy::{Audit, Capabilities, KeptKeys, OomRelease, Policy, Pressure, Reclaim, Request};
+pub use policy::{
+    check_growth, Audit, Capabilities, KeptKeys, OomRelease, Policy, Pressure, Reclaim, Request,
+};
 pub use sim::data::SimDataMemory;
 pub use sim::{SimCapture, SimEvent, SimMemory, SimStreams};
 pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};

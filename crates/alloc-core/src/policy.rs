@@ -50,6 +50,26 @@ impl Default for Capabilities {
     }
 }
 
+/// Refuses `expandable_segments` in `cfg` when `policy` cannot grow
+/// segments ([`Capabilities::supports_growth`]): the one check of every
+/// place that pairs a policy with a configuration.
+pub fn check_growth<P: Policy + ?Sized>(
+    policy: &P,
+    cfg: &AllocatorConfig,
+) -> Result<(), ConfigError> {
+    if cfg.expandable_segments && !policy.capabilities().supports_growth {
+        return Err(ConfigError::InvalidValue {
+            key: "expandable_segments".into(),
+            value: "true".into(),
+            reason: format!(
+                "policy `{}` does not support growable segments",
+                policy.name()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A request after the policy has rounded it and chosen its pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {

@@ -184,18 +184,7 @@ fn check_own_policy<P: Policy>(policy: &P, config: &AllocatorConfig) -> Result<(
         }
         .into());
     }
-    if config.expandable_segments && !policy.capabilities().supports_growth {
-        return Err(ConfigError::InvalidValue {
-            key: "expandable_segments".into(),
-            value: "true".into(),
-            reason: format!(
-                "policy `{}` does not support growable segments",
-                policy.name()
-            ),
-        }
-        .into());
-    }
-    Ok(())
+    Ok(alloc_core::check_growth(policy, config)?)
 }
 
 impl CudaAllocator {

@@ -242,21 +242,6 @@ fn not_compiled_in(part: &str, name: &str) -> ConfigError {
     }
 }
 
-/// Refuses `expandable_segments` for a policy without growable segments.
-fn check_growth<P: Policy>(policy: &P, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-    if cfg.expandable_segments && !policy.capabilities().supports_growth {
-        return Err(ConfigError::InvalidValue {
-            key: "expandable_segments".into(),
-            value: "true".into(),
-            reason: format!(
-                "policy `{}` does not support growable segments",
-                policy.name()
-            ),
-        });
-    }
-    Ok(())
-}
-
 
 impl Policy for BasePolicy {
     // buddy's `take_free` and `carve`, called rather than inlined, take a
@@ -322,7 +307,7 @@ impl Policy for AnyPolicy {
     /// Refuses growable segments for a policy without them, then hands the
     /// settings to the base policy and the collector.
     fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), ConfigError> {
-        check_growth(self, cfg)?;
+        alloc_core::check_growth(self, cfg)?;
         self.base.reconfigure(cfg)?;
         #[cfg(feature = "gc-age")]
         if let Some(gc) = &mut self.gc {
