@@ -121,12 +121,20 @@ def parse_args(argv=None):
     p.add_argument("--varlen", type=int, default=None, metavar="MIN",
                    help="draw each step's sequence length from [MIN, seq] (the same draws "
                         "under every setting) instead of using seq throughout")
+    p.add_argument("--fake-world", type=int, default=None, metavar="N",
+                   help="one process plays rank 0 of N over PyTorch's fake process group: "
+                        "FSDP shards, gathers and reduces on its own streams as with N GPUs, "
+                        "but no collective moves data (the gathered parameters hold whatever "
+                        "the buffer held, so the loss is not checked). Measures the "
+                        "allocator's part of the multi-stream pattern on one GPU")
     for k in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                        help="override the shape's %s (tests)" % k)
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error("--steps must be >= 1")
+    if a.fake_world is not None and a.fake_world < 2:
+        p.error("--fake-world must be >= 2")
     if a.device == "cpu" and is_ours(a.setting):
         p.error("the ours-* settings need a GPU")
     return a
@@ -440,6 +448,8 @@ def main(argv=None):
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.fake_world:
+        rank, local_rank, world = 0, 0, args.fake_world
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     cfg = dict(SHAPES[args.shape])
@@ -471,7 +481,14 @@ def main(argv=None):
                       "bridge": bool(getattr(gpu_alloc, "uses_bridge", lambda: False)())}
     t_import = time.time()
 
-    if args.device == "cuda":
+    if args.fake_world:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+
+        device = torch.device(args.device, 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    elif args.device == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
@@ -482,7 +499,7 @@ def main(argv=None):
 
     summary = {
         "setting": args.setting, "fsdp": args.fsdp, "shape": args.shape, "rank": rank,
-        "world_size": world, "steps": args.steps, "model": args.model, "shape_config": cfg,
+        "world_size": world, "fake_world": bool(args.fake_world), "steps": args.steps, "model": args.model, "shape_config": cfg,
         "torch_version": torch.__version__,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "env": {k: os.environ.get(k) for k in CONTROLLED_ENV + ("NCCL_NVLS_ENABLE",)},
@@ -559,7 +576,7 @@ def main(argv=None):
                     "allocated peak %.2f GiB" % (step + 1, lv, dt, p["reserved"] / 2**30,
                                                  p["reserved_peak"] / 2**30,
                                                  p["allocated_peak"] / 2**30))
-            if not math.isfinite(lv):
+            if not math.isfinite(lv) and not args.fake_world:
                 raise RuntimeError("loss is %r at step %d" % (lv, step + 1))
     except Exception as e:
         status, error = "error", "%s: %s" % (type(e).__name__, e)
