@@ -118,3 +118,61 @@ impl Diagnostics<'_, AnyPolicy> {
         Ok(self.alloc.engine()?.policy().plan_stats())
     }
 }
+
+/// Over a driver: the null driver (`crates/alloc-cuda/null-driver/run.sh
+/// --tests`, no GPU) or a GPU.
+#[cfg(test)]
+mod null_driver_tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::observer::{SegmentAction, SegmentEvent};
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn diagnostics_read_what_the_allocator_did() {
+        let alloc = CudaAllocator::with_config_str(0, "policy:buddy").unwrap();
+        let stream = alloc.context().new_stream().unwrap();
+        let seen: Arc<Mutex<Vec<SegmentEvent>>> = Arc::default();
+        let log = seen.clone();
+        let diagnostics = alloc.diagnostics();
+        diagnostics.set_segment_observer(Some(Arc::new(move |e| log.lock().unwrap().push(e))));
+
+        let ptr = alloc.malloc(1 << 20, &stream).unwrap();
+        let block = diagnostics.allocation(ptr).unwrap().unwrap();
+        assert_eq!(block.addr, ptr);
+        assert!(block.size >= 1 << 20);
+        assert_eq!(
+            diagnostics.allocation(ptr + 1).unwrap(),
+            None,
+            "not a block's start"
+        );
+        assert_eq!(diagnostics.policy_name().unwrap(), "buddy");
+        assert_eq!(diagnostics.plan_stats().unwrap(), None, "no plan_layout");
+        assert_eq!(
+            diagnostics.inspect(|e| e.reserved_bytes()).unwrap(),
+            alloc.reserved_bytes().unwrap()
+        );
+        {
+            let events = seen.lock().unwrap();
+            assert_eq!(events.len(), 1, "{events:?}");
+            assert_eq!(events[0].action, SegmentAction::Alloc);
+        }
+
+        let other = alloc.context().new_stream().unwrap();
+        alloc.record_stream(ptr, &other).unwrap();
+        alloc.free(ptr).unwrap();
+        assert!(diagnostics.stream_op_counts().unwrap().recorded >= 1);
+        diagnostics.set_segment_observer(None);
+        alloc.empty_cache().unwrap();
+        assert_eq!(diagnostics.awaiting_events().unwrap(), 0);
+        assert_eq!(
+            seen.lock().unwrap().len(),
+            1,
+            "nothing after the observer left"
+        );
+        let (free, total) = diagnostics.mem_get_info().unwrap();
+        assert!(0 < free && free <= total);
+        diagnostics.validate().unwrap().unwrap();
+    }
+}

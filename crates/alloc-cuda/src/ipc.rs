@@ -238,3 +238,33 @@ mod tests {
         assert!(locate(&engine, a.addr).is_err(), "a cached block");
     }
 }
+
+/// Over a driver: the null driver (`crates/alloc-cuda/null-driver/run.sh
+/// --tests`, no GPU) or a GPU.
+#[cfg(test)]
+mod null_driver_tests {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn a_block_of_a_segment_is_shared_with_its_segment() {
+        let alloc = CudaAllocator::with_config_str(0, "").unwrap();
+        let stream = alloc.context().new_stream().unwrap();
+        let ptr = alloc.malloc(3 << 20, &stream).unwrap();
+        let range = alloc.ipc().shared_range(ptr + 1).unwrap().unwrap();
+        assert!(!range.expandable());
+        assert!(range.base() <= ptr && ptr + (3 << 20) <= range.base() + range.size());
+        let e = alloc.ipc().export_pages(ptr).unwrap_err();
+        assert!(matches!(e, CudaError::Unsupported(_)), "{e}");
+        assert_eq!(
+            alloc
+                .ipc()
+                .shared_range(range.base() + range.size())
+                .unwrap(),
+            None,
+            "past every segment"
+        );
+        alloc.free(ptr).unwrap();
+        assert!(alloc.ipc().shared_range(ptr).is_err(), "a cached block");
+    }
+}

@@ -80,3 +80,40 @@ impl<P: Policy> SleepWake<'_, P> {
             .resume(self.alloc.context(), || self.alloc.engine(), tag)
     }
 }
+
+/// Over a driver: the null driver (`crates/alloc-cuda/null-driver/run.sh
+/// --tests`, no GPU) or a GPU.
+#[cfg(test)]
+mod null_driver_tests {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn tags_are_bound_by_name_where_the_device_has_virtual_memory() {
+        let alloc = CudaAllocator::with_config_str(0, "").unwrap();
+        let sleep = alloc.sleep();
+        assert!(sleep.tags().unwrap().is_empty());
+        let pool = (9, 1);
+        alloc.pools().retain(pool).unwrap();
+        match sleep.bind_tag("weights", pool) {
+            // A GPU: the pool is the tag's now.
+            Ok(()) => {
+                let tags = sleep.tags().unwrap();
+                assert_eq!(tags.len(), 1);
+                assert_eq!((tags[0].name.as_str(), tags[0].pool), ("weights", pool));
+                assert!(!tags[0].paused);
+                assert!(sleep.bind_tag("weights", (9, 2)).is_err(), "bound twice");
+                assert_eq!(sleep.tag("weights").unwrap().pool(), pool);
+            }
+            // The null driver, without virtual memory: no tag at all.
+            Err(e) => {
+                assert!(e.to_string().contains("growable segments"), "{e}");
+                assert!(sleep.tag("kv").is_err());
+                assert!(sleep.tags().unwrap().is_empty());
+            }
+        }
+        assert!(sleep.pause("nobody", Backup::None).is_err());
+        assert!(sleep.resume("nobody").is_err());
+        alloc.diagnostics().validate().unwrap().unwrap();
+    }
+}
