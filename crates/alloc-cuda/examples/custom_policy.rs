@@ -131,7 +131,7 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 fn main() -> Result<(), Failure> {
     let alloc = CudaAllocator::with_policy(0, FirstFit::default(), &AllocatorConfig::default())?;
     check(
-        alloc.policy_name()? == "first-fit",
+        alloc.diagnostics().policy_name()? == "first-fit",
         "the allocator runs the policy",
     )?;
     let stream = alloc.context().new_stream()?;
@@ -181,7 +181,7 @@ fn main() -> Result<(), Failure> {
             ),
         )?;
     }
-    if let Err(e) = alloc.validate()? {
+    if let Err(e) = alloc.diagnostics().validate()? {
         return Err(format!("FAILED: engine invariants: {e}").into());
     }
     println!("ok: engine invariants hold");

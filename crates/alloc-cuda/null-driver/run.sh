@@ -10,6 +10,7 @@
 #     (deterministic, unlike the clock on a shared machine).
 #   bash crates/alloc-cuda/null-driver/run.sh --tests
 #     The GPU-suite tests of stream registration that need no device work,
+#     the allocator parts' tests (null_driver_tests in alloc-cuda's modules),
 #     and the C library's tests that fail each driver call in turn
 #     (null_driver_faults.rs) (.ci/run runs them).
 set -euo pipefail
@@ -29,6 +30,8 @@ if [ "${1:-}" = "--tests" ]; then
     streams_created_and_dropped_by_the_hundred_are_let_go \
     a_stream_in_the_place_of_one_let_go_is_checked_again \
     expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory
+  # The allocator's parts (Pools, SleepWake, Ipc, Diagnostics) over a driver.
+  cargo test --workspace --lib -- --ignored null_driver_tests
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
   exit 0
 fi

@@ -1,18 +1,23 @@
-//! The thread-safe allocator handle: one engine per device behind a mutex,
-//! and the facade over the parts it holds. The engine does the allocating;
-//! [`BufferRanges`] keeps live typed buffers' blocks apart, [`HostBackups`]
-//! copies paused sleep tags to the host and back, and `ipc.rs` reads what a
-//! live block shares with another process. The handles that hold an
-//! allocator ([`crate::DeviceBuffer`], [`crate::Tag`]) are built in their
-//! own files, above this one, so that no file uses one that uses it back.
+//! The thread-safe allocator handle: one engine per device behind a lock,
+//! and the facade a user needs every day (construction, `malloc`, `free`,
+//! `record_stream`, `empty_cache`, statistics, settings). The rest is
+//! reached through parts, each a type in a file of its own above this one
+//! that borrows the allocator: [`crate::Pools`] (`pools()`: private pools
+//! and their checkpoints), [`crate::SleepWake`] (`sleep()`: sleep tags),
+//! [`crate::Ipc`] (`ipc()`: sharing with another process) and
+//! [`crate::Diagnostics`] (`diagnostics()`: checks, counters, the engine
+//! itself). What the allocator holds for them is kept here: [`BufferRanges`]
+//! keeps live typed buffers' blocks apart, [`HostBackups`] copies paused
+//! sleep tags to the host and back. The handles that hold an allocator
+//! ([`crate::DeviceBuffer`], [`crate::Tag`]) are built in their own files
+//! too, so that no file uses one that uses it back.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use alloc_core::{
-    Allocation, AllocatorConfig, Backup, ConfigError, Engine, EngineOptions, PauseReport, Policy,
-    PoolCheckpoint, PoolId, RestoreOutcome, ResumeReport, SegmentSource, Snapshot, Stats, StreamId,
-    TagInfo,
+    Allocation, AllocatorConfig, ConfigError, Engine, EngineOptions, Policy, PoolId, Snapshot,
+    Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -20,16 +25,13 @@ use cudarc::driver::{CudaContext, CudaStream};
 use crate::buffer_ranges::BufferRanges;
 use crate::driver;
 use crate::error::{driver_error, CudaError};
-use crate::events::{CudaStreams, EventRecyclerStats, StreamOpCounts};
-use crate::ipc::{self, SharedRange};
+use crate::events::CudaStreams;
 use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
 use crate::memory::CudaMemory;
 use crate::notice::NO_VIRTUAL_MEMORY;
-use crate::observer::{ObserverSlot, SegmentObserver};
-use crate::pinned::PinnedAllocator;
+use crate::observer::ObserverSlot;
 use crate::sleep::HostBackups;
 use crate::stream::{stream_ref, AsStream, StreamRef};
-use crate::vmm::SharedPages;
 use crate::CudaEngine;
 
 /// Highest number of devices [`CudaAllocator::global`] serves.
@@ -195,12 +197,6 @@ impl CudaAllocator {
         let typed = AnyPolicy::typed(config)?;
         let policy = AnyPolicy::from_typed(&typed)?;
         Self::build(ordinal, policy, EngineOptions::from(&typed), config)
-    }
-
-    /// What `plan_layout` did so far (`None` unless it is on, with
-    /// `pytorch-bfc`).
-    pub fn plan_stats(&self) -> Result<Option<alloc_policy::layout_plan::PlanStats>, CudaError> {
-        Ok(self.engine()?.policy().plan_stats())
     }
 
     /// [`CudaAllocator::new`] with a configuration string in the syntax of
@@ -376,32 +372,6 @@ impl<P: Policy> CudaAllocator<P> {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Runs `f` on the engine, read-only, under the allocator's lock (its
-    /// heap, statistics, snapshot, backends). Keep `f` short: every other
-    /// thread using this device's allocator waits for it.
-    pub fn inspect<R>(&self, f: impl FnOnce(&CudaEngine<P>) -> R) -> Result<R, CudaError> {
-        Ok(f(&*self.engine()?))
-    }
-
-    /// Runs `f` on the engine, mutably, under the allocator's lock. Stream
-    /// ids reach the driver only once registered with the stream backend
-    /// (`f` may register [`crate::StreamHandle`]s there); unregistered ones
-    /// make the engine's calls fail instead.
-    ///
-    /// # Safety
-    /// `f` must not free a block that a live [`crate::DeviceBuffer`] of
-    /// this allocator owns (`Engine::free` of its address, or
-    /// `Engine::restore_pool` of its sleep tag's pool): the buffer would go
-    /// on using memory handed out again. A segment source it sets
-    /// (`Engine::set_pool_source`) must meet the contract of
-    /// [`CudaAllocator::set_pool_source`].
-    pub unsafe fn with_engine<R>(
-        &self,
-        f: impl FnOnce(&mut CudaEngine<P>) -> R,
-    ) -> Result<R, CudaError> {
-        Ok(f(&mut *self.engine()?))
-    }
-
     /// The engine and buffers, locked; after a panic with the lock held,
     /// only once the engine passes its own invariant check (see
     /// [`crate::lock`]).
@@ -417,6 +387,28 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(EngineGuard(self.state()?))
     }
 
+    /// The engine, locked, and whether a live [`crate::DeviceBuffer`]
+    /// holds a block of `pool` (what would free a pool's blocks wholesale
+    /// must not run then: the buffer would go on using the memory).
+    pub(crate) fn engine_and_buffers_in(
+        &self,
+        pool: PoolId,
+    ) -> Result<(EngineGuard<'_, P>, bool), CudaError> {
+        let state = self.state()?;
+        let held = state.buffers.in_pool(pool);
+        Ok((EngineGuard(state), held))
+    }
+
+    /// The host copies of paused sleep tags.
+    pub(crate) fn host_backups(&self) -> &HostBackups {
+        &self.inner.sleep
+    }
+
+    /// Where segment events are reported.
+    pub(crate) fn observer_slot(&self) -> &ObserverSlot {
+        &self.inner.observer
+    }
+
     /// Allocates at least `size` bytes for use on `stream` (a cudarc
     /// stream, or a [`crate::StreamHandle`]); returns the device address.
     /// Out of memory (after freeing the cache) is an
@@ -428,7 +420,7 @@ impl<P: Policy> CudaAllocator<P> {
     }
 
     /// [`CudaAllocator::malloc`] from the private `pool` when one is given
-    /// (see [`CudaAllocator::begin_allocate_to_pool`]). While a capture is
+    /// (see [`crate::Pools::begin_allocate_to`]). While a capture is
     /// underway, driver allocations run in relaxed capture mode so that a
     /// graph captured in global mode stays valid.
     pub fn malloc_in_pool<S: AsStream + ?Sized>(
@@ -469,103 +461,6 @@ impl<P: Policy> CudaAllocator<P> {
         let mut state = self.state()?;
         state.buffers.release(ptr);
         Ok(state.engine.free(ptr)?)
-    }
-
-    /// Starts routing allocations that name `pool` to that private pool (a
-    /// CUDA graph capture or a `MemPool` context begins) and holds the pool.
-    /// Until the matching [`CudaAllocator::end_allocate_to_pool`], no event is
-    /// queried or recorded and no memory goes back to the driver.
-    pub fn begin_allocate_to_pool(&self, pool: PoolId) -> Result<(), CudaError> {
-        self.engine()?.begin_allocate_to_pool(pool);
-        Ok(())
-    }
-
-    /// Ends a routing begun by [`CudaAllocator::begin_allocate_to_pool`].
-    pub fn end_allocate_to_pool(&self, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.end_allocate_to_pool(pool)?)
-    }
-
-    /// One more holder of `pool`.
-    pub fn retain_pool(&self, pool: PoolId) -> Result<(), CudaError> {
-        self.engine()?.retain_pool(pool);
-        Ok(())
-    }
-
-    /// One holder of `pool` fewer (a graph was deleted); with none left its
-    /// idle segments go back to the driver.
-    pub fn release_pool(&self, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.release_pool(pool)?)
-    }
-
-    /// Returns the idle segments of the private pool `pool` to the driver,
-    /// and nothing else (see [`alloc_core::Engine::empty_pool_cache`]).
-    pub fn empty_pool_cache(&self, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.empty_pool_cache(pool)?)
-    }
-
-    /// Reports every later segment allocation, free, mapping and unmapping
-    /// of this allocator to `observer` (`None` stops it). The observer runs
-    /// with the allocator's lock held and must not call back into it.
-    pub fn set_segment_observer(&self, observer: Option<SegmentObserver>) {
-        self.inner.observer.set(observer);
-    }
-
-    /// Makes the private `pool` take its segments from `source` and give
-    /// them back to it; see [`alloc_core::Engine::set_pool_source`].
-    ///
-    /// # Safety
-    /// Every segment `source` hands out is device memory of this device's
-    /// primary context, of the size asked for, used by nothing else until
-    /// it is given back.
-    pub unsafe fn set_pool_source(
-        &self,
-        pool: PoolId,
-        source: Box<dyn SegmentSource>,
-    ) -> Result<(), CudaError> {
-        Ok(self.engine()?.set_pool_source(pool, source)?)
-    }
-
-    /// Makes `pool` hand out whole blocks, never split; see
-    /// [`alloc_core::Engine::set_pool_no_split`].
-    pub fn set_pool_no_split(&self, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.set_pool_no_split(pool)?)
-    }
-
-    /// Holders of `pool`.
-    pub fn pool_use_count(&self, pool: PoolId) -> Result<u32, CudaError> {
-        Ok(self.engine()?.pool_use_count(pool))
-    }
-
-    /// Saves the layout of the private pool `pool` (CUDA graph trees); see
-    /// [`alloc_core::Engine::checkpoint_pool`].
-    pub fn checkpoint_pool(&self, pool: PoolId) -> Result<PoolCheckpoint, CudaError> {
-        Ok(self.engine()?.checkpoint_pool(pool)?)
-    }
-
-    /// Puts a private pool back into a checkpointed layout; see
-    /// [`alloc_core::Engine::restore_pool`]. A pool holding a live
-    /// [`crate::DeviceBuffer`]'s block (a sleep tag's) is refused: the
-    /// restore would free it under the buffer.
-    pub fn restore_pool(&self, checkpoint: &PoolCheckpoint) -> Result<RestoreOutcome, CudaError> {
-        let mut state = self.state()?;
-        if state.buffers.in_pool(checkpoint.pool) {
-            return Err(CudaError::Alloc(alloc_core::AllocError::InvalidArgument(
-                format!(
-                    "restore_pool of pool {:?}: a live DeviceBuffer holds a block of it",
-                    checkpoint.pool
-                ),
-            )));
-        }
-        Ok(state.engine.restore_pool(checkpoint)?)
-    }
-
-    /// Whether the blocks allocated in `pool` are exactly `expected`.
-    pub fn pool_live_allocations_are(
-        &self,
-        pool: PoolId,
-        expected: &std::collections::HashSet<u64>,
-    ) -> Result<bool, CudaError> {
-        Ok(self.engine()?.pool_live_allocations_are(pool, expected))
     }
 
     /// Frees a block from [`CudaAllocator::malloc`]. If other streams used
@@ -620,11 +515,6 @@ impl<P: Policy> CudaAllocator<P> {
         Ok(self.engine()?.memory_limit())
     }
 
-    /// The block at `ptr`, if allocated.
-    pub fn allocation(&self, ptr: u64) -> Result<Option<Allocation>, CudaError> {
-        Ok(self.engine()?.allocation(ptr))
-    }
-
     /// A copy of the statistics (PyTorch's `memory_stats` model).
     pub fn stats(&self) -> Result<Stats, CudaError> {
         Ok(self.engine()?.stats())
@@ -657,95 +547,6 @@ impl<P: Policy> CudaAllocator<P> {
     /// Every segment with its blocks.
     pub fn snapshot(&self) -> Result<Snapshot, CudaError> {
         Ok(self.engine()?.snapshot())
-    }
-
-    /// Checks the engine's invariants; `Ok(Err(description))` on a violation.
-    pub fn validate(&self) -> Result<Result<(), String>, CudaError> {
-        Ok(self.engine()?.validate())
-    }
-
-    /// Blocks freed while other streams still used them.
-    pub fn awaiting_events(&self) -> Result<usize, CudaError> {
-        Ok(self.engine()?.awaiting_events())
-    }
-
-    /// What the engine asked of streams and events (host waits, stream
-    /// waits, event records and queries) since creation or the last
-    /// [`CudaAllocator::reset_accumulated_stats`].
-    pub fn stream_op_counts(&self) -> Result<StreamOpCounts, CudaError> {
-        Ok(self.engine()?.streams().op_counts())
-    }
-
-    /// Counters of the CUDA event recycler.
-    pub fn event_stats(&self) -> Result<EventRecyclerStats, CudaError> {
-        Ok(self.engine()?.streams().event_stats())
-    }
-
-    /// The policy's name.
-    pub fn policy_name(&self) -> Result<String, CudaError> {
-        Ok(self.engine()?.policy().name().to_string())
-    }
-
-    /// Makes the existing private pool `pool` (a PyTorch `MemPool` with no
-    /// segment yet) the pool of the new sleep tag `name`.
-    pub fn bind_tag(&self, name: &str, pool: PoolId) -> Result<(), CudaError> {
-        Ok(self.engine()?.bind_tag(name, pool)?)
-    }
-
-    /// Every sleep tag with its state and memory.
-    pub fn tags(&self) -> Result<Vec<TagInfo>, CudaError> {
-        Ok(self.engine()?.tags())
-    }
-
-    /// The process-wide pinned host pool that backups go to.
-    pub fn pinned_pool(&self) -> Result<Arc<PinnedAllocator>, CudaError> {
-        PinnedAllocator::global()
-    }
-
-    /// Pauses the sleep tag `tag`: waits (host, through events) for the
-    /// streams that used its blocks, never the whole device; with
-    /// [`Backup::Host`] copies its live blocks to pinned host memory; then
-    /// unmaps and releases every page of its segments (`cuMemUnmap`,
-    /// `cuMemRelease`), keeping the address ranges. `cuMemGetInfo` shows
-    /// the memory given back. Allocating from the tag fails until
-    /// [`CudaAllocator::resume`]; freeing its blocks is fine.
-    pub fn pause(&self, tag: &str, backup: Backup) -> Result<PauseReport, CudaError> {
-        self.inner
-            .sleep
-            .pause(&self.inner.ctx, || self.engine(), tag, backup)
-    }
-
-    /// Resumes the paused sleep tag `tag`: maps fresh memory at the same
-    /// addresses (freeing this allocator's other idle cache first if the
-    /// device is full) and copies host backups back before returning.
-    /// Out of memory leaves the tag paused, its backup kept.
-    pub fn resume(&self, tag: &str) -> Result<ResumeReport, CudaError> {
-        self.inner
-            .sleep
-            .resume(&self.inner.ctx, || self.engine(), tag)
-    }
-
-    /// The memory shared with another process for the live block that
-    /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
-    /// in memory of this allocator.
-    pub fn shared_range(&self, ptr: u64) -> Result<Option<SharedRange>, CudaError> {
-        self.inspect(|e| ipc::shared_range(e, ptr))?
-    }
-
-    /// The pages of an expandable segment under the live block that
-    /// contains `ptr`, exported as POSIX file descriptors of this process
-    /// (each physical page once; the descriptors stay open, owned by the
-    /// allocator, until the page's memory is released). `Ok(None)` when
-    /// `ptr` is not in memory of this allocator; an error for a block of a
-    /// `cuMemAlloc` segment (shared with `cuIpcGetMemHandle` instead).
-    pub fn export_pages(&self, ptr: u64) -> Result<Option<SharedPages>, CudaError> {
-        self.inspect(|e| ipc::export_pages(e, ptr))?
-    }
-
-    /// `(free, total)` bytes of the device from `cuMemGetInfo` (no lock).
-    pub fn mem_get_info(&self) -> Result<(u64, u64), CudaError> {
-        driver::bind(&self.inner.ctx)?;
-        driver::mem_get_info()
     }
 }
 

@@ -11,14 +11,16 @@
 //!   of a segment has the same size, so one page size describes them, as
 //!   PyTorch's `'e'` handle requires.
 //!
-//! The part keeps no state: it reads the engine it is given (the allocator
-//! lends its locked engine), so that it does not depend on the allocator.
+//! Reached as `alloc.ipc()` ([`Ipc`]). The part keeps no state: it reads
+//! the allocator's engine under its lock, and finds the block with
+//! `locate`, which reads any engine's heap (so that it is tested on the
+//! simulated device).
 
 use alloc_core::{AllocError, BlockState, Engine, MemoryBackend, Policy, StreamBackend};
 
+use crate::allocator::CudaAllocator;
 use crate::error::CudaError;
 use crate::vmm::SharedPages;
-use crate::CudaEngine;
 
 /// The memory shared with another process for one live block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,39 +112,63 @@ fn locate<P: Policy, M: MemoryBackend, S: StreamBackend>(
     }
 }
 
-/// The memory shared with another process for the live block of `engine`
-/// that contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
-/// in memory of the engine.
-pub(crate) fn shared_range<P: Policy>(
-    engine: &CudaEngine<P>,
-    ptr: u64,
-) -> Result<Option<SharedRange>, CudaError> {
-    match locate(engine, ptr)? {
-        None => Ok(None),
-        Some(Located::Segment { base, size }) => Ok(Some(SharedRange::Segment { base, size })),
-        Some(Located::Expandable { addr, size }) => {
-            let (first, page, count) = engine.memory().vmm().covering_pages(addr, size)?;
-            Ok(Some(SharedRange::Pages { first, page, count }))
-        }
+/// Sharing the live blocks of a [`CudaAllocator`] with another process
+/// (from [`CudaAllocator::ipc`]).
+///
+/// ```no_run
+/// use alloc_cuda::CudaAllocator;
+///
+/// let alloc = CudaAllocator::global(0)?;
+/// let stream = alloc.context().new_stream()?;
+/// let ptr = alloc.malloc(3 << 20, &stream)?;
+/// let shared = alloc.ipc().shared_range(ptr)?.expect("a block of this allocator");
+/// assert!(shared.base() <= ptr && ptr < shared.base() + shared.size());
+/// # Ok::<(), alloc_cuda::CudaError>(())
+/// ```
+pub struct Ipc<'a, P: Policy> {
+    alloc: &'a CudaAllocator<P>,
+}
+
+impl<P: Policy> CudaAllocator<P> {
+    /// Sharing live blocks with another process (CUDA IPC).
+    pub fn ipc(&self) -> Ipc<'_, P> {
+        Ipc { alloc: self }
     }
 }
 
-/// The pages of an expandable segment under the live block of `engine` that
-/// contains `ptr`, exported as POSIX file descriptors; `Ok(None)` when `ptr`
-/// is not in memory of the engine, an error for a block of a `cuMemAlloc`
-/// segment.
-pub(crate) fn export_pages<P: Policy>(
-    engine: &CudaEngine<P>,
-    ptr: u64,
-) -> Result<Option<SharedPages>, CudaError> {
-    match locate(engine, ptr)? {
-        None => Ok(None),
-        Some(Located::Segment { .. }) => Err(CudaError::Unsupported(
-            "the block lies in a cuMemAlloc segment, not an expandable one: share \
-             its segment with cuIpcGetMemHandle (see shared_range)",
-        )),
-        Some(Located::Expandable { addr, size }) => {
-            engine.memory().export_pages(addr, size).map(Some)
+impl<P: Policy> Ipc<'_, P> {
+    /// The memory shared with another process for the live block that
+    /// contains `ptr` (see [`SharedRange`]); `Ok(None)` when `ptr` is not
+    /// in memory of this allocator.
+    pub fn shared_range(&self, ptr: u64) -> Result<Option<SharedRange>, CudaError> {
+        let engine = self.alloc.engine()?;
+        match locate(&*engine, ptr)? {
+            None => Ok(None),
+            Some(Located::Segment { base, size }) => Ok(Some(SharedRange::Segment { base, size })),
+            Some(Located::Expandable { addr, size }) => {
+                let (first, page, count) = engine.memory().vmm().covering_pages(addr, size)?;
+                Ok(Some(SharedRange::Pages { first, page, count }))
+            }
+        }
+    }
+
+    /// The pages of an expandable segment under the live block that
+    /// contains `ptr`, exported as POSIX file descriptors of this process
+    /// (each physical page once; the descriptors stay open, owned by the
+    /// allocator, until the page's memory is released). `Ok(None)` when
+    /// `ptr` is not in memory of this allocator; an error for a block of a
+    /// `cuMemAlloc` segment (shared with `cuIpcGetMemHandle` instead).
+    pub fn export_pages(&self, ptr: u64) -> Result<Option<SharedPages>, CudaError> {
+        let engine = self.alloc.engine()?;
+        match locate(&*engine, ptr)? {
+            None => Ok(None),
+            Some(Located::Segment { .. }) => Err(CudaError::Unsupported(
+                "the block lies in a cuMemAlloc segment, not an expandable one: share \
+                 its segment with cuIpcGetMemHandle (see shared_range)",
+            )),
+            Some(Located::Expandable { addr, size }) => {
+                engine.memory().export_pages(addr, size).map(Some)
+            }
         }
     }
 }
@@ -210,5 +236,35 @@ mod tests {
         );
         engine.free(a.addr).unwrap();
         assert!(locate(&engine, a.addr).is_err(), "a cached block");
+    }
+}
+
+/// Over a driver: the null driver (`crates/alloc-cuda/null-driver/run.sh
+/// --tests`, no GPU) or a GPU.
+#[cfg(test)]
+mod null_driver_tests {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn a_block_of_a_segment_is_shared_with_its_segment() {
+        let alloc = CudaAllocator::with_config_str(0, "").unwrap();
+        let stream = alloc.context().new_stream().unwrap();
+        let ptr = alloc.malloc(3 << 20, &stream).unwrap();
+        let range = alloc.ipc().shared_range(ptr + 1).unwrap().unwrap();
+        assert!(!range.expandable());
+        assert!(range.base() <= ptr && ptr + (3 << 20) <= range.base() + range.size());
+        let e = alloc.ipc().export_pages(ptr).unwrap_err();
+        assert!(matches!(e, CudaError::Unsupported(_)), "{e}");
+        assert_eq!(
+            alloc
+                .ipc()
+                .shared_range(range.base() + range.size())
+                .unwrap(),
+            None,
+            "past every segment"
+        );
+        alloc.free(ptr).unwrap();
+        assert!(alloc.ipc().shared_range(ptr).is_err(), "a cached block");
     }
 }

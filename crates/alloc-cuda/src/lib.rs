@@ -37,17 +37,27 @@
 //! Expandable segments (`expandable_segments:True`) grow one segment per
 //! stream and pool on the driver's virtual-memory API: see [`vmm`].
 //!
-//! Sleep and wake: allocations through a [`Tag`] ([`CudaAllocator::tag`])
-//! go to a pool of their own on growable segments; [`CudaAllocator::pause`]
-//! gives its physical memory back (optionally saving live blocks to pinned
-//! host memory from the [`PinnedAllocator`], our caching pinned-host allocator)
-//! and [`CudaAllocator::resume`] takes fresh memory at the same addresses.
+//! [`CudaAllocator`] is a small facade: what a program needs every day
+//! (construction, `malloc`, `free`, `record_stream`, `empty_cache`,
+//! statistics, settings) is on it, and the rest is reached through parts
+//! that borrow it, each in a file of its own:
 //!
-//! A live block can be shared with another process (CUDA IPC):
-//! [`CudaAllocator::shared_range`] gives the memory shared for it (its
-//! `cuMemAlloc` segment, or the pages of an expandable segment under it) and
-//! [`CudaAllocator::export_pages`] exports those pages as POSIX file
-//! descriptors.
+//! - [`CudaAllocator::pools`] ([`Pools`]): private pools (CUDA graphs,
+//!   PyTorch `MemPool`s): routing, holders, their cache, checkpoints.
+//! - [`CudaAllocator::sleep`] ([`SleepWake`]): sleep and wake. Allocations
+//!   through a [`Tag`] ([`SleepWake::tag`]) go to a pool of their own on
+//!   growable segments; [`SleepWake::pause`] gives its physical memory
+//!   back (optionally saving live blocks to pinned host memory from the
+//!   [`PinnedAllocator`], our caching pinned-host allocator) and
+//!   [`SleepWake::resume`] takes fresh memory at the same addresses.
+//! - [`CudaAllocator::ipc`] ([`Ipc`]): sharing a live block with another
+//!   process (CUDA IPC): [`Ipc::shared_range`] gives the memory shared for
+//!   it (its `cuMemAlloc` segment, or the pages of an expandable segment
+//!   under it) and [`Ipc::export_pages`] exports those pages as POSIX file
+//!   descriptors.
+//! - [`CudaAllocator::diagnostics`] ([`Diagnostics`]): the invariant
+//!   check, stream and event counters, a segment observer, and the engine
+//!   itself under the lock ([`Diagnostics::inspect`]).
 //!
 //! ## Where `unsafe` is
 //!
@@ -75,9 +85,9 @@
 //!   and its `PushKernelArg` implementations for cudarc's launch builder;
 //! - `unsafe fn`s of the API, whose callers vouch for what the crate cannot
 //!   check: [`StreamHandle::from_raw`] (a raw stream's context and lifetime),
-//!   [`CudaAllocator::with_engine`] (no block of a live [`DeviceBuffer`]
+//!   [`Diagnostics::with_engine`] (no block of a live [`DeviceBuffer`]
 //!   freed through the engine, segment sources as below) and
-//!   [`CudaAllocator::set_pool_source`] (a pool's segments are device memory
+//!   [`Pools::set_source`] (a pool's segments are device memory
 //!   of the device).
 
 #![warn(missing_docs)]
@@ -96,6 +106,7 @@ mod allocator;
 mod buffer;
 mod buffer_ranges;
 mod deferred_unmaps;
+mod diagnostics;
 mod driver;
 mod error;
 mod events;
@@ -106,20 +117,25 @@ mod memory;
 mod notice;
 mod observer;
 mod pinned;
+mod pools;
 mod sleep;
+mod sleep_wake;
 mod stream;
 mod tag;
 pub mod vmm;
 
 pub use allocator::{CudaAllocator, MAX_DEVICES};
 pub use buffer::{DeviceBuffer, Plain};
+pub use diagnostics::Diagnostics;
 pub use error::{CudaError, CUDARC_CALL};
 pub use events::{CudaStreams, EventRecycler, EventRecyclerStats, RecycledEvent, StreamOpCounts};
 pub use host_register::{HostRegistry, RegisteredStats, Registrations};
-pub use ipc::SharedRange;
+pub use ipc::{Ipc, SharedRange};
 pub use memory::CudaMemory;
 pub use observer::{SegmentAction, SegmentEvent, SegmentObserver};
 pub use pinned::{pinned_block_size, HostCache, PinnedAllocator, PinnedBuffer, PinnedStats};
+pub use pools::Pools;
+pub use sleep_wake::SleepWake;
 
 /// The former name of [`EventRecycler`].
 pub type EventPool<H> = EventRecycler<H>;

@@ -1,6 +1,6 @@
 //! Sleep and wake on the GPU, the host side: a sleep tag's pool gives its
-//! physical memory back (`CudaAllocator::pause`) and takes it again at the
-//! same addresses (`CudaAllocator::resume`), so that pointers and CUDA
+//! physical memory back (`SleepWake::pause`) and takes it again at the
+//! same addresses (`SleepWake::resume`), so that pointers and CUDA
 //! graphs captured over them stay valid. The engine decides what is paused
 //! and waits for the tag's streams through events
 //! (`alloc_core::Engine::pause_tag`); [`HostBackups`] copies live blocks to

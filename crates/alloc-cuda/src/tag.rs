@@ -1,7 +1,8 @@
 //! The [`Tag`] handle: a sleep tag of an allocator, whose allocations go
 //! to the tag's pool and that pauses and resumes it. The handle holds the
-//! allocator, so it sits above it with its constructor
-//! ([`CudaAllocator::tag`]); the host copies are `sleep.rs`'s.
+//! allocator, so it sits above it and above the sleep part with its
+//! constructor ([`SleepWake::tag`]); pausing and resuming are
+//! `sleep_wake.rs`'s, the host copies `sleep.rs`'s.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use cudarc::driver::{CudaStream, DeviceRepr, ValidAsZeroBits};
 use crate::allocator::CudaAllocator;
 use crate::buffer::{DeviceBuffer, Plain};
 use crate::error::CudaError;
+use crate::sleep_wake::SleepWake;
 use crate::stream::AsStream;
 
 /// A sleep tag of a [`CudaAllocator`]: a handle (cheap to clone) whose
@@ -22,7 +24,7 @@ use crate::stream::AsStream;
 ///
 /// let alloc = CudaAllocator::global(0)?;
 /// let stream = alloc.context().new_stream()?;
-/// let kv = alloc.tag("kv_cache")?;
+/// let kv = alloc.sleep().tag("kv_cache")?;
 /// let cache = kv.alloc_zeros::<f32>(1 << 28, &stream)?; // 1 GiB, in the tag's pool
 /// let addr = cache.device_address();
 ///
@@ -105,33 +107,33 @@ impl<P: Policy> Tag<P> {
         self.alloc.alloc_from_host_in(data, stream, Some(self.pool))
     }
 
-    /// [`CudaAllocator::pause`] of this tag.
+    /// [`SleepWake::pause`] of this tag.
     pub fn pause(&self, backup: Backup) -> Result<PauseReport, CudaError> {
-        self.alloc.pause(&self.name, backup)
+        self.alloc.sleep().pause(&self.name, backup)
     }
 
-    /// [`CudaAllocator::resume`] of this tag.
+    /// [`SleepWake::resume`] of this tag.
     pub fn resume(&self) -> Result<ResumeReport, CudaError> {
-        self.alloc.resume(&self.name)
+        self.alloc.sleep().resume(&self.name)
     }
 
     /// The tag's state and memory.
     pub fn info(&self) -> Result<TagInfo, CudaError> {
-        let tags = self.alloc.tags()?;
+        let tags = self.alloc.sleep().tags()?;
         tags.into_iter()
             .find(|t| t.name == *self.name)
             .ok_or(CudaError::Unsupported("the tag vanished"))
     }
 }
 
-impl<P: Policy> CudaAllocator<P> {
+impl<P: Policy> SleepWake<'_, P> {
     /// The sleep tag `name`, created on first use: allocations through the
     /// returned handle go to its private pool (growable segments on the
     /// driver's virtual-memory API, whatever `expandable_segments` says).
     pub fn tag(&self, name: &str) -> Result<Tag<P>, CudaError> {
-        let pool = self.engine()?.tag_pool(name)?;
+        let pool = self.alloc.engine()?.tag_pool(name)?;
         Ok(Tag {
-            alloc: self.clone(),
+            alloc: self.alloc.clone(),
             name: name.into(),
             pool,
         })

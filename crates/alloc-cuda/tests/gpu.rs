@@ -50,7 +50,11 @@ fn every_policy_alloc_write_read_free_reuse() {
         for (&size, data) in SIZES.iter().zip(&patterns) {
             let buf = alloc.alloc_from_host(data, &stream).unwrap();
             assert_eq!(buf.len(), size);
-            let block = alloc.allocation(buf.device_address()).unwrap().unwrap();
+            let block = alloc
+                .diagnostics()
+                .allocation(buf.device_address())
+                .unwrap()
+                .unwrap();
             assert!(
                 block.size >= size as u64,
                 "{name}: block smaller than request"
@@ -81,7 +85,7 @@ fn every_policy_alloc_write_read_free_reuse() {
                 "{name}: {size} B memset readback"
             );
             drop(again);
-            alloc.validate().unwrap().unwrap();
+            alloc.diagnostics().validate().unwrap().unwrap();
         }
         let stats = alloc.stats().unwrap();
         println!(
@@ -137,7 +141,7 @@ fn every_named_setting_allocates_and_keeps_data() {
             }
             drop(extra);
             drop(kept);
-            alloc.validate().unwrap().unwrap();
+            alloc.diagnostics().validate().unwrap().unwrap();
             assert_drained(&alloc);
             println!("{text:>40}: ok");
         }
@@ -173,7 +177,7 @@ fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
 
     let t0 = Instant::now();
     drop(x); // freed on A's side while B's kernel still reads it
-    let awaiting_after_free = alloc.awaiting_events().unwrap();
+    let awaiting_after_free = alloc.diagnostics().awaiting_events().unwrap();
     let mut z = alloc.alloc::<u32>(WORDS, &a).unwrap(); // same size on A
     z.fill_bytes(0xAB).unwrap(); // overwritten at once, on A
     let host_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -236,12 +240,12 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
 
     // B is done (cross_stream synchronized it): polling frees X's block.
     alloc.process_events().unwrap();
-    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
 
     // Event recycler: many cross-stream frees reuse a handful of events.
     let s1 = new_stream(&alloc);
     let s2 = new_stream(&alloc);
-    let before = alloc.event_stats().unwrap();
+    let before = alloc.diagnostics().event_stats().unwrap();
     for i in 0..500 {
         let mut buf = alloc.alloc::<u8>(4096 + i, &s1).unwrap();
         buf.fill_bytes(i as u8).unwrap();
@@ -254,7 +258,7 @@ fn record_stream_defers_reuse_until_the_other_stream_is_done() {
     s1.synchronize().unwrap();
     s2.synchronize().unwrap();
     alloc.process_events().unwrap();
-    let after = alloc.event_stats().unwrap();
+    let after = alloc.diagnostics().event_stats().unwrap();
     println!("event recycler before {before:?}, after 500 cross-stream frees {after:?}");
     assert!(
         after.created - before.created <= 8,
@@ -279,7 +283,7 @@ fn record_stream_then_reuse_of_the_same_block_after_completion() {
     x.record_stream(&b).unwrap();
     let x_addr = x.device_address();
     drop(x);
-    assert_eq!(alloc.awaiting_events().unwrap(), 1);
+    assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 1);
     b.synchronize().unwrap();
     let segments = alloc.stats().unwrap().num_device_alloc;
     let y = alloc.alloc::<u8>(BYTES, &a).unwrap();
@@ -310,7 +314,7 @@ fn stream_wait_mode_reuses_at_once_and_stays_correct() {
         "the host blocked ({:.1} ms): stream-wait mode must not synchronize",
         seen.host_ms
     );
-    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
     assert_drained(&alloc);
 }
 
@@ -320,7 +324,7 @@ fn out_of_memory_reports_capacity_and_memory_fraction_limits_reserved() {
     let alloc = allocator("");
     let stream = new_stream(&alloc);
     alloc.empty_cache().unwrap();
-    let (free0, total) = alloc.mem_get_info().unwrap();
+    let (free0, total) = alloc.diagnostics().mem_get_info().unwrap();
     println!(
         "device: total {} free {} at start",
         human_bytes(total),
@@ -387,7 +391,7 @@ fn out_of_memory_reports_capacity_and_memory_fraction_limits_reserved() {
 
     drop(held);
     assert_drained(&alloc);
-    let (free1, _) = alloc.mem_get_info().unwrap();
+    let (free1, _) = alloc.diagnostics().mem_get_info().unwrap();
     println!(
         "after freeing everything and empty_cache: reserved 0, device free {} (start {})",
         human_bytes(free1),
@@ -422,7 +426,11 @@ fn global_allocator_cudarc_copies_and_default_stream() {
         stream.memcpy_dtoh(&buf, &mut back).unwrap();
         stream.synchronize().unwrap();
         assert_eq!(back, host);
-        let block = g.allocation(buf.device_address()).unwrap().unwrap();
+        let block = g
+            .diagnostics()
+            .allocation(buf.device_address())
+            .unwrap()
+            .unwrap();
         assert_eq!(block.stream, alloc_cuda::stream_id(&stream));
         println!(
             "stream {:#x}: {} floats through cudarc memcpy_htod/dtoh ok",
@@ -484,13 +492,16 @@ fn bad_input_is_a_typed_error() {
 fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     let alloc = allocator("expandable_segments:True");
     assert!(
-        alloc.inspect(|e| e.expandable()).unwrap(),
+        alloc.diagnostics().inspect(|e| e.expandable()).unwrap(),
         "growable segments active"
     );
     let stream = new_stream(&alloc);
-    let granule = alloc.inspect(|e| e.memory().vmm().granularity()).unwrap();
+    let granule = alloc
+        .diagnostics()
+        .inspect(|e| e.memory().vmm().granularity())
+        .unwrap();
     println!("VMM granularity {}", human_bytes(granule));
-    let (free0, _) = alloc.mem_get_info().unwrap();
+    let (free0, _) = alloc.diagnostics().mem_get_info().unwrap();
 
     // 40 buffers of 7..8 MiB: the large-pool segment grows in 20 MiB steps
     // across well over a hundred 2 MiB granules.
@@ -517,7 +528,7 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     assert_eq!(stats.segment.large_pool.current, 1, "one growing segment");
     assert_eq!(reserved % (20 * MIB), 0, "grown in 20 MiB steps");
     assert!(reserved >= live && reserved - live < 20 * MIB);
-    let (free1, _) = alloc.mem_get_info().unwrap();
+    let (free1, _) = alloc.diagnostics().mem_get_info().unwrap();
     assert!(
         free0 - free1 >= reserved,
         "cuMemGetInfo agrees: {} gone",
@@ -535,7 +546,7 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
     bufs.truncate(20);
     alloc.empty_cache().unwrap();
     let shrunk = alloc.reserved_bytes().unwrap();
-    let (free2, _) = alloc.mem_get_info().unwrap();
+    let (free2, _) = alloc.diagnostics().mem_get_info().unwrap();
     println!(
         "after freeing half and empty_cache: reserved {} (was {}), device free +{}",
         human_bytes(shrunk),
@@ -558,11 +569,11 @@ fn expandable_segments_grow_with_data_intact_and_shrink_on_empty_cache() {
             "data intact after shrinking"
         );
     }
-    alloc.validate().unwrap().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
 
     drop(bufs);
     assert_drained(&alloc);
-    let (free3, _) = alloc.mem_get_info().unwrap();
+    let (free3, _) = alloc.diagnostics().mem_get_info().unwrap();
     assert!(
         free0.abs_diff(free3) <= 4 * MIB,
         "all memory back: {} vs {}",
@@ -646,8 +657,8 @@ fn remap_holes_with_data_intact(config: &str, page: u64) {
     for (buf, data) in bufs.iter().flatten().chain(&big).chain(&refill) {
         assert_eq!(&buf.copy_to_host().unwrap(), data, "data intact");
     }
-    alloc.validate().unwrap().unwrap();
-    let (free, _) = alloc.mem_get_info().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
+    let (free, _) = alloc.diagnostics().mem_get_info().unwrap();
     println!("device free {}", human_bytes(free));
     drop((bufs, big, refill));
     assert_drained(&alloc);
@@ -716,7 +727,7 @@ fn unmap_free_pages_moves_busy_pages_without_a_host_wait() {
     assert_eq!(w.copy_to_host().unwrap(), again);
     assert_eq!(y.copy_to_host().unwrap(), original, "Y intact");
     println!("kernel output equals X's original contents; X's range mapped again, data intact");
-    alloc.validate().unwrap().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
     drop((y, z, w));
     assert_drained(&alloc);
 }
@@ -731,12 +742,14 @@ fn segment_events_reach_the_observer() {
         let alloc = allocator(config);
         let seen: Arc<Mutex<Vec<SegmentEvent>>> = Arc::default();
         let sink = seen.clone();
-        alloc.set_segment_observer(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
+        alloc
+            .diagnostics()
+            .set_segment_observer(Some(Arc::new(move |e| sink.lock().unwrap().push(e))));
         let stream = new_stream(&alloc);
         let ptr = alloc.malloc(48 * MIB, &stream).unwrap();
         alloc.free(ptr).unwrap();
         alloc.empty_cache().unwrap();
-        alloc.set_segment_observer(None);
+        alloc.diagnostics().set_segment_observer(None);
         let again = alloc.malloc(MIB, &stream).unwrap(); // not observed any more
         alloc.free(again).unwrap();
         let events = seen.lock().unwrap().clone();

@@ -71,7 +71,7 @@ fn a_block_freed_during_a_capture_is_reused_after_the_join_never_before() {
         write(&alloc, src, &input);
         write(&alloc, src_other, &other);
 
-        alloc.begin_allocate_to_pool(GRAPH).unwrap();
+        alloc.pools().begin_allocate_to(GRAPH).unwrap();
         s1.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
             .unwrap();
         let sink1 = empty(&alloc, &s1);
@@ -95,24 +95,24 @@ fn a_block_freed_during_a_capture_is_reused_after_the_join_never_before() {
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .unwrap()
             .expect("a graph was captured");
-        alloc.end_allocate_to_pool(GRAPH).unwrap();
+        alloc.pools().end_allocate_to(GRAPH).unwrap();
 
         println!(
             "graph_capture_record_stream_reuse:{reuse}: data1 {data1:#x}, data2 {data2:#x} \
              (before the join), data3 {data3:#x} (after it); blocks awaiting events after \
              the capture: {}",
-            alloc.awaiting_events().unwrap()
+            alloc.diagnostics().awaiting_events().unwrap()
         );
         assert_ne!(data2, data1, "[{reuse}] reused before the join");
         if reuse {
             assert_eq!(data3, data1, "not reused after the join");
-            assert_eq!(alloc.awaiting_events().unwrap(), 0);
+            assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
         } else {
             assert_ne!(
                 data3, data1,
                 "reused during the capture with the option off"
             );
-            assert_eq!(alloc.awaiting_events().unwrap(), 1);
+            assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 1);
         }
 
         graph.launch().unwrap();
@@ -135,9 +135,9 @@ fn a_block_freed_during_a_capture_is_reused_after_the_join_never_before() {
         if !reuse {
             alloc.free(data1).unwrap_err(); // freed during the capture already
         }
-        alloc.release_pool(GRAPH).unwrap();
+        alloc.pools().release(GRAPH).unwrap();
         alloc.empty_cache().unwrap();
-        alloc.validate().unwrap().unwrap();
+        alloc.diagnostics().validate().unwrap().unwrap();
         assert_eq!(alloc.reserved_bytes().unwrap(), 0);
     }
 }

@@ -98,7 +98,7 @@ fn allocators_of_one_process_keep_their_blocks_apart() {
             );
             // The other allocator knows none of this one's pointers.
             for ptr in [own, a.raw] {
-                assert!(b.alloc.allocation(ptr).unwrap().is_none());
+                assert!(b.alloc.diagnostics().allocation(ptr).unwrap().is_none());
                 assert!(unknown_pointer(&b.alloc.free(ptr).unwrap_err()));
                 let e = b.alloc.record_stream(ptr, &b.stream).unwrap_err();
                 assert!(unknown_pointer(&e), "{e}");
@@ -111,7 +111,7 @@ fn allocators_of_one_process_keep_their_blocks_apart() {
                 assert!(matches!(e, CudaError::WrongContext { .. }), "{e}");
             }
         }
-        assert!(a.alloc.allocation(a.raw).unwrap().is_some());
+        assert!(a.alloc.diagnostics().allocation(a.raw).unwrap().is_some());
         assert_eq!(
             a.buf.copy_to_host().unwrap(),
             a.data,
@@ -270,6 +270,7 @@ fn a_stream_in_the_place_of_one_let_go_is_checked_again() {
 fn expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory() {
     let alloc = CudaAllocator::with_config_str(0, "bound").unwrap();
     let (grows, fallback) = alloc
+        .diagnostics()
         .inspect(|e| (e.expandable(), e.expandable_fallback()))
         .unwrap();
     assert_ne!(grows, fallback);

@@ -25,7 +25,11 @@ fn a_cumemalloc_block_is_shared_with_its_whole_segment() {
     let a = alloc.malloc(3 * MIB, &stream).unwrap();
     let b = alloc.malloc(3 * MIB, &stream).unwrap();
     for (ptr, at) in [(a, a), (b, b), (b + 100, b)] {
-        let range = alloc.shared_range(ptr).unwrap().expect("a live block");
+        let range = alloc
+            .ipc()
+            .shared_range(ptr)
+            .unwrap()
+            .expect("a live block");
         let SharedRange::Segment { base, size } = range else {
             panic!("expected a cuMemAlloc segment, got {range:?}");
         };
@@ -35,13 +39,13 @@ fn a_cumemalloc_block_is_shared_with_its_whole_segment() {
         );
         assert!(!range.expandable());
     }
-    let e = alloc.export_pages(a).unwrap_err();
+    let e = alloc.ipc().export_pages(a).unwrap_err();
     assert!(matches!(e, CudaError::Unsupported(_)), "{e}");
     assert!(e.to_string().contains("cuIpcGetMemHandle"), "{e}");
     alloc.free(b).unwrap();
-    let e = alloc.shared_range(b).unwrap_err();
+    let e = alloc.ipc().shared_range(b).unwrap_err();
     assert!(e.to_string().contains("not allocated"), "{e}");
-    assert_eq!(alloc.shared_range(0x10).unwrap(), None);
+    assert_eq!(alloc.ipc().shared_range(0x10).unwrap(), None);
     alloc.free(a).unwrap();
 }
 
@@ -55,7 +59,7 @@ fn expandable_pages_export_once_and_close_on_release() {
     let a = alloc.malloc(3 * MIB, &stream).unwrap();
     let b = alloc.malloc(5 * MIB, &stream).unwrap();
     let baseline = open_fds();
-    let range = alloc.shared_range(b).unwrap().expect("a live block");
+    let range = alloc.ipc().shared_range(b).unwrap().expect("a live block");
     let SharedRange::Pages { first, page, count } = range else {
         panic!("expected expandable pages, got {range:?}");
     };
@@ -65,7 +69,7 @@ fn expandable_pages_export_once_and_close_on_release() {
         "{range:?}"
     );
     assert_eq!(first % page, 0);
-    let pages = alloc.export_pages(b).unwrap().expect("pages");
+    let pages = alloc.ipc().export_pages(b).unwrap().expect("pages");
     assert_eq!((pages.first, pages.page), (first, page));
     assert_eq!(pages.fds.len() as u64, count);
     for fd in &pages.fds {
@@ -81,8 +85,8 @@ fn expandable_pages_export_once_and_close_on_release() {
     );
     // Exported once: the same descriptors again, also for an interior pointer
     // and for the neighbour sharing the first page.
-    assert_eq!(alloc.export_pages(b + 4096).unwrap().unwrap(), pages);
-    let pa = alloc.export_pages(a).unwrap().unwrap();
+    assert_eq!(alloc.ipc().export_pages(b + 4096).unwrap().unwrap(), pages);
+    let pa = alloc.ipc().export_pages(a).unwrap().unwrap();
     assert_eq!(
         pa.fds.last(),
         pages.fds.first(),
@@ -93,7 +97,7 @@ fn expandable_pages_export_once_and_close_on_release() {
     alloc.free(a).unwrap();
     alloc.free(b).unwrap();
     assert!(
-        alloc.export_pages(b).is_err(),
+        alloc.ipc().export_pages(b).is_err(),
         "a freed block cannot be shared"
     );
     alloc.empty_cache().unwrap();
@@ -107,12 +111,12 @@ fn large_unmap_pages_share_in_their_own_page_size() {
     let alloc = allocator("expandable_segments:True,unmap_free_pages:True,unmap_page_mb:8");
     let stream = alloc.context().new_stream().expect("cuStreamCreate");
     let a = alloc.malloc(12 * MIB, &stream).unwrap();
-    let pages = alloc.export_pages(a).unwrap().expect("pages");
+    let pages = alloc.ipc().export_pages(a).unwrap().expect("pages");
     assert_eq!(pages.page, 8 * MIB);
     assert!(pages.first <= a && a + 12 * MIB <= pages.first + pages.fds.len() as u64 * 8 * MIB);
     // A small-pool block of the same allocator: the granularity's pages.
     let s = alloc.malloc(4096, &stream).unwrap();
-    let small = alloc.export_pages(s).unwrap().expect("pages");
+    let small = alloc.ipc().export_pages(s).unwrap().expect("pages");
     assert_eq!(small.fds.len(), 1);
     assert!(small.page < 8 * MIB, "{small:?}");
     alloc.free(a).unwrap();

@@ -15,7 +15,7 @@ use common::{
 
 /// Device memory the driver reports free.
 fn device_free(alloc: &CudaAllocator) -> u64 {
-    alloc.mem_get_info().unwrap().0
+    alloc.diagnostics().mem_get_info().unwrap().0
 }
 
 /// Every setting a tag must work beside.
@@ -31,7 +31,7 @@ fn host_backup_keeps_contents_and_addresses_and_gives_memory_back() {
     for config in CONFIGS {
         let alloc = allocator(config);
         let stream = new_stream(&alloc);
-        let kv = alloc.tag("kv_cache").unwrap();
+        let kv = alloc.sleep().tag("kv_cache").unwrap();
         let words = [1usize, 700, 300 * 1024, 5 << 20, 64 << 20];
         let patterns: Vec<Vec<u32>> = words
             .iter()
@@ -102,14 +102,14 @@ fn host_backup_keeps_contents_and_addresses_and_gives_memory_back() {
             );
         }
         drop((bufs, untagged));
-        alloc.validate().unwrap().unwrap();
+        alloc.diagnostics().validate().unwrap().unwrap();
         alloc.empty_cache().unwrap();
         assert_eq!(
             alloc.reserved_bytes().unwrap(),
             0,
             "[{config}] all memory back"
         );
-        let pinned = alloc.pinned_pool().unwrap().stats().unwrap();
+        let pinned = alloc.sleep().pinned_pool().unwrap().stats().unwrap();
         assert_eq!(
             pinned.allocated_bytes, 0,
             "backups went back to the pinned cache"
@@ -129,7 +129,7 @@ fn host_backup_keeps_contents_and_addresses_and_gives_memory_back() {
 fn backup_none_gives_memory_back_and_blocks_are_usable_after_resume() {
     let alloc = allocator("expandable_segments:True");
     let stream = new_stream(&alloc);
-    let kv = alloc.tag("kv").unwrap();
+    let kv = alloc.sleep().tag("kv").unwrap();
     let mut buf = kv.alloc_zeros::<u32>(32 << 20, &stream).unwrap(); // 128 MiB
     stream.synchronize().unwrap();
     let free0 = device_free(&alloc);
@@ -138,6 +138,7 @@ fn backup_none_gives_memory_back_and_blocks_are_usable_after_resume() {
     assert!(device_free(&alloc) >= free0 + 128 * MIB - 2 * MIB);
     assert_eq!(
         alloc
+            .sleep()
             .pinned_pool()
             .unwrap()
             .stats()
@@ -159,7 +160,7 @@ fn pause_waits_for_a_kernel_still_reading_a_tagged_block_and_no_other_stream() {
     let alloc = allocator("");
     let (a, b, c) = (new_stream(&alloc), new_stream(&alloc), new_stream(&alloc));
     let kernel = spin_copy_kernel(&alloc);
-    let kv = alloc.tag("weights").unwrap();
+    let kv = alloc.sleep().tag("weights").unwrap();
     let original = word_pattern(WORDS, 0xC0FF_EE00);
     let src = kv.alloc_from_host(&original, &a).unwrap();
     let mut dst = alloc.alloc_zeros::<u32>(WORDS, &b).unwrap();
@@ -202,7 +203,7 @@ fn pause_waits_for_a_kernel_still_reading_a_tagged_block_and_no_other_stream() {
     kv.resume().unwrap();
     c.synchronize().unwrap();
     drop((src, dst, long_src, long_dst));
-    alloc.validate().unwrap().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
 }
 
 #[test]
@@ -213,7 +214,7 @@ fn a_cuda_graph_over_a_tagged_pool_replays_after_pause_and_resume() {
         let alloc = allocator(config);
         let stream = new_stream(&alloc);
         let kernel = spin_copy_kernel(&alloc);
-        let tag = alloc.tag("graph").unwrap();
+        let tag = alloc.sleep().tag("graph").unwrap();
         let input = word_pattern(WORDS, 0x0600_0D00);
         let src = tag.alloc_from_host(&input, &stream).unwrap();
         let mut dst = tag.alloc_zeros::<u32>(WORDS, &stream).unwrap();
@@ -252,7 +253,7 @@ fn a_cuda_graph_over_a_tagged_pool_replays_after_pause_and_resume() {
         );
         drop(graph);
         drop((src, dst));
-        alloc.validate().unwrap().unwrap();
+        alloc.diagnostics().validate().unwrap().unwrap();
     }
     PinnedAllocator::global().unwrap().empty_cache().unwrap();
 }
@@ -262,19 +263,19 @@ fn a_cuda_graph_over_a_tagged_pool_replays_after_pause_and_resume() {
 fn double_pause_unknown_tag_and_allocation_while_paused_are_clear_errors() {
     let alloc = allocator("");
     let stream = new_stream(&alloc);
-    let kv = alloc.tag("kv").unwrap();
+    let kv = alloc.sleep().tag("kv").unwrap();
     let buf = kv.alloc::<u8>(MIB as usize, &stream).unwrap();
-    let e = alloc.resume("kv").unwrap_err();
+    let e = alloc.sleep().resume("kv").unwrap_err();
     assert!(
         e.to_string().contains("sleep tag \"kv\" is not paused"),
         "{e}"
     );
-    let e = alloc.pause("nope", Backup::Host).unwrap_err();
+    let e = alloc.sleep().pause("nope", Backup::Host).unwrap_err();
     assert!(
         e.to_string().contains("sleep tag \"nope\" is unknown"),
         "{e}"
     );
-    let e = alloc.resume("nope").unwrap_err();
+    let e = alloc.sleep().resume("nope").unwrap_err();
     assert!(e.to_string().contains("unknown"), "{e}");
     kv.pause(Backup::Host).unwrap();
     let e = kv.pause(Backup::Host).unwrap_err();

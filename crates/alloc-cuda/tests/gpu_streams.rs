@@ -24,6 +24,7 @@ const BOGUS: StreamId = StreamId(0xdead_beef);
 /// Whether `alloc`'s stream backend holds stream `id`.
 fn held(alloc: &CudaAllocator, id: StreamId) -> bool {
     alloc
+        .diagnostics()
         .inspect(|e| e.streams().is_registered(id))
         .expect("lock")
 }
@@ -145,7 +146,12 @@ fn streams_created_and_dropped_by_the_hundred_are_let_go() {
     let alive = |weak: &[std::sync::Weak<CudaStream>]| {
         weak.iter().filter(|w| w.upgrade().is_some()).count()
     };
-    let registered = || alloc.inspect(|e| e.streams().registered()).unwrap();
+    let registered = || {
+        alloc
+            .diagnostics()
+            .inspect(|e| e.streams().registered())
+            .unwrap()
+    };
     println!(
         "200 streams used once and dropped: {} held, {} alive",
         registered(),
@@ -281,18 +287,25 @@ fn stream_handles_from_cudarc_and_from_raw_name_one_stream() {
     alloc.free(b).unwrap();
     let c = alloc.malloc(MIB, &raw).unwrap();
     assert_eq!(c, a, "so is the raw handle's");
-    assert_eq!(alloc.allocation(c).unwrap().unwrap().stream, handle.id());
+    assert_eq!(
+        alloc.diagnostics().allocation(c).unwrap().unwrap().stream,
+        handle.id()
+    );
     // record_stream through a handle defers reuse as with a cudarc stream.
     alloc.record_stream(c, &StreamHandle::new(&other)).unwrap();
     let gate = StreamGate::close(&other);
     alloc.free(c).unwrap();
-    assert_eq!(alloc.awaiting_events().unwrap(), 1, "C waits for `other`");
+    assert_eq!(
+        alloc.diagnostics().awaiting_events().unwrap(),
+        1,
+        "C waits for `other`"
+    );
     let d = alloc.malloc(MIB, &raw).unwrap();
     assert_ne!(d, c, "C reused while `other` may use it");
     gate.open();
     other.synchronize().unwrap();
     alloc.process_events().unwrap();
-    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
     alloc.free(d).unwrap();
     drop((handle, raw));
     assert_drained(&alloc);

@@ -244,7 +244,7 @@ fn stress(config: &str, memory_fraction: bool) {
     let alloc = allocator(config);
     if memory_fraction {
         // A 4 GiB limit: garbage collection starts at 10% of it.
-        let (_, total) = alloc.mem_get_info().unwrap();
+        let (_, total) = alloc.diagnostics().mem_get_info().unwrap();
         alloc
             .set_memory_fraction((4.0 * GIB as f64 / total as f64).min(1.0))
             .unwrap();
@@ -269,7 +269,7 @@ fn stress(config: &str, memory_fraction: bool) {
     for s in &streams {
         s.synchronize().unwrap();
     }
-    alloc.validate().unwrap().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
     let stats = alloc.stats().unwrap();
     println!(
         "[{config}] {THREADS} threads x {iters} in {:.2} s: peak allocated {}, peak reserved {}, \
@@ -281,7 +281,7 @@ fn stress(config: &str, memory_fraction: bool) {
         stats.num_device_free,
         stats.num_alloc_retries,
         stats.page_moves.pages_unmapped,
-        alloc.event_stats().unwrap(),
+        alloc.diagnostics().event_stats().unwrap(),
     );
     assert_drained(&alloc);
 }

@@ -134,7 +134,7 @@ fn main() {
     let stream = a.context().default_stream(); // the legacy default stream, id 0
                                                // SAFETY: `f` frees only blocks it allocated itself (no DeviceBuffer's).
     let row = unsafe {
-        a.with_engine(|eng| {
+        a.diagnostics().with_engine(|eng| {
             let id = eng.streams_mut().register(&stream).unwrap();
             let eng = std::cell::RefCell::new(eng);
             measure(

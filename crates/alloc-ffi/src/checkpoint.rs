@@ -21,7 +21,7 @@ pub extern "C" fn gpualloc_checkpoint_pool(
 ) -> *mut c_void {
     call_ptr(|| {
         let pool = named_pool(pool_first, pool_second)?;
-        let cp = state::allocator(device)?.checkpoint_pool(pool)?;
+        let cp = state::allocator(device)?.pools().checkpoint(pool)?;
         Ok(Box::into_raw(Box::new(cp)).cast::<c_void>())
     })
 }
@@ -80,7 +80,7 @@ pub unsafe extern "C" fn gpualloc_restore_pool(
         // SAFETY: a live checkpoint handle (the caller's contract).
         let cp = unsafe { &*checkpoint.cast::<PoolCheckpoint>() };
         let _ctx = CtxGuard::save_if_driver_loaded();
-        let out = state::allocator(device)?.restore_pool(cp)?;
+        let out = state::allocator(device)?.pools().restore(cp)?;
         into_c_array(out.freed, freed, n_freed);
         into_c_array(
             out.allocated.iter().map(|a| a.addr).collect(),
@@ -145,7 +145,7 @@ pub unsafe extern "C" fn gpualloc_pool_live_allocations_are(
 
 fn check_live(device: c_int, pool: alloc_core::PoolId, set: &HashSet<u64>) -> FfiResult<bool> {
     Ok(match state::existing(device)? {
-        Some(alloc) => alloc.pool_live_allocations_are(pool, set)?,
+        Some(alloc) => alloc.pools().live_allocations_are(pool, set)?,
         None => set.is_empty(),
     })
 }

@@ -15,7 +15,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use alloc_cuda::{CudaAllocator, CudaError};
+use alloc_cuda::{AnyPolicy, CudaAllocator, CudaError, Ipc};
 
 use crate::state::{self, CtxGuard, FfiError, FfiResult};
 
@@ -35,7 +35,7 @@ fn find<T>(
     ptr: *mut c_void,
     device: c_int,
     what: &str,
-    f: impl Fn(&CudaAllocator, u64) -> Result<Option<T>, CudaError>,
+    f: impl Fn(&Ipc<'static, AnyPolicy>, u64) -> Result<Option<T>, CudaError>,
 ) -> FfiResult<T> {
     if ptr.is_null() {
         return Err(FfiError::invalid(format!("{what} of a NULL pointer")));
@@ -43,7 +43,7 @@ fn find<T>(
     let addr = ptr as usize as u64;
     let _ctx = CtxGuard::save_if_driver_loaded();
     for (_, alloc) in search_order(device)? {
-        if let Some(found) = f(alloc, addr)? {
+        if let Some(found) = f(&alloc.ipc(), addr)? {
             return Ok(found);
         }
     }
@@ -83,7 +83,7 @@ pub unsafe extern "C" fn gpualloc_block_segment(
             (size.is_null(), "size"),
             (expandable.is_null(), "expandable"),
         ])?;
-        let range = find(ptr, device, "block_segment", CudaAllocator::shared_range)?;
+        let range = find(ptr, device, "block_segment", Ipc::shared_range)?;
         // SAFETY: non-NULL (checked above), valid per the caller's contract.
         unsafe {
             put(base, range.base());
@@ -120,7 +120,7 @@ pub unsafe extern "C" fn gpualloc_export_pages(
             return Err(FfiError::invalid("fds is NULL while max_fds > 0"));
         }
         let query = fds.is_null();
-        let range = find(ptr, device, "export_pages", CudaAllocator::shared_range)?;
+        let range = find(ptr, device, "export_pages", Ipc::shared_range)?;
         let SharedRangeParts { first, page, count } = pages_of(range, ptr)?;
         let count = usize::try_from(count).unwrap_or(usize::MAX);
         // SAFETY: non-NULL (checked above), valid per the caller's contract.
@@ -139,7 +139,7 @@ pub unsafe extern "C" fn gpualloc_export_pages(
                  asks for the count)"
             )));
         }
-        let shared = find(ptr, device, "export_pages", CudaAllocator::export_pages)?;
+        let shared = find(ptr, device, "export_pages", Ipc::export_pages)?;
         if shared.fds.len() > max_fds || shared.first != first || shared.page != page {
             return Err(FfiError::internal(
                 "export_pages: the pages changed between the query and the export",

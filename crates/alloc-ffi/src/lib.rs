@@ -65,7 +65,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use alloc_core::{AllocError, PoolId};
-use alloc_cuda::{CudaAllocator, CudaError, StreamHandle};
+use alloc_cuda::{AnyPolicy, CudaAllocator, CudaError, Pools, StreamHandle};
 
 pub use advise::{gpualloc_advise, gpualloc_advise_budget};
 pub use checkpoint::{
@@ -274,7 +274,7 @@ fn free_on(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), CudaEr
 /// block's requested size and stream.
 #[cold]
 fn free_recorded(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), CudaError> {
-    let block = alloc.allocation(addr)?;
+    let block = alloc.diagnostics().allocation(addr)?;
     alloc.free(addr)?;
     if let Some(b) = block {
         snapshot::record(
@@ -301,7 +301,7 @@ fn free_recorded(alloc: &CudaAllocator, device: usize, addr: u64) -> Result<(), 
 #[cold]
 fn free_elsewhere(addr: u64, device: c_int) -> FfiResult<()> {
     for (d, alloc) in state::existing_all() {
-        if d as c_int != device && alloc.allocation(addr)?.is_some() {
+        if d as c_int != device && alloc.diagnostics().allocation(addr)?.is_some() {
             return Ok(free_on(alloc, d, addr)?);
         }
     }
@@ -354,42 +354,43 @@ fn named_pool(first: u64, second: u64) -> FfiResult<PoolId> {
     pool_id(first, second).ok_or_else(|| FfiError::invalid("pool id (0, 0) names no pool"))
 }
 
-/// Runs `f` on `device`'s allocator with the named pool, as an int entry point.
+/// Runs `f` on the pools of `device`'s allocator with the named pool, as
+/// an int entry point.
 fn on_pool(
     device: c_int,
     first: u64,
     second: u64,
-    f: impl FnOnce(&CudaAllocator, PoolId) -> Result<(), CudaError>,
+    f: impl FnOnce(&Pools<'static, AnyPolicy>, PoolId) -> Result<(), CudaError>,
 ) -> c_int {
     call_int(|| {
         let pool = named_pool(first, second)?;
         let _ctx = CtxGuard::save_if_driver_loaded();
-        Ok(f(state::allocator(device)?, pool)?)
+        Ok(f(&state::allocator(device)?.pools(), pool)?)
     })
 }
 
 /// Starts routing allocations to a private pool; see `include/gpualloc.h`.
 #[no_mangle]
 pub extern "C" fn gpualloc_begin_allocate_to_pool(device: c_int, first: u64, second: u64) -> c_int {
-    on_pool(device, first, second, CudaAllocator::begin_allocate_to_pool)
+    on_pool(device, first, second, Pools::begin_allocate_to)
 }
 
 /// Ends a routing to a private pool.
 #[no_mangle]
 pub extern "C" fn gpualloc_end_allocate_to_pool(device: c_int, first: u64, second: u64) -> c_int {
-    on_pool(device, first, second, CudaAllocator::end_allocate_to_pool)
+    on_pool(device, first, second, Pools::end_allocate_to)
 }
 
 /// One more holder of a private pool.
 #[no_mangle]
 pub extern "C" fn gpualloc_retain_pool(device: c_int, first: u64, second: u64) -> c_int {
-    on_pool(device, first, second, CudaAllocator::retain_pool)
+    on_pool(device, first, second, Pools::retain)
 }
 
 /// One holder of a private pool fewer.
 #[no_mangle]
 pub extern "C" fn gpualloc_release_pool(device: c_int, first: u64, second: u64) -> c_int {
-    on_pool(device, first, second, CudaAllocator::release_pool)
+    on_pool(device, first, second, Pools::release)
 }
 
 /// Returns one private pool's idle segments to the driver; see
@@ -400,7 +401,7 @@ pub extern "C" fn gpualloc_empty_pool_cache(device: c_int, first: u64, second: u
         let pool = named_pool(first, second)?;
         let _ctx = CtxGuard::save_if_driver_loaded();
         for (_, alloc) in state::targets(device)? {
-            alloc.empty_pool_cache(pool)?;
+            alloc.pools().empty_cache(pool)?;
         }
         Ok(())
     })
@@ -409,7 +410,7 @@ pub extern "C" fn gpualloc_empty_pool_cache(device: c_int, first: u64, second: u
 /// Makes a private pool hand out whole blocks, never split.
 #[no_mangle]
 pub extern "C" fn gpualloc_set_pool_no_split(device: c_int, first: u64, second: u64) -> c_int {
-    on_pool(device, first, second, CudaAllocator::set_pool_no_split)
+    on_pool(device, first, second, Pools::set_no_split)
 }
 
 /// Holders of a private pool; negative on error.
@@ -423,7 +424,7 @@ pub extern "C" fn gpualloc_pool_use_count(
     let code = call_int(|| {
         let pool = named_pool(pool_first, pool_second)?;
         count = match state::existing(device)? {
-            Some(alloc) => alloc.pool_use_count(pool)?,
+            Some(alloc) => alloc.pools().use_count(pool)?,
             None => 0,
         };
         Ok(())
@@ -562,7 +563,10 @@ pub fn stats_map(
     };
     let mut map = stats.to_flat_map();
     let (plan, ops) = match alloc {
-        Some(a) => (a.plan_stats()?, a.stream_op_counts()?),
+        Some(a) => (
+            a.diagnostics().plan_stats()?,
+            a.diagnostics().stream_op_counts()?,
+        ),
         None => (None, alloc_cuda::StreamOpCounts::default()),
     };
     let counters = stats.page_moves.named().into_iter().chain(ops.named());
@@ -628,7 +632,7 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
         let snap = alloc.snapshot()?;
         segments.extend(snapshot::segments_of(*d, &snap));
         if settings.is_none() {
-            let policy = alloc.policy_name()?;
+            let policy = alloc.diagnostics().policy_name()?;
             settings = Some(snapshot::settings_of(&conf_text, &alloc.config(), &policy));
         }
     }

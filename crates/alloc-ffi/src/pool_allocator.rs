@@ -79,6 +79,6 @@ pub unsafe extern "C" fn gpualloc_set_pool_allocator(
         let a = state::allocator(device)?;
         // SAFETY: the caller's contract: the functions hand out device
         // memory of `device`, exclusively, until it is given back.
-        Ok(unsafe { a.set_pool_source(pool, Box::new(source)) }?)
+        Ok(unsafe { a.pools().set_source(pool, Box::new(source)) }?)
     })
 }

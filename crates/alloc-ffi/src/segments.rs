@@ -56,7 +56,9 @@ fn forward(event: SegmentEvent) {
 /// Makes `alloc` report its segment events to the registered callback (if
 /// any, now or later).
 pub(crate) fn observe(alloc: &CudaAllocator) {
-    alloc.set_segment_observer(Some(Arc::new(forward)));
+    alloc
+        .diagnostics()
+        .set_segment_observer(Some(Arc::new(forward)));
 }
 
 /// Registers the callback told of every later segment event of every device

@@ -56,6 +56,7 @@ fn for_each_tag(
             // The engine's error says what is wrong with the tag there.
             Some(t) if device >= 0 => vec![t.to_string()],
             _ => alloc
+                .sleep()
                 .tags()?
                 .into_iter()
                 .filter(|i| tag.map_or(i.paused == paused, |t| i.name == t))
@@ -96,7 +97,7 @@ pub unsafe extern "C" fn gpualloc_tag_pool(
         // SAFETY: the caller's contract.
         let tag = unsafe { c_str(tag, "tag") }?;
         let _ctx = CtxGuard::save_if_driver_loaded();
-        let pool = state::allocator(device)?.tag(tag)?.pool();
+        let pool = state::allocator(device)?.sleep().tag(tag)?.pool();
         // SAFETY: checked non-NULL above; writable by the caller's contract.
         unsafe {
             *pool_first = pool.0;
@@ -122,7 +123,7 @@ pub unsafe extern "C" fn gpualloc_bind_tag(
         // SAFETY: the caller's contract.
         let tag = unsafe { c_str(tag, "tag") }?;
         let pool = named_pool(first, second)?;
-        Ok(state::allocator(device)?.bind_tag(tag, pool)?)
+        Ok(state::allocator(device)?.sleep().bind_tag(tag, pool)?)
     })
 }
 
@@ -142,7 +143,7 @@ pub unsafe extern "C" fn gpualloc_pause(
         let (tag, backup) = unsafe { (tag_arg(tag)?, backup_arg(backup)?) };
         let _ctx = CtxGuard::save_if_driver_loaded();
         for_each_tag(device, tag, false, |alloc, t| {
-            alloc.pause(t, backup).map(drop)
+            alloc.sleep().pause(t, backup).map(drop)
         })
     })
 }
@@ -158,7 +159,9 @@ pub unsafe extern "C" fn gpualloc_resume(device: c_int, tag: *const c_char) -> c
         // SAFETY: the caller's contract.
         let tag = unsafe { tag_arg(tag) }?;
         let _ctx = CtxGuard::save_if_driver_loaded();
-        for_each_tag(device, tag, true, |alloc, t| alloc.resume(t).map(drop))
+        for_each_tag(device, tag, true, |alloc, t| {
+            alloc.sleep().resume(t).map(drop)
+        })
     })
 }
 
@@ -191,7 +194,7 @@ pub extern "C" fn gpualloc_tags_json(device: c_int) -> *mut c_char {
     call_ptr(|| {
         let mut all = Vec::new();
         for (d, alloc) in state::targets(device)? {
-            all.extend(alloc.tags()?.iter().map(|t| tag_json(d, t)));
+            all.extend(alloc.sleep().tags()?.iter().map(|t| tag_json(d, t)));
         }
         json_string(&serde_json::Value::Array(all))
     })

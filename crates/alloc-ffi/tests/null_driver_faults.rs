@@ -253,7 +253,7 @@ fn check_recovered(after: &str, run: Run) {
     let after = format!("{after} (failed: {:?})", run.failures);
     let alloc = allocator();
     for p in run.blocks {
-        if alloc.allocation(p as u64).unwrap().is_some() {
+        if alloc.diagnostics().allocation(p as u64).unwrap().is_some() {
             gpualloc_free(p, 0, 0, null_mut());
         }
     }
@@ -263,8 +263,16 @@ fn check_recovered(after: &str, run: Run) {
         "after {after}, the next calls failed: {:?}",
         clean.failures
     );
-    assert_eq!(alloc.validate().unwrap(), Ok(()), "after {after}");
-    assert_eq!(alloc.awaiting_events().unwrap(), 0, "after {after}");
+    assert_eq!(
+        alloc.diagnostics().validate().unwrap(),
+        Ok(()),
+        "after {after}"
+    );
+    assert_eq!(
+        alloc.diagnostics().awaiting_events().unwrap(),
+        0,
+        "after {after}"
+    );
     let stats = alloc.stats().unwrap();
     assert_eq!(stats.allocated_bytes.all.current, 0, "after {after}");
     assert_eq!(stats.reserved_bytes.all.current, 0, "after {after}");
@@ -381,7 +389,11 @@ fn a_panic_under_the_allocator_lock_does_not_disable_it() {
     let alloc = allocator();
     let caught = std::panic::catch_unwind(|| {
         // SAFETY: frees nothing; it only panics with the lock held.
-        unsafe { alloc.with_engine(|_| panic!("a bug under the lock")) }
+        unsafe {
+            alloc
+                .diagnostics()
+                .with_engine(|_| panic!("a bug under the lock"))
+        }
     });
     assert!(caught.is_err());
     let stats = gpualloc_memory_stats_json(0);
@@ -427,7 +439,10 @@ fn unknown_pools_are_refused_with_their_own_code() {
         gpualloc_free(p, 0, 0, null_mut());
         assert_eq!(gpualloc_release_pool(0, pool.0, pool.1), GPUALLOC_OK);
     }
-    let tables = allocator().inspect(|e| e.pool_table_len()).unwrap();
+    let tables = allocator()
+        .diagnostics()
+        .inspect(|e| e.pool_table_len())
+        .unwrap();
     assert!(tables <= 3, "{tables} entries for 200,000 pools released");
     check_recovered("200,000 pools", Run::default());
 }

@@ -31,7 +31,7 @@ fn on_device() -> Result<(), CudaError> {
     assert_eq!(back, host);
     println!(
         "{}: {} bytes reserved after the round trip",
-        alloc.policy_name()?,
+        alloc.diagnostics().policy_name()?,
         alloc.reserved_bytes()?
     );
     Ok(())

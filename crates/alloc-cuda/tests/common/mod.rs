@@ -149,15 +149,18 @@ pub fn assert_drained(alloc: &CudaAllocator) {
         "blocks still allocated"
     );
     alloc.empty_cache().unwrap();
-    assert_eq!(alloc.awaiting_events().unwrap(), 0);
+    assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
     assert_eq!(
         alloc.reserved_bytes().unwrap(),
         0,
         "segments still reserved"
     );
-    alloc.validate().unwrap().unwrap();
+    alloc.diagnostics().validate().unwrap().unwrap();
     assert_eq!(
-        alloc.inspect(|e| e.streams().registered()).unwrap(),
+        alloc
+            .diagnostics()
+            .inspect(|e| e.streams().registered())
+            .unwrap(),
         0,
         "streams still held with nothing of them cached"
     );

@@ -349,7 +349,7 @@ fn main() -> BoxResult<()> {
     let mut driver_version = 0;
     // SAFETY: writes an int into a local.
     unsafe { sys::cuDriverGetVersion(&mut driver_version) }.result()?;
-    let (free, total) = probe.mem_get_info()?;
+    let (free, total) = probe.diagnostics().mem_get_info()?;
     println!(
         "device 0: {}, driver API {}.{}, {} total, {} free",
         ctx.name()?,
@@ -473,7 +473,7 @@ fn main() -> BoxResult<()> {
     let plain_ns = Workload::Pair(64 * KIB as usize).measure(&mut plain, pair_iters, reps, &ctx)?;
     let cross_ns = Workload::Pair(64 * KIB as usize).measure(&mut cross, pair_iters, reps, &ctx)?;
     alloc.process_events()?;
-    let events = alloc.event_stats()?;
+    let events = alloc.diagnostics().event_stats()?;
     println!();
     println!(
         "| 64 KiB pair, ours (default) | same stream: {plain_ns:.0} ns | with record_stream on a second stream: {cross_ns:.0} ns | CUDA events created: {} for {} cross-stream frees |",
