@@ -143,8 +143,11 @@ pub struct AllocatorConfig {
     pub garbage_collection_threshold: Option<f64>,
     /// Grow segments on the virtual-memory API (`expandable_segments`).
     pub expandable_segments: bool,
-    /// Reuse blocks still awaiting other streams' events by making the
-    /// allocating stream wait on those events (`stream_wait_reuse`, ours).
+    /// Out of room (at the memory limit or budget, or the device full),
+    /// reuse blocks still awaiting other streams' events by making the
+    /// allocating stream wait on those events instead of the host waiting
+    /// for every stream (`stream_wait_reuse`, ours). With room to grow it
+    /// makes no wait PyTorch's allocator would not make.
     pub stream_wait_reuse: bool,
     /// With expandable segments: before mapping more memory, unmap the free
     /// pages inside growable segments, and map pages again when a block over

@@ -370,8 +370,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     /// The block to hand out for `req` when no cached block fits: carved
-    /// (unless `whole`) from one awaiting events that stream-wait reuse
-    /// hands over, else from a new segment.
+    /// (unless `whole`) from a new segment, or under pressure from one
+    /// awaiting events that stream-wait reuse hands over (see `grow`).
     // Out of line: inlined, the cached block was tested twice, and the
     // stack frame of every malloc held what this path needs. The request by
     // value (as in `map_or_refuse`): by reference, its address escaped and
@@ -379,17 +379,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline(never)]
     fn no_cached_block(&mut self, req: Request, whole: bool) -> Result<BlockId, AllocError> {
         let req = &req;
-        let reused = if self.order.may_hand_over(self.pools.capture_underway())
-            && self.reuse_by_stream_wait(req)?
-        {
-            self.policy.take_free(&self.heap, req)
-        } else {
-            None
-        };
-        let block = match reused {
-            Some(b) => b,
-            None => self.grow(req)?,
-        };
+        let block = self.grow(req)?;
         Ok(if whole {
             block
         } else {
@@ -937,6 +927,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.release_segments(&garbage)?;
         if let Some(b) = self.new_segment(req, false)? {
             return Ok(b);
+        }
+        // Under pressure only: with room to grow, PyTorch's allocator maps a
+        // new block, and a stream wait would order this stream after work
+        // it never waits for there. Out of room, PyTorch waits on the host
+        // for every stream; a stream wait on the blocks' own events is less.
+        if self.order.may_hand_over(false) && self.reuse_by_stream_wait(req)? {
+            if let Some(b) = self.policy.take_free(&self.heap, req) {
+                return Ok(b);
+            }
         }
         let release = self.policy.release_for_oom(&self.heap, req);
         self.release_segments(&release.segments)?;

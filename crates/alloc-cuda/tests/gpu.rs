@@ -157,8 +157,10 @@ struct CrossStream {
 
 /// Kernel on stream B reads X (recorded with `record_stream(X, B)`); X is
 /// freed on A's side, the same size is allocated on A and overwritten at
-/// once. The kernel's output must still be X's original contents.
-fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
+/// once. The kernel's output must still be X's original contents. With
+/// `at_limit`, the memory fraction is set to what is reserved before the
+/// free, so that the allocation on A cannot grow the heap.
+fn cross_stream(config: &str, at_limit: bool) -> (CudaAllocator, CrossStream) {
     const WORDS: usize = 5 << 20; // 20 MiB: exactly one large segment
     let alloc = allocator(config);
     let a = new_stream(&alloc);
@@ -171,6 +173,11 @@ fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
     let mut y = alloc.alloc_zeros::<u32>(WORDS, &b).unwrap();
     x.record_stream(&b).unwrap();
     let x_addr = x.device_address();
+    if at_limit {
+        let reserved = alloc.reserved_bytes().unwrap() as f64;
+        let (_, total) = alloc.diagnostics().mem_get_info().unwrap();
+        alloc.set_memory_fraction(reserved / total as f64).unwrap();
+    }
 
     // X stays readable through record_stream, Y until after b.synchronize().
     launch_spin_copy(&b, &spin, &x, &mut y, SPIN);
@@ -231,7 +238,7 @@ fn cross_stream(config: &str) -> (CudaAllocator, CrossStream) {
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn record_stream_defers_reuse_until_the_other_stream_is_done() {
-    let (alloc, seen) = cross_stream("");
+    let (alloc, seen) = cross_stream("", false);
     assert_eq!(seen.awaiting_after_free, 1, "X must wait for B's event");
     assert!(
         !seen.reused_address,
@@ -303,18 +310,37 @@ fn record_stream_then_reuse_of_the_same_block_after_completion() {
 
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
-fn stream_wait_mode_reuses_at_once_and_stays_correct() {
-    let (alloc, seen) = cross_stream("stream_wait_reuse:true");
+fn stream_wait_mode_reuses_at_once_at_the_limit_and_stays_correct() {
+    let (alloc, seen) = cross_stream("stream_wait_reuse:true", true);
     assert!(
         seen.reused_address,
-        "stream-wait mode should hand X's block to A (A waits on B's event)"
+        "at the limit, stream-wait mode should hand X's block to A (A waits on B's event)"
     );
     assert!(
         seen.host_ms < SPIN.as_secs_f64() * 1e3 || under_sanitizer(),
         "the host blocked ({:.1} ms): stream-wait mode must not synchronize",
         seen.host_ms
     );
+    let ops = alloc.diagnostics().stream_op_counts().unwrap();
+    assert_eq!(ops.stream_waits, 1, "{ops:?}");
+    assert_eq!(ops.host_waits, 0, "{ops:?}");
     assert_eq!(alloc.diagnostics().awaiting_events().unwrap(), 0);
+    assert_drained(&alloc);
+}
+
+/// With room to grow, stream-wait mode maps a new block as PyTorch's
+/// allocator does: A never waits on B's work.
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn stream_wait_mode_grows_with_headroom_and_makes_no_stream_wait() {
+    let (alloc, seen) = cross_stream("stream_wait_reuse:true", false);
+    assert!(
+        !seen.reused_address,
+        "with headroom X's block is not handed over"
+    );
+    let ops = alloc.diagnostics().stream_op_counts().unwrap();
+    assert_eq!(ops.stream_waits, 0, "{ops:?}");
+    assert_eq!(ops.host_waits, 0, "{ops:?}");
     assert_drained(&alloc);
 }
 

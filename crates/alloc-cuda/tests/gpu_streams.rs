@@ -244,6 +244,11 @@ fn only_registered_streams_reach_the_driver() {
     // Hold S so that C's event is pending at the next malloc.
     let gate = StreamGate::close(&s);
     engine.free(c.addr).unwrap(); // C's event recorded on S (registered)
+                                  // At the limit, so that the next request is served by a stream wait
+                                  // rather than by a new segment.
+    let reserved = engine.stats().reserved_bytes.all.current as f64;
+    let capacity = engine.memory().capacity() as f64;
+    engine.set_memory_fraction(reserved / capacity).unwrap();
     let e = engine.malloc(12 * MIB, BOGUS).unwrap_err();
     println!("stream wait on an unregistered stream: {e}");
     assert!(

@@ -171,28 +171,43 @@ fn record_stream_defers_reuse_until_the_event_completes() {
     e.assert_valid();
 }
 
+/// Stream-wait reuse waits only under pressure: with room to grow it maps a
+/// new block as PyTorch does (no stream waits on work PyTorch never waits
+/// for); out of room it makes the stream wait on the block's own event
+/// instead of synchronising the host with every stream.
 #[test]
-fn stream_wait_mode_reuses_by_waiting_not_by_reserving() {
-    for (config, expect_reuse) in [("", false), ("stream_wait_reuse:true", true)] {
-        let mut e = engine(config, 8 * GIB);
+fn stream_wait_mode_reuses_by_waiting_only_under_pressure() {
+    for (config, device, expect_wait) in [
+        ("", 8 * GIB, false),
+        ("stream_wait_reuse:true", 8 * GIB, false),
+        ("", 40 * MIB, false),
+        ("stream_wait_reuse:true", 40 * MIB, true),
+    ] {
+        let what = format!("{config:?} on a {} MiB device", device / MIB);
+        let mut e = engine(config, device);
         let a = e.malloc(30 * MIB, StreamId(0)).unwrap();
         e.record_stream(a.addr, StreamId(9)).unwrap();
         e.free(a.addr).unwrap();
         let b = e.malloc(30 * MIB, StreamId(0)).unwrap();
-        assert_eq!(b.addr == a.addr, expect_reuse, "{config}");
-        if expect_reuse {
-            assert_eq!(
-                e.streams().waits.len(),
-                1,
-                "stream 0 waits on stream 9's event"
-            );
+        let out_of_room = device < 60 * MIB;
+        // Out of room without stream waits, the host waits, the segment
+        // goes back to the device and a new one is made.
+        assert_eq!(b.addr == a.addr, expect_wait, "{what}");
+        if expect_wait {
+            assert_eq!(e.streams().waits.len(), 1, "{what}: stream 0 waits on 9");
             assert_eq!(e.streams().waits[0].0, StreamId(0));
-            assert_eq!(e.stats().reserved_bytes.all.current, 30 * MIB as i64);
+            assert_eq!(e.stats().num_sync_all_streams, 0, "{what}: no host sync");
         } else {
-            assert!(e.streams().waits.is_empty());
-            assert_eq!(e.stats().reserved_bytes.all.current, 60 * MIB as i64);
+            assert!(e.streams().waits.is_empty(), "{what}: no stream wait");
+            let synced = u64::from(out_of_room);
+            assert_eq!(e.stats().num_sync_all_streams, synced, "{what}");
         }
-        assert_eq!(e.stats().num_sync_all_streams, 0, "no host synchronisation");
+        let reserved = if out_of_room { 30 } else { 60 };
+        assert_eq!(
+            e.stats().reserved_bytes.all.current,
+            reserved * MIB as i64,
+            "{what}"
+        );
         e.assert_valid();
     }
 }
@@ -830,7 +845,10 @@ fn any_stream_value_is_a_stream_and_never_a_pool() {
     let other = StreamId(u64::MAX);
     e.record_stream(a.addr, other).unwrap();
     e.free(a.addr).unwrap();
-    // Stream-wait reuse makes `top` wait on the event recorded on `other`.
+    // Out of room (the limit at what is reserved), stream-wait reuse makes
+    // `top` wait on the event recorded on `other`.
+    let reserved = e.stats().reserved_bytes.all.current as f64;
+    e.set_memory_fraction(reserved / (8 * GIB) as f64).unwrap();
     let c = e.malloc(MIB, top).unwrap();
     assert_eq!(c.addr, a.addr);
     let wait = e.streams().waits.last().map(|w| (w.0, w.2));

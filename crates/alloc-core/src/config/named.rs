@@ -62,7 +62,8 @@ pub const SIZE_CLASS: NamedSetting = NamedSetting {
 pub const STREAM_WAIT: NamedSetting = NamedSetting {
     name: "stream-wait",
     config: "stream_wait_reuse:True,expandable_segments:True,unmap_free_pages:True",
-    cost: "as unmap16, and a stream waits on another's events to reuse its freed blocks",
+    cost:
+        "as unmap16, and out of room a stream waits on another's events to reuse its freed blocks",
 };
 
 /// Expandable segments whose free pages are unmapped and reused only once

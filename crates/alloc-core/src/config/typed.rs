@@ -74,8 +74,9 @@ pub struct Config {
 pub struct EngineConfig {
     /// Ordinary or growable segments.
     pub segments: Segments,
-    /// Reuse blocks still awaiting other streams' events by making the
-    /// allocating stream wait on those events (`stream_wait_reuse`).
+    /// Out of room, reuse blocks still awaiting other streams' events by
+    /// making the allocating stream wait on those events instead of the
+    /// host waiting for every stream (`stream_wait_reuse`).
     pub stream_wait_reuse: bool,
     /// During a CUDA graph capture, reuse a block other streams used once
     /// the capture shows they joined the allocating one
