@@ -11,8 +11,9 @@
 //! and reported; the rest of the checkpointed segments is free.
 //!
 //! This module reads and checks layouts against the heap and the private
-//! pools, and carves one checkpointed block through the policy; the engine
-//! (`engine/checkpoint.rs`) frees, maps pages and hands blocks out between.
+//! pools, and recreates a checkpointed segment's blocks through the policy;
+//! the engine (`engine/checkpoint.rs`) frees the pool's live blocks first,
+//! and lends the mapping of pages, the table of live blocks and the cache.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
@@ -76,6 +77,14 @@ pub struct RestoreOutcome {
     pub freed: Vec<u64>,
     /// The blocks of the checkpoint allocated again, which the caller now owns.
     pub allocated: Vec<Allocation>,
+}
+
+/// The error of a restore whose policy `policy` cannot recreate the
+/// checkpointed block at `addr`.
+pub(crate) fn unrestorable(policy: &str, addr: u64) -> AllocError {
+    AllocError::InvalidArgument(format!(
+        "restore: policy {policy} cannot recreate the checkpointed block at {addr:#x}"
+    ))
 }
 
 /// Errors unless `pool` is held, for the operation `what`.
@@ -196,6 +205,44 @@ impl SegmentCheckpoint {
             return None;
         }
         Some(piece)
+    }
+
+    /// Recreates this segment's blocks by carving them from the front of its
+    /// free space in address order. A block live in the checkpoint gets its
+    /// pages mapped (`map`: `Ok(false)` when the device has no room), is
+    /// allocated again and goes to `hand_out` with its id. A block free in
+    /// the checkpoint is held allocated meanwhile, so that it does not merge
+    /// into the free space the next block is carved from, and goes to
+    /// `to_free`, for the caller to put back in the cache whatever the
+    /// outcome.
+    pub(crate) fn recreate<P: Policy>(
+        &self,
+        policy: &mut P,
+        heap: &mut Heap,
+        mut map: impl FnMut(&mut P, &mut Heap, BlockId) -> Result<bool, AllocError>,
+        mut hand_out: impl FnMut(Allocation, BlockId),
+        to_free: &mut Vec<BlockId>,
+    ) -> Result<(), AllocError> {
+        for b in &self.blocks {
+            let Some(piece) = self.carve(policy, heap, b) else {
+                return Err(unrestorable(policy.name(), b.addr));
+            };
+            if !b.allocated {
+                heap.set_state(piece, BlockState::Allocated, b.requested.max(1));
+                to_free.push(piece);
+                continue;
+            }
+            if !map(policy, heap, piece)? {
+                policy.insert_free(heap, piece);
+                return Err(AllocError::InvalidArgument(format!(
+                    "restore: no device memory to map the pages under block {:#x}",
+                    b.addr
+                )));
+            }
+            heap.set_state(piece, BlockState::Allocated, b.requested);
+            hand_out(self.allocation(b), piece);
+        }
+        Ok(())
     }
 
     /// The allocation a live block `b` of this segment is handed back as.
