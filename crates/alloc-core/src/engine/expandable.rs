@@ -854,3 +854,162 @@ impl<E> GrowableSegments<E> {
         Ok(waited?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page_layout::PageLayout;
+    use crate::policy::FreeList;
+    use crate::sim::{SimEvent, SimMemory, SimStreams};
+    use crate::types::{CacheKey, GIB, MIB};
+
+    /// What the engine would lend: a simulated device and streams, a heap,
+    /// a free-list policy, no private pool.
+    struct World {
+        memory: SimMemory,
+        streams: SimStreams,
+        heap: Heap,
+        policy: FreeList,
+        pools: PrivatePools,
+        limit: Option<u64>,
+    }
+
+    impl World {
+        /// A device of 1 GiB and growable segments of 2 MiB pages.
+        fn new() -> (World, GrowableSegments<SimEvent>) {
+            let mut memory = SimMemory::new(GIB);
+            let granularity = memory.virtual_memory().unwrap().granularity();
+            let segments =
+                GrowableSegments::new(granularity, true, false, PageLayout::uniform(2 * MIB));
+            let world = World {
+                memory,
+                streams: SimStreams::new(),
+                heap: Heap::new(u64::MAX),
+                policy: FreeList::default(),
+                pools: PrivatePools::default(),
+                limit: None,
+            };
+            (world, segments)
+        }
+
+        fn lend(&mut self) -> Lent<'_, SimEvent> {
+            Lent {
+                heap: &mut self.heap,
+                policy: &mut self.policy,
+                memory: &mut self.memory,
+                streams: &mut self.streams,
+                pools: &mut self.pools,
+                limit: self.limit,
+                budget: None,
+            }
+        }
+
+        /// The growable segment of `key`: its address and size.
+        fn segment(&self, segments: &GrowableSegments<SimEvent>, key: &SegmentKey) -> (u64, u64) {
+            let s = self.heap.segment(segments[key].segment);
+            (s.addr, s.size)
+        }
+    }
+
+    /// A large request of `bytes` on stream 1.
+    fn request(bytes: u64) -> Request {
+        Request::new(bytes, bytes, CacheKey::shared(StreamId(1)), 0)
+    }
+
+    fn key() -> SegmentKey {
+        (CacheKey::shared(StreamId(1)), PoolKind::Large)
+    }
+
+    #[test]
+    fn a_segment_grows_at_its_end_trims_its_free_tail_and_goes_back_whole() {
+        let (mut w, mut segments) = World::new();
+        let first = segments.grow_segment(&mut w.lend(), &request(5 * MIB));
+        let first = first.unwrap().expect("room on the device");
+        let (addr, size) = w.segment(&segments, &key());
+        assert!(size >= 5 * MIB && w.heap.block(first).state == BlockState::Free);
+        assert_eq!(w.memory.used(), size, "every byte of the segment mapped");
+        w.heap.set_state(first, BlockState::Allocated, size);
+
+        // The next growth maps pages at the end: the new tail starts there.
+        let tail = segments.grow_segment(&mut w.lend(), &request(30 * MIB));
+        let tail = tail.unwrap().expect("room on the device");
+        let (same_addr, grown) = w.segment(&segments, &key());
+        assert_eq!((same_addr, w.heap.block(tail).addr), (addr, addr + size));
+        assert!(grown >= size + 30 * MIB);
+        assert_eq!(w.memory.used(), grown);
+
+        // Past the limit, nothing is mapped.
+        w.limit = Some(grown);
+        assert_eq!(
+            segments
+                .grow_segment(&mut w.lend(), &request(GIB / 2))
+                .unwrap(),
+            None
+        );
+        assert_eq!(w.memory.used(), grown);
+        w.limit = None;
+
+        // A free tail goes back on `empty_cache`, out of the policy's index.
+        w.heap.set_state(tail, BlockState::Free, 0);
+        w.policy.insert_free(&mut w.heap, tail);
+        segments.trim_growable_segments(&mut w.lend()).unwrap();
+        assert_eq!(w.segment(&segments, &key()), (addr, size));
+        assert_eq!(w.memory.used(), size);
+        assert!(w.policy.0.is_empty(), "the trimmed tail left the index");
+
+        // Idle, the segment goes back whole, its range released.
+        w.heap.set_state(first, BlockState::Free, 0);
+        segments.release_whole(&mut w.lend(), &key()).unwrap();
+        assert_eq!(w.memory.used(), 0);
+        assert!(segments.get(&key()).is_none());
+    }
+
+    #[test]
+    fn a_paused_segment_maps_its_pages_again_at_the_same_addresses() {
+        let (mut w, mut segments) = World::new();
+        let block = segments.grow_segment(&mut w.lend(), &request(7 * MIB));
+        let block = block.unwrap().expect("room on the device");
+        w.heap.set_state(block, BlockState::Allocated, 7 * MIB);
+        let (addr, size) = w.segment(&segments, &key());
+
+        let (unmapped, result) = segments.unmap_for_pause(&mut w.lend(), &[key()]);
+        result.unwrap();
+        assert_eq!(w.memory.used(), 0, "a live block's pages go too");
+        assert_eq!(unmapped.len(), 1);
+        let runs: Vec<_> = unmapped[0].1.iter().map(|&(s, b)| (key(), s, b)).collect();
+        assert_eq!(runs.iter().map(|r| r.2).sum::<u64>(), size);
+
+        // No room: nothing mapped, the caller decides what to free.
+        w.limit = Some(0);
+        assert_eq!(segments.map_runs_again(&mut w.lend(), &runs).unwrap(), 0);
+        assert_eq!(w.memory.used(), 0);
+        w.limit = None;
+        assert_eq!(
+            segments.map_runs_again(&mut w.lend(), &runs).unwrap(),
+            runs.len()
+        );
+        assert_eq!(w.memory.used(), size);
+        assert!(w.memory.is_accessible(addr, size));
+
+        // A resume that fails later unmaps what it mapped, without a wait.
+        segments.unmap_runs_again(&mut w.lend(), &runs).unwrap();
+        assert_eq!(w.memory.used(), 0);
+        assert!(!w.memory.is_accessible(addr, size));
+    }
+
+    #[test]
+    fn each_stream_is_waited_for_once_and_reported() {
+        let (mut w, mut segments) = World::new();
+        segments.grow_segment(&mut w.lend(), &request(MIB)).unwrap();
+        let others = vec![StreamId(2), StreamId(1), StreamId(2)];
+        let waited = segments
+            .wait_for_streams(&mut w.lend(), &[key()], others)
+            .unwrap();
+        let mut waited: Vec<_> = waited.into_iter().collect();
+        waited.sort();
+        assert_eq!(waited, [StreamId(1), StreamId(2)]);
+        // The segment's own wait counts as a page-recycling wait.
+        assert_eq!(w.heap.ledger.stats.page_moves.stream_waits, 1);
+        assert_eq!(w.streams.pending(), 0, "every event waited for went back");
+    }
+}
