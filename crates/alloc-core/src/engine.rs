@@ -1,6 +1,11 @@
 //! The caching allocator: generic over the policy, the memory backend and the
-//! stream/event backend. Owns the heap, the pointer table, deferred frees
-//! (`record_stream`), the out-of-memory path and the statistics.
+//! stream/event backend. Owns the policy, the heap (with the statistics), the
+//! pointer table and the out-of-memory path; the rest is parts that own their
+//! state and are handed what they need: stream ordering (`StreamOrder`),
+//! growable segments and page recycling (`GrowableSegments`, driving the
+//! backends with what the engine lends it, `expandable.rs`), private pools,
+//! sleep tags and pool checkpoints; `sleep.rs` and `checkpoint.rs` coordinate
+//! them for a pause, a resume and a restore.
 
 use std::collections::BTreeSet;
 
