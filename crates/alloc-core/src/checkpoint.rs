@@ -11,8 +11,9 @@
 //! and reported; the rest of the checkpointed segments is free.
 //!
 //! This module reads and checks layouts against the heap and the private
-//! pools, and carves one checkpointed block through the policy; the engine
-//! (`engine/checkpoint.rs`) frees, maps pages and hands blocks out between.
+//! pools, and recreates a checkpointed segment's blocks through the policy;
+//! the engine (`engine/checkpoint.rs`) frees the pool's live blocks first,
+//! and lends the mapping of pages, the table of live blocks and the cache.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
@@ -76,6 +77,14 @@ pub struct RestoreOutcome {
     pub freed: Vec<u64>,
     /// The blocks of the checkpoint allocated again, which the caller now owns.
     pub allocated: Vec<Allocation>,
+}
+
+/// The error of a restore whose policy `policy` cannot recreate the
+/// checkpointed block at `addr`.
+pub(crate) fn unrestorable(policy: &str, addr: u64) -> AllocError {
+    AllocError::InvalidArgument(format!(
+        "restore: policy {policy} cannot recreate the checkpointed block at {addr:#x}"
+    ))
 }
 
 /// Errors unless `pool` is held, for the operation `what`.
@@ -198,6 +207,44 @@ impl SegmentCheckpoint {
         Some(piece)
     }
 
+    /// Recreates this segment's blocks by carving them from the front of its
+    /// free space in address order. A block live in the checkpoint gets its
+    /// pages mapped (`map`: `Ok(false)` when the device has no room), is
+    /// allocated again and goes to `hand_out` with its id. A block free in
+    /// the checkpoint is held allocated meanwhile, so that it does not merge
+    /// into the free space the next block is carved from, and goes to
+    /// `to_free`, for the caller to put back in the cache whatever the
+    /// outcome.
+    pub(crate) fn recreate<P: Policy>(
+        &self,
+        policy: &mut P,
+        heap: &mut Heap,
+        mut map: impl FnMut(&mut P, &mut Heap, BlockId) -> Result<bool, AllocError>,
+        mut hand_out: impl FnMut(Allocation, BlockId),
+        to_free: &mut Vec<BlockId>,
+    ) -> Result<(), AllocError> {
+        for b in &self.blocks {
+            let Some(piece) = self.carve(policy, heap, b) else {
+                return Err(unrestorable(policy.name(), b.addr));
+            };
+            if !b.allocated {
+                heap.set_state(piece, BlockState::Allocated, b.requested.max(1));
+                to_free.push(piece);
+                continue;
+            }
+            if !map(policy, heap, piece)? {
+                policy.insert_free(heap, piece);
+                return Err(AllocError::InvalidArgument(format!(
+                    "restore: no device memory to map the pages under block {:#x}",
+                    b.addr
+                )));
+            }
+            heap.set_state(piece, BlockState::Allocated, b.requested);
+            hand_out(self.allocation(b), piece);
+        }
+        Ok(())
+    }
+
     /// The allocation a live block `b` of this segment is handed back as.
     pub(crate) fn allocation(&self, b: &BlockCheckpoint) -> Allocation {
         Allocation {
@@ -235,6 +282,7 @@ pub(crate) fn live_allocations_are<H: BuildHasher>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::FreeList;
     use crate::types::{StreamId, MIB};
 
     /// A heap with one segment of the held `pool` cut into blocks of
@@ -302,5 +350,61 @@ mod tests {
             moved.blocks_to_free(&heap, &pools, |_| false).is_err(),
             "segment gone"
         );
+    }
+
+    #[test]
+    fn a_segment_is_recreated_from_the_front_its_free_blocks_held_until_done() {
+        let pool = (1, 1);
+        let mut pools = PrivatePools::default();
+        let sizes = [(MIB, true), (2 * MIB, false), (MIB, true)];
+        let heap = pool_heap(&mut pools, pool, &sizes);
+        let cp = PoolCheckpoint::take(&heap, &pools, pool).unwrap();
+        let seg = &cp.segments[0];
+        // The same segment, all free, as one block in the policy's index.
+        let fresh = || {
+            let mut heap = pool_heap(&mut PrivatePools::default(), pool, &[(4 * MIB, false)]);
+            let mut policy = FreeList::default();
+            let free = heap.block_at(seg.addr).unwrap();
+            policy.insert_free(&mut heap, free);
+            (heap, policy)
+        };
+
+        let (mut heap, mut policy) = fresh();
+        let (mut handed, mut to_free, mut mapped) = (Vec::new(), Vec::new(), 0);
+        let map = |_: &mut FreeList, _: &mut Heap, _| {
+            mapped += 1;
+            Ok(true)
+        };
+        let hand_out = |a: Allocation, id| handed.push((a, id));
+        seg.recreate(&mut policy, &mut heap, map, hand_out, &mut to_free)
+            .unwrap();
+        assert_eq!(mapped, 2, "the pages of live blocks only");
+        let addrs: Vec<_> = handed.iter().map(|(a, _)| (a.addr, a.size)).collect();
+        assert_eq!(addrs, [(seg.addr, MIB), (seg.addr + 3 * MIB, MIB)]);
+        assert!(handed
+            .iter()
+            .all(|&(_, id)| heap.block(id).state == BlockState::Allocated));
+        // The block free in the checkpoint is held, for the caller to free.
+        assert_eq!(to_free.len(), 1);
+        let held = heap.block(to_free[0]);
+        assert_eq!((held.addr, held.size), (seg.addr + MIB, 2 * MIB));
+        assert_eq!(held.state, BlockState::Allocated);
+        assert!(policy.0.is_empty(), "every byte carved");
+
+        // No room for the pages of the second live block: the error, that
+        // block back in the index, the first one handed out.
+        let (mut heap, mut policy) = fresh();
+        let (mut handed, mut to_free, mut calls) = (Vec::new(), Vec::new(), 0);
+        let map = |_: &mut FreeList, _: &mut Heap, _| {
+            calls += 1;
+            Ok(calls == 1)
+        };
+        let hand_out = |a: Allocation, _| handed.push(a.addr);
+        let err = seg.recreate(&mut policy, &mut heap, map, hand_out, &mut to_free);
+        assert!(err.unwrap_err().to_string().contains("no device memory"));
+        assert_eq!(handed, [seg.addr]);
+        assert_eq!(to_free.len(), 1);
+        let back = heap.block_at(seg.addr + 3 * MIB).unwrap();
+        assert!(policy.0.contains(&back) && heap.block(back).state == BlockState::Free);
     }
 }

@@ -1,17 +1,20 @@
 //! The caching allocator: generic over the policy, the memory backend and the
-//! stream/event backend. Owns the heap, the pointer table, deferred frees
-//! (`record_stream`), the out-of-memory path and the statistics.
+//! stream/event backend. Owns the policy, the heap (with the statistics), the
+//! pointer table and the out-of-memory path; the rest is parts that own their
+//! state and are handed what they need: stream ordering (`StreamOrder`),
+//! growable segments and page recycling (`GrowableSegments`, driving the
+//! backends with what the engine lends it, `expandable.rs`), private pools,
+//! sleep tags and pool checkpoints; `sleep.rs` and `checkpoint.rs` coordinate
+//! them for a pause, a resume and a restore.
 
 use std::collections::BTreeSet;
 
 use smallvec::SmallVec;
 
-use crate::backend::{DetachPages, MemoryBackend, SegmentSource, StreamBackend, VirtualMemory};
-use crate::budget::MemoryBudget;
-use crate::config::{AllocatorConfig, Config, UnmapFreePages};
+use crate::backend::{MemoryBackend, SegmentSource, StreamBackend};
+use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
-use crate::page_layout::PageLayout;
 
 mod capture_reuse;
 mod checkpoint;
@@ -34,107 +37,14 @@ use crate::stats::Stats;
 pub use crate::tags::CopyBlocks;
 use crate::tags::SleepTags;
 pub use crate::types::Allocation;
+pub use crate::types::MAX_REQUEST;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 use event_queues::Users;
+use expandable::{passes_limit, reserved, Lent};
 use growable_segments::GrowableSegments;
 pub(crate) use live_table::LiveTable;
+pub use settings::EngineOptions;
 use stream_order::StreamOrder;
-
-/// Largest request the engine accepts (1 PiB): anything larger is a caller
-/// bug, refused before any arithmetic could overflow.
-pub const MAX_REQUEST: u64 = 1 << 50;
-
-/// Engine behaviour that is not policy: taken from an [`AllocatorConfig`]
-/// (the default is that of the default configuration).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct EngineOptions {
-    /// `garbage_collection_threshold`, handed to the policy's collector.
-    pub garbage_collection_threshold: Option<f64>,
-    /// Reuse blocks awaiting events by making the allocating stream wait on
-    /// them instead of reserving new memory.
-    pub stream_wait_reuse: bool,
-    /// Grow one segment per stream and pool instead of making new ones
-    /// (needs a backend with growable ranges and a policy that supports them).
-    pub expandable_segments: bool,
-    /// With expandable segments, unmap free pages before mapping more.
-    pub unmap_free_pages: bool,
-    /// With `unmap_free_pages`, the large pool's pages (rounded up to the
-    /// backend's granularity).
-    pub unmap_pages: PageLayout,
-    /// With `unmap_free_pages`, whether the backend unmaps moved pages on a
-    /// worker thread: the backend reads it at creation, the engine keeps it
-    /// to refuse a change at run time.
-    pub unmap_worker: bool,
-    /// During a capture, reuse a block freed while other streams used it
-    /// once the capture's graph orders the allocating stream after those
-    /// uses (needs a stream backend that reads the graph).
-    pub graph_capture_record_stream_reuse: bool,
-    /// With `unmap_free_pages`, the memory budget below which the heap grows
-    /// without unmapping or moving pages ([`crate::budget`]); `None`: the
-    /// reserved peak is that level.
-    pub memory_budget: Option<MemoryBudget>,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions::from(&AllocatorConfig::default())
-    }
-}
-
-/// The flat view's options as they stand (a policy of one's own, settings
-/// changed at run time); for a configuration the parser accepts, the same
-/// as from its checked form.
-impl From<&AllocatorConfig> for EngineOptions {
-    fn from(cfg: &AllocatorConfig) -> Self {
-        EngineOptions {
-            garbage_collection_threshold: cfg.garbage_collection_threshold,
-            stream_wait_reuse: cfg.stream_wait_reuse,
-            expandable_segments: cfg.expandable_segments,
-            unmap_free_pages: cfg.unmap_free_pages,
-            unmap_pages: cfg.unmap_pages,
-            unmap_worker: cfg.unmap_worker,
-            graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
-            memory_budget: cfg.memory_budget,
-        }
-    }
-}
-
-/// The engine's part of a checked configuration, and its garbage
-/// collection threshold.
-impl From<&Config> for EngineOptions {
-    fn from(cfg: &Config) -> Self {
-        let unmap = cfg.engine.segments.unmap();
-        EngineOptions {
-            garbage_collection_threshold: cfg.gc.and_then(|g| g.threshold()),
-            stream_wait_reuse: cfg.engine.stream_wait_reuse,
-            expandable_segments: cfg.engine.segments.expandable(),
-            unmap_free_pages: unmap.is_some(),
-            unmap_pages: unmap.map_or_else(|| UnmapFreePages::default().pages, |u| u.pages),
-            unmap_worker: unmap.is_some_and(|u| u.worker),
-            graph_capture_record_stream_reuse: cfg.engine.graph_capture_record_stream_reuse,
-            memory_budget: unmap.and_then(|u| u.budget),
-        }
-    }
-}
-
-/// The virtual memory of `memory`, which growable segments need: the engine
-/// makes none unless the backend has it, so its absence here is a backend
-/// that withdrew it, reported as an error.
-fn virtual_memory<M: MemoryBackend>(
-    memory: &mut M,
-) -> Result<&mut dyn VirtualMemory, BackendError> {
-    memory.virtual_memory().ok_or_else(|| {
-        BackendError::Other("the memory backend no longer offers virtual memory".into())
-    })
-}
-
-/// The page detaching of `memory`'s virtual memory: the engine detaches pages
-/// only after asking whether the backend can.
-fn detach_pages<M: MemoryBackend>(memory: &mut M) -> Result<&mut dyn DetachPages, BackendError> {
-    virtual_memory(memory)?
-        .detach_pages()
-        .ok_or_else(|| BackendError::Other("the memory backend no longer detaches pages".into()))
-}
 
 /// The error for a request of `size` bytes, zero or larger than
 /// [`MAX_REQUEST`].
@@ -232,6 +142,45 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
+    /// Takes the settings of `cfg` (a configuration changed with
+    /// [`AllocatorConfig::with_settings`]) from now on. Refused, with nothing
+    /// changed, when it changes an option fixed at creation or one the
+    /// policy cannot change; `cfg.per_process_memory_fraction` and
+    /// `cfg.policy` are the caller's to apply
+    /// ([`Engine::set_memory_fraction`]; the policy is chosen once).
+    ///
+    /// ```
+    /// use alloc_core::{AllocatorConfig, SimMemory, SimStreams, StreamId, GIB, MIB};
+    /// use alloc_policy::AnyPolicy;
+    ///
+    /// let cfg = AllocatorConfig::default();
+    /// let mut engine = AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new())?;
+    /// let before = engine.malloc(84 * MIB, StreamId(1))?;
+    /// assert_eq!(before.size, 84 * MIB);
+    /// engine.reconfigure(&cfg.with_settings("roundup_power2_divisions:4")?)?;
+    /// let after = engine.malloc(84 * MIB, StreamId(1))?;
+    /// assert_eq!(after.size, 96 * MIB); // the next quarter step above 64 MiB
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn reconfigure(&mut self, cfg: &AllocatorConfig) -> Result<(), AllocError> {
+        let wanted = EngineOptions::from(cfg);
+        self.options.check_change(&wanted)?;
+        self.policy.reconfigure(cfg)?;
+        self.caps = self.policy.capabilities();
+        // Without virtual memory, segments stay ordinary ones, as at
+        // construction ([`Engine::expandable_fallback`]).
+        self.segments
+            .set_expandable(wanted.expandable_segments && self.caps.supports_growth);
+        self.order.set_options(
+            wanted.stream_wait_reuse,
+            wanted.graph_capture_record_stream_reuse,
+        );
+        self.options = wanted;
+        self.heap
+            .set_oversize_threshold(self.caps.oversize_threshold);
+        Ok(())
+    }
+
     /// The policy's capabilities, as read when the engine was built or last
     /// reconfigured.
     pub fn capabilities(&self) -> Capabilities {
@@ -309,6 +258,45 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if let Some(vm) = self.memory.virtual_memory() {
             let _ = vm.release_spare();
         }
+    }
+
+    /// Gives back the growable segments that became empty first (every
+    /// page unmapped, no block in use) while more are empty than may be
+    /// kept: their address ranges, the heap's and the policy's records of
+    /// them. Called at the end of a malloc; a failure leaves the segment to
+    /// `empty_cache`.
+    #[cold]
+    #[inline(never)]
+    fn forget_empty_segments(&mut self) {
+        loop {
+            let pools = &self.pools;
+            let next = self
+                .segments
+                .next_to_forget(&self.heap, |key| pools.releasable(*key));
+            let Some(next) = next else {
+                break;
+            };
+            let Some(segment) = next else {
+                continue; // in use again, or not ours to give back now
+            };
+            if self.release_segments(&[segment]).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// The growable segments, and what the engine lends them for one call.
+    fn lend(&mut self) -> (&mut GrowableSegments<S::Event>, Lent<'_, S::Event>) {
+        let cx = Lent {
+            heap: &mut self.heap,
+            policy: &mut self.policy,
+            memory: &mut self.memory,
+            streams: &mut self.streams,
+            pools: &mut self.pools,
+            limit: self.limit,
+            budget: self.options.memory_budget,
+        };
+        (&mut self.segments, cx)
     }
 
     /// The address and size of the block handed out for a request, before
@@ -392,12 +380,15 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     // Out of line, the request by value: see `no_cached_block`.
     #[inline(never)]
     fn map_or_refuse(&mut self, piece: BlockId, req: Request) -> Result<(), AllocError> {
-        if self.map_pages_under(piece)? {
+        let (segments, mut cx) = self.lend();
+        if segments.map_pages_under(&mut cx, piece)? {
             return Ok(());
         }
         // No out-of-memory error while free pages of ours, whatever stream
         // cached them, could serve the request.
-        if self.reclaim_free_pages(Some(piece))? && self.map_pages_under(piece)? {
+        if segments.reclaim_free_pages(&mut cx, Some(piece))?
+            && segments.map_pages_under(&mut cx, piece)?
+        {
             return Ok(());
         }
         self.policy.insert_free(&mut self.heap, piece);
@@ -587,7 +578,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Bytes reserved from the device now (`reserved_bytes.all.current`).
     pub fn reserved_bytes(&self) -> u64 {
-        self.heap.ledger.stats.reserved_bytes.all_current() as u64
+        reserved(&self.heap)
     }
 
     /// Makes every peak equal to its current value.
@@ -812,7 +803,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         )?;
         self.pools
             .check(self.heap.segments().map(|(_, s)| s.key()))?;
-        self.check_unmapped_pages()
+        let pools = &self.pools;
+        self.segments
+            .check(&self.heap, |key| pools.is_paused_key(*key))
     }
 
     /// Panics with the violated invariant when [`Engine::validate`] fails:
@@ -977,7 +970,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let sourced = self.pools.source(req.key).is_some();
         // A sleep tag's pool always grows (its pages are unmapped at pause).
         if (self.segments.expandable() || self.pools.is_tagged_key(req.key)) && !sourced {
-            return self.grow_segment(req);
+            let (segments, mut cx) = self.lend();
+            return segments.grow_segment(&mut cx, req);
         }
         let size = self.policy.segment_size(req);
         if self.would_pass_limit(size) {
@@ -1000,13 +994,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     fn would_pass_limit(&self, extra: u64) -> bool {
-        self.limit
-            .is_some_and(|limit| self.reserved_bytes().saturating_add(extra) > limit)
+        passes_limit(&self.heap, self.limit, extra)
     }
 
     fn release_idle_segments(&mut self) -> Result<(), AllocError> {
-        self.trim_growable_segments()?;
-        self.reclaim_free_pages(None)?;
+        let (segments, mut cx) = self.lend();
+        segments.trim_growable_segments(&mut cx)?;
+        segments.reclaim_free_pages(&mut cx, None)?;
         let idle: Vec<SegmentId> = self
             .heap
             .segments()
@@ -1037,11 +1031,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 source.free(addr, size)?;
             } else if seg.expandable {
                 let key = (seg.key(), seg.pool);
-                let (addr, end, range) = (seg.addr, seg.addr + seg.size, self.segments[&key].range);
-                self.settle_detached(&key, addr, end)?;
-                self.unmap_mapped_runs(&key, addr, end)?;
-                virtual_memory(&mut self.memory)?.release(addr, range)?;
-                self.drop_growable(&key);
+                let (segments, mut cx) = self.lend();
+                segments.release_whole(&mut cx, &key)?;
             } else {
                 self.memory.free(seg.addr, seg.size)?;
             }

@@ -269,6 +269,69 @@ impl<P: Audit + ?Sized> Audit for Box<P> {
     crate::forward_policy!(boxed; all_audit);
 }
 
+/// For the parts' tests: a policy of one free list, in the order blocks were
+/// freed, that takes the first block that fits and carves requests from the
+/// front of a block. It neither merges nor grows by itself.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct FreeList(pub(crate) Vec<BlockId>);
+
+#[cfg(test)]
+impl Policy for FreeList {
+    fn name(&self) -> &str {
+        "free-list"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            supports_growth: true,
+            ..Capabilities::default()
+        }
+    }
+
+    fn round_request(&self, requested: u64, key: CacheKey) -> Request {
+        Request::new(requested, requested, key, 0)
+    }
+
+    fn segment_size(&self, req: &Request) -> u64 {
+        req.size
+    }
+
+    fn take_free(&mut self, heap: &Heap, req: &Request) -> Option<BlockId> {
+        let at = self
+            .0
+            .iter()
+            .position(|&b| heap.block(b).size >= req.size)?;
+        Some(self.0.remove(at))
+    }
+
+    fn carve(&mut self, heap: &mut Heap, block: BlockId, req: &Request) -> BlockId {
+        if heap.block(block).size > req.size {
+            let rest = heap.split(block, req.size);
+            self.0.push(rest);
+        }
+        block
+    }
+
+    fn insert_free(&mut self, _heap: &mut Heap, block: BlockId) {
+        self.0.push(block);
+    }
+
+    fn remove_free(&mut self, _heap: &Heap, block: BlockId) {
+        self.0.retain(|&b| b != block);
+    }
+}
+
+#[cfg(test)]
+impl Reclaim for FreeList {}
+
+#[cfg(test)]
+impl Audit for FreeList {
+    fn indexed_blocks(&self) -> Vec<BlockId> {
+        self.0.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

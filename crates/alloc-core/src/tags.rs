@@ -3,8 +3,8 @@
 //! reinforcement-learning frameworks do when a trainer and an inference
 //! engine take turns on one GPU. This module is `SleepTags`: the tag
 //! names, their pools, what a paused tag gave back, and the decisions of a
-//! pause and a resume; the engine's side (waiting for streams, unmapping
-//! and mapping pages) is in `engine/sleep.rs`.
+//! pause and a resume; the engine's side (`engine/sleep.rs`) has the
+//! streams waited for and the pages unmapped and mapped by its other parts.
 
 use std::collections::BTreeMap;
 
@@ -98,8 +98,9 @@ fn tag_error(tag: &str, reason: &'static str) -> AllocError {
 /// The sleep tags of one engine: each tag's name and pool, what a paused
 /// tag gave back, and the decisions that need no device: which pool a tag
 /// gets, whether an allocation or a pause may go ahead, which blocks a
-/// pause saves and a resume restores. The engine waits for streams and
-/// unmaps and maps pages between those decisions (`engine/sleep.rs`).
+/// pause saves and a resume restores. Between those decisions the engine
+/// has its other parts wait for streams and unmap and map pages
+/// (`engine/sleep.rs`).
 /// The pools' own rules (held, paused, releasable) are `PrivatePools`',
 /// which the tags mark.
 #[derive(Debug, Default)]

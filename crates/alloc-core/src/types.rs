@@ -233,3 +233,7 @@ pub type PoolId = (u64, u64);
 pub const KIB: u64 = 1 << 10;
 /// One gibibyte.
 pub const GIB: u64 = 1 << 30;
+
+/// Largest request the engine accepts (1 PiB): anything larger is a caller
+/// bug, refused before any arithmetic could overflow.
+pub const MAX_REQUEST: u64 = 1 << 50;

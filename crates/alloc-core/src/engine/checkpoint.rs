@@ -1,18 +1,20 @@
 //! The engine's side of private pools' checkpoints (`crate::checkpoint`):
-//! events polled first, the pool's live blocks freed, the checkpoint's
-//! blocks carved again, their pages mapped and handed out.
+//! events polled first, the pool's live blocks freed, then each segment
+//! recreated by its checkpoint with the pages, the live table and the cache
+//! lent to it.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
 
+use super::expandable::Lent;
 use super::Engine;
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::checkpoint::{self, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 use crate::error::AllocError;
-use crate::heap::BlockState;
+use crate::heap::Heap;
 use crate::policy::Policy;
 use crate::private_pool::PoolId;
-use crate::types::{Allocation, BlockId};
+use crate::types::Allocation;
 
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Saves the layout of the private pool `pool`. Fails if the pool is
@@ -51,7 +53,8 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // Carving from the front of merged free space is how the layout
             // is rebuilt; a policy that keeps free blocks apart (size
             // classes) tags them by class in ways this cannot recreate.
-            return Err(self.unrestorable(checkpoint.live_addresses().next().unwrap_or(0)));
+            let addr = checkpoint.live_addresses().next().unwrap_or(0);
+            return Err(checkpoint::unrestorable(self.policy.name(), addr));
         }
         self.poll_events()?;
         let live =
@@ -71,61 +74,51 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         result.map(|()| outcome)
     }
 
-    /// Recreates one segment's blocks by carving them from the front of its
-    /// free space in address order, then frees the ones that were free.
+    /// Recreates one segment's blocks ([`SegmentCheckpoint::recreate`]),
+    /// lending it the mapping of pages under them (with `unmap_free_pages`)
+    /// and the table of live blocks; the blocks free in the checkpoint go
+    /// back to the cache once done, or on failure.
     fn restore_segment(
         &mut self,
         cp: &SegmentCheckpoint,
         allocated: &mut Vec<Allocation>,
     ) -> Result<(), AllocError> {
-        // Blocks free in the checkpoint are held allocated while the segment
-        // is carved, so that they do not merge into the free space the next
-        // block is carved from; they go back once done, or on failure.
+        let (unmaps, budget) = (self.options.unmap_free_pages, self.options.memory_budget);
+        let Engine {
+            policy,
+            heap,
+            live,
+            segments,
+            memory,
+            streams,
+            pools,
+            limit,
+            ..
+        } = self;
+        let map = |policy: &mut P, heap: &mut Heap, piece| {
+            if !unmaps {
+                return Ok(true);
+            }
+            let mut cx = Lent {
+                heap,
+                policy,
+                memory: &mut *memory,
+                streams: &mut *streams,
+                pools: &mut *pools,
+                limit: *limit,
+                budget,
+            };
+            segments.map_pages_under(&mut cx, piece)
+        };
+        let hand_out = |a: Allocation, piece| {
+            live.insert(a.addr, piece);
+            allocated.push(a);
+        };
         let mut to_free = Vec::new();
-        let result = self.carve_segment(cp, allocated, &mut to_free);
+        let result = cp.recreate(policy, heap, map, hand_out, &mut to_free);
         for id in to_free {
             self.release_to_cache(id);
         }
         result
-    }
-
-    /// The carving of [`Engine::restore_segment`]: live blocks go to
-    /// `allocated`, blocks free in the checkpoint to `to_free`.
-    fn carve_segment(
-        &mut self,
-        cp: &SegmentCheckpoint,
-        allocated: &mut Vec<Allocation>,
-        to_free: &mut Vec<BlockId>,
-    ) -> Result<(), AllocError> {
-        for b in &cp.blocks {
-            let Some(piece) = cp.carve(&mut self.policy, &mut self.heap, b) else {
-                return Err(self.unrestorable(b.addr));
-            };
-            if !b.allocated {
-                self.heap
-                    .set_state(piece, BlockState::Allocated, b.requested.max(1));
-                to_free.push(piece);
-                continue;
-            }
-            if self.options.unmap_free_pages && !self.map_pages_under(piece)? {
-                self.policy.insert_free(&mut self.heap, piece);
-                return Err(AllocError::InvalidArgument(format!(
-                    "restore: no device memory to map the pages under block {:#x}",
-                    b.addr
-                )));
-            }
-            self.heap
-                .set_state(piece, BlockState::Allocated, b.requested);
-            self.live.insert(b.addr, piece);
-            allocated.push(cp.allocation(b));
-        }
-        Ok(())
-    }
-
-    fn unrestorable(&self, addr: u64) -> AllocError {
-        AllocError::InvalidArgument(format!(
-            "restore: policy {} cannot recreate the checkpointed block at {addr:#x}",
-            self.policy.name()
-        ))
     }
 }

@@ -1,124 +1,119 @@
-//! Expandable segments: one growable segment per (stream, pool), mapped in
-//! PyTorch's steps on a range reserved the size of the device; free tails
-//! trimmed on `empty_cache`; and with `unmap_free_pages`, holes of unmapped
-//! pages under free blocks, so that physical memory serves growth first.
+//! Growable segments driving the backends (expandable segments,
+//! `unmap_free_pages`, a sleep tag's pages): one growable segment per
+//! (stream, pool), mapped in PyTorch's steps on a range reserved the size of
+//! the device; free tails trimmed on `empty_cache`; with `unmap_free_pages`,
+//! holes of unmapped pages under free blocks, so that physical memory serves
+//! growth first.
+//!
+//! [`GrowableSegments`] owns the segments' records; what it works on but
+//! does not own (the heap, the policy's free-block index, the backends, the
+//! private pools, the limits on reserved memory) the engine lends it for
+//! one call as a [`Lent`].
 
 use std::time::Instant;
 
+use rustc_hash::FxHashSet;
+
 use super::free_page_index::Visits;
 use super::growable::Growable;
-use super::{detach_pages, virtual_memory, Engine, MAX_REQUEST};
-use crate::backend::{MemoryBackend, StreamBackend};
-use crate::budget::ReclaimInputs;
+use super::growable_segments::GrowableSegments;
+use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
+use crate::budget::{MemoryBudget, ReclaimInputs};
 use crate::error::{AllocError, BackendError};
-use crate::heap::BlockState;
+use crate::heap::{BlockState, Heap};
 use crate::page_set::partition_pages;
 use crate::policy::{Policy, Request};
+use crate::private_pool::PrivatePools;
 use crate::stats::PageMoves;
-use crate::types::{BlockId, PoolKind, SegmentKey, StreamId};
+use crate::types::{BlockId, PoolKind, SegmentId, SegmentKey, StreamId, MAX_REQUEST};
+
+/// The virtual memory of `memory`, which growable segments need: the engine
+/// makes none unless the backend has it, so its absence here is a backend
+/// that withdrew it, reported as an error.
+fn virtual_memory(memory: &mut dyn MemoryBackend) -> Result<&mut dyn VirtualMemory, BackendError> {
+    memory.virtual_memory().ok_or_else(|| {
+        BackendError::Other("the memory backend no longer offers virtual memory".into())
+    })
+}
+
+/// The page detaching of `memory`'s virtual memory: the engine detaches pages
+/// only after asking whether the backend can.
+fn detach_pages(memory: &mut dyn MemoryBackend) -> Result<&mut dyn DetachPages, BackendError> {
+    virtual_memory(memory)?
+        .detach_pages()
+        .ok_or_else(|| BackendError::Other("the memory backend no longer detaches pages".into()))
+}
+
+/// Bytes reserved from the device now (`reserved_bytes.all.current`).
+pub(super) fn reserved(heap: &Heap) -> u64 {
+    heap.ledger.stats.reserved_bytes.all_current() as u64
+}
+
+/// Whether reserving `extra` more bytes would pass the reserved-bytes
+/// `limit`.
+pub(super) fn passes_limit(heap: &Heap, limit: Option<u64>, extra: u64) -> bool {
+    limit.is_some_and(|limit| reserved(heap).saturating_add(extra) > limit)
+}
+
+/// The growable segments among `segments`, by key.
+pub(super) fn growable_keys(heap: &Heap, segments: &[SegmentId]) -> Vec<SegmentKey> {
+    segments
+        .iter()
+        .map(|&id| heap.segment(id))
+        .filter(|s| s.expandable)
+        .map(|s| (s.key(), s.pool))
+        .collect()
+}
+
+/// The page runs `(start, bytes)` unmapped in one growable segment.
+pub(super) type UnmappedRuns = (SegmentKey, Vec<(u64, u64)>);
 
 /// Nanoseconds since `started` (saturating).
 fn elapsed_ns(started: Instant) -> u64 {
     u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
-impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
-    /// Every growable segment's invariants, its pages' records among them
-    /// ([`GrowableSegments::check`](super::growable_segments::GrowableSegments::check)).
-    pub(super) fn check_unmapped_pages(&self) -> Result<(), String> {
-        let pools = &self.pools;
-        self.segments
-            .check(&self.heap, |key| pools.is_paused_key(*key))
+/// What the engine lends [`GrowableSegments`] for one call (`E`: the stream
+/// backend's event).
+pub(super) struct Lent<'a, E> {
+    /// The block arena and its statistics.
+    pub(super) heap: &'a mut Heap,
+    /// The policy, whose index of free blocks follows a segment's tail.
+    pub(super) policy: &'a mut dyn Policy,
+    /// The device memory, with its virtual memory.
+    pub(super) memory: &'a mut dyn MemoryBackend,
+    /// The streams, on which marks and waits are recorded.
+    pub(super) streams: &'a mut dyn StreamBackend<Event = E>,
+    /// The private pools: which segments are held, tagged, or being captured.
+    pub(super) pools: &'a mut PrivatePools,
+    /// The reserved-bytes limit (`set_memory_fraction`).
+    pub(super) limit: Option<u64>,
+    /// The memory budget of `unmap_free_pages`.
+    pub(super) budget: Option<MemoryBudget>,
+}
+
+impl<E> Lent<'_, E> {
+    /// Bytes reserved from the device now.
+    fn reserved_bytes(&self) -> u64 {
+        reserved(self.heap)
     }
 
-    /// Expandable segments: maps more memory at the end of the stream's
-    /// growable segment (reserving its address range first if needed) so that
-    /// its free tail covers `req`; returns that free tail.
-    pub(super) fn grow_segment(&mut self, req: &Request) -> Result<Option<BlockId>, AllocError> {
-        let key = (req.key, req.pool);
-        let tagged = self.pools.is_tagged_key(req.key);
-        let pages = self.segments.page_layout(req.pool, tagged);
-        let grown = self.segments.get(&key).map(|g| (g.segment, g.range));
-        let extra = self.segments.growth(&self.heap, &key, &pages, req.size);
-        // The free tail grows into the new pages: keep it mapped.
-        let tail = grown.map(|(segment, _)| self.heap.segment(segment).last);
-        let free_tail = tail.is_some_and(|b| self.heap.block(b).state == BlockState::Free);
-        let mapped = grown.map_or(0, |(segment, _)| self.heap.segment(segment).size);
-        let mover = (req.key.stream, pages.size_at(mapped));
-        let reused_busy = self.make_room(extra, tail, mover)?;
-        if self.would_pass_limit(extra) {
-            return Ok(None);
-        }
-        let Some((segment, range)) = grown else {
-            let capacity = self.memory.capacity();
-            let range = self
-                .segments
-                .new_range(req.pool, &pages, capacity, MAX_REQUEST);
-            if extra > range {
-                return Ok(None); // larger than the device: out of memory
-            }
-            let addr = virtual_memory(&mut self.memory)?.reserve(range, pages)?;
-            let mapped = self.map_pages(addr, extra);
-            if !matches!(mapped, Ok(true)) {
-                virtual_memory(&mut self.memory)?.release(addr, range)?;
-                return mapped.map(|_| None);
-            }
-            let (segment, block) = self.heap.add_segment(addr, extra, req.pool, req.key);
-            self.pools.segment_added(req.key);
-            self.heap.set_expandable(segment);
-            let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
-            self.segments.add(key, grown);
-            return Ok(Some(block));
-        };
-        let seg = self.heap.segment(segment);
-        let (end, last) = (seg.addr + seg.size, seg.last);
-        if seg.size + extra > range {
-            return Ok(None);
-        }
-        if !self.map_pages(end, extra)? {
-            return Ok(None);
-        }
-        self.segments.pages_mapped(&key, end, extra, reused_busy);
-        self.segments.free_pages_mut().note(key);
-        if free_tail {
-            self.policy.remove_free(&self.heap, last);
-        }
-        let tail = self.heap.grow_segment(segment, extra);
-        self.mark_epoch(&key)?;
-        Ok(Some(tail))
+    /// Whether reserving `extra` more bytes would pass the limit.
+    fn would_pass_limit(&self, extra: u64) -> bool {
+        passes_limit(self.heap, self.limit, extra)
     }
 
-    /// Unmaps the whole free chunks at the end of every growable segment.
-    pub(super) fn trim_growable_segments(&mut self) -> Result<(), AllocError> {
-        let keys = self.segments.keys();
-        for key in keys {
-            let g = &self.segments[&key];
-            let seg_id = g.segment;
-            let seg = self.heap.segment(seg_id);
-            if seg.is_idle() || !self.pools.releasable(seg.key()) {
-                continue; // idle ones go back whole with the other idle segments
-            }
-            let Some(keep_to) = g.trim_point(&self.heap) else {
-                continue;
-            };
-            let (end, last_id) = (seg.addr + seg.size, seg.last);
-            let cut = end - keep_to;
-            self.settle_detached(&key, keep_to, end)?;
-            self.unmap_mapped_runs(&key, keep_to, end)?;
-            let g = self.segments.get_mut(&key);
-            let pages = *g.pages();
-            let unmapped = g.unmapped.remove_in(keep_to, end, &pages);
-            self.policy.remove_free(&self.heap, last_id);
-            self.heap.shrink_segment(seg_id, cut, unmapped);
-            let new_last = self.heap.segment(seg_id).last;
-            if self.heap.block(new_last).state == BlockState::Free {
-                self.policy.insert_free(&mut self.heap, new_last);
-            }
-        }
-        Ok(())
+    /// The device's virtual memory.
+    fn vm(&mut self) -> Result<&mut dyn VirtualMemory, BackendError> {
+        virtual_memory(self.memory)
     }
 
-    /// Whether the backend can detach busy pages ([`DetachPages`](crate::DetachPages)).
+    /// The device's page detaching.
+    fn detach(&mut self) -> Result<&mut dyn DetachPages, BackendError> {
+        detach_pages(self.memory)
+    }
+
+    /// Whether the backend can detach busy pages ([`DetachPages`]).
     fn can_detach(&mut self) -> bool {
         self.memory
             .virtual_memory()
@@ -128,7 +123,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Maps `[addr, addr + bytes)`, counted as a device allocation;
     /// `Ok(false)` when the device has no memory for it.
     fn map_pages(&mut self, addr: u64, bytes: u64) -> Result<bool, AllocError> {
-        match virtual_memory(&mut self.memory)?.map(addr, bytes) {
+        match self.vm()?.map(addr, bytes) {
             Ok(()) => {
                 self.heap.ledger.stats.num_device_alloc += 1;
                 Ok(true)
@@ -138,17 +133,138 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         }
     }
 
+    /// Counts a page move (`count` updates the counters) and the host time
+    /// since `started` in the statistics.
+    fn count_move(&mut self, started: Instant, count: impl FnOnce(&mut PageMoves)) {
+        let moves = &mut self.heap.ledger.stats.page_moves;
+        count(moves);
+        moves.host_ns += elapsed_ns(started);
+    }
+}
+
+impl<E> GrowableSegments<E> {
+    /// Expandable segments: maps more memory at the end of the stream's
+    /// growable segment (reserving its address range first if needed) so that
+    /// its free tail covers `req`; returns that free tail.
+    pub(super) fn grow_segment(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, AllocError> {
+        let key = (req.key, req.pool);
+        let tagged = cx.pools.is_tagged_key(req.key);
+        let pages = self.page_layout(req.pool, tagged);
+        let grown = self.get(&key).map(|g| (g.segment, g.range));
+        let extra = self.growth(cx.heap, &key, &pages, req.size);
+        // The free tail grows into the new pages: keep it mapped.
+        let tail = grown.map(|(segment, _)| cx.heap.segment(segment).last);
+        let free_tail = tail.is_some_and(|b| cx.heap.block(b).state == BlockState::Free);
+        let mapped = grown.map_or(0, |(segment, _)| cx.heap.segment(segment).size);
+        let mover = (req.key.stream, pages.size_at(mapped));
+        let reused_busy = self.make_room(cx, extra, tail, mover)?;
+        if cx.would_pass_limit(extra) {
+            return Ok(None);
+        }
+        let Some((segment, range)) = grown else {
+            let capacity = cx.memory.capacity();
+            let range = self.new_range(req.pool, &pages, capacity, MAX_REQUEST);
+            if extra > range {
+                return Ok(None); // larger than the device: out of memory
+            }
+            let addr = cx.vm()?.reserve(range, pages)?;
+            let mapped = cx.map_pages(addr, extra);
+            if !matches!(mapped, Ok(true)) {
+                cx.vm()?.release(addr, range)?;
+                return mapped.map(|_| None);
+            }
+            let (segment, block) = cx.heap.add_segment(addr, extra, req.pool, req.key);
+            cx.pools.segment_added(req.key);
+            cx.heap.set_expandable(segment);
+            let grown = Growable::new(segment, addr, pages, range, extra, reused_busy);
+            self.add(key, grown);
+            return Ok(Some(block));
+        };
+        let seg = cx.heap.segment(segment);
+        let (end, last) = (seg.addr + seg.size, seg.last);
+        if seg.size + extra > range {
+            return Ok(None);
+        }
+        if !cx.map_pages(end, extra)? {
+            return Ok(None);
+        }
+        self.pages_mapped(&key, end, extra, reused_busy);
+        self.free_pages_mut().note(key);
+        if free_tail {
+            cx.policy.remove_free(cx.heap, last);
+        }
+        let tail = cx.heap.grow_segment(segment, extra);
+        self.mark_epoch(cx, &key)?;
+        Ok(Some(tail))
+    }
+
+    /// Gives the idle growable segment `key` back: its detached pages
+    /// settled, its mapped pages unmapped, its address range released and
+    /// its record dropped. The heap's record of the segment is the caller's.
+    pub(super) fn release_whole(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        key: &SegmentKey,
+    ) -> Result<(), AllocError> {
+        let g = &self[key];
+        let seg = cx.heap.segment(g.segment);
+        let (addr, end, range) = (seg.addr, seg.addr + seg.size, g.range);
+        self.settle_detached(cx, key, addr, end)?;
+        self.unmap_mapped_runs(cx, key, addr, end)?;
+        cx.vm()?.release(addr, range)?;
+        self.drop_growable(cx, key);
+        Ok(())
+    }
+
+    /// Unmaps the whole free chunks at the end of every growable segment.
+    pub(super) fn trim_growable_segments(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+    ) -> Result<(), AllocError> {
+        let keys = self.keys();
+        for key in keys {
+            let g = &self[&key];
+            let seg_id = g.segment;
+            let seg = cx.heap.segment(seg_id);
+            if seg.is_idle() || !cx.pools.releasable(seg.key()) {
+                continue; // idle ones go back whole with the other idle segments
+            }
+            let Some(keep_to) = g.trim_point(cx.heap) else {
+                continue;
+            };
+            let (end, last_id) = (seg.addr + seg.size, seg.last);
+            let cut = end - keep_to;
+            self.settle_detached(cx, &key, keep_to, end)?;
+            self.unmap_mapped_runs(cx, &key, keep_to, end)?;
+            let g = self.get_mut(&key);
+            let pages = *g.pages();
+            let unmapped = g.unmapped.remove_in(keep_to, end, &pages);
+            cx.policy.remove_free(cx.heap, last_id);
+            cx.heap.shrink_segment(seg_id, cut, unmapped);
+            let new_last = cx.heap.segment(seg_id).last;
+            if cx.heap.block(new_last).state == BlockState::Free {
+                cx.policy.insert_free(cx.heap, new_last);
+            }
+        }
+        Ok(())
+    }
+
     /// Unmaps the mapped pages of `[lo, hi)` in the growable segment `key`,
     /// a run per backend call (each counted as a device free).
-    pub(super) fn unmap_mapped_runs(
+    fn unmap_mapped_runs(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
-        for (start, bytes) in self.segments[key].mapped_runs(lo, hi) {
-            virtual_memory(&mut self.memory)?.unmap(start, bytes)?;
-            self.heap.ledger.stats.num_device_free += 1;
+        for (start, bytes) in self[key].mapped_runs(lo, hi) {
+            cx.vm()?.unmap(start, bytes)?;
+            cx.heap.ledger.stats.num_device_free += 1;
         }
         Ok(())
     }
@@ -160,47 +276,49 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// peak-raising mappings pay for it, so a steady state maps and unmaps
     /// nothing. The range the policy keeps mapped gives up its pages last,
     /// once its growth allowance
-    /// ([`GrowableSegments::kept_allowance`](super::growable_segments::GrowableSegments::kept_allowance)) is spent. `mover`
+    /// ([`GrowableSegments::kept_allowance`]) is spent. `mover`
     /// is the real stream and page size of the mapping to come (the size of
     /// its first page). Returns whether busy pages were detached for it
-    /// ([`Engine::unmap_free_pages`]).
+    /// ([`GrowableSegments::unmap_free_pages`]).
     pub(super) fn make_room(
         &mut self,
+        cx: &mut Lent<'_, E>,
         needed: u64,
         keep: Option<BlockId>,
         mover: (StreamId, u64),
     ) -> Result<bool, AllocError> {
-        if !self.segments.recycles_pages() || self.pools.capture_underway() {
+        if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(false);
         }
-        let peak = self.heap.ledger.stats.reserved_bytes.all_peak() as u64;
-        let reserved = self.reserved_bytes();
+        let peak = cx.heap.ledger.stats.reserved_bytes.all_peak() as u64;
+        let reserved = cx.reserved_bytes();
         let level = ReclaimInputs {
-            budget: self.options.memory_budget,
-            capacity: self.memory.capacity(),
+            budget: cx.budget,
+            capacity: cx.memory.capacity(),
             peak,
             reserved,
-            limit: self.limit,
+            limit: cx.limit,
         }
-        .level(|| self.memory.free_bytes());
+        .level(|| cx.memory.free_bytes());
         let mut deficit = reserved.saturating_add(needed).saturating_sub(level);
         if deficit == 0 {
             return Ok(false);
         }
         // At a budget the host waits for streams whose free pages the GPU
         // may still use rather than pass it; at the peak it never waits.
-        let wait = self.options.memory_budget.is_some();
-        let mut detached = self.unmap_free_pages(keep, &mut deficit, Some(mover), true, wait)?;
-        if deficit > 0 && self.keeps_pages_mapped() {
+        let wait = cx.budget.is_some();
+        let mut detached =
+            self.unmap_free_pages(cx, keep, &mut deficit, Some(mover), true, wait)?;
+        if deficit > 0 && self.keeps_pages_mapped(cx) {
             // The policy's kept range may raise the peak by its allowance
             // only; beyond it, its free pages move too.
-            let allowance = self.segments.kept_allowance(peak);
+            let allowance = self.kept_allowance(peak);
             if deficit > allowance {
                 let mut over = deficit - allowance;
-                detached |= self.unmap_free_pages(keep, &mut over, Some(mover), false, wait)?;
+                detached |= self.unmap_free_pages(cx, keep, &mut over, Some(mover), false, wait)?;
                 deficit = allowance + over;
             }
-            self.segments.kept_grew(deficit.min(allowance));
+            self.kept_grew(deficit.min(allowance));
         }
         Ok(detached)
     }
@@ -211,33 +329,35 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// runs before a mapping the device (or the limit) refused is tried
     /// again, and what `empty_cache` does. Returns whether reserved memory
     /// went down.
-    pub(super) fn reclaim_free_pages(&mut self, keep: Option<BlockId>) -> Result<bool, AllocError> {
+    pub(super) fn reclaim_free_pages(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        keep: Option<BlockId>,
+    ) -> Result<bool, AllocError> {
         // Without virtual memory (expandable segments fell back to ordinary
         // ones) no page was ever unmapped: nothing to reclaim or settle.
-        let recycles = self.segments.recycles_pages() && self.segments.granularity() > 0;
-        if !recycles || self.pools.capture_underway() {
+        let recycles = self.recycles_pages() && self.granularity() > 0;
+        if !recycles || cx.pools.capture_underway() {
             return Ok(false);
         }
-        let before = self.reserved_bytes();
+        let before = cx.reserved_bytes();
         let mut everything = u64::MAX;
-        self.unmap_free_pages(keep, &mut everything, None, false, true)?;
+        self.unmap_free_pages(cx, keep, &mut everything, None, false, true)?;
         // Detached memory is physically freed when its old mapping goes.
-        let keys = self.segments.keys();
+        let keys = self.keys();
         for key in keys {
-            self.settle_detached(&key, 0, u64::MAX)?;
+            self.settle_detached(cx, &key, 0, u64::MAX)?;
         }
-        virtual_memory(&mut self.memory)?.release_spare()?;
-        Ok(self.reserved_bytes() < before)
+        cx.vm()?.release_spare()?;
+        Ok(cx.reserved_bytes() < before)
     }
 
     /// Whether the policy keeps part of a growable segment mapped
     /// ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)).
-    fn keeps_pages_mapped(&self) -> bool {
-        let policy = &self.policy;
+    fn keeps_pages_mapped(&self, cx: &Lent<'_, E>) -> bool {
+        let policy = &cx.policy;
         let keys = policy.kept_mapped_keys();
-        self.segments.keeps_range(&self.heap, keys, |cache| {
-            policy.kept_mapped(cache).is_some()
-        })
+        self.keeps_range(cx.heap, keys, |cache| policy.kept_mapped(cache).is_some())
     }
 
     /// Unmaps whole free pages of growable segments (highest addresses
@@ -252,9 +372,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// to come (emptying the cache) or with `wait` (at a memory budget),
     /// the host waits for each stream with busy pages that stay and unmaps
     /// them too, at a budget those of parked segments last
-    /// ([`Engine::wait_for_parked`]). Returns whether pages were detached.
+    /// ([`GrowableSegments::wait_for_parked`]). Returns whether pages were detached.
     pub(super) fn unmap_free_pages(
         &mut self,
+        cx: &mut Lent<'_, E>,
         keep: Option<BlockId>,
         budget: &mut u64,
         mover: Option<(StreamId, u64)>,
@@ -267,43 +388,43 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // short (so that a wait is paid once per segment, not a visit of
         // every busy segment per growth).
         let waits = mover.is_none() || wait;
-        self.wake_parked(mover.map(|m| m.0))?;
+        self.wake_parked(cx, mover.map(|m| m.0))?;
         // Busy runs per segment: those that can move to `mover` without a
         // wait, and the others. Idle pages of every segment go first.
         let (mut movable, mut waiting) = (Vec::new(), Vec::new());
-        let mut visits = Visits::new(self.segments.free_pages());
-        while let Some(key) = visits.next(self.segments.free_pages()) {
+        let mut visits = Visits::new(self.free_pages());
+        while let Some(key) = visits.next(self.free_pages()) {
             if *budget == 0 {
                 break;
             }
-            self.segments.free_pages_mut().count_visit();
-            let pages = *self.segments[&key].pages();
-            let seg_key = self.heap.segment(self.segments[&key].segment).key();
-            if !self.pools.releasable(seg_key) {
+            self.free_pages_mut().count_visit();
+            let pages = *self[&key].pages();
+            let seg_key = cx.heap.segment(self[&key].segment).key();
+            if !cx.pools.releasable(seg_key) {
                 continue;
             }
             // Making room for a mapping, the pages the policy keeps mapped
             // stay (a plan uses them again every step) within their
             // allowance; emptying the cache takes them too.
-            let policy = &self.policy;
+            let policy = &cx.policy;
             let spared = |cache| {
                 let spares = spare_kept && key.1 == PoolKind::Large;
                 spares.then(|| policy.kept_mapped(cache)).flatten()
             };
-            let Some(runs) = self.segments.runs_to_take(&self.heap, &key, keep, spared) else {
+            let Some(runs) = self.runs_to_take(cx.heap, &key, keep, spared) else {
                 continue;
             };
             // End the epoch here: an idle stream has passed the new mark at
             // once, and later rounds find what was freed so far idle.
-            self.heap.ledger.stats.page_moves.rounds += 1;
-            self.mark_epoch(&key)?;
-            self.poll_marks(&key)?;
-            let (idle, busy) = self.segments[&key].idle.split_runs(&runs);
+            cx.heap.ledger.stats.page_moves.rounds += 1;
+            self.mark_epoch(cx, &key)?;
+            self.poll_marks(cx, &key)?;
+            let (idle, busy) = self[&key].idle.split_runs(&runs);
             let none_idle = idle.is_empty();
-            self.unmap_runs(&key, idle, budget, false)?;
+            self.unmap_runs(cx, &key, idle, budget, false)?;
             // Busy pages of the mover's stream and page size can move.
             let (same, other) = match mover {
-                Some((stream, size)) if stream == seg_key.stream && self.can_detach() => {
+                Some((stream, size)) if stream == seg_key.stream && cx.can_detach() => {
                     partition_pages(&pages, &busy, |_, page| page == size)
                 }
                 _ => (Vec::new(), busy),
@@ -311,9 +432,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // Every free page busy, none to move, and no mark to record:
             // the next walk for a mapping would find the same until a mark
             // completes (the kept range aside, which walks see in part).
-            let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
+            let kept = key.1 == PoolKind::Large && cx.policy.kept_mapped(seg_key).is_some();
             if mover.is_some() && none_idle && same.is_empty() && !kept {
-                self.segments.park_if_stuck(&self.heap, key, keep);
+                self.park_if_stuck(cx.heap, key, keep);
             }
             if !same.is_empty() {
                 movable.push((key, same));
@@ -328,7 +449,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 break;
             }
             detached = true;
-            self.unmap_runs(&key, busy, budget, true)?;
+            self.unmap_runs(cx, &key, busy, budget, true)?;
         }
         if waits {
             // Emptying the cache, or at a budget: wait for every stream with
@@ -337,12 +458,12 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
                 if *budget == 0 {
                     break;
                 }
-                self.wait_for_growable(&key)?;
-                self.unmap_runs(&key, busy, budget, false)?;
+                self.wait_for_growable(cx, &key)?;
+                self.unmap_runs(cx, &key, busy, budget, false)?;
             }
         }
         if mover.is_some() && wait {
-            self.wait_for_parked(keep, budget)?;
+            self.wait_for_parked(cx, keep, budget)?;
         }
         Ok(detached)
     }
@@ -353,27 +474,28 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// until `budget` bytes are unmapped or none is parked.
     fn wait_for_parked(
         &mut self,
+        cx: &mut Lent<'_, E>,
         keep: Option<BlockId>,
         budget: &mut u64,
     ) -> Result<(), AllocError> {
         while *budget > 0 {
-            let Some(key) = self.segments.free_pages_mut().oldest_parked() else {
+            let Some(key) = self.free_pages_mut().oldest_parked() else {
                 break;
             };
             // Woken: walks visit it again, and it leaves this loop.
-            self.segments.free_pages_mut().wake(&key);
-            self.segments.free_pages_mut().count_visit();
-            let seg_key = self.heap.segment(self.segments[&key].segment).key();
-            if !self.pools.releasable(seg_key) {
+            self.free_pages_mut().wake(&key);
+            self.free_pages_mut().count_visit();
+            let seg_key = cx.heap.segment(self[&key].segment).key();
+            if !cx.pools.releasable(seg_key) {
                 continue;
             }
-            let runs = self.segments[&key].free_mapped_runs(&self.heap, keep);
+            let runs = self[&key].free_mapped_runs(cx.heap, keep);
             if runs.is_empty() {
                 continue;
             }
-            self.heap.ledger.stats.page_moves.rounds += 1;
-            self.wait_for_growable(&key)?;
-            self.unmap_runs(&key, runs, budget, false)?;
+            cx.heap.ledger.stats.page_moves.rounds += 1;
+            self.wait_for_growable(cx, &key)?;
+            self.unmap_runs(cx, &key, runs, budget, false)?;
         }
         Ok(())
     }
@@ -383,16 +505,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// pages freed so far become idle once the GPU passes it. Called at
     /// unmap rounds and after mappings, the moments around which later
     /// rounds look for idle pages.
-    fn mark_epoch(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
-        if !self.segments.recycles_pages() || self.pools.capture_underway() {
+    fn mark_epoch(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) -> Result<(), AllocError> {
+        if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(());
         }
-        self.poll_marks(key)?;
-        if self.segments[key].idle.wants_mark() {
-            let stream = self.heap.segment(self.segments[key].segment).stream;
-            let mark = self.streams.record(stream)?;
-            let number = self.segments.free_pages_mut().number_mark();
-            self.segments.get_mut(key).idle.end_epoch(mark, number);
+        self.poll_marks(cx, key)?;
+        if self[key].idle.wants_mark() {
+            let stream = cx.heap.segment(self[key].segment).stream;
+            let mark = cx.streams.record(stream)?;
+            let number = self.free_pages_mut().number_mark();
+            self.get_mut(key).idle.end_epoch(mark, number);
         }
         Ok(())
     }
@@ -402,14 +524,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// come), its own and those whose oldest mark completed, polled oldest
     /// first and one more in turn; with `None` (emptying the cache), all of
     /// them.
-    fn wake_parked(&mut self, stream: Option<StreamId>) -> Result<(), AllocError> {
+    fn wake_parked(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        stream: Option<StreamId>,
+    ) -> Result<(), AllocError> {
         let Some(stream) = stream else {
-            self.segments.free_pages_mut().wake_all();
+            self.free_pages_mut().wake_all();
             return Ok(());
         };
         // A segment's oldest outstanding mark has completed (or it has none).
-        let streams = &mut self.streams;
-        self.segments.wake_for(stream, |mark| {
+        let streams = &mut cx.streams;
+        self.wake_for(stream, |mark| {
             Ok::<_, AllocError>(streams.is_complete(mark)?)
         })
     }
@@ -420,12 +546,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// old mapping stays until the GPU is done with it.
     fn unmap_runs(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         runs: Vec<(u64, u64)>,
         budget: &mut u64,
         detach: bool,
     ) -> Result<(), AllocError> {
-        let layout = *self.segments[key].pages();
+        let layout = *self[key].pages();
         for (start, bytes) in runs.into_iter().rev() {
             if *budget == 0 {
                 break;
@@ -435,85 +562,50 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             let started = Instant::now();
             let pages = layout.count(start, start + take);
             if detach {
-                detach_pages(&mut self.memory)?.detach(start, take)?;
-                self.count_move(started, |m| {
+                cx.detach()?.detach(start, take)?;
+                cx.count_move(started, |m| {
                     m.pages_unmapped += pages;
                     m.busy_pages_reused += pages;
                 });
             } else {
-                virtual_memory(&mut self.memory)?.unmap_idle(start, take)?;
-                self.count_move(started, |m| m.pages_unmapped += pages);
+                cx.vm()?.unmap_idle(start, take)?;
+                cx.count_move(started, |m| m.pages_unmapped += pages);
             }
-            self.heap.ledger.stats.num_device_free += 1;
-            let segments = &mut self.segments;
-            segments.pages_unmapped(&mut self.heap, key, start, take, detach);
+            cx.heap.ledger.stats.num_device_free += 1;
+            self.pages_unmapped(cx.heap, key, start, take, detach);
             *budget = budget.saturating_sub(take);
         }
-        self.segments.note_if_empty(&self.heap, key);
+        self.note_if_empty(cx.heap, key);
         Ok(())
-    }
-
-    /// Gives back the growable segments that became empty first (every
-    /// page unmapped, no block in use) while more are empty than may be
-    /// kept (`empty_segments.rs`): their address ranges, the heap's and the
-    /// policy's records of them. Pages of their streams come from a new
-    /// segment the next time. Called at the end of a malloc; a failure
-    /// leaves the segment to `empty_cache`.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn forget_empty_segments(&mut self) {
-        loop {
-            let pools = &self.pools;
-            let next = self
-                .segments
-                .next_to_forget(&self.heap, |key| pools.releasable(*key));
-            let Some(next) = next else {
-                break;
-            };
-            let Some(segment) = next else {
-                continue; // in use again, or not ours to give back now
-            };
-            if self.release_segments(&[segment]).is_err() {
-                break;
-            }
-        }
     }
 
     /// Forgets the growable segment `key` (its segment is gone), releasing
     /// its marks.
-    pub(super) fn drop_growable(&mut self, key: &SegmentKey) {
-        if let Some(mut g) = self.segments.remove(key) {
+    fn drop_growable(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) {
+        if let Some(mut g) = self.remove(key) {
             debug_assert!(
                 g.idle.detached_runs().next().is_none(),
                 "segment dropped with detached pages still mapped"
             );
             for mark in g.idle.take_marks() {
-                self.streams.release(mark);
+                cx.streams.release(mark);
             }
         }
-    }
-
-    /// Counts a page move (`count` updates the counters) and the host time
-    /// since `started` in the statistics.
-    fn count_move(&mut self, started: Instant, count: impl FnOnce(&mut PageMoves)) {
-        let moves = &mut self.heap.ledger.stats.page_moves;
-        count(moves);
-        moves.host_ns += elapsed_ns(started);
     }
 
     /// Retires the completed marks of the growable segment `key`, and drops
     /// the old mappings of detached pages the GPU is now done with.
-    fn poll_marks(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
-        let g = self.segments.get_mut(key);
+    fn poll_marks(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) -> Result<(), AllocError> {
+        let g = self.get_mut(key);
         while let Some(mark) = g.idle.oldest_mark() {
-            if !self.streams.is_complete(mark)? {
+            if !cx.streams.is_complete(mark)? {
                 break;
             }
             let mark = g.idle.oldest_mark_done().expect("a mark");
-            self.streams.release(mark);
+            cx.streams.release(mark);
         }
         for (start, bytes) in g.idle.take_idle_detached() {
-            detach_pages(&mut self.memory)?.unmap_detached(start, bytes)?;
+            cx.detach()?.unmap_detached(start, bytes)?;
         }
         Ok(())
     }
@@ -526,41 +618,123 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// queue (the whole stream only when no mark covers it).
     pub(super) fn settle_detached(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         lo: u64,
         hi: u64,
     ) -> Result<(), AllocError> {
-        self.poll_marks(key)?;
-        let Some(epoch) = self.segments[key].idle.detached_epoch_in(lo, hi) else {
+        self.poll_marks(cx, key)?;
+        let Some(epoch) = self[key].idle.detached_epoch_in(lo, hi) else {
             return Ok(());
         };
-        match self.segments[key].idle.mark_ending(epoch) {
+        match self[key].idle.mark_ending(epoch) {
             Some(mark) => {
                 let started = Instant::now();
-                self.streams.synchronize(mark)?;
-                self.segments.free_pages_mut().wake_stream(key.0.stream);
-                self.count_move(started, |m| m.stream_waits += 1);
-                let g = self.segments.get_mut(key);
+                cx.streams.synchronize(mark)?;
+                self.free_pages_mut().wake_stream(key.0.stream);
+                cx.count_move(started, |m| m.stream_waits += 1);
+                let g = self.get_mut(key);
                 for mark in g.idle.waited_for_epoch(epoch) {
-                    self.streams.release(mark);
+                    cx.streams.release(mark);
                 }
             }
-            None => self.wait_for_growable(key)?,
+            None => self.wait_for_growable(cx, key)?,
         }
-        self.poll_marks(key)
+        self.poll_marks(cx, key)
     }
 
     /// Waits on the host for the stream of the growable segment `key`: every
     /// page freed so far becomes idle, and its marks go back.
-    pub(super) fn wait_for_growable(&mut self, key: &SegmentKey) -> Result<(), AllocError> {
+    fn wait_for_growable(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        key: &SegmentKey,
+    ) -> Result<(), AllocError> {
         let started = Instant::now();
-        self.wait_for_stream(self.heap.segment(self.segments[key].segment).stream)?;
-        self.count_move(started, |m| m.stream_waits += 1);
-        let g = self.segments.get_mut(key);
+        let stream = cx.heap.segment(self[key].segment).stream;
+        self.wait_for_stream(cx, stream)?;
+        cx.count_move(started, |m| m.stream_waits += 1);
+        let g = self.get_mut(key);
         for mark in g.idle.waited() {
-            self.streams.release(mark);
+            cx.streams.release(mark);
         }
         Ok(())
+    }
+
+    /// Unmaps every mapped page of the growable segments `keys` (a sleep
+    /// tag's pause), live blocks' too, in order until one fails, then gives
+    /// the physical memory back. The caller waited for the work that used
+    /// them. Returns the runs unmapped per segment, so that a failure midway
+    /// leaves a record of what to map again, and the outcome.
+    pub(super) fn unmap_for_pause(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        keys: &[SegmentKey],
+    ) -> (Vec<UnmappedRuns>, Result<(), AllocError>) {
+        let mut unmapped = Vec::with_capacity(keys.len());
+        let mut result = Ok(());
+        for &key in keys {
+            let mut runs = Vec::new();
+            result = self.unmap_whole_segment(cx, &key, &mut runs);
+            unmapped.push((key, runs));
+            if result.is_err() {
+                break;
+            }
+        }
+        let result = result.and_then(|()| Ok(cx.vm()?.release_spare()?));
+        (unmapped, result)
+    }
+
+    /// Maps the paused `runs` (segment, start, bytes) again (a sleep tag's
+    /// resume), in order, until one finds no room; returns how many were
+    /// mapped.
+    pub(super) fn map_runs_again(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        runs: &[(SegmentKey, u64, u64)],
+    ) -> Result<usize, AllocError> {
+        for (i, &(key, start, bytes)) in runs.iter().enumerate() {
+            if !self.map_run_again(cx, &key, start, bytes)? {
+                return Ok(i);
+            }
+        }
+        Ok(runs.len())
+    }
+
+    /// Unmaps the `runs` a failed resume had mapped again (nothing ran on
+    /// their pages since, so no wait) and gives the memory back.
+    pub(super) fn unmap_runs_again(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        runs: &[(SegmentKey, u64, u64)],
+    ) -> Result<(), AllocError> {
+        for &(key, start, bytes) in runs {
+            self.unmap_run_again(cx, &key, start, bytes)?;
+        }
+        Ok(cx.vm()?.release_spare()?)
+    }
+
+    /// Waits on the host, up to now, for the stream of each growable
+    /// segment of `keys` (their marks retire with it) and for the streams
+    /// `others`; returns every stream waited for.
+    pub(super) fn wait_for_streams(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        keys: &[SegmentKey],
+        others: Vec<StreamId>,
+    ) -> Result<FxHashSet<StreamId>, AllocError> {
+        let mut waited = FxHashSet::default();
+        for key in keys {
+            // A second wait on a stream already waited for returns at once.
+            self.wait_for_growable(cx, key)?;
+            waited.insert(key.0.stream);
+        }
+        for stream in others {
+            if waited.insert(stream) {
+                self.wait_for_stream(cx, stream)?;
+            }
+        }
+        Ok(waited)
     }
 
     /// Unmaps every mapped page of the growable segment `key`, live blocks'
@@ -568,20 +742,20 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// each run unmapped onto `out` as it goes, so that a failure midway
     /// leaves a record of what to map again. The caller waited for the work
     /// that used the segment.
-    pub(super) fn unmap_whole_segment(
+    fn unmap_whole_segment(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         out: &mut Vec<(u64, u64)>,
     ) -> Result<(), AllocError> {
-        self.settle_detached(key, 0, u64::MAX)?;
-        let seg_id = self.segments[key].segment;
-        let seg = self.heap.segment(seg_id);
-        let runs = self.segments[key].mapped_runs(seg.addr, seg.addr + seg.size);
+        self.settle_detached(cx, key, 0, u64::MAX)?;
+        let seg_id = self[key].segment;
+        let seg = cx.heap.segment(seg_id);
+        let runs = self[key].mapped_runs(seg.addr, seg.addr + seg.size);
         for (start, bytes) in runs {
-            virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
-            self.heap.ledger.stats.num_device_free += 1;
-            let segments = &mut self.segments;
-            segments.pages_unmapped(&mut self.heap, key, start, bytes, false);
+            cx.vm()?.unmap_idle(start, bytes)?;
+            cx.heap.ledger.stats.num_device_free += 1;
+            self.pages_unmapped(cx.heap, key, start, bytes, false);
             out.push((start, bytes));
         }
         Ok(())
@@ -591,41 +765,46 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// again (a sleep tag's resume): fresh, unused memory at the same
     /// addresses. `Ok(false)` when the device (or the memory fraction) has
     /// no room.
-    pub(super) fn map_run_again(
+    fn map_run_again(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         start: u64,
         bytes: u64,
     ) -> Result<bool, AllocError> {
-        if self.would_pass_limit(bytes) || !self.map_pages(start, bytes)? {
+        if cx.would_pass_limit(bytes) || !cx.map_pages(start, bytes)? {
             return Ok(false);
         }
-        let seg_id = self.segments[key].segment;
-        self.segments.pages_mapped(key, start, bytes, false);
-        self.heap.pages_mapped(seg_id, bytes);
-        self.segments.free_pages_mut().note(*key);
+        let seg_id = self[key].segment;
+        self.pages_mapped(key, start, bytes, false);
+        cx.heap.pages_mapped(seg_id, bytes);
+        self.free_pages_mut().note(*key);
         Ok(true)
     }
 
-    /// Undoes [`Engine::map_run_again`] for a resume that failed midway:
+    /// Undoes [`GrowableSegments::map_run_again`] for a resume that failed midway:
     /// nothing ran on the pages since, so no wait.
-    pub(super) fn unmap_run_again(
+    fn unmap_run_again(
         &mut self,
+        cx: &mut Lent<'_, E>,
         key: &SegmentKey,
         start: u64,
         bytes: u64,
     ) -> Result<(), AllocError> {
-        virtual_memory(&mut self.memory)?.unmap_idle(start, bytes)?;
-        let segments = &mut self.segments;
-        segments.pages_unmapped(&mut self.heap, key, start, bytes, false);
+        cx.vm()?.unmap_idle(start, bytes)?;
+        self.pages_unmapped(cx.heap, key, start, bytes, false);
         Ok(())
     }
 
     /// Maps the unmapped pages under the free block `block` before it is
     /// handed out; `Ok(false)` when the device (or the memory fraction) has
     /// no room.
-    pub(super) fn map_pages_under(&mut self, block: BlockId) -> Result<bool, AllocError> {
-        let Some(plan) = self.segments.runs_to_map(&self.heap, block) else {
+    pub(super) fn map_pages_under(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        block: BlockId,
+    ) -> Result<bool, AllocError> {
+        let Some(plan) = self.runs_to_map(cx.heap, block) else {
             return Ok(true);
         };
         let (key, (lo, hi), layout) = (plan.key, plan.span, plan.pages);
@@ -633,28 +812,28 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         if !runs_empty {
             // Pages shared with free neighbours, and those of a mapping that
             // fails midway, are free mapped pages.
-            self.segments.free_pages_mut().note(key);
+            self.free_pages_mut().note(key);
             // Detached pages lie only in unmapped runs: a block with none
             // pays no event query here.
-            self.settle_detached(&key, lo, hi)?;
+            self.settle_detached(cx, &key, lo, hi)?;
         }
         let mover = (key.0.stream, plan.first_page());
-        let reused_busy = self.make_room(plan.bytes(), Some(block), mover)?;
+        let reused_busy = self.make_room(cx, plan.bytes(), Some(block), mover)?;
         for (start, bytes) in plan.runs {
-            if self.would_pass_limit(bytes) {
+            if cx.would_pass_limit(bytes) {
                 return Ok(false);
             }
             let started = Instant::now();
-            if !self.map_pages(start, bytes)? {
+            if !cx.map_pages(start, bytes)? {
                 return Ok(false);
             }
             let pages = layout.count(start, start + bytes);
-            self.count_move(started, |m| m.pages_mapped += pages);
-            self.segments.pages_mapped(&key, start, bytes, reused_busy);
-            self.heap.pages_mapped(plan.segment, bytes);
+            cx.count_move(started, |m| m.pages_mapped += pages);
+            self.pages_mapped(&key, start, bytes, reused_busy);
+            cx.heap.pages_mapped(plan.segment, bytes);
         }
         if !runs_empty {
-            self.mark_epoch(&key)?;
+            self.mark_epoch(cx, &key)?;
         }
         Ok(true)
     }
@@ -663,11 +842,174 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// segment serves one stream, and a block used on other streams becomes
     /// free only once their events completed, so its free pages are idle
     /// when this stream is.
-    fn wait_for_stream(&mut self, stream: StreamId) -> Result<(), AllocError> {
-        let event = self.streams.record(stream)?;
-        let waited = self.streams.synchronize(&event);
-        self.streams.release(event);
-        self.segments.free_pages_mut().wake_stream(stream);
+    fn wait_for_stream(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let event = cx.streams.record(stream)?;
+        let waited = cx.streams.synchronize(&event);
+        cx.streams.release(event);
+        self.free_pages_mut().wake_stream(stream);
         Ok(waited?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page_layout::PageLayout;
+    use crate::policy::FreeList;
+    use crate::sim::{SimEvent, SimMemory, SimStreams};
+    use crate::types::{CacheKey, GIB, MIB};
+
+    /// What the engine would lend: a simulated device and streams, a heap,
+    /// a free-list policy, no private pool.
+    struct World {
+        memory: SimMemory,
+        streams: SimStreams,
+        heap: Heap,
+        policy: FreeList,
+        pools: PrivatePools,
+        limit: Option<u64>,
+    }
+
+    impl World {
+        /// A device of 1 GiB and growable segments of 2 MiB pages.
+        fn new() -> (World, GrowableSegments<SimEvent>) {
+            let mut memory = SimMemory::new(GIB);
+            let granularity = memory.virtual_memory().unwrap().granularity();
+            let segments =
+                GrowableSegments::new(granularity, true, false, PageLayout::uniform(2 * MIB));
+            let world = World {
+                memory,
+                streams: SimStreams::new(),
+                heap: Heap::new(u64::MAX),
+                policy: FreeList::default(),
+                pools: PrivatePools::default(),
+                limit: None,
+            };
+            (world, segments)
+        }
+
+        fn lend(&mut self) -> Lent<'_, SimEvent> {
+            Lent {
+                heap: &mut self.heap,
+                policy: &mut self.policy,
+                memory: &mut self.memory,
+                streams: &mut self.streams,
+                pools: &mut self.pools,
+                limit: self.limit,
+                budget: None,
+            }
+        }
+
+        /// The growable segment of `key`: its address and size.
+        fn segment(&self, segments: &GrowableSegments<SimEvent>, key: &SegmentKey) -> (u64, u64) {
+            let s = self.heap.segment(segments[key].segment);
+            (s.addr, s.size)
+        }
+    }
+
+    /// A large request of `bytes` on stream 1.
+    fn request(bytes: u64) -> Request {
+        Request::new(bytes, bytes, CacheKey::shared(StreamId(1)), 0)
+    }
+
+    fn key() -> SegmentKey {
+        (CacheKey::shared(StreamId(1)), PoolKind::Large)
+    }
+
+    #[test]
+    fn a_segment_grows_at_its_end_trims_its_free_tail_and_goes_back_whole() {
+        let (mut w, mut segments) = World::new();
+        let first = segments.grow_segment(&mut w.lend(), &request(5 * MIB));
+        let first = first.unwrap().expect("room on the device");
+        let (addr, size) = w.segment(&segments, &key());
+        assert!(size >= 5 * MIB && w.heap.block(first).state == BlockState::Free);
+        assert_eq!(w.memory.used(), size, "every byte of the segment mapped");
+        w.heap.set_state(first, BlockState::Allocated, size);
+
+        // The next growth maps pages at the end: the new tail starts there.
+        let tail = segments.grow_segment(&mut w.lend(), &request(30 * MIB));
+        let tail = tail.unwrap().expect("room on the device");
+        let (same_addr, grown) = w.segment(&segments, &key());
+        assert_eq!((same_addr, w.heap.block(tail).addr), (addr, addr + size));
+        assert!(grown >= size + 30 * MIB);
+        assert_eq!(w.memory.used(), grown);
+
+        // Past the limit, nothing is mapped.
+        w.limit = Some(grown);
+        assert_eq!(
+            segments
+                .grow_segment(&mut w.lend(), &request(GIB / 2))
+                .unwrap(),
+            None
+        );
+        assert_eq!(w.memory.used(), grown);
+        w.limit = None;
+
+        // A free tail goes back on `empty_cache`, out of the policy's index.
+        w.heap.set_state(tail, BlockState::Free, 0);
+        w.policy.insert_free(&mut w.heap, tail);
+        segments.trim_growable_segments(&mut w.lend()).unwrap();
+        assert_eq!(w.segment(&segments, &key()), (addr, size));
+        assert_eq!(w.memory.used(), size);
+        assert!(w.policy.0.is_empty(), "the trimmed tail left the index");
+
+        // Idle, the segment goes back whole, its range released.
+        w.heap.set_state(first, BlockState::Free, 0);
+        segments.release_whole(&mut w.lend(), &key()).unwrap();
+        assert_eq!(w.memory.used(), 0);
+        assert!(segments.get(&key()).is_none());
+    }
+
+    #[test]
+    fn a_paused_segment_maps_its_pages_again_at_the_same_addresses() {
+        let (mut w, mut segments) = World::new();
+        let block = segments.grow_segment(&mut w.lend(), &request(7 * MIB));
+        let block = block.unwrap().expect("room on the device");
+        w.heap.set_state(block, BlockState::Allocated, 7 * MIB);
+        let (addr, size) = w.segment(&segments, &key());
+
+        let (unmapped, result) = segments.unmap_for_pause(&mut w.lend(), &[key()]);
+        result.unwrap();
+        assert_eq!(w.memory.used(), 0, "a live block's pages go too");
+        assert_eq!(unmapped.len(), 1);
+        let runs: Vec<_> = unmapped[0].1.iter().map(|&(s, b)| (key(), s, b)).collect();
+        assert_eq!(runs.iter().map(|r| r.2).sum::<u64>(), size);
+
+        // No room: nothing mapped, the caller decides what to free.
+        w.limit = Some(0);
+        assert_eq!(segments.map_runs_again(&mut w.lend(), &runs).unwrap(), 0);
+        assert_eq!(w.memory.used(), 0);
+        w.limit = None;
+        assert_eq!(
+            segments.map_runs_again(&mut w.lend(), &runs).unwrap(),
+            runs.len()
+        );
+        assert_eq!(w.memory.used(), size);
+        assert!(w.memory.is_accessible(addr, size));
+
+        // A resume that fails later unmaps what it mapped, without a wait.
+        segments.unmap_runs_again(&mut w.lend(), &runs).unwrap();
+        assert_eq!(w.memory.used(), 0);
+        assert!(!w.memory.is_accessible(addr, size));
+    }
+
+    #[test]
+    fn each_stream_is_waited_for_once_and_reported() {
+        let (mut w, mut segments) = World::new();
+        segments.grow_segment(&mut w.lend(), &request(MIB)).unwrap();
+        let others = vec![StreamId(2), StreamId(1), StreamId(2)];
+        let waited = segments
+            .wait_for_streams(&mut w.lend(), &[key()], others)
+            .unwrap();
+        let mut waited: Vec<_> = waited.into_iter().collect();
+        waited.sort();
+        assert_eq!(waited, [StreamId(1), StreamId(2)]);
+        // The segment's own wait counts as a page-recycling wait.
+        assert_eq!(w.heap.ledger.stats.page_moves.stream_waits, 1);
+        assert_eq!(w.streams.pending(), 0, "every event waited for went back");
     }
 }

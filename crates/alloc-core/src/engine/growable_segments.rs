@@ -7,8 +7,8 @@
 //! and by how much, the pages of a new one, the pages to map under a block,
 //! which free pages a walk takes (outside the policy's kept range, within
 //! its growth allowance), when a busy segment parks and wakes, which empty
-//! segment goes back. The engine's `expandable.rs` drives the backends with
-//! its answers, handing it the heap where a record changes.
+//! segment goes back. Its methods in `expandable.rs` drive the backends with
+//! these answers, with what the engine lends them for the call (`Lent`).
 
 use std::ops::Index;
 

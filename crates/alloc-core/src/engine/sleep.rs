@@ -17,7 +17,8 @@
 
 use rustc_hash::FxHashSet;
 
-use super::{virtual_memory, Engine};
+use super::expandable::growable_keys;
+use super::Engine;
 use crate::backend::{MemoryBackend, StreamBackend};
 use crate::error::AllocError;
 use crate::heap::Heap;
@@ -107,19 +108,16 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     ) -> Result<PauseReport, AllocError> {
         let pool = self.tags.for_pause(tag, &self.pools)?;
         let segments = self.pools.segments(&self.heap, pool);
-        let streams_waited = self.wait_for_tag_work(&segments)?;
+        let keys = growable_keys(&self.heap, &segments);
+        let streams_waited = self.wait_for_tag_work(&segments, &keys)?;
         self.tags
             .begin_pause(tag, backup, &self.heap, &mut self.pools, &segments, save)?;
-        let mut result = Ok(());
-        for key in self.segment_keys(&segments) {
-            let mut runs = Vec::new();
-            result = self.unmap_whole_segment(&key, &mut runs);
+        let (growable, mut cx) = self.lend();
+        let (unmapped, result) = growable.unmap_for_pause(&mut cx, &keys);
+        for (key, runs) in unmapped {
             self.tags.note_unmapped(tag, key, runs);
-            if result.is_err() {
-                break;
-            }
         }
-        result.and_then(|()| Ok(virtual_memory(&mut self.memory)?.release_spare()?))?;
+        result?;
         Ok(self.tags.pause_report(tag, streams_waited))
     }
 
@@ -145,24 +143,22 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         restore: CopyBlocks<'_>,
     ) -> Result<ResumeReport, AllocError> {
         let (_, paused) = self.tags.for_resume(tag, &self.pools)?;
-        let mut mapped = 0;
-        let mut released_cache = false;
-        for (i, &(key, start, bytes)) in paused.runs.iter().enumerate() {
-            let mut ok = self.map_run_again(&key, start, bytes)?;
-            if !ok && !released_cache {
-                // Other cache of this allocator may hold the memory.
-                released_cache = true;
-                self.synchronize_events()?;
-                self.release_idle_segments()?;
-                ok = self.map_run_again(&key, start, bytes)?;
+        let runs = &paused.runs;
+        let (growable, mut cx) = self.lend();
+        let mut done = growable.map_runs_again(&mut cx, runs)?;
+        if done < runs.len() {
+            // Other cache of this allocator may hold the memory.
+            self.synchronize_events()?;
+            self.release_idle_segments()?;
+            let (growable, mut cx) = self.lend();
+            done += growable.map_runs_again(&mut cx, &runs[done..])?;
+            if done < runs.len() {
+                growable.unmap_runs_again(&mut cx, &runs[..done])?;
+                let mapped: u64 = runs[..done].iter().map(|r| r.2).sum();
+                return Err(self.resume_out_of_memory(paused.bytes() - mapped));
             }
-            if !ok {
-                self.unmap_runs_again(&paused.runs[..i])?;
-                let requested = paused.bytes() - mapped;
-                return Err(self.resume_out_of_memory(requested));
-            }
-            mapped += bytes;
         }
+        let mapped = paused.bytes();
         let (heap, live) = (&self.heap, &self.live);
         let allocated = |addr, size| live.get(addr).is_some_and(|id| heap.block(id).size == size);
         self.tags
@@ -184,22 +180,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         Ok(())
     }
 
-    /// The growable segments among `segments`, by key.
-    fn segment_keys(&self, segments: &[SegmentId]) -> Vec<SegmentKey> {
-        segments
-            .iter()
-            .map(|&id| self.heap.segment(id))
-            .filter(|s| s.expandable)
-            .map(|s| (s.key(), s.pool))
-            .collect()
-    }
-
     /// Waits on the host for the work that may use the blocks of
     /// `segments`: the events of their blocks freed while other streams
     /// used them, then an event recorded now on each stream that allocated
-    /// or used (`record_stream`) a live block. Returns the number of
-    /// streams waited for.
-    fn wait_for_tag_work(&mut self, segments: &[SegmentId]) -> Result<usize, AllocError> {
+    /// or used (`record_stream`) a live block, those of the growable
+    /// segments among them (`keys`) first. Returns the number of streams
+    /// waited for.
+    fn wait_for_tag_work(
+        &mut self,
+        segments: &[SegmentId],
+        keys: &[SegmentKey],
+    ) -> Result<usize, AllocError> {
         let mine = |heap: &Heap, id| segments.contains(&heap.block(id).segment);
         // Streams whose work the host waits for, for the report.
         let mut waited: FxHashSet<StreamId> = FxHashSet::default();
@@ -217,33 +208,10 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.poll_events()?;
         // Those events cover work up to the frees only: every stream that
         // allocated or used a block is waited for up to now.
-        let mut now: FxHashSet<StreamId> = FxHashSet::default();
-        for key in self.segment_keys(segments) {
-            // Each segment's marks retire with its own wait (a second one on
-            // a stream already waited for returns at once).
-            self.wait_for_growable(&key)?;
-            now.insert(key.0.stream);
-        }
         let others = self.order.users_of_blocks(|id| mine(&self.heap, id));
-        for stream in others {
-            if now.insert(stream) {
-                let event = self.streams.record(stream)?;
-                let done = self.streams.synchronize(&event);
-                self.streams.release(event);
-                self.segments.free_pages_mut().wake_stream(stream);
-                done?;
-            }
-        }
-        waited.extend(now);
+        let (growable, mut cx) = self.lend();
+        waited.extend(growable.wait_for_streams(&mut cx, keys, others)?);
         Ok(waited.len())
-    }
-
-    /// Unmaps the `runs` a failed resume had mapped again.
-    fn unmap_runs_again(&mut self, runs: &[(SegmentKey, u64, u64)]) -> Result<(), AllocError> {
-        for &(key, start, bytes) in runs {
-            self.unmap_run_again(&key, start, bytes)?;
-        }
-        Ok(virtual_memory(&mut self.memory)?.release_spare()?)
     }
 
     /// The out-of-memory error of a resume that found no room for
