@@ -8,9 +8,10 @@
 //! - `cargo xtask test-gpu --bundle DIR` (for a GPU machine without Rust):
 //!   builds the same binaries here and copies them into DIR with a `run.sh`
 //!   that runs the tests, the examples, the benchmark, then the tests again
-//!   under `compute-sanitizer --tool memcheck --leak-check full`, prints a
-//!   PASS/FAIL summary and exits nonzero on any failure. DIR must be
-//!   git-ignored (`gpu-bundle/` is).
+//!   under `compute-sanitizer --tool memcheck --leak-check full`, and the
+//!   threads test (`gpu_threads`) under `--tool racecheck` and
+//!   `--tool synccheck`, prints a PASS/FAIL summary and exits nonzero on any
+//!   failure. DIR must be git-ignored (`gpu-bundle/` is).
 //! - Both also carry `liballoc_ffi.so` with the Python helper and run
 //!   `python/tests/gpu_torch.py`: the library inside PyTorch through the C++
 //!   bridge (record_stream, torch's memory functions, snapshots, CUDA graphs,
@@ -398,8 +399,9 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 #   bash run.sh [--no-bench] [--no-sanitizer] [--no-torch]
 # Runs every test binary with --ignored --test-threads=1 --nocapture, the
 # examples, the benchmark, then the tests and examples again under
-# compute-sanitizer memcheck with --leak-check full (full logs in
-# ${OUT:-.}/memcheck-*.log, summary lines here; a binary that makes no CUDA
+# compute-sanitizer memcheck with --leak-check full, and the threads test
+# (tests/gpu_threads) under racecheck and synccheck (full logs in
+# ${OUT:-.}/<tool>-*.log, summary lines here; a binary that makes no CUDA
 # call, like the CPU-only unit tests, is reported as SKIP). Exits nonzero on
 # any failure. Then the PyTorch tests (python/tests/gpu_torch.py with
 # lib/liballoc_ffi.so): they need python3 with torch and a C++ compiler; and
@@ -440,20 +442,25 @@ run_step() {
   fi
 }
 
-memcheck() {
+# Runs a binary under compute-sanitizer's TOOL (memcheck with --leak-check
+# full), its full log in $LOGS/TOOL-NAME.log, its summary lines here.
+sanitize() {
+  local tool="$1"; shift
   local exe="$1"; shift
-  local log="$LOGS/memcheck-$(basename "$exe").log"
-  ALLOC_CUDA_SANITIZER=1 "$CS" --tool memcheck --leak-check full --error-exitcode 86 \
+  local log="$LOGS/$tool-$(basename "$exe").log"
+  local opts=()
+  [ "$tool" = memcheck ] && opts=(--leak-check full)
+  ALLOC_CUDA_SANITIZER=1 "$CS" --tool "$tool" ${opts[@]+"${opts[@]}"} --error-exitcode 86 \
     "$exe" "$@" >"$log" 2>&1
   local rc=$?
   if [ "$rc" -ne 0 ] && grep -q 'terminated before first instrumented API call' "$log" \
      && grep -q '^test result: ok' "$log"; then
     # A binary that never calls CUDA (the CPU-only unit tests, which by
-    # design never load libcuda): nothing for memcheck to check.
-    echo "no CUDA call in $(basename "$exe"): nothing for memcheck to check"
+    # design never load libcuda): nothing for the tool to check.
+    echo "no CUDA call in $(basename "$exe"): nothing for $tool to check"
     return 77
   fi
-  grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY|Invalid|Leaked)|^test result:|^test .*FAILED|panicked|vector_add: |still running then|skipping' "$log" | head -40
+  grep -E '^========= (ERROR SUMMARY|LEAK SUMMARY|RACECHECK SUMMARY|Invalid|Leaked|Error|Warning|Barrier)|^test result:|^test .*FAILED|panicked|vector_add: |still running then|skipping' "$log" | head -40
   grep -E '^========= Program hit' "$log" | sort | uniq -c | head -10
   echo "(exit $rc; full log: $log)"
   return $rc
@@ -486,13 +493,24 @@ if [ "$SANITIZER" = 1 ]; then
   if [ -n "$CS" ]; then
     "$CS" --version | tail -n1
     for t in tests/*; do
-      run_step "memcheck test $(basename "$t")" memcheck "$t" --ignored --test-threads=1 --nocapture
+      run_step "memcheck test $(basename "$t")" sanitize memcheck "$t" --ignored --test-threads=1 --nocapture
     done
     for e in examples/*; do
-      [ -e "$e" ] && run_step "memcheck example $(basename "$e")" memcheck "$e"
+      [ -e "$e" ] && run_step "memcheck example $(basename "$e")" sanitize memcheck "$e"
+    done
+    # Racecheck and synccheck look at kernels' shared memory and barriers;
+    # the library launches no kernel of its own, so they run the threads
+    # test alone (see docs/gpu-tests.md for what they can find there).
+    for tool in racecheck synccheck; do
+      if [ -e tests/gpu_threads ]; then
+        run_step "$tool test gpu_threads" sanitize "$tool" tests/gpu_threads --ignored --test-threads=1 --nocapture
+      else
+        RESULTS+=("FAIL  $tool: tests/gpu_threads not in the bundle")
+        FAILED=1
+      fi
     done
   else
-    RESULTS+=("FAIL  memcheck: compute-sanitizer not found")
+    RESULTS+=("FAIL  compute-sanitizer not found")
     FAILED=1
   fi
 fi
@@ -503,3 +521,143 @@ printf '%s\n' "${RESULTS[@]}"
 if [ "$FAILED" = 0 ]; then echo "ALL PASSED"; else echo "SOME FAILED"; fi
 exit "$FAILED"
 "#;
+
+// The script's own logic, run by bash over a fake bundle.
+#[cfg(all(test, unix))]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::RUN_SH;
+
+    /// A stand-in for compute-sanitizer: runs the program and prints the
+    /// summary lines each tool ends a clean run with, or, for the tool named
+    /// in `FAKE_HAZARD`, a hazard and the error exit code.
+    const FAKE_SANITIZER: &str = r#"#!/usr/bin/env bash
+if [ "$1" = --version ]; then echo "fake compute-sanitizer"; exit 0; fi
+tool=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --tool) tool="$2"; shift 2 ;;
+    --leak-check|--error-exitcode) shift 2 ;;
+    *) break ;;
+  esac
+done
+echo "tool $tool, ALLOC_CUDA_SANITIZER=${ALLOC_CUDA_SANITIZER:-unset}"
+"$@"
+rc=$?
+if [ "$tool" = "${FAKE_HAZARD:-}" ]; then
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"
+  exit 86
+fi
+case "$tool" in
+  memcheck) echo "========= LEAK SUMMARY: 0 bytes leaked in 0 allocations"
+            echo "========= ERROR SUMMARY: 0 errors" ;;
+  racecheck) echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)" ;;
+  *) echo "========= ERROR SUMMARY: 0 errors" ;;
+esac
+exit $rc
+"#;
+
+    /// A test binary that passes when run with `--ignored`.
+    const FAKE_TEST: &str = r#"#!/usr/bin/env bash
+[ "$1" = --ignored ] || exit 3
+echo "test result: ok. 2 passed; 0 failed"
+"#;
+
+    fn write_script(path: &Path, text: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A bundle holding `tests` (fake test binaries) and run.sh, and a
+    /// folder with the fake compute-sanitizer.
+    fn fake_bundle(name: &str, tests: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-run-sh-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for t in tests {
+            write_script(&dir.join("bundle/tests").join(t), FAKE_TEST);
+        }
+        write_script(&dir.join("bundle/run.sh"), RUN_SH);
+        std::fs::write(dir.join("bundle/MANIFEST"), "fake bundle\n").unwrap();
+        write_script(&dir.join("fake-bin/compute-sanitizer"), FAKE_SANITIZER);
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        dir
+    }
+
+    /// Runs the bundle's run.sh as the GPU machine would
+    /// (`--no-torch --no-bench`): whether it passed, and its output.
+    fn run_bundle(dir: &Path, hazard: &str) -> (bool, String) {
+        let path = format!(
+            "{}:{}",
+            dir.join("fake-bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("bash")
+            .arg(dir.join("bundle/run.sh"))
+            .args(["--no-torch", "--no-bench"])
+            .env("PATH", path)
+            .env("OUT", dir.join("logs"))
+            .env("FAKE_HAZARD", hazard)
+            .output()
+            .expect("bash");
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
+    #[test]
+    fn the_threads_test_runs_under_racecheck_and_synccheck_with_summaries_in_the_log() {
+        let dir = fake_bundle("clean", &["gpu", "gpu_threads"]);
+        let (passed, out) = run_bundle(&dir, "");
+        for line in [
+            "PASS  test gpu_threads",
+            "PASS  memcheck test gpu",
+            "PASS  memcheck test gpu_threads",
+            "PASS  racecheck test gpu_threads",
+            "PASS  synccheck test gpu_threads",
+            "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)",
+            "LEAK SUMMARY: 0 bytes leaked",
+            "ALL PASSED",
+        ] {
+            assert!(out.contains(line), "no `{line}` in:\n{out}");
+        }
+        assert!(passed, "{out}");
+        // The threads test alone: the other binary only under memcheck.
+        assert!(!out.contains("racecheck test gpu\n"), "{out}");
+        assert!(!out.contains("torch") && !out.contains("bench"), "{out}");
+        let log = std::fs::read_to_string(dir.join("logs/racecheck-gpu_threads.log")).unwrap();
+        assert!(log.contains("ALLOC_CUDA_SANITIZER=1"), "{log}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_racecheck_hazard_fails_the_run() {
+        let dir = fake_bundle("hazard", &["gpu", "gpu_threads"]);
+        let (passed, out) = run_bundle(&dir, "racecheck");
+        assert!(!passed, "{out}");
+        for line in [
+            "RACECHECK SUMMARY: 1 hazard displayed",
+            "FAIL  racecheck test gpu_threads (exit 86",
+            "PASS  synccheck test gpu_threads",
+            "SOME FAILED",
+        ] {
+            assert!(out.contains(line), "no `{line}` in:\n{out}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_bundle_without_the_threads_test_fails_its_race_and_sync_checks() {
+        let dir = fake_bundle("missing", &["gpu"]);
+        let (passed, out) = run_bundle(&dir, "");
+        assert!(!passed, "{out}");
+        assert!(
+            out.contains("FAIL  racecheck: tests/gpu_threads not in the bundle"),
+            "{out}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

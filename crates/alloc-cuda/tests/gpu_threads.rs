@@ -1,12 +1,15 @@
 //! GPU tests of one allocator used from many threads: blocks freed on
-//! another thread than the one that allocated them, and eight threads on
-//! four streams in every configuration, each byte checked. `#[ignore]`d
+//! another thread than the one that allocated them, and sixteen threads in
+//! every configuration, each on its own stream or all on one, handing
+//! blocks to each other to be used on the receiver's stream and freed
+//! there, each byte checked. `#[ignore]`d
 //! like the rest of the GPU suite: `cargo xtask test-gpu` runs them
 //! (`--ignored --test-threads=1`).
 
 mod common;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
@@ -150,32 +153,141 @@ fn stress_configs() -> Vec<(String, bool)> {
     out
 }
 
+/// How the stress spreads its threads over streams.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// Each thread its own stream.
+    OwnStreams,
+    /// Every thread on one stream.
+    OneStream,
+}
+
+/// Threads of the stress.
+const THREADS: usize = 16;
+
 /// What the threads of one configuration share.
 struct Shared<'a> {
     config: &'a str,
+    layout: Layout,
     alloc: &'a CudaAllocator,
+    /// One stream per thread, or one for all.
     streams: &'a [Arc<CudaStream>],
     /// Buffers any thread may take, check and free.
     mailbox: Mutex<Vec<Filled>>,
+    /// Buffers handed to another thread, which used them on its stream.
+    handed: AtomicUsize,
 }
 
 /// Most buffers in the mailbox at once.
 const MAILBOX: usize = 16;
 
+/// Orders later work on `stream` after the work queued so far on `other`.
+fn after(stream: &Arc<CudaStream>, other: &Arc<CudaStream>) {
+    if !Arc::ptr_eq(stream, other) {
+        stream.join(other).unwrap();
+    }
+}
+
+/// Reads `buf` back on `stream` (ordered after its own by the caller) and
+/// checks every byte is `value`.
+fn check_on(stream: &Arc<CudaStream>, buf: &DeviceBuffer<u8>, value: u8, what: &str) {
+    let back = stream.clone_dtoh(buf).unwrap();
+    stream.synchronize().unwrap();
+    if let Some(i) = back.iter().position(|&b| b != value) {
+        panic!(
+            "{what}: byte {i} of {} at {:#x} is {:#x}, expected {value:#x}",
+            back.len(),
+            buf.device_address(),
+            back[i]
+        );
+    }
+}
+
+/// One thread's buffers waiting to be checked.
+#[derive(Default)]
+struct Held {
+    /// Its own buffers, checked (on their stream) and freed in turn.
+    live: VecDeque<Filled>,
+    /// Copies it made on its stream of buffers freed at once, checked later.
+    copies: VecDeque<Filled>,
+}
+
+impl Held {
+    /// Keeps a copy, checking the oldest once there are more than a few.
+    fn copied(&mut self, copy: Filled, what: &dyn Fn(&str) -> String) {
+        self.copies.push_back(copy);
+        if self.copies.len() > 4 {
+            let (c, v) = self.copies.pop_front().unwrap();
+            check(&c, v, &what("a copy made on another stream"));
+        }
+    }
+
+    /// Checks everything still held.
+    fn finish(self, what: &dyn Fn(&str) -> String) {
+        for (b, v) in self.live {
+            check(&b, v, &what("its own buffer at the end"));
+        }
+        for (c, v) in self.copies {
+            check(&c, v, &what("a copy at the end"));
+        }
+    }
+}
+
+/// A buffer another thread filled (on its own stream) and handed over:
+/// used on `mine` (`record_stream`) and freed here, in one of two ways:
+/// copied on `mine` then overwritten there and freed at once, while both
+/// may still run (the copy checked later: the block must not be reused
+/// before `mine` is done with it); or read back on `mine`, checked and
+/// freed.
+fn use_handed(
+    (mut buf, value): Filled,
+    mine: &Arc<CudaStream>,
+    alloc: &CudaAllocator,
+    copy_now: bool,
+    held: &mut Held,
+    what: &dyn Fn(&str) -> String,
+) {
+    after(mine, buf.stream()); // the fill comes first
+    buf.record_stream(mine).unwrap();
+    if copy_now {
+        let mut copy = alloc.alloc::<u8>(buf.len(), mine).unwrap();
+        mine.memcpy_dtod(&buf, &mut copy).unwrap();
+        mine.memset_zeros(&mut buf).unwrap();
+        drop(buf); // allocated on another thread's stream, freed here
+        held.copied((copy, value), what);
+    } else {
+        check_on(
+            mine,
+            &buf,
+            value,
+            &what("a buffer handed over by another thread"),
+        );
+    }
+}
+
 /// One thread of the stress: allocates on its stream, fills each buffer
-/// with its own byte, and frees it in one of four ways: after reading it
+/// with its own byte, and frees it in one of five ways: after reading it
 /// back itself; after another thread took it from the mailbox and read it;
 /// at once while another stream still copies it (`record_stream`, the copy
-/// checked later); or at the end.
-fn stress_thread(t: usize, iters: usize, shared: &Shared<'_>) {
+/// checked later); by a thread it is handed to ([`use_handed`]); or at the
+/// end. `hand` sends a buffer to thread `i` (not `t`) and `inbox` receives
+/// those handed to `t`.
+fn stress_thread(
+    t: usize,
+    iters: usize,
+    shared: &Shared<'_>,
+    hand: Vec<mpsc::Sender<Filled>>,
+    inbox: mpsc::Receiver<Filled>,
+) {
     let (config, alloc) = (shared.config, shared.alloc);
     let n = shared.streams.len();
     let mine = &shared.streams[t % n];
     let other = &shared.streams[(t + 1) % n];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64 + 1) << 32) ^ config.len() as u64);
-    let mut live: VecDeque<Filled> = VecDeque::new();
-    let mut copies: VecDeque<Filled> = VecDeque::new();
-    let what = |how: &str| format!("[{config}] thread {t}: {how}");
+    let mut held = Held::default();
+    let layout = shared.layout;
+    let what = |how: &str| format!("[{config}, {layout:?}] thread {t}: {how}");
+    let mut received = 0;
     for i in 0..iters {
         let size = rng.size();
         let value = ((t * 37 + i) % 251) as u8 + 1;
@@ -188,16 +300,12 @@ fn stress_thread(t: usize, iters: usize, shared: &Shared<'_>) {
             0 => {
                 // Another stream copies the buffer, which is freed at once:
                 // its block must not be reused before the copy has run.
-                other.join(mine).unwrap(); // the copy comes after the fill
+                after(other, mine); // the copy comes after the fill
                 buf.record_stream(other).unwrap();
                 let mut copy = alloc.alloc::<u8>(size, other).unwrap();
                 other.memcpy_dtod(&buf, &mut copy).unwrap();
                 drop(buf);
-                copies.push_back((copy, value));
-                if copies.len() > 4 {
-                    let (c, v) = copies.pop_front().unwrap();
-                    check(&c, v, &what("a copy made on another stream"));
-                }
+                held.copied((copy, value), &what);
             }
             1 => {
                 let mut mailbox = shared.mailbox.lock().unwrap();
@@ -205,41 +313,52 @@ fn stress_thread(t: usize, iters: usize, shared: &Shared<'_>) {
                     mailbox.push((buf, value));
                 } else {
                     drop(mailbox);
-                    live.push_back((buf, value));
+                    held.live.push_back((buf, value));
                 }
             }
             2 => {
-                live.push_back((buf, value));
+                held.live.push_back((buf, value));
                 let taken = shared.mailbox.lock().unwrap().pop();
                 if let Some((b, v)) = taken {
                     check(&b, v, &what("a buffer from the mailbox"));
                     drop(b); // perhaps allocated by another thread
                 }
             }
-            _ => live.push_back((buf, value)),
+            3 | 4 => {
+                let to = (t + 1 + rng.below(THREADS as u64 - 1) as usize) % THREADS;
+                if let Err(mpsc::SendError(kept)) = hand[to].send((buf, value)) {
+                    held.live.push_back(kept); // that thread failed already
+                }
+            }
+            _ => held.live.push_back((buf, value)),
         }
-        if live.len() > 8 {
-            let (b, v) = live.pop_front().unwrap();
+        while let Ok(h) = inbox.try_recv() {
+            use_handed(h, mine, alloc, rng.below(2) == 0, &mut held, &what);
+            received += 1;
+        }
+        if held.live.len() > 8 {
+            let (b, v) = held.live.pop_front().unwrap();
             check(&b, v, &what("its own buffer"));
         }
     }
-    for (b, v) in live {
-        check(&b, v, &what("its own buffer at the end"));
+    drop(hand);
+    // The rest once every other thread is done handing over.
+    for h in inbox {
+        use_handed(h, mine, alloc, rng.below(2) == 0, &mut held, &what);
+        received += 1;
     }
-    for (c, v) in copies {
-        check(&c, v, &what("a copy at the end"));
-    }
+    shared.handed.fetch_add(received, Ordering::Relaxed);
+    held.finish(&what);
 }
 
-/// Eight threads on four streams of one allocator in configuration
-/// `config`; every byte read back as written; everything released at the
-/// end.
-fn stress(config: &str, memory_fraction: bool) {
-    const THREADS: usize = 8;
+/// [`THREADS`] threads of one allocator in configuration `config`, on
+/// streams as `layout` says; every byte read back as written; everything
+/// released at the end.
+fn stress(config: &str, memory_fraction: bool, layout: Layout) {
     let iters = match (cfg!(debug_assertions), under_sanitizer()) {
-        (true, _) => 40,
-        (false, true) => 100,
-        (false, false) => 200,
+        (true, _) => 20,
+        (false, true) => 32,
+        (false, false) => 100,
     };
     let alloc = allocator(config);
     if memory_fraction {
@@ -249,31 +368,45 @@ fn stress(config: &str, memory_fraction: bool) {
             .set_memory_fraction((4.0 * GIB as f64 / total as f64).min(1.0))
             .unwrap();
     }
-    let streams: Vec<Arc<CudaStream>> = (0..4).map(|_| new_stream(&alloc)).collect();
+    let n_streams = match layout {
+        Layout::OwnStreams => THREADS,
+        Layout::OneStream => 1,
+    };
+    let streams: Vec<Arc<CudaStream>> = (0..n_streams).map(|_| new_stream(&alloc)).collect();
     let shared = Shared {
         config,
+        layout,
         alloc: &alloc,
         streams: &streams,
         mailbox: Mutex::new(Vec::new()),
+        handed: AtomicUsize::new(0),
     };
+    let (senders, inboxes): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel()).unzip();
     let t0 = Instant::now();
     std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let shared = &shared;
-            scope.spawn(move || stress_thread(t, iters, shared));
+        for (t, inbox) in inboxes.into_iter().enumerate() {
+            let (shared, hand) = (&shared, senders.clone());
+            scope.spawn(move || stress_thread(t, iters, shared, hand, inbox));
         }
+        drop(senders); // each inbox ends once every thread is done
     });
     for (b, v) in shared.mailbox.into_inner().unwrap() {
-        check(&b, v, &format!("[{config}] a buffer left in the mailbox"));
+        check(
+            &b,
+            v,
+            &format!("[{config}, {layout:?}] a buffer left in the mailbox"),
+        );
     }
     for s in &streams {
         s.synchronize().unwrap();
     }
     alloc.diagnostics().validate().unwrap().unwrap();
+    let handed = shared.handed.into_inner();
     let stats = alloc.stats().unwrap();
     println!(
-        "[{config}] {THREADS} threads x {iters} in {:.2} s: peak allocated {}, peak reserved {}, \
-         {} device allocs, {} device frees, {} OOM retries, {} pages unmapped, events {:?}",
+        "[{config}, {layout:?}] {THREADS} threads x {iters} in {:.2} s, {handed} handed to \
+         another thread: peak allocated {}, peak reserved {}, {} device allocs, {} device frees, \
+         {} OOM retries, {} pages unmapped, events {:?}",
         t0.elapsed().as_secs_f64(),
         human_bytes(stats.allocated_bytes.all.peak as u64),
         human_bytes(stats.reserved_bytes.all.peak as u64),
@@ -283,15 +416,18 @@ fn stress(config: &str, memory_fraction: bool) {
         stats.page_moves.pages_unmapped,
         alloc.diagnostics().event_stats().unwrap(),
     );
+    assert!(handed > 0, "no buffer was handed to another thread");
     assert_drained(&alloc);
 }
 
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
-fn eight_threads_keep_their_data_in_every_configuration() {
+fn sixteen_threads_free_each_others_blocks_in_every_configuration() {
     let configs = stress_configs();
-    println!("{} configurations", configs.len());
+    println!("{} configurations, two stream layouts each", configs.len());
     for (config, memory_fraction) in &configs {
-        stress(config, *memory_fraction);
+        for layout in [Layout::OwnStreams, Layout::OneStream] {
+            stress(config, *memory_fraction, layout);
+        }
     }
 }

@@ -1,13 +1,16 @@
 //! Frees on a thread other than the allocating one, as PyTorch's callers
 //! make them (a tensor made on one thread, dropped on another): several
-//! threads share one engine behind a mutex, as `alloc-cuda` holds it, each
-//! allocating on its own stream and handing its blocks to the next thread,
-//! which uses them on its stream (`record_stream`) and frees them. The
-//! shadow (`alloc_policy::testing::shadow`) watches every block handed out
-//! and freed, under every compiled-in policy and setting.
+//! threads (4, 8 and 16) share one engine behind a mutex, as `alloc-cuda`
+//! holds it, each allocating on its own stream and handing its blocks to
+//! the next thread, which uses them on its stream (`record_stream`) and
+//! frees them. A variant puts every thread on one stream, so that the free
+//! of a block races with the other threads' mallocs on the stream that may
+//! take it back at once. The shadow (`alloc_policy::testing::shadow`)
+//! watches every block handed out and freed, under every compiled-in
+//! policy and setting.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Mutex;
+use std::sync::{Barrier, Mutex};
 use std::thread;
 
 use alloc_core::{Allocation, SimStreams, StreamId};
@@ -15,9 +18,37 @@ use alloc_policy::testing::ops::log_size;
 use alloc_policy::testing::shadow::Shadow;
 use alloc_policy::testing::{configs, engine_with, xorshift, SimEngine};
 
-const THREADS: u64 = 4;
-/// Blocks each thread allocates.
-const BLOCKS: u64 = 150;
+/// How one run spreads its threads over streams.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    threads: u64,
+    /// Blocks each thread allocates.
+    blocks: u64,
+    /// Every thread allocates on one stream (the receiving thread uses a
+    /// block it was handed on a second one) instead of each on its own.
+    one_stream: bool,
+}
+
+impl Layout {
+    /// The stream thread `t` allocates on.
+    fn alloc_stream(&self, t: u64) -> StreamId {
+        StreamId(if self.one_stream { 1 } else { t + 1 })
+    }
+
+    /// The stream thread `t` uses the blocks it is handed on.
+    fn use_stream(&self, t: u64) -> StreamId {
+        StreamId(if self.one_stream { 2 } else { t + 1 })
+    }
+
+    /// How many streams the run uses (ids 1 ..= this).
+    fn streams(&self) -> u64 {
+        if self.one_stream {
+            2
+        } else {
+            self.threads
+        }
+    }
+}
 
 /// The engine and its shadow, locked together: every change to one is
 /// checked against the other before the lock is given up.
@@ -76,48 +107,54 @@ impl Shared {
     }
 }
 
-/// Thread `t`: allocates [`BLOCKS`] blocks on its stream, sending each to
-/// the next thread, and frees what the previous one sends it, then, once
-/// that thread is done, the rest.
+/// Thread `t`: allocates `layout.blocks` blocks, sending each to the next
+/// thread, and frees what the previous one sends it, then, once that
+/// thread is done, the rest. Every thread starts at once (`start`), so
+/// that their operations interleave from the first.
 fn worker(
     shared: &Mutex<Shared>,
+    layout: Layout,
     t: u64,
+    start: &Barrier,
     to_next: Sender<u64>,
     inbox: Receiver<u64>,
 ) -> Result<(), String> {
-    let stream = StreamId(t + 1);
+    let (stream, use_stream) = (layout.alloc_stream(t), layout.use_stream(t));
     let mut next = xorshift(0x9e37_79b9_7f4a_7c15 ^ (t + 1));
     let lock = || shared.lock().expect("no thread panics holding the engine");
-    for _ in 0..BLOCKS {
+    start.wait();
+    for _ in 0..layout.blocks {
         let size = log_size((next() % 24_000) as f64 / 1000.0);
         let a = lock().malloc(size, stream)?;
         to_next
             .send(a.addr)
             .map_err(|_| "the next thread stopped early".to_string())?;
         if let Ok(addr) = inbox.try_recv() {
-            lock().use_and_free(addr, stream, next().is_multiple_of(3))?;
+            lock().use_and_free(addr, use_stream, next().is_multiple_of(3))?;
         }
         if next().is_multiple_of(16) {
-            lock().complete(StreamId(1 + next() % THREADS))?;
+            lock().complete(StreamId(1 + next() % layout.streams()))?;
         }
     }
     drop(to_next);
     for addr in inbox {
-        lock().use_and_free(addr, stream, next().is_multiple_of(3))?;
+        lock().use_and_free(addr, use_stream, next().is_multiple_of(3))?;
     }
     Ok(())
 }
 
-/// Runs the threads over one engine for `config`, then checks that every
-/// block came back and all memory went back to the device.
-fn run_threads(config: &str) -> Result<(), String> {
+/// Runs the threads of `layout` over one engine for `config`, then checks
+/// that every block came back and all memory went back to the device.
+fn run_threads(config: &str, layout: Layout) -> Result<(), String> {
     let e = engine_with(config, 64 << 30, SimStreams::new())?;
     let shared = Mutex::new(Shared {
         e,
         shadow: Shadow::default(),
         since_check: 0,
     });
-    let (senders, inboxes): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| channel::<u64>()).unzip();
+    let n = layout.threads as usize;
+    let start = Barrier::new(n);
+    let (senders, inboxes): (Vec<_>, Vec<_>) = (0..n).map(|_| channel::<u64>()).unzip();
     thread::scope(|s| {
         let mut senders: Vec<Option<Sender<u64>>> = senders.into_iter().map(Some).collect();
         let handles: Vec<_> = inboxes
@@ -125,11 +162,9 @@ fn run_threads(config: &str) -> Result<(), String> {
             .enumerate()
             .map(|(t, inbox)| {
                 // Thread t sends to thread t + 1.
-                let to_next = senders[(t + 1) % THREADS as usize]
-                    .take()
-                    .expect("one sender each");
-                let shared = &shared;
-                s.spawn(move || worker(shared, t as u64, to_next, inbox))
+                let to_next = senders[(t + 1) % n].take().expect("one sender each");
+                let (shared, start) = (&shared, &start);
+                s.spawn(move || worker(shared, layout, t as u64, start, to_next, inbox))
             })
             .collect();
         handles
@@ -152,9 +187,48 @@ fn run_threads(config: &str) -> Result<(), String> {
     e.validate()
 }
 
-#[test]
-fn blocks_freed_on_other_threads_under_every_policy() {
+/// Runs `layout` under every compiled-in policy and setting.
+fn run_every_config(layout: Layout) {
     for config in configs() {
-        run_threads(&config).unwrap_or_else(|msg| panic!("{config}: {msg}"));
+        run_threads(&config, layout).unwrap_or_else(|msg| panic!("{config}, {layout:?}: {msg}"));
     }
+}
+
+// About 400 to 500 blocks per run at every thread count: each run walks
+// the heap every few operations, so the block count sets the test's time.
+
+#[test]
+fn four_threads_free_each_others_blocks_under_every_policy() {
+    run_every_config(Layout {
+        threads: 4,
+        blocks: 120,
+        one_stream: false,
+    });
+}
+
+#[test]
+fn eight_threads_free_each_others_blocks_under_every_policy() {
+    run_every_config(Layout {
+        threads: 8,
+        blocks: 55,
+        one_stream: false,
+    });
+}
+
+#[test]
+fn sixteen_threads_free_each_others_blocks_under_every_policy() {
+    run_every_config(Layout {
+        threads: 16,
+        blocks: 28,
+        one_stream: false,
+    });
+}
+
+#[test]
+fn frees_race_with_mallocs_of_sixteen_threads_on_one_stream() {
+    run_every_config(Layout {
+        threads: 16,
+        blocks: 28,
+        one_stream: true,
+    });
 }
