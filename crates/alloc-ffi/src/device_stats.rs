@@ -13,67 +13,9 @@ use std::mem::size_of;
 
 use alloc_core::{Stat, StatArray, Stats};
 
+use crate::api::{GpuallocDeviceStats, GpuallocStat};
 use crate::state::{self, FfiResult};
 use crate::{call_int, FfiError};
-
-crate::api::c_struct! {
-    /// One statistic as torch.cuda.memory_stats() keeps it.
-    pub struct GpuallocStat {
-        /// Present value.
-        pub current: i64 = "int64_t",
-        /// Highest value since creation or the last reset of peaks.
-        pub peak: i64 = "int64_t",
-        /// Sum of all increases since the last reset of accumulated counters.
-        pub allocated: i64 = "int64_t",
-        /// Sum of all decreases since the last reset of accumulated counters.
-        pub freed: i64 = "int64_t",
-    }
-}
-
-crate::api::c_struct! {
-    /// The statistics of a device, with PyTorch's names (DeviceStats). Arrays of three
-    /// are indexed [all pools, small pool, large pool]. Set `size` to
-    /// sizeof(GpuallocDeviceStats) before the call.
-    pub struct GpuallocDeviceStats {
-        /// In: the size of the struct the caller has. Out: the bytes the library filled
-        /// (fields are only ever appended; those past it are left untouched).
-        pub size: usize = "size_t",
-        /// Blocks handed out to callers.
-        pub allocation: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Device allocations (segments) held.
-        pub segment: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Blocks in use or waiting for stream events.
-        pub active: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Free blocks inside split segments.
-        pub inactive_split: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of blocks handed out (after rounding).
-        pub allocated_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes reserved from the device.
-        pub reserved_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of active blocks.
-        pub active_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of free blocks inside split segments.
-        pub inactive_split_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes callers asked for (before rounding), over active blocks.
-        pub requested_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Allocations at or above max_split_size.
-        pub oversize_allocations: GpuallocStat = "GpuallocStat",
-        /// Segments at or above max_split_size.
-        pub oversize_segments: GpuallocStat = "GpuallocStat",
-        /// Device allocations retried after freeing the cache.
-        pub num_alloc_retries: i64 = "int64_t",
-        /// Allocations that failed with out of memory.
-        pub num_ooms: i64 = "int64_t",
-        /// Times every pending stream event was waited for.
-        pub num_sync_all_streams: i64 = "int64_t",
-        /// Device allocation calls.
-        pub num_device_alloc: i64 = "int64_t",
-        /// Device free calls.
-        pub num_device_free: i64 = "int64_t",
-        /// max_split_size in bytes; -1 when unlimited.
-        pub max_split_size: i64 = "int64_t",
-    }
-}
 
 /// A counter as C's `int64_t`, saturating.
 fn signed(value: u64) -> i64 {
