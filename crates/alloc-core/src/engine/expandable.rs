@@ -15,7 +15,7 @@ use crate::heap::BlockState;
 use crate::page_set::partition_pages;
 use crate::policy::{Policy, Request};
 use crate::stats::PageMoves;
-use crate::types::{BlockId, PoolKind, SegmentKey, StreamId};
+use crate::types::{BlockId, Pool, SegmentKey, StreamId};
 
 /// Nanoseconds since `started` (saturating).
 fn elapsed_ns(started: Instant) -> u64 {
@@ -287,7 +287,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // allowance; emptying the cache takes them too.
             let policy = &self.policy;
             let spared = |cache| {
-                let spares = spare_kept && key.1 == PoolKind::Large;
+                let spares = spare_kept && key.1 == Pool::Large;
                 spares.then(|| policy.kept_mapped(cache)).flatten()
             };
             let Some(runs) = self.segments.runs_to_take(&self.heap, &key, keep, spared) else {
@@ -311,7 +311,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             // Every free page busy, none to move, and no mark to record:
             // the next walk for a mapping would find the same until a mark
             // completes (the kept range aside, which walks see in part).
-            let kept = key.1 == PoolKind::Large && self.policy.kept_mapped(seg_key).is_some();
+            let kept = key.1 == Pool::Large && self.policy.kept_mapped(seg_key).is_some();
             if mover.is_some() && none_idle && same.is_empty() && !kept {
                 self.segments.park_if_stuck(&self.heap, key, keep);
             }
