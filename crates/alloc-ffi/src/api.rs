@@ -609,8 +609,8 @@ pub const API: &[ApiFn] = &[
         ret: "void*",
         name: "gpualloc_host_alloc",
         params: &[("size_t", "size")],
-        doc: "`size` bytes of pinned (page-locked, portable) host memory from the library's caching\n\
-              pinned pool, which sleep tags' host backups use too: blocks are cached by rounded\n\
+        doc: "`size` bytes of pinned (page-locked, portable) host memory from the library's pinned\n\
+              host allocator, which sleep tags' host backups use too: blocks are cached by rounded\n\
               size and reused, so repeated requests pin nothing new. NULL on failure.",
     },
     ApiFn {
@@ -632,13 +632,13 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_host_empty_cache",
         params: &[],
-        doc: "Unpins every cached block of the pinned host pool.",
+        doc: "Unpins every cached block of the pinned host allocator.",
     },
     ApiFn {
         ret: "char*",
         name: "gpualloc_host_stats_json",
         params: &[],
-        doc: "The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,\n\
+        doc: "The pinned host allocator's counters as a JSON object: allocated_bytes, cached_bytes,\n\
               pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,\n\
               host_allocs, host_frees; and those of memory pinned in place with\n\
               gpualloc_host_register: registered_bytes, peak_registered_bytes,\n\
