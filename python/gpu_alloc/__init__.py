@@ -671,8 +671,8 @@ memory_saver = _MemorySaver()
 
 
 def host_alloc(nbytes):
-    """``nbytes`` of pinned (page-locked) host memory from the library's caching pool, as an
-    address (int). Give it back with host_free()."""
+    """``nbytes`` of pinned (page-locked) host memory from the library's pinned host allocator,
+    as an address (int). Give it back with host_free()."""
     ptr = load_library().gpualloc_host_alloc(int(nbytes))
     if not ptr:
         raise GpuAllocError("host_alloc(%d): %s" % (nbytes, last_error()))
@@ -693,9 +693,9 @@ def host_record_stream(ptr, stream):
 
 
 def pinned_empty(nbytes):
-    """A torch.uint8 CPU tensor of ``nbytes`` in pinned memory from the library's caching pool
-    (``is_pinned()`` is True, so non_blocking copies are asynchronous); the memory goes back to
-    the cache when the tensor is freed. Record streams that copy from or to it with
+    """A torch.uint8 CPU tensor of ``nbytes`` in pinned memory from the library's pinned host
+    allocator (``is_pinned()`` is True, so non_blocking copies are asynchronous); the memory
+    goes back to the cache when the tensor is freed. Record streams that copy from or to it with
     ``host_record_stream(t.data_ptr(), stream)`` before dropping it."""
     import weakref
 
@@ -731,7 +731,7 @@ def host_unregister(ptr):
 
 
 def host_stats():
-    """Counters of the pinned host pool: allocated_bytes, cached_bytes, pending_bytes,
+    """Counters of the pinned host allocator: allocated_bytes, cached_bytes, pending_bytes,
     reserved_bytes, peak_reserved_bytes, requests, cache_hits, host_allocs, host_frees; and
     of memory pinned in place with host_register(): registered_bytes, peak_registered_bytes,
     registered_ranges, host_registers, host_unregisters."""
@@ -739,7 +739,7 @@ def host_stats():
 
 
 def host_empty_cache():
-    """Unpins every cached block of the pinned host pool."""
+    """Unpins every cached block of the pinned host allocator."""
     _check(load_library().gpualloc_host_empty_cache(), "host_empty_cache")
 
 

@@ -12,10 +12,10 @@ names and takes its ``_numba_memory_manager``).
 - ``memalloc``: a block of gpualloc on the context's device for the legacy default stream
   (Numba's allocations name no stream; PyTorch's and CuPy's default streams are that stream
   too, so their blocks are reused by one another at once).
-- ``memhostalloc``: pinned host memory from gpualloc's cached pinned pool (portable), given
-  back when Numba drops it, after the work queued on the legacy default stream at that time
-  (which waits for Numba's blocking streams) is done. Mapped or write-combined requests, which
-  that pool does not serve, are Numba's own (``cuMemHostAlloc``).
+- ``memhostalloc``: pinned host memory from gpualloc's pinned host allocator (portable),
+  given back when Numba drops it, after the work queued on the legacy default stream at that
+  time (which waits for Numba's blocking streams) is done. Mapped or write-combined requests,
+  which that allocator does not serve, are Numba's own (``cuMemHostAlloc``).
 - ``mempin`` (``cuda.pinned(array)``, ``cuda.mapped(array)``): the caller's memory pinned in
   place through gpualloc (``gpu_alloc.host_register``, portable, mapped into the device
   address space for ``cuda.mapped``), counted in ``gpu_alloc.host_stats()`` as
@@ -163,8 +163,8 @@ class GpuAllocNumbaManager(_cuda.HostOnlyCUDAMemoryManager):
         return _cuda.MemoryPointer(context, ctypes.c_void_p(ptr), size, finalizer=finalizer)
 
     def memhostalloc(self, size, mapped=False, portable=False, wc=False):
-        """Pinned host memory from gpualloc's pinned pool; mapped or write-combined memory
-        from Numba's own implementation."""
+        """Pinned host memory from gpualloc's pinned host allocator; mapped or write-combined
+        memory from Numba's own implementation."""
         if mapped or wc or size == 0:
             return super().memhostalloc(size, mapped, portable, wc)
         lib = self._library()

@@ -250,8 +250,8 @@ def scenario_numba():
     offset = handle._ipc_handle.offset
     seen = _open_in_another_process(handle)
     check(seen == 5.0 * (1 << 20), "the other process read %s" % seen)
-    return "kernel on our memory, block reused, pinned pool, %s, defer_cleanup, IPC read by " \
-        "another process (offset %d in its segment)" % (pinned_in_place, offset)
+    return "kernel on our memory, block reused, pinned host allocator, %s, defer_cleanup, " \
+        "IPC read by another process (offset %d in its segment)" % (pinned_in_place, offset)
 
 
 def _numba_mempin(gpu_alloc, cuda, add_one, stream):

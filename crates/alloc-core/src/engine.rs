@@ -770,7 +770,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// The memory backend, mutably (tests write into a simulated device's
     /// memory, or make another process take simulated memory, here); the
-    /// engine's segments must be left as they are.
+    /// engine's segments must be left as they are. With the `testing`
+    /// feature only.
+    #[cfg(feature = "testing")]
     pub fn memory_mut(&mut self) -> &mut M {
         &mut self.memory
     }
@@ -809,7 +811,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     }
 
     /// Panics with the violated invariant when [`Engine::validate`] fails:
-    /// for tests that check the state after every step.
+    /// for tests that check the state after every step (with the `testing`
+    /// feature only).
+    #[cfg(feature = "testing")]
     #[track_caller]
     pub fn assert_valid(&self) {
         if let Err(msg) = self.validate() {

@@ -53,6 +53,9 @@ pub use snapshot::{BlockSnapshot, SegmentSnapshot, Snapshot, SnapshotState};
 pub use stats::{human_bytes, scale_bytes, PageMoves, Stat, StatArray, Stats};
 pub use tags::{Backup, CopyBlocks, PauseReport, ResumeReport, TagInfo};
 pub use types::{
-    Allocation, BlockId, BlockState, CacheKey, Pool, PoolId, PoolKind, PrivatePool, SegmentId,
-    StreamId, GIB, KIB, MIB,
+    Allocation, BlockId, BlockState, CacheKey, Pool, PoolId, PrivatePool, SegmentId, StreamId, GIB,
+    KIB, MIB,
 };
+// The former name stays reachable, warning those who use it.
+#[allow(deprecated)]
+pub use types::PoolKind;

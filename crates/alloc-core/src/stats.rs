@@ -223,7 +223,9 @@ impl PageMoves {
 
 impl Stats {
     /// The statistics as a flat map with PyTorch's key names
-    /// (`allocated_bytes.all.current`, `num_device_alloc`, ...).
+    /// (`allocated_bytes.all.current`, `num_device_alloc`, ...): the one
+    /// list of those names, which the C struct of the statistics
+    /// (alloc-ffi's `GpuallocDeviceStats::flat`) reads its keys from too.
     pub fn to_flat_map(&self) -> std::collections::BTreeMap<String, i64> {
         let mut out = std::collections::BTreeMap::new();
         let arrays: [(&str, &StatArray); 9] = [

@@ -136,6 +136,7 @@ pub enum Pool {
 }
 
 /// The former name of [`Pool`], for code written before the rename.
+#[deprecated(since = "0.1.0", note = "renamed to `Pool`")]
 pub type PoolKind = Pool;
 
 impl Pool {

@@ -138,12 +138,16 @@ pub use pools::Pools;
 pub use sleep_wake::SleepWake;
 
 /// The former name of [`EventRecycler`].
+#[deprecated(since = "0.1.0", note = "renamed to `EventRecycler`")]
 pub type EventPool<H> = EventRecycler<H>;
 /// The former name of [`EventRecyclerStats`].
+#[deprecated(since = "0.1.0", note = "renamed to `EventRecyclerStats`")]
 pub type EventPoolStats = EventRecyclerStats;
 /// The former name of [`RecycledEvent`].
+#[deprecated(since = "0.1.0", note = "renamed to `RecycledEvent`")]
 pub type PooledEvent = RecycledEvent;
 /// The former name of [`PinnedAllocator`].
+#[deprecated(since = "0.1.0", note = "renamed to `PinnedAllocator`")]
 pub type PinnedPool = PinnedAllocator;
 pub use stream::{AsStream, StreamHandle};
 pub use tag::Tag;

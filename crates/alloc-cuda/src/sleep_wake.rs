@@ -52,8 +52,8 @@ impl<P: Policy> SleepWake<'_, P> {
         Ok(self.alloc.engine()?.tags())
     }
 
-    /// The process-wide pinned host pool that backups go to.
-    pub fn pinned_pool(&self) -> Result<Arc<PinnedAllocator>, CudaError> {
+    /// The process-wide pinned host allocator that backups go to.
+    pub fn pinned_allocator(&self) -> Result<Arc<PinnedAllocator>, CudaError> {
         PinnedAllocator::global()
     }
 

@@ -109,7 +109,7 @@ fn host_backup_keeps_contents_and_addresses_and_gives_memory_back() {
             0,
             "[{config}] all memory back"
         );
-        let pinned = alloc.sleep().pinned_pool().unwrap().stats().unwrap();
+        let pinned = alloc.sleep().pinned_allocator().unwrap().stats().unwrap();
         assert_eq!(
             pinned.allocated_bytes, 0,
             "backups went back to the pinned cache"
@@ -139,7 +139,7 @@ fn backup_none_gives_memory_back_and_blocks_are_usable_after_resume() {
     assert_eq!(
         alloc
             .sleep()
-            .pinned_pool()
+            .pinned_allocator()
             .unwrap()
             .stats()
             .unwrap()

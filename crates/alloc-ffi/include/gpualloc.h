@@ -286,8 +286,8 @@ int gpualloc_resume(int device, const char* tag);
  * allocated_bytes and segments. Free with gpualloc_string_free; NULL on error. */
 char* gpualloc_tags_json(int device);
 
-/* `size` bytes of pinned (page-locked, portable) host memory from the library's caching
- * pinned pool, which sleep tags' host backups use too: blocks are cached by rounded
+/* `size` bytes of pinned (page-locked, portable) host memory from the library's pinned
+ * host allocator, which sleep tags' host backups use too: blocks are cached by rounded
  * size and reused, so repeated requests pin nothing new. NULL on failure. */
 void* gpualloc_host_alloc(size_t size);
 
@@ -300,10 +300,10 @@ int gpualloc_host_free(void* ptr);
  * outlive the free. */
 int gpualloc_host_record_stream(void* ptr, cudaStream_t stream);
 
-/* Unpins every cached block of the pinned host pool. */
+/* Unpins every cached block of the pinned host allocator. */
 int gpualloc_host_empty_cache(void);
 
-/* The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,
+/* The pinned host allocator's counters as a JSON object: allocated_bytes, cached_bytes,
  * pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,
  * host_allocs, host_frees; and those of memory pinned in place with
  * gpualloc_host_register: registered_bytes, peak_registered_bytes,

@@ -4,7 +4,11 @@
 //! C++ bridge are read from) equals the generated text and that every
 //! `extern "C"` function of this crate has the C signature the table gives
 //! (see `tests/header.rs`). The structs of the interface are declared once,
-//! with `c_struct!`, which makes both the Rust type and its C text.
+//! with `c_struct!`, which makes both the Rust type and its C text. The
+//! interface's constants and structs are defined here and the modules that
+//! implement the functions use them, so this module uses no other module.
+
+use std::ffi::c_int;
 
 /// One exported function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,14 +84,68 @@ macro_rules! c_struct {
         }
     };
 }
-pub(crate) use c_struct;
+c_struct! {
+    /// One statistic as torch.cuda.memory_stats() keeps it.
+    pub struct GpuallocStat {
+        /// Present value.
+        pub current: i64 = "int64_t",
+        /// Highest value since creation or the last reset of peaks.
+        pub peak: i64 = "int64_t",
+        /// Sum of all increases since the last reset of accumulated counters.
+        pub allocated: i64 = "int64_t",
+        /// Sum of all decreases since the last reset of accumulated counters.
+        pub freed: i64 = "int64_t",
+    }
+}
+
+c_struct! {
+    /// The statistics of a device, with PyTorch's names (DeviceStats). Arrays of three
+    /// are indexed [all pools, small pool, large pool]. Set `size` to
+    /// sizeof(GpuallocDeviceStats) before the call.
+    pub struct GpuallocDeviceStats {
+        /// In: the size of the struct the caller has. Out: the bytes the library filled
+        /// (fields are only ever appended; those past it are left untouched).
+        pub size: usize = "size_t",
+        /// Blocks handed out to callers.
+        pub allocation: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Device allocations (segments) held.
+        pub segment: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Blocks in use or waiting for stream events.
+        pub active: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Free blocks inside split segments.
+        pub inactive_split: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of blocks handed out (after rounding).
+        pub allocated_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes reserved from the device.
+        pub reserved_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of active blocks.
+        pub active_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes of free blocks inside split segments.
+        pub inactive_split_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Bytes callers asked for (before rounding), over active blocks.
+        pub requested_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
+        /// Allocations at or above max_split_size.
+        pub oversize_allocations: GpuallocStat = "GpuallocStat",
+        /// Segments at or above max_split_size.
+        pub oversize_segments: GpuallocStat = "GpuallocStat",
+        /// Device allocations retried after freeing the cache.
+        pub num_alloc_retries: i64 = "int64_t",
+        /// Allocations that failed with out of memory.
+        pub num_ooms: i64 = "int64_t",
+        /// Times every pending stream event was waited for.
+        pub num_sync_all_streams: i64 = "int64_t",
+        /// Device allocation calls.
+        pub num_device_alloc: i64 = "int64_t",
+        /// Device free calls.
+        pub num_device_free: i64 = "int64_t",
+        /// max_split_size in bytes; -1 when unlimited.
+        pub max_split_size: i64 = "int64_t",
+    }
+}
 
 /// The structs of the interface, in header order (a struct before those
 /// that contain it).
-pub const STRUCTS: &[CStruct] = &[
-    crate::device_stats::GpuallocStat::C,
-    crate::device_stats::GpuallocDeviceStats::C,
-];
+pub const STRUCTS: &[CStruct] = &[GpuallocStat::C, GpuallocDeviceStats::C];
 
 /// Success.
 pub const GPUALLOC_OK: i32 = 0;
@@ -551,8 +609,8 @@ pub const API: &[ApiFn] = &[
         ret: "void*",
         name: "gpualloc_host_alloc",
         params: &[("size_t", "size")],
-        doc: "`size` bytes of pinned (page-locked, portable) host memory from the library's caching\n\
-              pinned pool, which sleep tags' host backups use too: blocks are cached by rounded\n\
+        doc: "`size` bytes of pinned (page-locked, portable) host memory from the library's pinned\n\
+              host allocator, which sleep tags' host backups use too: blocks are cached by rounded\n\
               size and reused, so repeated requests pin nothing new. NULL on failure.",
     },
     ApiFn {
@@ -574,13 +632,13 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_host_empty_cache",
         params: &[],
-        doc: "Unpins every cached block of the pinned host pool.",
+        doc: "Unpins every cached block of the pinned host allocator.",
     },
     ApiFn {
         ret: "char*",
         name: "gpualloc_host_stats_json",
         params: &[],
-        doc: "The pinned host pool's counters as a JSON object: allocated_bytes, cached_bytes,\n\
+        doc: "The pinned host allocator's counters as a JSON object: allocated_bytes, cached_bytes,\n\
               pending_bytes, reserved_bytes, peak_reserved_bytes, requests, cache_hits,\n\
               host_allocs, host_frees; and those of memory pinned in place with\n\
               gpualloc_host_register: registered_bytes, peak_registered_bytes,\n\
@@ -705,35 +763,49 @@ pub const API: &[ApiFn] = &[
     },
 ];
 
+/// A segment was allocated (`cuMemAlloc`).
+pub const GPUALLOC_SEGMENT_ALLOC: c_int = 0;
+/// A segment was freed (`cuMemFree`).
+pub const GPUALLOC_SEGMENT_FREE: c_int = 1;
+/// Pages were mapped into an expandable segment.
+pub const GPUALLOC_SEGMENT_MAP: c_int = 2;
+/// Pages of an expandable segment were unmapped.
+pub const GPUALLOC_SEGMENT_UNMAP: c_int = 3;
+
 /// The segment event actions of `gpualloc_set_segment_callback`, as
 /// `(name, value, meaning)`.
 pub const SEGMENT_ACTIONS: &[(&str, i32, &str)] = &[
     (
         "GPUALLOC_SEGMENT_ALLOC",
-        crate::GPUALLOC_SEGMENT_ALLOC,
+        GPUALLOC_SEGMENT_ALLOC,
         "a segment was allocated (cuMemAlloc)",
     ),
     (
         "GPUALLOC_SEGMENT_FREE",
-        crate::GPUALLOC_SEGMENT_FREE,
+        GPUALLOC_SEGMENT_FREE,
         "a segment was freed (cuMemFree)",
     ),
     (
         "GPUALLOC_SEGMENT_MAP",
-        crate::GPUALLOC_SEGMENT_MAP,
+        GPUALLOC_SEGMENT_MAP,
         "pages were mapped into an expandable segment",
     ),
     (
         "GPUALLOC_SEGMENT_UNMAP",
-        crate::GPUALLOC_SEGMENT_UNMAP,
+        GPUALLOC_SEGMENT_UNMAP,
         "pages of an expandable segment were unmapped",
     ),
 ];
 
+/// `flags` of [`gpualloc_host_register`](crate::gpualloc_host_register):
+/// also map the range into the device address space (Numba's `mapped`,
+/// CUDA's `CU_MEMHOSTREGISTER_DEVICEMAP`).
+pub const GPUALLOC_HOST_REGISTER_MAPPED: c_int = 1;
+
 /// The flags of `gpualloc_host_register`, as `(name, value, meaning)`.
 pub const HOST_REGISTER_FLAGS: &[(&str, i32, &str)] = &[(
     "GPUALLOC_HOST_REGISTER_MAPPED",
-    crate::GPUALLOC_HOST_REGISTER_MAPPED,
+    GPUALLOC_HOST_REGISTER_MAPPED,
     "gpualloc_host_register: also map the range into the device address space",
 )];
 

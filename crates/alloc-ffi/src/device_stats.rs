@@ -11,69 +11,11 @@
 use std::ffi::c_int;
 use std::mem::size_of;
 
-use alloc_core::{Stat, StatArray, Stats};
+use alloc_core::{PageMoves, Stat, StatArray, Stats};
 
+use crate::api::{GpuallocDeviceStats, GpuallocStat};
 use crate::state::{self, FfiResult};
 use crate::{call_int, FfiError};
-
-crate::api::c_struct! {
-    /// One statistic as torch.cuda.memory_stats() keeps it.
-    pub struct GpuallocStat {
-        /// Present value.
-        pub current: i64 = "int64_t",
-        /// Highest value since creation or the last reset of peaks.
-        pub peak: i64 = "int64_t",
-        /// Sum of all increases since the last reset of accumulated counters.
-        pub allocated: i64 = "int64_t",
-        /// Sum of all decreases since the last reset of accumulated counters.
-        pub freed: i64 = "int64_t",
-    }
-}
-
-crate::api::c_struct! {
-    /// The statistics of a device, with PyTorch's names (DeviceStats). Arrays of three
-    /// are indexed [all pools, small pool, large pool]. Set `size` to
-    /// sizeof(GpuallocDeviceStats) before the call.
-    pub struct GpuallocDeviceStats {
-        /// In: the size of the struct the caller has. Out: the bytes the library filled
-        /// (fields are only ever appended; those past it are left untouched).
-        pub size: usize = "size_t",
-        /// Blocks handed out to callers.
-        pub allocation: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Device allocations (segments) held.
-        pub segment: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Blocks in use or waiting for stream events.
-        pub active: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Free blocks inside split segments.
-        pub inactive_split: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of blocks handed out (after rounding).
-        pub allocated_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes reserved from the device.
-        pub reserved_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of active blocks.
-        pub active_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes of free blocks inside split segments.
-        pub inactive_split_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Bytes callers asked for (before rounding), over active blocks.
-        pub requested_bytes: [GpuallocStat; 3] = "GpuallocStat[3]",
-        /// Allocations at or above max_split_size.
-        pub oversize_allocations: GpuallocStat = "GpuallocStat",
-        /// Segments at or above max_split_size.
-        pub oversize_segments: GpuallocStat = "GpuallocStat",
-        /// Device allocations retried after freeing the cache.
-        pub num_alloc_retries: i64 = "int64_t",
-        /// Allocations that failed with out of memory.
-        pub num_ooms: i64 = "int64_t",
-        /// Times every pending stream event was waited for.
-        pub num_sync_all_streams: i64 = "int64_t",
-        /// Device allocation calls.
-        pub num_device_alloc: i64 = "int64_t",
-        /// Device free calls.
-        pub num_device_free: i64 = "int64_t",
-        /// max_split_size in bytes; -1 when unlimited.
-        pub max_split_size: i64 = "int64_t",
-    }
-}
 
 /// A counter as C's `int64_t`, saturating.
 fn signed(value: u64) -> i64 {
@@ -97,6 +39,59 @@ fn triple(a: &StatArray) -> [GpuallocStat; 3] {
         (&a.small_pool).into(),
         (&a.large_pool).into(),
     ]
+}
+
+/// A C counter back as the `u64` it was made from (negative ones do not
+/// occur: [`signed`] saturates).
+fn unsigned(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+impl From<&GpuallocStat> for Stat {
+    fn from(s: &GpuallocStat) -> Self {
+        Stat {
+            current: s.current,
+            peak: s.peak,
+            allocated: unsigned(s.allocated),
+            freed: unsigned(s.freed),
+        }
+    }
+}
+
+fn stat_array(t: &[GpuallocStat; 3]) -> StatArray {
+    StatArray {
+        all: (&t[0]).into(),
+        small_pool: (&t[1]).into(),
+        large_pool: (&t[2]).into(),
+    }
+}
+
+/// The [`Stats`] a struct was made from (by [`GpuallocDeviceStats::new`]):
+/// every field but `size` and `max_split_size`, which `Stats` lacks; the
+/// `page_moves` counters, which the struct lacks, are zero. Every field is
+/// named, so that a field added to `Stats` is a decision here.
+impl From<&GpuallocDeviceStats> for Stats {
+    fn from(c: &GpuallocDeviceStats) -> Self {
+        Stats {
+            allocation: stat_array(&c.allocation),
+            segment: stat_array(&c.segment),
+            active: stat_array(&c.active),
+            inactive_split: stat_array(&c.inactive_split),
+            allocated_bytes: stat_array(&c.allocated_bytes),
+            reserved_bytes: stat_array(&c.reserved_bytes),
+            active_bytes: stat_array(&c.active_bytes),
+            inactive_split_bytes: stat_array(&c.inactive_split_bytes),
+            requested_bytes: stat_array(&c.requested_bytes),
+            num_alloc_retries: unsigned(c.num_alloc_retries),
+            num_ooms: unsigned(c.num_ooms),
+            num_sync_all_streams: unsigned(c.num_sync_all_streams),
+            num_device_alloc: unsigned(c.num_device_alloc),
+            num_device_free: unsigned(c.num_device_free),
+            oversize_allocations: (&c.oversize_allocations).into(),
+            oversize_segments: (&c.oversize_segments).into(),
+            page_moves: PageMoves::default(),
+        }
+    }
 }
 
 impl GpuallocDeviceStats {
@@ -132,57 +127,12 @@ impl GpuallocDeviceStats {
     /// Every number of the struct but `size`, under the flat key of
     /// `torch.cuda.memory_stats()` (and `gpualloc_memory_stats_json`) that
     /// holds the same number: `"allocation.all.current"`, ...,
-    /// `"max_split_size"`. The one list of how the struct's fields map to
-    /// those keys.
+    /// `"max_split_size"`. The keys are alloc-core's
+    /// ([`Stats::to_flat_map`], the one list of PyTorch's names): the struct
+    /// is read back as the [`Stats`] it was made from.
     pub fn flat(&self) -> Vec<(String, i64)> {
-        let arrays = [
-            ("allocation", &self.allocation),
-            ("segment", &self.segment),
-            ("active", &self.active),
-            ("inactive_split", &self.inactive_split),
-            ("allocated_bytes", &self.allocated_bytes),
-            ("reserved_bytes", &self.reserved_bytes),
-            ("active_bytes", &self.active_bytes),
-            ("inactive_split_bytes", &self.inactive_split_bytes),
-            ("requested_bytes", &self.requested_bytes),
-        ];
-        let pools = ["all", "small_pool", "large_pool"];
-        let stats = arrays
-            .into_iter()
-            .flat_map(|(name, array)| {
-                array
-                    .iter()
-                    .zip(pools)
-                    .map(move |(stat, pool)| (format!("{name}.{pool}"), stat))
-            })
-            .chain([
-                (
-                    "oversize_allocations".to_string(),
-                    &self.oversize_allocations,
-                ),
-                ("oversize_segments".to_string(), &self.oversize_segments),
-            ]);
-        let mut out = Vec::new();
-        for (key, stat) in stats {
-            for (part, value) in [
-                ("current", stat.current),
-                ("peak", stat.peak),
-                ("allocated", stat.allocated),
-                ("freed", stat.freed),
-            ] {
-                out.push((format!("{key}.{part}"), value));
-            }
-        }
-        for (key, value) in [
-            ("num_alloc_retries", self.num_alloc_retries),
-            ("num_ooms", self.num_ooms),
-            ("num_sync_all_streams", self.num_sync_all_streams),
-            ("num_device_alloc", self.num_device_alloc),
-            ("num_device_free", self.num_device_free),
-            ("max_split_size", self.max_split_size),
-        ] {
-            out.push((key.to_string(), value));
-        }
+        let mut out: Vec<_> = Stats::from(self).to_flat_map().into_iter().collect();
+        out.push(("max_split_size".to_string(), self.max_split_size));
         out
     }
 
@@ -285,6 +235,71 @@ mod tests {
         assert_eq!(c.allocation[2].allocated, 2);
         assert_eq!(c.oversize_allocations.allocated, 1);
         assert!(c.allocated_bytes[0].peak > c.allocated_bytes[0].current);
+    }
+
+    /// Stats whose every number differs from every other, all fields named
+    /// (a field added to `Stats` must be added here too).
+    fn distinct_stats() -> Stats {
+        struct Numbers(i64);
+        impl Numbers {
+            fn stat(&mut self) -> Stat {
+                self.0 += 4;
+                let n = self.0;
+                Stat {
+                    current: n,
+                    peak: n + 1,
+                    allocated: n as u64 + 2,
+                    freed: n as u64 + 3,
+                }
+            }
+            fn array(&mut self) -> StatArray {
+                StatArray {
+                    all: self.stat(),
+                    small_pool: self.stat(),
+                    large_pool: self.stat(),
+                }
+            }
+            fn count(&mut self) -> u64 {
+                self.0 += 4;
+                self.0 as u64
+            }
+        }
+        let mut n = Numbers(0);
+        Stats {
+            allocation: n.array(),
+            segment: n.array(),
+            active: n.array(),
+            inactive_split: n.array(),
+            allocated_bytes: n.array(),
+            reserved_bytes: n.array(),
+            active_bytes: n.array(),
+            inactive_split_bytes: n.array(),
+            requested_bytes: n.array(),
+            num_alloc_retries: n.count(),
+            num_ooms: n.count(),
+            num_sync_all_streams: n.count(),
+            num_device_alloc: n.count(),
+            num_device_free: n.count(),
+            oversize_allocations: n.stat(),
+            oversize_segments: n.stat(),
+            page_moves: PageMoves::default(),
+        }
+    }
+
+    #[test]
+    fn the_struct_and_the_flat_map_name_each_number_alike() {
+        let stats = distinct_stats();
+        let c = GpuallocDeviceStats::new(&stats, 3);
+        assert_eq!(Stats::from(&c), stats, "read back as it was made");
+        let mut expected = stats.to_flat_map();
+        expected.insert("max_split_size".into(), 3);
+        let flat: std::collections::BTreeMap<_, _> = c.flat().into_iter().collect();
+        assert_eq!(flat, expected);
+        // Each number once: a field paired with another's name would show.
+        let values: std::collections::HashSet<_> = expected.values().collect();
+        assert_eq!(values.len(), expected.len());
+        // Every 8-byte field of the struct but `size` has a key.
+        assert_eq!(flat.len(), size_of::<GpuallocDeviceStats>() / 8 - 1);
     }
 
     #[test]

@@ -7,13 +7,9 @@ use std::ffi::{c_int, c_void};
 
 use alloc_cuda::{CudaError, HostRegistry, RegisteredStats};
 
+use crate::api::GPUALLOC_HOST_REGISTER_MAPPED;
 use crate::call_int;
 use crate::state::{CtxGuard, FfiError};
-
-/// `flags` of [`gpualloc_host_register`]: also map the range into the
-/// device address space (Numba's `mapped`, CUDA's
-/// `CU_MEMHOSTREGISTER_DEVICEMAP`).
-pub const GPUALLOC_HOST_REGISTER_MAPPED: c_int = 1;
 
 /// Page-locks `size` bytes at `ptr` (portable: for every context); see
 /// `include/gpualloc.h`.

@@ -68,19 +68,18 @@ use alloc_core::{AllocError, PoolId};
 use alloc_cuda::{AnyPolicy, CudaAllocator, CudaError, Pools, StreamHandle};
 
 pub use advise::{gpualloc_advise, gpualloc_advise_budget};
+pub use api::{
+    GpuallocDeviceStats, GpuallocStat, GPUALLOC_HOST_REGISTER_MAPPED, GPUALLOC_SEGMENT_ALLOC,
+    GPUALLOC_SEGMENT_FREE, GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,
+};
 pub use checkpoint::{
     gpualloc_checkpoint_pool, gpualloc_pool_checkpoint_free, gpualloc_pool_live_allocations_are,
     gpualloc_restore_pool, gpualloc_u64_array_free,
 };
-pub use device_stats::{gpualloc_device_stats, GpuallocDeviceStats, GpuallocStat};
-pub use host_register::{
-    gpualloc_host_register, gpualloc_host_unregister, GPUALLOC_HOST_REGISTER_MAPPED,
-};
+pub use device_stats::gpualloc_device_stats;
+pub use host_register::{gpualloc_host_register, gpualloc_host_unregister};
 pub use pool_allocator::{gpualloc_set_pool_allocator, PoolAllocFn, PoolFreeFn};
-pub use segments::{
-    gpualloc_set_segment_callback, SegmentCallback, GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE,
-    GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,
-};
+pub use segments::{gpualloc_set_segment_callback, SegmentCallback};
 pub use sleep::{
     gpualloc_bind_tag, gpualloc_host_alloc, gpualloc_host_empty_cache, gpualloc_host_free,
     gpualloc_host_record_stream, gpualloc_host_stats_json, gpualloc_pause, gpualloc_resume,

@@ -9,20 +9,14 @@ use std::sync::Arc;
 
 use alloc_cuda::{CudaAllocator, SegmentAction, SegmentEvent};
 
+use crate::api::{
+    GPUALLOC_SEGMENT_ALLOC, GPUALLOC_SEGMENT_FREE, GPUALLOC_SEGMENT_MAP, GPUALLOC_SEGMENT_UNMAP,
+};
 use crate::call_int;
 
 /// `gpualloc_segment_callback`: `(device, action, address, size)`, where
 /// action is one of the `GPUALLOC_SEGMENT_*` codes.
 pub type SegmentCallback = Option<extern "C" fn(c_int, c_int, u64, u64)>;
-
-/// A segment was allocated (`cuMemAlloc`).
-pub const GPUALLOC_SEGMENT_ALLOC: c_int = 0;
-/// A segment was freed (`cuMemFree`).
-pub const GPUALLOC_SEGMENT_FREE: c_int = 1;
-/// Pages were mapped into an expandable segment.
-pub const GPUALLOC_SEGMENT_MAP: c_int = 2;
-/// Pages of an expandable segment were unmapped.
-pub const GPUALLOC_SEGMENT_UNMAP: c_int = 3;
 
 /// The callback's address (0: none), read at every event.
 static CALLBACK: AtomicUsize = AtomicUsize::new(0);

@@ -1,4 +1,4 @@
-//! Sleep tags and the pinned host pool across the C ABI: a tag's pool
+//! Sleep tags and pinned host memory across the C ABI: a tag's pool
 //! (`gpualloc_tag_pool`, or `gpualloc_bind_tag` for a PyTorch `MemPool`),
 //! `gpualloc_pause` / `gpualloc_resume`, the tags' state as JSON, and the
 //! pinned host allocator (`gpualloc_host_*`).
@@ -269,7 +269,7 @@ pub extern "C" fn gpualloc_host_record_stream(ptr: *mut c_void, stream: CudaStre
     })
 }
 
-/// Unpins every cached block of the pinned host pool.
+/// Unpins every cached block of the pinned host allocator.
 #[no_mangle]
 pub extern "C" fn gpualloc_host_empty_cache() -> c_int {
     call_int(|| {
@@ -278,7 +278,7 @@ pub extern "C" fn gpualloc_host_empty_cache() -> c_int {
     })
 }
 
-/// The pinned host pool's counters and those of memory pinned in place
+/// The pinned host allocator's counters and those of memory pinned in place
 /// (`gpualloc_host_register`) as one JSON object.
 #[no_mangle]
 pub extern "C" fn gpualloc_host_stats_json() -> *mut c_char {

@@ -432,4 +432,40 @@ mod tests {
             );
         }
     }
+
+    #[cfg(all(feature = "pytorch-bfc", feature = "gc-age"))]
+    #[test]
+    fn composes_with_pytorch_bfc_in_any_policy() {
+        use alloc_core::{Engine, EngineOptions, SimMemory, SimStreams, StreamId, GIB, MIB};
+        let cfg =
+            AllocatorConfig::parse("policy:pytorch-bfc+gc-age,garbage_collection_threshold:0.5")
+                .unwrap();
+        let policy = AnyPolicy::from_config(&cfg).unwrap();
+        assert_eq!(policy.name(), "pytorch-bfc+gc-age");
+        let mut e = Engine::new(
+            policy,
+            SimMemory::new(GIB),
+            SimStreams::new(),
+            EngineOptions::from(&cfg),
+        );
+        e.set_memory_fraction(0.5).unwrap();
+        // A 20 MiB segment whose 2 MiB blocks tick the large pool's clock.
+        let y = e.malloc(2 * MIB, StreamId(0)).unwrap();
+        let a = e.malloc(140 * MIB, StreamId(0)).unwrap();
+        let b = e.malloc(150 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.malloc(2 * MIB, StreamId(0)).unwrap();
+        e.free(b.addr).unwrap();
+        // 310 MiB reserved > 256 MiB: the next new segment (a small one)
+        // releases `a`, the older, which is enough.
+        e.malloc(1000, StreamId(0)).unwrap();
+        let now: Vec<u64> = e.snapshot().segments.iter().map(|s| s.address).collect();
+        assert_eq!(e.stats().num_device_free, 1);
+        assert!(now.contains(&b.addr));
+        assert!(!now.contains(&a.addr), "the oldest idle segment went back");
+        assert!(now.contains(&y.addr));
+        if let Err(msg) = e.validate() {
+            panic!("{msg}");
+        }
+    }
 }

@@ -128,7 +128,7 @@ def host_backup():
     check(info["backup"] == "host" and info["backed_up_bytes"] >= 64 * MIB, "tag: %s" % info)
     check(free1 - free0 >= info["paused_bytes"] - 2 * MIB, "memory given back")
     hs = gpu_alloc.host_stats()
-    check(hs["allocated_bytes"] >= info["backed_up_bytes"], "backup in the pinned pool: %s" % hs)
+    check(hs["allocated_bytes"] >= info["backed_up_bytes"], "backup in the pinned host allocator: %s" % hs)
     gpu_alloc.resume("weights")
     got = [p.detach().cpu() for p in model.parameters()] + [big.cpu()]
     check(all(torch.equal(a, b) for a, b in zip(want, got)), "contents intact after resume")
@@ -152,8 +152,9 @@ def host_backup():
     del staging
     return ("%d MiB of weights paused with host backup (%d MiB back per cuMemGetInfo) and "
             "restored bit for bit; second cycle reused the pinned blocks (%d host allocs); "
-            "pinned pool %s" % (info["backed_up_bytes"] // MIB, (free1 - free0) // MIB, allocs,
-                                {k: hs[k] for k in ("cache_hits", "reserved_bytes")}))
+            "pinned host allocator %s"
+            % (info["backed_up_bytes"] // MIB, (free1 - free0) // MIB, allocs,
+               {k: hs[k] for k in ("cache_hits", "reserved_bytes")}))
 
 
 def cuda_graph():

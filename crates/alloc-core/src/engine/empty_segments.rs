@@ -90,10 +90,10 @@ impl EmptySegments {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{CacheKey, PoolKind, StreamId};
+    use crate::types::{CacheKey, Pool, StreamId};
 
     fn key(stream: u64) -> SegmentKey {
-        (CacheKey::shared(StreamId(stream)), PoolKind::Large)
+        (CacheKey::shared(StreamId(stream)), Pool::Large)
     }
 
     #[test]

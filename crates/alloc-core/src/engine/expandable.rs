@@ -25,7 +25,7 @@ use crate::page_set::partition_pages;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PrivatePools;
 use crate::stats::PageMoves;
-use crate::types::{BlockId, PoolKind, SegmentId, SegmentKey, StreamId, MAX_REQUEST};
+use crate::types::{BlockId, Pool, SegmentId, SegmentKey, StreamId, MAX_REQUEST};
 
 /// The virtual memory of `memory`, which growable segments need: the engine
 /// makes none unless the backend has it, so its absence here is a backend
@@ -408,7 +408,7 @@ impl<E> GrowableSegments<E> {
             // allowance; emptying the cache takes them too.
             let policy = &cx.policy;
             let spared = |cache| {
-                let spares = spare_kept && key.1 == PoolKind::Large;
+                let spares = spare_kept && key.1 == Pool::Large;
                 spares.then(|| policy.kept_mapped(cache)).flatten()
             };
             let Some(runs) = self.runs_to_take(cx.heap, &key, keep, spared) else {
@@ -432,7 +432,7 @@ impl<E> GrowableSegments<E> {
             // Every free page busy, none to move, and no mark to record:
             // the next walk for a mapping would find the same until a mark
             // completes (the kept range aside, which walks see in part).
-            let kept = key.1 == PoolKind::Large && cx.policy.kept_mapped(seg_key).is_some();
+            let kept = key.1 == Pool::Large && cx.policy.kept_mapped(seg_key).is_some();
             if mover.is_some() && none_idle && same.is_empty() && !kept {
                 self.park_if_stuck(cx.heap, key, keep);
             }
@@ -917,7 +917,7 @@ mod tests {
     }
 
     fn key() -> SegmentKey {
-        (CacheKey::shared(StreamId(1)), PoolKind::Large)
+        (CacheKey::shared(StreamId(1)), Pool::Large)
     }
 
     #[test]

@@ -274,7 +274,7 @@ impl Visits {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{CacheKey, PoolKind, StreamId};
+    use crate::types::{CacheKey, Pool, StreamId};
 
     fn key(stream: u64) -> SegmentKey {
         (
@@ -282,7 +282,7 @@ mod tests {
                 stream: StreamId(stream),
                 private_pool: None,
             },
-            PoolKind::Large,
+            Pool::Large,
         )
     }
 

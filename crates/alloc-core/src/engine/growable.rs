@@ -10,7 +10,7 @@ use crate::heap::{BlockState, Heap};
 use crate::page_layout::{PageLayout, RangePages};
 use crate::page_set::PageSet;
 use crate::pytorch::{LARGE_BUFFER, SMALL_BUFFER};
-use crate::types::{BlockId, PoolKind, SegmentId};
+use crate::types::{BlockId, Pool, SegmentId};
 
 pub(crate) use crate::types::SegmentKey;
 
@@ -23,7 +23,7 @@ pub(crate) use crate::types::SegmentKey;
 /// offset (`unmap_page_mb:auto`, 2 MiB near the start), PyTorch's step
 /// rounded up to the page it reaches. At least one step or page.
 pub(super) fn growth(
-    pool: PoolKind,
+    pool: Pool,
     pages: &PageLayout,
     granularity: u64,
     mapped: u64,
@@ -205,7 +205,7 @@ mod tests {
     fn segment() -> (Heap, Growable<u32>, [BlockId; 3]) {
         let mut heap = Heap::new(u64::MAX);
         let key = CacheKey::shared(StreamId(0));
-        let (seg, a) = heap.add_segment(BASE, 8 * MIB, PoolKind::Large, key);
+        let (seg, a) = heap.add_segment(BASE, 8 * MIB, Pool::Large, key);
         heap.set_expandable(seg);
         let free = heap.split(a, 5 * MIB / 2);
         let c = heap.split(free, 9 * MIB / 2);
@@ -224,7 +224,7 @@ mod tests {
 
     #[test]
     fn growth_is_whole_steps_past_the_free_tail() {
-        let (small, large) = (PoolKind::Small, PoolKind::Large);
+        let (small, large) = (Pool::Small, Pool::Large);
         let granule = PageLayout::uniform(2 * MIB);
         assert_eq!(
             growth(small, &granule, 2 * MIB, 0, 5 * MIB, MIB),

@@ -20,7 +20,7 @@ use super::growable::{growth, Growable, SegmentKey};
 use crate::heap::{BlockState, Heap};
 use crate::page_layout::{PageLayout, RangePages};
 use crate::policy::KeptKeys;
-use crate::types::{BlockId, CacheKey, PoolKind, SegmentId, StreamId};
+use crate::types::{BlockId, CacheKey, Pool, SegmentId, StreamId};
 
 /// Keeping a planned range mapped may raise the reserved peak by at most
 /// 1/100 of it over the allocator's life: enough for what outlives a step
@@ -153,8 +153,8 @@ impl<E> GrowableSegments<E> {
     /// least a granule) when recycling pages or in a sleep tag's pool
     /// (`tagged`), where fewer, larger pages make pauses and resumes
     /// cheaper.
-    pub(super) fn page_layout(&self, pool: PoolKind, tagged: bool) -> PageLayout {
-        if (self.recycles || tagged) && pool == PoolKind::Large {
+    pub(super) fn page_layout(&self, pool: Pool, tagged: bool) -> PageLayout {
+        if (self.recycles || tagged) && pool == Pool::Large {
             self.large_pages.at_least(self.granularity)
         } else {
             PageLayout::uniform(self.granularity)
@@ -190,7 +190,7 @@ impl<E> GrowableSegments<E> {
     /// and a step (a backend's value: no overflow).
     pub(super) fn new_range(
         &self,
-        pool: PoolKind,
+        pool: Pool,
         pages: &PageLayout,
         capacity: u64,
         most: u64,
@@ -321,12 +321,12 @@ impl<E> GrowableSegments<E> {
         kept: impl Fn(CacheKey) -> bool,
     ) -> bool {
         let kept = |key: &SegmentKey, g: &Growable<E>| {
-            key.1 == PoolKind::Large && kept(heap.segment(g.segment).key())
+            key.1 == Pool::Large && kept(heap.segment(g.segment).key())
         };
         match keys {
             KeptKeys::None => false,
             KeptKeys::One(cache) => {
-                let key = (cache, PoolKind::Large);
+                let key = (cache, Pool::Large);
                 self.segments.get(&key).is_some_and(|g| kept(&key, g))
             }
             KeptKeys::Any => self.segments.iter().any(|(key, g)| kept(key, g)),
@@ -502,7 +502,7 @@ mod tests {
 
     /// The large pool of stream 0's shared cache.
     fn key() -> SegmentKey {
-        (CacheKey::shared(StreamId(0)), PoolKind::Large)
+        (CacheKey::shared(StreamId(0)), Pool::Large)
     }
 
     /// Page recycling on, with 8 MiB large pages on a 2 MiB device.
@@ -527,13 +527,13 @@ mod tests {
         let large = PageLayout::uniform(8 * MIB);
         let plain = GrowableSegments::<u32>::new(GRANULE, true, false, large);
         let uniform = PageLayout::uniform(GRANULE);
-        assert_eq!(plain.page_layout(PoolKind::Large, false), uniform);
-        assert_eq!(plain.page_layout(PoolKind::Large, true), large);
-        assert_eq!(recycling().page_layout(PoolKind::Large, false), large);
-        assert_eq!(recycling().page_layout(PoolKind::Small, true), uniform);
+        assert_eq!(plain.page_layout(Pool::Large, false), uniform);
+        assert_eq!(plain.page_layout(Pool::Large, true), large);
+        assert_eq!(recycling().page_layout(Pool::Large, false), large);
+        assert_eq!(recycling().page_layout(Pool::Small, true), uniform);
         // Pages are never smaller than the device maps.
         let coarse = GrowableSegments::<u32>::new(16 * MIB, true, true, large);
-        let pages = coarse.page_layout(PoolKind::Large, false);
+        let pages = coarse.page_layout(Pool::Large, false);
         assert_eq!(pages, PageLayout::uniform(16 * MIB));
         assert!(recycling().recycles_pages() && !plain.recycles_pages());
     }
@@ -566,9 +566,9 @@ mod tests {
             segments.growth(&heap, &key(), &pages, 21 * MIB),
             2 * LARGE_BUFFER
         );
-        let range = segments.new_range(PoolKind::Large, &pages, 100 * MIB, GIB);
+        let range = segments.new_range(Pool::Large, &pages, 100 * MIB, GIB);
         assert_eq!(range, 5 * LARGE_BUFFER, "the device in whole steps");
-        let capped = segments.new_range(PoolKind::Large, &pages, 8 * GIB, GIB);
+        let capped = segments.new_range(Pool::Large, &pages, 8 * GIB, GIB);
         assert_eq!(
             capped,
             GIB.div_ceil(LARGE_BUFFER) * LARGE_BUFFER + LARGE_BUFFER
@@ -715,7 +715,7 @@ mod tests {
             2 * MIB,
             false,
         );
-        small.add((cache, PoolKind::Small), g);
+        small.add((cache, Pool::Small), g);
         assert!(!small.keeps_range(&heap, KeptKeys::Any, |_| true));
     }
 

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_pickle::{DeOptions, HashableValue, Value};
 
-use super::{Trace, TraceError, TraceEvent};
+use super::model::{Trace, TraceError, TraceEvent};
 
 mod preflight;
 
