@@ -421,6 +421,8 @@ for arg in "$@"; do
   esac
 done
 LOGS="${OUT:-$PWD}"
+# The sanitizers write their logs there: make sure it exists.
+mkdir -p "$LOGS" || { echo "cannot make the log folder $LOGS"; exit 2; }
 RESULTS=()
 FAILED=0
 
