@@ -51,6 +51,7 @@ WORKLOADS = {
     "llama_varlen_train": (8, 20, 1, 3, "tokens"),
     "vit_varbatch_infer": (64, 20, 2, 0, "images"),
     "gpt2_generate": (64, 6, 1, 1, "tokens"),
+    "fsdp2_varlen_train": (8, 20, 1, 3, "tokens"),
 }
 DEFAULT_ALLOCS = ["torch", "torch-expandable", "gpualloc:budget"]
 
@@ -127,6 +128,57 @@ def gpt2_generate(torch, steps):
         return batch * (out.shape[1] - prompts[i])
 
     return step, lambda: None
+
+
+def fsdp2_varlen_train(torch, steps, device="cuda", world=2):
+    """FSDP2 (`fully_shard` per block, then the root) of benchmarks/fsdp's GPT-2-medium-shaped
+    decoder (0.35B, random weights), AdamW, bf16 autocast; sequence lengths drawn from
+    256..1024 per step (the first 1024). One process plays rank 0 of `world` over PyTorch's
+    fake process group: it holds rank 0's shards, gathers each block's parameters into
+    buffers of the full size on FSDP's own streams and frees them across streams, as on
+    `world` GPUs, so its memory is rank 0's; no collective moves data (the gathered values
+    are whatever the buffers held, so the loss is not checked) and the work per second
+    leaves out the communication a real run would add. `device` "cpu" runs it without a GPU
+    (the harness's own test of this function)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks", "fsdp"))
+    import fsdp_bench
+
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    cfg = dict(fsdp_bench.SHAPES["gpt2-medium"])
+    if device == "cpu":  # the test: a small model of the same structure
+        cfg.update(layers=2, d_model=64, heads=4, vocab=512, seq=64)
+    model, _ = fsdp_bench.build_plain_model(torch, cfg)
+    fsdp_bench.init_plain_model(torch, model, cfg, torch.device(device))
+    mesh = init_device_mesh(device, (world,))
+    for blk in model.blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rng = random.Random(7)
+    top = cfg["seq"]
+    lengths = [top] + [rng.randint(top // 4, top) for _ in range(steps - 1)]
+
+    def step(batch, i):
+        ids = torch.randint(0, cfg["vocab"], (batch, lengths[i] + 1), device=device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            logits = model(ids[:, :-1])
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return batch * lengths[i]
+
+    def reset():
+        opt.zero_grad(set_to_none=True)
+
+    return step, reset
 
 
 # ---------------------------------------------------------------------------------------
