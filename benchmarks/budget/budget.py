@@ -60,6 +60,25 @@ DEFAULT_ALLOCS = ["torch", "torch-expandable", "gpualloc:budget"]
 # Workloads: each returns step(batch, i) -> work units done, after building its model.
 
 
+def training(torch, opt, loss_of, lengths, device):
+    """(step, reset) of a training workload: step(batch, i) computes `loss_of(batch,
+    lengths[i])` under bf16 autocast, takes an optimizer step and returns the tokens done;
+    reset drops the gradients (after an out-of-memory error)."""
+
+    def step(batch, i):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = loss_of(batch, lengths[i])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return batch * lengths[i]
+
+    def reset():
+        opt.zero_grad(set_to_none=True)
+
+    return step, reset
+
+
 def llama_varlen_train(torch, steps):
     """A 0.2B Llama (transformers' LlamaForCausalLM, random weights) trained with AdamW under
     bf16 autocast, without checkpointing; sequence lengths drawn from 128..2048 per step."""
@@ -74,19 +93,11 @@ def llama_varlen_train(torch, steps):
     rng = random.Random(7)
     lengths = [2048] + [rng.randint(128, 2048) for _ in range(steps - 1)]
 
-    def step(batch, i):
-        ids = torch.randint(0, cfg.vocab_size, (batch, lengths[i]), device="cuda")
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return batch * lengths[i]
+    def loss_of(batch, length):
+        ids = torch.randint(0, cfg.vocab_size, (batch, length), device="cuda")
+        return model(input_ids=ids, labels=ids).loss
 
-    def reset():
-        opt.zero_grad(set_to_none=True)
-
-    return step, reset
+    return training(torch, opt, loss_of, lengths, "cuda")
 
 
 def vit_varbatch_infer(torch, steps):
@@ -164,21 +175,13 @@ def fsdp2_varlen_train(torch, steps, device="cuda", world=2):
     top = cfg["seq"]
     lengths = [top] + [rng.randint(top // 4, top) for _ in range(steps - 1)]
 
-    def step(batch, i):
-        ids = torch.randint(0, cfg["vocab"], (batch, lengths[i] + 1), device=device)
-        with torch.autocast(device, dtype=torch.bfloat16):
-            logits = model(ids[:, :-1])
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return batch * lengths[i]
+    def loss_of(batch, length):
+        ids = torch.randint(0, cfg["vocab"], (batch, length + 1), device=device)
+        logits = model(ids[:, :-1])
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
-    def reset():
-        opt.zero_grad(set_to_none=True)
-
-    return step, reset
+    return training(torch, opt, loss_of, lengths, device)
 
 
 # ---------------------------------------------------------------------------------------

@@ -24,7 +24,11 @@ type Filled = (DeviceBuffer<u8>, u8);
 
 /// Reads `buf` back (on its stream) and checks every byte is `value`.
 fn check(buf: &DeviceBuffer<u8>, value: u8, what: &str) {
-    let back = buf.copy_to_host().unwrap();
+    assert_bytes(&buf.copy_to_host().unwrap(), buf, value, what);
+}
+
+/// Checks every byte of `back`, read back from `buf`, is `value`.
+fn assert_bytes(back: &[u8], buf: &DeviceBuffer<u8>, value: u8, what: &str) {
     if let Some(i) = back.iter().position(|&b| b != value) {
         panic!(
             "{what}: byte {i} of {} at {:#x} is {:#x}, expected {value:#x}",
@@ -193,14 +197,7 @@ fn after(stream: &Arc<CudaStream>, other: &Arc<CudaStream>) {
 fn check_on(stream: &Arc<CudaStream>, buf: &DeviceBuffer<u8>, value: u8, what: &str) {
     let back = stream.clone_dtoh(buf).unwrap();
     stream.synchronize().unwrap();
-    if let Some(i) = back.iter().position(|&b| b != value) {
-        panic!(
-            "{what}: byte {i} of {} at {:#x} is {:#x}, expected {value:#x}",
-            back.len(),
-            buf.device_address(),
-            back[i]
-        );
-    }
+    assert_bytes(&back, buf, value, what);
 }
 
 /// One thread's buffers waiting to be checked.
