@@ -5,7 +5,8 @@ PyTorch's allocator (default and expandable segments) and under gpualloc (run on
 with a GPU):
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 benchmarks/budget/budget.py \
-        [WORKLOADS] [ALLOCATORS] [--shares 0.25,0.5,0.75] [--steps N] [--out DIR]
+        [WORKLOADS] [ALLOCATORS] [--shares 0.25,0.5,0.75] [--steps N] [--rounds R]
+        [--cpus LIST] [--out DIR]
 
 The budget is PyTorch's per-process memory fraction (`set_per_process_memory_fraction`),
 which both allocators honour: reserved memory may not pass it. ALLOCATORS use the names of
@@ -24,7 +25,19 @@ How one (workload, allocator) is measured, in a process of its own:
      run is the answer; its throughput is the work of the steps after the warm-up over
      their time (a mean, not a median: throughput follows the mean). ViT's steps run
      twice and the second pass is timed (cuDNN plans each new batch size once).
+  3. Under gpualloc, its page-move and stream counters (`page_moves.*`, `stream_ops.*` of
+     gpu_alloc.memory_stats()) are read just before the timed steps of the batch that ran
+     and just after them: `moves_per_step` holds their growth per timed step (the warm-up,
+     ViT's first pass and the failed batches left out); `page_moves` the cumulative ones.
 The same seeds draw the same sequence lengths (batch sizes) for every allocator.
+
+--rounds R runs every (workload, allocator) process R times, interleaved: round k runs
+the allocators in the given order rotated left by k - 1, so that a slow spell of the host
+falls on a different allocator each round; the calibration runs once per workload (its
+result has round 0). Each result carries its `round`. The table gives, per workload,
+budget and allocator, the mean rate over rounds and its spread, and the ratio to PyTorch
+default's both as the ratio of the means and as the mean of each round's ratio (PyTorch's
+rate in the same round, at the same budget). --cpus LIST pins every process to those CPUs.
 
 Writes DIR/budget.json and DIR/budget.md (default $OUT or /tmp); --from-json re-renders.
 """
@@ -192,14 +205,57 @@ def is_oom(torch, e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def run_batch(torch, step, reset, batch, steps, warmup, passes=1):
+COUNTER_GROUPS = ("page_moves.", "stream_ops.")
+
+
+def moves_counters(stats):
+    """The page-move and stream counters (`page_moves.*`, `stream_ops.*`) of a
+    gpu_alloc.memory_stats() map."""
+    return {k: v for k, v in stats.items() if k.startswith(COUNTER_GROUPS)}
+
+
+def per_step_difference(before, after, steps):
+    """Each counter's growth from `before` to `after`, divided by `steps`: the mean per
+    timed step. A key missing from `before` counts from zero."""
+    return {k: (v - before.get(k, 0)) / steps for k, v in sorted(after.items())}
+
+
+class TimedCounters:
+    """Counters read just before the first timed step of a batch and just after its last
+    (the reads themselves stay outside the timed spans), so that what they count belongs
+    to the timed steps alone: not to the warm-up, a first pass or a batch that ran out of
+    memory. `read` returns a dict of counter name -> value."""
+
+    def __init__(self, read):
+        self.read = read
+        self.before = None
+        self.per_step = None
+
+    def reset(self):
+        """Before a batch: forgets the figures of an earlier one."""
+        self.before = self.per_step = None
+
+    def start(self):
+        """Before the first timed step."""
+        self.before = self.read()
+
+    def stop(self, steps):
+        """After the last of the `steps` timed steps."""
+        self.per_step = per_step_difference(self.before, self.read(), steps)
+
+
+def run_batch(torch, step, reset, batch, steps, warmup, passes=1, counters=None):
     """(ok, work units per second over the timed steps, mean step ms, error text). The
     schedule of `steps` runs `passes` times; the last pass's steps from `warmup` on are
-    timed."""
+    timed. `counters` (a TimedCounters, or None) is read around the timed steps."""
     times, work = [], 0
     timed_from = steps * (passes - 1) + warmup
+    if counters is not None:
+        counters.reset()
     try:
         for i in range(steps * passes):
+            if counters is not None and i == timed_from:
+                counters.start()  # the step before synchronized: nothing of it is pending
             t0 = time.perf_counter()
             done = step(batch, i % steps)
             torch.cuda.synchronize()
@@ -216,6 +272,8 @@ def run_batch(torch, step, reset, batch, steps, warmup, passes=1):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         return False, None, None, err
+    if counters is not None:
+        counters.stop(len(times))
     return True, work / sum(times), 1e3 * sum(times) / len(times), None
 
 
@@ -240,6 +298,9 @@ def child(workload, alloc, budgets, steps):
     reference, default_steps, passes, warmup, unit = WORKLOADS[workload]
     steps = steps or default_steps
     step, reset = globals()[workload](torch, steps)
+    counters = None
+    if kind == "gpualloc":
+        counters = TimedCounters(lambda: moves_counters(gpu_alloc.memory_stats()))
     out = {"workload": workload, "alloc": alloc, "unit": unit, "device_total": total,
            "torch": torch.__version__, "device": torch.cuda.get_device_name(), "budgets": []}
     if not budgets:  # calibration: the reference batch with no budget
@@ -253,7 +314,8 @@ def child(workload, alloc, budgets, steps):
         torch.cuda.reset_peak_memory_stats()
         tried = []
         for batch in batches_from(reference):
-            ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup, passes)
+            ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup, passes,
+                                               counters)
             tried.append({"batch": batch, "ok": ok, "error": err})
             if ok:
                 break
@@ -262,14 +324,20 @@ def child(workload, alloc, budgets, steps):
                "peak_reserved": torch.cuda.max_memory_reserved(),
                "peak_allocated": torch.cuda.max_memory_allocated()}
         if kind == "gpualloc":
-            import gpu_alloc
-
+            # Cumulative over the process (earlier budgets and failed batches included);
+            # moves_per_step holds the timed steps' own.
             st = gpu_alloc.memory_stats()
             row["page_moves"] = {k.split(".", 1)[1]: v for k, v in st.items()
                                  if k.startswith("page_moves.")}
+            if ok:
+                row["moves_per_step"] = counters.per_step
         out["budgets"].append(row)
-        print("%s %s budget %.2f GiB: batch %s, %s %s/s" % (
-            workload, alloc, budget / GIB, row["batch"], rate and round(rate), unit), flush=True)
+        moved = row.get("moves_per_step") or {}
+        print("%s %s budget %.2f GiB: batch %s, %s %s/s%s" % (
+            workload, alloc, budget / GIB, row["batch"], rate and round(rate), unit,
+            ", %.2f pages moved and %.2f host waits per timed step" % (
+                moved.get("page_moves.pages_unmapped", 0), moved.get("stream_ops.host_waits", 0))
+            if moved else ""), flush=True)
     print("RESULT " + json.dumps(out), flush=True)
     sys.stderr.flush()
     os._exit(0)
@@ -284,41 +352,192 @@ def budgets_between(allocated, reserved, shares):
     return [int(allocated + s * (reserved - allocated)) for s in shares]
 
 
-def make_table(results):
-    """A markdown table: per workload and budget, each allocator's largest batch, work per
-    second, its ratio to PyTorch default's in the same run, and peak reserved."""
-    lines = ["| workload | budget GiB | allocator | largest batch | per second | vs torch "
-             "| peak reserved GiB | pages unmapped |", "|---|---|---|---|---|---|---|---|"]
-    by_key = {}
+def round_order(allocs, rnd):
+    """The allocators in the order round `rnd` (from 1) runs them: rotated left by rnd - 1,
+    so that a slow spell of the host falls on a different allocator in each round."""
+    k = (rnd - 1) % len(allocs)
+    return allocs[k:] + allocs[:k]
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def _kind(alloc):
+    try:
+        return cw.parse_alloc(alloc)[0]
+    except (ValueError, AttributeError):
+        return None
+
+
+def cells(results):
+    """{(workload, budget, allocator): {round: (result, budget row)}}, in the results'
+    order; a result without a `round` (a JSON of one pass) is round 1."""
+    out = {}
     for r in results:
-        for b in r.get("budgets", []):
-            by_key[(r["workload"], b["budget"], r["alloc"])] = (r, b)
-    for (w, budget, alloc), (r, b) in sorted(by_key.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        ref = by_key.get((w, budget, "torch"))
-        ratio = ""
-        if ref and ref[1].get("rate") and b.get("rate"):
-            ratio = "%.2fx" % (b["rate"] / ref[1]["rate"])
-        rate = "%.0f %s" % (b["rate"], r["unit"]) if b.get("rate") else "-"
-        moved = (b.get("page_moves") or {}).get("pages_unmapped", "")
-        lines.append("| %s | %.2f | %s | %s | %s | %s | %.2f | %s |" % (
-            w, budget / GIB, alloc, b["batch"] or "none", rate, ratio,
-            b["peak_reserved"] / GIB, moved))
+        for b in r.get("budgets") or []:
+            key = (r["workload"], b["budget"], r["alloc"])
+            out.setdefault(key, {})[r.get("round", 1)] = (r, b)
+    return out
+
+
+def summarize(results, ref="torch"):
+    """One dict per (workload, budget, allocator), by workload and budget (allocators in
+    the results' order), with what the table shows:
+
+    batches         the largest batch of each round (0: none fitted), by round
+    rate_mean       the mean over rounds of the work per second (each round at its own
+                    batch); rate_min / rate_max its spread; rates: how many rounds had one
+    ratio_of_means  rate_mean over the `ref` allocator's rate_mean at the same budget
+    mean_of_ratios  the mean over rounds of the rate over `ref`'s rate of the same round
+    pages_per_step  pages unmapped per timed step, the mean over rounds (None without
+                    moves_per_step); host_waits_per_step: the same for host waits
+    peak_reserved   the largest over rounds
+    """
+    table = cells(results)
+    rows = []
+    for (w, budget, alloc), by_round in sorted(table.items(), key=lambda kv: kv[0][:2]):
+        rounds = sorted(by_round)
+        rates = {k: by_round[k][1].get("rate") for k in rounds if by_round[k][1].get("rate")}
+        ref_rates = {k: b.get("rate") for k, (_, b) in table.get((w, budget, ref), {}).items()
+                     if b.get("rate")}
+        mean = _mean(list(rates.values()))
+        ref_mean = _mean(list(ref_rates.values()))
+        per_round = [rates[k] / ref_rates[k] for k in rounds if k in rates and k in ref_rates]
+        moves = [by_round[k][1]["moves_per_step"] for k in rounds
+                 if by_round[k][1].get("moves_per_step") is not None]
+        rows.append({
+            "workload": w, "budget": budget, "alloc": alloc,
+            "unit": by_round[rounds[0]][0].get("unit", ""), "rounds": len(rounds),
+            "batches": {k: by_round[k][1].get("batch") or 0 for k in rounds},
+            "rates": len(rates), "rate_mean": mean,
+            "rate_min": min(rates.values()) if rates else None,
+            "rate_max": max(rates.values()) if rates else None,
+            "ratio_of_means": mean / ref_mean if mean and ref_mean else None,
+            "mean_of_ratios": _mean(per_round),
+            "peak_reserved": max(by_round[k][1].get("peak_reserved") or 0 for k in rounds),
+            "pages_per_step": _mean([m.get("page_moves.pages_unmapped", 0) for m in moves]),
+            "host_waits_per_step": _mean([m.get("stream_ops.host_waits", 0) for m in moves]),
+        })
+    return rows
+
+
+def batch_text(batches):
+    """The largest batch over rounds: '8', 'none', or '7-8' when the rounds disagree."""
+    values = list(batches.values())
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        return str(lo) if lo else "none"
+    return "%d-%d" % (lo, hi)
+
+
+def workload_summary(rows, ref="torch", expandable="torch-expandable", threshold=1.2):
+    """One line per (workload, gpualloc allocator): at how many budgets its largest batch
+    is >= `expandable`'s and > `ref`'s in every round both ran, and at how many its ratio
+    of the mean rates to `ref`'s is >= `threshold`."""
+    by = {(r["workload"], r["budget"], r["alloc"]): r for r in rows}
+    lines, seen = [], set()
+    for row in rows:
+        w, alloc = row["workload"], row["alloc"]
+        if _kind(alloc) != "gpualloc" or (w, alloc) in seen:
+            continue
+        seen.add((w, alloc))
+        mine = [r for r in rows if r["workload"] == w and r["alloc"] == alloc]
+        tests = [(name, op) for name, op in ((expandable, ">="), (ref, ">"))
+                 if any((w, r["budget"], name) in by for r in mine)]
+        bigger = faster = 0
+        for r in mine:
+            holds = []
+            for name, op in tests:
+                other = by.get((w, r["budget"], name))
+                common = [k for k in r["batches"] if other and k in other["batches"]]
+                holds.append(bool(common) and all(
+                    (r["batches"][k] >= other["batches"][k]) if op == ">="
+                    else (r["batches"][k] > other["batches"][k]) for k in common))
+            bigger += bool(tests) and all(holds)
+            faster += (r["ratio_of_means"] or 0) >= threshold
+        what = " and ".join("%s %s's" % (op, name) for name, op in tests) or "(no PyTorch run)"
+        lines.append("- %s, %s: largest batch %s at %d of %d budgets (in every round); mean "
+                     "rate >= %.1fx %s's at %d of %d" % (
+                         w, alloc, what, bigger, len(mine), threshold, ref, faster, len(mine)))
+    return lines
+
+
+def _fmt(v, pattern, absent="-"):
+    return absent if v is None else pattern % v
+
+
+def make_table(results):
+    """A markdown report: a line on the runs, then per workload, budget and allocator the
+    largest batch, the work per second (mean over rounds and its spread), its ratio to
+    PyTorch default's at the same budget (ratio of the means and mean of the per-round
+    ratios), peak reserved and gpualloc's page moves and host waits per timed step; then a
+    summary line per workload and gpualloc allocator, and the runs that failed."""
+    ok = [r for r in results if r.get("device")]
+    rounds = max([r.get("round", 1) for r in results if not r.get("calibration")] or [1])
+    head = []
+    if ok:
+        cpus = next((r["cpus"] for r in ok if r.get("cpus")), None)
+        head = ["%s, torch %s; %d round%s, allocators rotated from round to round%s" % (
+            ok[0]["device"], ok[0].get("torch"), rounds, "" if rounds == 1 else "s",
+            "; children pinned to CPUs %s" % ",".join(map(str, cpus)) if cpus else ""), ""]
+    lines = head + [
+        "| workload | budget GiB | allocator | rounds | largest batch | per second, mean "
+        "| spread | vs torch, ratio of means | vs torch, mean of ratios | peak reserved GiB "
+        "| pages moved / step | host waits / step |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = summarize(results)
+    for r in rows:
+        spread = "-"
+        if r["rates"] > 1:
+            spread = "%.0f-%.0f" % (r["rate_min"], r["rate_max"])
+        lines.append("| %s | %.2f | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s |" % (
+            r["workload"], r["budget"] / GIB, r["alloc"],
+            r["rounds"] if r["rates"] == r["rounds"] else "%d (%d with a rate)" % (
+                r["rounds"], r["rates"]),
+            batch_text(r["batches"]), _fmt(r["rate_mean"], "%%.0f %s" % r["unit"]), spread,
+            _fmt(r["ratio_of_means"], "%.2fx"), _fmt(r["mean_of_ratios"], "%.2fx"),
+            r["peak_reserved"] / GIB, _fmt(r["pages_per_step"], "%.2f", ""),
+            _fmt(r["host_waits_per_step"], "%.2f", "")))
+    lines += [""] + workload_summary(rows)
+    failed = ["- FAILED %s / %s / round %s: %s" % (
+        r.get("workload"), r.get("alloc"), r.get("round", 1),
+        " ".join(str(r["error"]).split())[-300:]) for r in results if r.get("error")]
+    if failed:
+        lines += [""] + failed
     return "\n".join(lines) + "\n"
 
 
-def run_child(workload, alloc, budgets, steps, timeout):
+def run_child(workload, alloc, budgets, steps, timeout, cpus=None):
+    """One (workload, allocator) process, pinned to `cpus` (None: not pinned): its result,
+    or a dict with `error`."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc,
            json.dumps(budgets), str(steps)]
+    t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env=cw.child_env(alloc, False))
+                           env=cw.child_env(alloc, False), preexec_fn=cw.pinned_to(cpus))
+        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        if p.returncode == 0 and lines:
+            res = json.loads(lines[-1][7:])
+        else:
+            res = {"workload": workload, "alloc": alloc,
+                   "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
     except subprocess.TimeoutExpired:
-        return {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
-    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-    if p.returncode == 0 and lines:
-        return json.loads(lines[-1][7:])
-    return {"workload": workload, "alloc": alloc,
-            "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
+        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
+    res["proc_s"] = round(time.perf_counter() - t0, 1)
+    if cpus:
+        res["cpus"] = cpus
+    return res
+
+
+def write_outputs(results, out_dir):
+    """DIR/budget.json and DIR/budget.md (after every child, so a cut-off run keeps what
+    it finished)."""
+    with open(os.path.join(out_dir, "budget.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(out_dir, "budget.md"), "w") as f:
+        f.write(make_table(results))
 
 
 def main(argv=None):
@@ -329,6 +548,11 @@ def main(argv=None):
                     help="budgets as shares of the way from peak allocated to peak reserved")
     ap.add_argument("--steps", type=int, default=0,
                     help="steps per batch tried (default: each workload's own, 20 or 6)")
+    ap.add_argument("--rounds", type=int, default=1, metavar="R",
+                    help="run every (workload, allocator) R times, interleaved, the "
+                         "allocators rotated from round to round (the calibration once)")
+    ap.add_argument("--cpus", type=cw.parse_cpus, metavar="LIST",
+                    help="pin every child to these CPUs (e.g. '2-9')")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
@@ -337,18 +561,26 @@ def main(argv=None):
         with open(args.from_json) as f:
             sys.stdout.write(make_table(json.load(f)))
         return 0
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     shares = [float(s) for s in args.shares.split(",")]
+    workloads = args.workloads.split(",")
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
     allocs = cw._pick(args.allocs, DEFAULT_ALLOCS, DEFAULT_ALLOCS)
     for a in allocs:
-        cw.parse_alloc(a)
+        try:
+            cw.parse_alloc(a)
+        except ValueError as e:
+            ap.error(str(e))
     if any(cw.parse_alloc(a)[0] == "gpualloc" for a in allocs):
         cw.prebuild_bridge(300)
     results = []
     os.makedirs(args.out, exist_ok=True)
-    for w in args.workloads.split(","):
-        if w not in WORKLOADS:
-            ap.error("unknown workload %r (known: %s)" % (w, ", ".join(WORKLOADS)))
-        cal = run_child(w, "torch", [], args.steps, args.timeout)
+    for w in workloads:
+        cal = run_child(w, "torch", [], args.steps, args.timeout, args.cpus)
+        cal.update(round=0, calibration=True)
         results.append(cal)
         if cal.get("error") or not cal.get("ok"):
             print("calibration of %s failed: %s" % (w, cal.get("error")), flush=True)
@@ -357,17 +589,15 @@ def main(argv=None):
         print("%s: allocated %.2f GiB, reserved %.2f GiB at batch %d; budgets %s GiB" % (
             w, cal["peak_allocated"] / GIB, cal["peak_reserved"] / GIB, cal["batch"],
             ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
-        for a in allocs:
-            t0 = time.perf_counter()
-            res = run_child(w, a, budgets, args.steps, args.timeout)
-            res["proc_s"] = round(time.perf_counter() - t0, 1)
-            results.append(res)
-            if res.get("error"):
-                print("FAILED %s %s: %s" % (w, a, res["error"][-800:]), flush=True)
-            with open(os.path.join(args.out, "budget.json"), "w") as f:
-                json.dump(results, f, indent=1)
-            with open(os.path.join(args.out, "budget.md"), "w") as f:
-                f.write(make_table(results))
+        for rnd in range(1, args.rounds + 1):
+            for a in round_order(allocs, rnd):
+                res = run_child(w, a, budgets, args.steps, args.timeout, args.cpus)
+                res["round"] = rnd
+                results.append(res)
+                if res.get("error"):
+                    print("FAILED %s %s round %d: %s" % (w, a, rnd, res["error"][-800:]),
+                          flush=True)
+                write_outputs(results, args.out)
     sys.stdout.write(make_table(results))
     return 0
 

@@ -1,7 +1,12 @@
 """CPU tests of the budget harness's plain-Python parts (no torch, no GPU):
     python3 benchmarks/budget/test_budget.py"""
+import contextlib
+import io
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import types
 import unittest
 
@@ -11,13 +16,22 @@ import budget  # noqa: E402
 GIB = 2**30
 
 
-def result(alloc, batch, rate, reserved, moved=None):
-    row = {"budget": 10 * GIB, "batch": batch, "rate": rate, "peak_reserved": reserved,
+def result(alloc, batch, rate, reserved, moved=None, budget=10 * GIB, rnd=None, per_step=None):
+    row = {"budget": budget, "batch": batch, "rate": rate, "peak_reserved": reserved,
            "peak_allocated": reserved // 2}
     if moved is not None:
         row["page_moves"] = {"pages_unmapped": moved}
-    return {"workload": "llama_varlen_train", "alloc": alloc, "unit": "tokens",
-            "budgets": [row]}
+    if per_step is not None:
+        row["moves_per_step"] = per_step
+    r = {"workload": "llama_varlen_train", "alloc": alloc, "unit": "tokens", "budgets": [row]}
+    if rnd is not None:
+        r["round"] = rnd
+    return r
+
+
+def line_of(table, alloc, budget_gib=None):
+    return [l for l in table.splitlines() if ("| %s |" % alloc) in l
+            and (budget_gib is None or ("| %.2f |" % budget_gib) in l)][0]
 
 
 class BudgetTests(unittest.TestCase):
@@ -30,18 +44,137 @@ class BudgetTests(unittest.TestCase):
         self.assertEqual((got[0], got[1], got[-1]), (128, 120, 8))
         self.assertEqual(budget.batches_from(1), [2, 1])
 
-    def test_table_rates_each_allocator_against_pytorch_default_of_its_budget(self):
-        rows = [result("torch", 8, 1000.0, 9 * GIB),
+    def test_old_json_without_rounds_still_renders(self):
+        # A JSON of one pass, as written before rounds: no round field, cumulative page
+        # moves only, and the calibration run without budgets.
+        rows = [{"workload": "llama_varlen_train", "alloc": "torch", "ok": True, "batch": 8},
+                result("torch", 8, 1000.0, 9 * GIB),
                 result("gpualloc:budget", 10, 1300.0, 10 * GIB, moved=12),
                 result("torch-expandable", 0, None, 3 * GIB)]
         table = budget.make_table(rows)
-        line = [l for l in table.splitlines() if "gpualloc:budget" in l][0]
-        self.assertIn("| 10 |", line)
-        self.assertIn("1.30x", line)
-        self.assertIn("| 12 |", line)
-        none = [l for l in table.splitlines() if "torch-expandable" in l][0]
-        self.assertIn("| none |", none)
-        self.assertIn("| - |", none)
+        line = line_of(table, "gpualloc:budget")
+        self.assertEqual(line, "| llama_varlen_train | 10.00 | gpualloc:budget | 1 | 10 | "
+                               "1300 tokens | - | 1.30x | 1.30x | 10.00 |  |  |")
+        none = line_of(table, "torch-expandable")
+        self.assertIn("| 1 (0 with a rate) | none | - | - | - | - |", none)
+        self.assertIn("- llama_varlen_train, gpualloc:budget: largest batch >= "
+                      "torch-expandable's and > torch's at 1 of 1 budgets (in every round); "
+                      "mean rate >= 1.2x torch's at 1 of 1", table)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "old.json")
+            with open(path, "w") as f:
+                json.dump(rows, f)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(budget.main(["--from-json", path]), 0)
+            self.assertEqual(out.getvalue(), table)
+
+    def two_rounds(self):
+        small = 4 * GIB
+        return [
+            result("torch", 8, 1000.0, 9 * GIB, rnd=1),
+            result("torch-expandable", 9, 1100.0, 9 * GIB, rnd=1),
+            result("gpualloc:budget", 10, 1500.0, 10 * GIB, rnd=1,
+                   per_step={"page_moves.pages_unmapped": 4.0, "stream_ops.host_waits": 1.0}),
+            result("torch", 4, 500.0, 4 * GIB, budget=small, rnd=1),
+            result("torch-expandable", 5, 600.0, 4 * GIB, budget=small, rnd=1),
+            result("gpualloc:budget", 5, 700.0, 4 * GIB, budget=small, rnd=1, per_step={}),
+            # round 2, in the rotated order
+            result("torch-expandable", 9, 1000.0, 9 * GIB, rnd=2),
+            result("gpualloc:budget", 9, 1320.0, 11 * GIB, rnd=2,
+                   per_step={"page_moves.pages_unmapped": 2.0, "stream_ops.host_waits": 0.0}),
+            result("torch", 8, 1200.0, 9 * GIB, rnd=2),
+            result("torch-expandable", 5, 600.0, 4 * GIB, budget=small, rnd=2),
+            result("gpualloc:budget", 4, 540.0, 4 * GIB, budget=small, rnd=2, per_step={}),
+            result("torch", 4, 500.0, 4 * GIB, budget=small, rnd=2),
+        ]
+
+    def test_two_rounds_mean_spread_and_both_ratios(self):
+        rows = {(r["budget"] // GIB, r["alloc"]): r for r in budget.summarize(self.two_rounds())}
+        ours = rows[(10, "gpualloc:budget")]
+        self.assertEqual(ours["batches"], {1: 10, 2: 9})
+        self.assertEqual((ours["rate_mean"], ours["rate_min"], ours["rate_max"]),
+                         (1410.0, 1320.0, 1500.0))
+        # ratio of the means 1410 / 1100; mean of the ratios (1500/1000 + 1320/1200) / 2
+        self.assertAlmostEqual(ours["ratio_of_means"], 1410.0 / 1100.0)
+        self.assertAlmostEqual(ours["mean_of_ratios"], 1.3)
+        self.assertEqual((ours["pages_per_step"], ours["host_waits_per_step"]), (3.0, 0.5))
+        self.assertEqual(ours["peak_reserved"], 11 * GIB)
+        exp = rows[(10, "torch-expandable")]
+        self.assertAlmostEqual(exp["ratio_of_means"], 1050.0 / 1100.0)
+        self.assertAlmostEqual(exp["mean_of_ratios"], (1.1 + 1000.0 / 1200.0) / 2)
+        self.assertIsNone(exp["pages_per_step"])
+        self.assertEqual(rows[(4, "gpualloc:budget")]["pages_per_step"], 0)
+
+        table = budget.make_table(self.two_rounds())
+        self.assertEqual(line_of(table, "gpualloc:budget", 10),
+                         "| llama_varlen_train | 10.00 | gpualloc:budget | 2 | 9-10 | "
+                         "1410 tokens | 1320-1500 | 1.28x | 1.30x | 11.00 | 3.00 | 0.50 |")
+        self.assertEqual(line_of(table, "torch-expandable", 10),
+                         "| llama_varlen_train | 10.00 | torch-expandable | 2 | 9 | "
+                         "1050 tokens | 1000-1100 | 0.95x | 0.97x | 9.00 |  |  |")
+        self.assertIn("| 4.00 | gpualloc:budget | 2 | 4-5 | 620 tokens | 540-700 | 1.24x "
+                      "| 1.24x |", table)
+        # Budgets ascending; at 4 GiB round 2's batch (4) is below torch-expandable's (5).
+        self.assertLess(table.index("| 4.00 |"), table.index("| 10.00 |"))
+        self.assertIn("- llama_varlen_train, gpualloc:budget: largest batch >= "
+                      "torch-expandable's and > torch's at 1 of 2 budgets (in every round); "
+                      "mean rate >= 1.2x torch's at 2 of 2", table)
+
+    def test_batches_of_disagreeing_rounds_show_their_range(self):
+        self.assertEqual(budget.batch_text({1: 8, 2: 8}), "8")
+        self.assertEqual(budget.batch_text({1: 8, 2: 7, 3: 8}), "7-8")
+        self.assertEqual(budget.batch_text({1: 0, 2: 0}), "none")
+        self.assertEqual(budget.batch_text({1: 0, 2: 3}), "0-3")
+
+    def test_rounds_rotate_the_allocators(self):
+        allocs = ["torch", "torch-expandable", "gpualloc:budget"]
+        self.assertEqual(budget.round_order(allocs, 1), allocs)
+        self.assertEqual(budget.round_order(allocs, 2),
+                         ["torch-expandable", "gpualloc:budget", "torch"])
+        self.assertEqual(budget.round_order(allocs, 3),
+                         ["gpualloc:budget", "torch", "torch-expandable"])
+        self.assertEqual(budget.round_order(allocs, 4), allocs)
+
+    def test_main_calibrates_once_then_runs_rounds_rotated_and_pinned(self):
+        calls = []
+
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None):
+            calls.append((workload, alloc, tuple(budgets), cpus))
+            if not budgets:
+                return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
+                        "peak_allocated": 100 * GIB // 100, "peak_reserved": 3 * GIB}
+            return {"workload": workload, "alloc": alloc, "unit": "images", "budgets": [
+                {"budget": b, "batch": 8, "rate": 10.0, "peak_reserved": b} for b in budgets]}
+
+        saved = budget.run_child, budget.cw.prebuild_bridge
+        budget.run_child, budget.cw.prebuild_bridge = fake_child, lambda timeout: None
+        try:
+            with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2",
+                             "--cpus", "2-3,5", "--shares", "0.5", "--out", d])
+                with open(os.path.join(d, "budget.json")) as f:
+                    saved_results = json.load(f)
+        finally:
+            budget.run_child, budget.cw.prebuild_bridge = saved
+        two = (2 * GIB,)
+        self.assertEqual(calls, [
+            ("vit_varbatch_infer", "torch", (), [2, 3, 5]),
+            ("vit_varbatch_infer", "torch", two, [2, 3, 5]),
+            ("vit_varbatch_infer", "gpualloc:budget", two, [2, 3, 5]),
+            ("vit_varbatch_infer", "gpualloc:budget", two, [2, 3, 5]),
+            ("vit_varbatch_infer", "torch", two, [2, 3, 5])])
+        self.assertEqual([(r["alloc"], r["round"]) for r in saved_results], [
+            ("torch", 0), ("torch", 1), ("gpualloc:budget", 1), ("gpualloc:budget", 2),
+            ("torch", 2)])
+        self.assertTrue(saved_results[0]["calibration"])
+
+    def test_counters_per_timed_step(self):
+        self.assertEqual(budget.moves_counters({"page_moves.rounds": 2, "stream_ops.host_waits": 1,
+                                                "num_ooms": 3}),
+                         {"page_moves.rounds": 2, "stream_ops.host_waits": 1})
+        self.assertEqual(budget.per_step_difference({"a": 10, "b": 5}, {"a": 16, "b": 5, "c": 3}, 3),
+                         {"a": 2.0, "b": 0.0, "c": 1.0})
 
     def test_a_batch_times_the_last_pass_after_its_warm_up(self):
         class OutOfMemoryError(RuntimeError):
@@ -71,6 +204,50 @@ class BudgetTests(unittest.TestCase):
         ok, rate, _, err = budget.run_batch(torch, failing, lambda: resets.append(1), 4, 3, 1)
         self.assertEqual((ok, rate, len(resets)), (False, None, 1))
         self.assertIn("out of memory", err)
+
+    def test_counters_cover_only_the_timed_steps_of_the_last_pass(self):
+        class OutOfMemoryError(RuntimeError):
+            pass
+
+        torch = types.SimpleNamespace(
+            OutOfMemoryError=OutOfMemoryError,
+            cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+        moved = {"page_moves.pages_unmapped": 0, "stream_ops.host_waits": 0}
+        calls = []
+
+        def step(batch, i):
+            # call n (from 0) moves n + 1 pages and waits once on odd calls
+            calls.append(i)
+            moved["page_moves.pages_unmapped"] += len(calls)
+            moved["stream_ops.host_waits"] += (len(calls) - 1) % 2
+            return batch
+
+        counters = budget.TimedCounters(lambda: dict(moved))
+        # 3 steps, 2 passes, 1 warm-up: the timed steps are calls 4 and 5 (5 + 6 pages,
+        # one wait), the first pass and the warm-up step left out.
+        ok = budget.run_batch(torch, step, lambda: None, 4, 3, 1, passes=2, counters=counters)[0]
+        self.assertTrue(ok)
+        self.assertEqual(counters.per_step,
+                         {"page_moves.pages_unmapped": 5.5, "stream_ops.host_waits": 0.5})
+
+        def failing(batch, i):
+            step(batch, i)
+            if i == 0:  # the usual failure: the first step, before the timed ones
+                raise OutOfMemoryError("CUDA out of memory")
+            return batch
+
+        ok = budget.run_batch(torch, failing, lambda: None, 4, 3, 1, counters=counters)[0]
+        self.assertFalse(ok)
+        self.assertIsNone(counters.per_step)  # a failed batch leaves no figures
+
+    def test_the_module_imports_without_torch(self):
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = ("import sys; sys.modules['torch'] = None; sys.path.insert(0, %r); "
+                "import budget; print(budget.child.__name__, budget.TimedCounters.__name__)"
+                % here)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual((out.returncode, out.stdout.strip()), (0, "child TimedCounters"),
+                         out.stderr)
 
     def test_every_workload_has_a_builder(self):
         for name in budget.WORKLOADS:
