@@ -170,11 +170,12 @@ class BudgetTests(unittest.TestCase):
         self.assertTrue(saved_results[0]["calibration"])
 
     def test_counters_per_timed_step(self):
-        self.assertEqual(budget.moves_counters({"page_moves.rounds": 2, "stream_ops.host_waits": 1,
-                                                "num_ooms": 3}),
+        stats = {"page_moves.rounds": 2, "stream_ops.host_waits": 1, "num_ooms": 3}
+        self.assertEqual(budget.moves_counters(stats),
                          {"page_moves.rounds": 2, "stream_ops.host_waits": 1})
-        self.assertEqual(budget.per_step_difference({"a": 10, "b": 5}, {"a": 16, "b": 5, "c": 3}, 3),
-                         {"a": 2.0, "b": 0.0, "c": 1.0})
+        self.assertEqual(
+            budget.per_step_difference({"a": 10, "b": 5}, {"a": 16, "b": 5, "c": 3}, 3),
+            {"a": 2.0, "b": 0.0, "c": 1.0})
 
     def test_a_batch_times_the_last_pass_after_its_warm_up(self):
         class OutOfMemoryError(RuntimeError):
