@@ -14,7 +14,8 @@
 //                       unmapped and remapped pages for hours ends up with);
 //   vmm_2m_interleaved  pages created alternately with another range's,
 //                       which is then released: every other physical 2 MiB
-//                       of the run is a hole.
+//                       of the run is a hole (if the driver places pages
+//                       in the order they are made).
 // Pages are mapped as the allocator maps them: exportable as POSIX file
 // descriptors where the driver allows it, the range aligned to its page when
 // the page is a power of two, one cuMemSetAccess over the range.
@@ -122,9 +123,16 @@ __global__ void gather(const uint32_t* p, uint64_t words, int steps, unsigned lo
 
 __global__ void strided(const uint32_t* p, uint64_t bytes, uint64_t stride, int steps,
                         unsigned long long* sum) {
-  const uint64_t n = uint64_t(gridDim.x) * blockDim.x;
+  // Read k is at (t + k * threads) * stride % bytes, stepped without a
+  // division in the loop.
+  const uint64_t step = uint64_t(gridDim.x) * blockDim.x * stride % bytes;
+  uint64_t at = thread_index() * stride % bytes;
   unsigned long long acc = 0;
-  for (int k = 0; k < steps; k++) acc += p[(thread_index() + k * n) * stride % bytes / 4];
+  for (int k = 0; k < steps; k++) {
+    acc += p[at / 4];
+    at += step;
+    if (at >= bytes) at -= bytes;
+  }
   add_to(sum, acc);
 }
 
