@@ -103,6 +103,7 @@ __global__ void fill(uint32_t* p, uint64_t words) {
     p[w] = w < half ? pattern(w, half) : 0u;
 }
 
+// Streaming: the buffer's first half into its second, 16 bytes a thread a step.
 __global__ void copy_half(uint4* p, uint64_t half_vecs) {
   const uint4* a = p;
   uint4* b = p + half_vecs;
@@ -110,6 +111,8 @@ __global__ void copy_half(uint4* p, uint64_t half_vecs) {
     b[i] = a[i];
 }
 
+// A chain of `steps` dependent reads a thread at pseudo-random words of the
+// whole buffer; their sum goes to *sum.
 __global__ void gather(const uint32_t* p, uint64_t words, int steps, unsigned long long* sum) {
   uint64_t x = mix64(thread_index());
   unsigned long long acc = 0;
@@ -121,6 +124,8 @@ __global__ void gather(const uint32_t* p, uint64_t words, int steps, unsigned lo
   add_to(sum, acc);
 }
 
+// `steps` reads a thread, `stride` bytes apart across the threads (a warp's
+// 32 reads on 32 pages), wrapping at the buffer's end; their sum goes to *sum.
 __global__ void strided(const uint32_t* p, uint64_t bytes, uint64_t stride, int steps,
                         unsigned long long* sum) {
   // Read k is at (t + k * threads) * stride % bytes, stepped without a
@@ -246,6 +251,7 @@ struct Buffer {
   }
 };
 
+// Median, mean and min of one (shape, kernel)'s milliseconds.
 struct Stats {
   double median, mean, min;
 };
