@@ -27,7 +27,7 @@
 //           words over the whole buffer, each address made from the word
 //           read before (translation latency on the critical path; a wrong
 //           read sends the chain elsewhere and changes the checksum);
-//   stride  4-byte reads 2 MiB + 64 B apart: every access on a new page.
+//   stride  4-byte reads 2 MiB + 64 B apart: every access in a new 2 MiB region.
 // Warm-ups first, then repetitions; within one, every kernel runs on every
 // shape in turn (round robin, starting one shape later each repetition).
 // Every gather and stride sum is checked against the one computed on the
@@ -125,7 +125,7 @@ __global__ void gather(const uint32_t* p, uint64_t words, int steps, unsigned lo
 }
 
 // `steps` reads a thread, `stride` bytes apart across the threads (a warp's
-// 32 reads on 32 pages), wrapping at the buffer's end; their sum goes to *sum.
+// 32 reads in 32 different 2 MiB regions), wrapping at the buffer's end; sum to *sum.
 __global__ void strided(const uint32_t* p, uint64_t bytes, uint64_t stride, int steps,
                         unsigned long long* sum) {
   // Read k is at (t + k * threads) * stride % bytes, stepped without a
