@@ -30,9 +30,10 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Device 0's primary context (made current), the properties of pinned
+// Device 0, its primary context (made current), the properties of pinned
 // device memory on it, and read-write access to it.
 struct Device0 {
+  CUdevice dev;
   CUcontext ctx;
   CUmemAllocationProp prop;
   CUmemAccessDesc access;
@@ -41,9 +42,8 @@ struct Device0 {
 static Device0 open_device0() {
   Device0 d = {};
   CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CK(cuDevicePrimaryCtxRetain(&d.ctx, dev));
+  CK(cuDeviceGet(&d.dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&d.ctx, d.dev));
   CK(cuCtxSetCurrent(d.ctx));
   d.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   d.prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
