@@ -448,11 +448,17 @@ def build_cpu_loops(out_dir):
                       os.path.join(out_dir, "libmt_cpu.so"), ["-std=c++17", "-pthread"], ["-ldl"])
 
 
-def build_null_pluggable(out_dir):
-    """Compiles null_pluggable.c into out_dir; returns the library's path."""
+def build_null_pluggable(out_dir, block=64 << 20):
+    """Compiles null_pluggable.c into out_dir, its block per device `block` bytes; returns the
+    library's path."""
     return compile_so("cc", os.path.join(HERE, "null_pluggable.c"),
-                      os.path.join(out_dir, "libnull_pluggable.so"), ["-Wall", "-pthread"],
-                      ["-ldl"])
+                      os.path.join(out_dir, "libnull_pluggable.so"),
+                      ["-Wall", "-pthread", "-DNULL_PLUGGABLE_BLOCK=%dLL" % block], ["-ldl"])
+
+
+def largest_request(workloads):
+    """The largest allocation any of the workloads makes, in bytes."""
+    return max(w["hi"] if w["mixed"] else w["size"] for w in workloads)
 
 
 def cpu_child(args):
@@ -774,7 +780,9 @@ def main(argv=None):
     else:
         prebuild()
         os.makedirs(args.out, exist_ok=True)
-        null_so = build_null_pluggable(args.out) if "pluggable-null" in processes(args) else None
+        null_so = None
+        if "pluggable-null" in processes(args):  # a block every request of the plan fits in
+            null_so = build_null_pluggable(args.out, max(64 << 20, largest_request(args.workloads)))
         for which in processes(args):
             extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
             got = run_child(args, which, extra=extra)

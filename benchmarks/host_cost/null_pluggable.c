@@ -21,8 +21,9 @@
 #include <sys/types.h>
 
 #ifndef NULL_PLUGGABLE_BLOCK
-// The largest request of host_threads.py's workloads is 8 MiB.
-#define NULL_PLUGGABLE_BLOCK (64 << 20)
+// host_threads.py sets it to the largest request of its plan, at least 64 MiB
+// (its default workloads ask for 8 MiB at most).
+#define NULL_PLUGGABLE_BLOCK (64LL << 20)
 #endif
 #define NULL_PLUGGABLE_DEVICES 64
 

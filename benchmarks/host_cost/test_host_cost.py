@@ -468,6 +468,15 @@ class NullPluggableTest(unittest.TestCase):
         self.assertEqual(lib.null_malloc(8 << 20, 1, None), 3 * 0x10000000)
         self.assertEqual(var("stub_calls").value, 3)
 
+    def test_the_block_is_as_large_as_built(self):
+        self.so = ht.build_null_pluggable(self.dir, 3 << 30)
+        stub, lib, _ = self.load()
+        self.assertEqual(lib.null_malloc(3 << 30, 0, None), 0x10000000)
+        self.assertEqual(ctypes_size(stub), 3 << 30)
+        self.assertIsNone(lib.null_malloc((3 << 30) + 1, 0, None))
+        self.assertEqual(ht.largest_request([ht.parse_workload("pair:8M"),
+                                             ht.parse_workload("mixed:512:100M:10")]), 100 << 20)
+
     def test_threads_meeting_on_the_first_call_make_one_block(self):
         stub, lib, var = self.load()
         var("stub_delay_us").value = 20000
