@@ -13,6 +13,10 @@ Paths (each its own column of cells; "process" says which process times it):
 - bridge process (gpu_alloc.enable(bridge=True)): at::empty, raw_alloc and torch.empty, which
   now reach gpualloc through the C++ bridge, and cudaMallocAsync as the anchor between
   processes;
+- pluggable processes, one per library (torch.cuda.memory.CUDAPluggableAllocator installed
+  before CUDA is initialised): at::empty over null_pluggable.c, an allocator doing nothing
+  (the floor of PyTorch's path), and over liballoc_ffi.so's gpualloc_malloc / gpualloc_free
+  without the bridge; cudaMallocAsync as the anchor in each;
 - rust process: gpu_bench --threads (CudaAllocator, and cuMemAllocAsync as the anchor).
 With --null-driver: the C library, the null allocator and gpu_bench over the null driver of
 crates/alloc-cuda/null-driver (a libcuda.so doing no device work): host code only, never GPU
@@ -20,7 +24,8 @@ figures.
 
 Writes DIR/host_threads.json (every cell of every repeat, and the tables) and prints the
 tables: one per path, ratios to its PyTorch reference (same process: median and mean of the
-per-repeat ratios; across processes: ratio of the medians, marked *).
+per-repeat ratios; across processes: ratio of the medians, marked *), and the floor of the
+at::empty path with each allocator's share above it.
 """
 import argparse
 import ctypes
@@ -41,6 +46,9 @@ TORCH_RAW = "torch raw_alloc"
 AT_EMPTY = "at::empty, PyTorch's allocator"
 PY_EMPTY = "torch.empty (Python), PyTorch's allocator"
 ANCHOR = "cudaMallocAsync"
+BRIDGE_EMPTY = "at::empty via bridge"
+FLOOR = "at::empty via pluggable null"
+PLUGGABLE_EMPTY = "at::empty via pluggable gpualloc"
 
 # (path, process, kind, reference path or None). The kinds are mt_torch.cpp's, plus
 # "python" (this file's Python threads) and the gpu_bench --threads columns.
@@ -51,10 +59,14 @@ PATHS = [
     ("null (loop cost)", "native", "null", None),
     (AT_EMPTY, "native", "empty", None),
     (PY_EMPTY, "native", "python", None),
-    ("at::empty via bridge", "bridge", "empty", AT_EMPTY),
+    (BRIDGE_EMPTY, "bridge", "empty", AT_EMPTY),
     ("raw_alloc via bridge", "bridge", "torch", TORCH_RAW),
     ("torch.empty (Python) via bridge", "bridge", "python", PY_EMPTY),
     ("cudaMallocAsync (bridge process)", "bridge", "async", ANCHOR),
+    (FLOOR, "pluggable-null", "empty", AT_EMPTY),
+    ("cudaMallocAsync (pluggable-null process)", "pluggable-null", "async", ANCHOR),
+    (PLUGGABLE_EMPTY, "pluggable-gpualloc", "empty", AT_EMPTY),
+    ("cudaMallocAsync (pluggable-gpualloc process)", "pluggable-gpualloc", "async", ANCHOR),
     ("gpualloc CudaAllocator (Rust)", "rust", "ours", TORCH_RAW),
     ("cuMemAllocAsync (Rust process)", "rust", "driver-async", ANCHOR),
 ]
@@ -64,6 +76,12 @@ NULL_DRIVER_PATHS = [
     ("gpualloc CudaAllocator (Rust)", "rust", "ours", "gpualloc C library"),
     ("cuMemAllocAsync (Rust process)", "rust", "driver-async", None),
 ]
+# The pluggable processes: the library PyTorch's CUDAPluggableAllocator loads in each
+# ("null": null_pluggable.c, built at run time; "gpualloc": --so) and its two functions.
+PLUGGABLE = {
+    "pluggable-null": ("null", "null_malloc", "null_free"),
+    "pluggable-gpualloc": ("gpualloc", "gpualloc_malloc", "gpualloc_free"),
+}
 # Python threads hold the GIL for most of each call: fewer calls per window suffice.
 PYTHON_WARM_CALLS = 2000
 
@@ -145,13 +163,18 @@ def run_cells(args, process, timers, log=print):
 
 
 def active_paths(args):
-    """The paths this run times (PATHS, less the Python threads with --no-python; the
-    null driver's set with --null-driver)."""
+    """The paths this run times (PATHS, less the Python threads with --no-python and the
+    pluggable processes with --no-pluggable; the null driver's set with --null-driver)."""
     if args.null_driver:
         return NULL_DRIVER_PATHS
-    if args.no_python:
-        return [p for p in PATHS if p[2] != "python"]
-    return PATHS
+    return [p for p in PATHS if not (args.no_python and p[2] == "python")
+            and not (args.no_pluggable and p[1] in PLUGGABLE)]
+
+
+def processes(args):
+    """The child processes of a GPU run, in the order they run: those of the active paths
+    other than gpu_bench's."""
+    return list(dict.fromkeys(p[1] for p in active_paths(args) if p[1] != "rust"))
 
 
 # ---------------------------------------------------------------- Python threads
@@ -266,7 +289,7 @@ def build_ext(verbose=False):
 
 
 def child(args):
-    """One process of the GPU run (--child native|bridge): prints RESULT <json>."""
+    """One process of the GPU run (--child native|bridge|pluggable-*): prints RESULT <json>."""
     if args.child == "bridge":
         sys.path.insert(0, os.path.join(REPO, "python"))
         import gpu_alloc
@@ -274,10 +297,15 @@ def child(args):
         gpu_alloc.enable(args.config, so_path=args.so, bridge=True)
     import torch
 
+    if args.child in PLUGGABLE:  # before CUDA is initialised: PyTorch's allocator is chosen once
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(*pluggable_library(args))
+        torch.cuda.memory.change_current_allocator(allocator)
+
     torch.cuda.init()
     ndev = max(args.devices) if args.devices else 1
     for d in range(ndev):
-        torch.empty(1, device=torch.device("cuda", d))
+        if torch.empty(1, device=torch.device("cuda", d)).data_ptr() == 0:
+            sys.exit("%s process: the allocator gave no memory on device %d" % (args.child, d))
     ext = build_ext()
     per_device = 1 if args.devices else max(args.threads)
     ext.make_streams(ndev, per_device)
@@ -299,6 +327,16 @@ def child(args):
             "gpu": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(),
             "clock_pair_ns": ext.clock_pair_ns()}
     print("RESULT " + json.dumps({"cells": cells, "info": info}), flush=True)
+
+
+def pluggable_library(args):
+    """(library, malloc name, free name) PyTorch's CUDAPluggableAllocator loads in the
+    pluggable process args.child."""
+    lib, malloc_name, free_name = PLUGGABLE[args.child]
+    path = args.null_pluggable if lib == "null" else args.so
+    if not path or not os.path.isfile(path):
+        sys.exit("%s: no library %r" % (args.child, path))
+    return os.path.abspath(path), malloc_name, free_name
 
 
 def run_child(args, which, env=None, extra=()):
@@ -388,7 +426,7 @@ def null_driver_env(devices=1):
     os.makedirs(drv, exist_ok=True)
     src = os.path.join(REPO, "crates", "alloc-cuda", "null-driver", "null_cuda.c")
     lib = os.path.join(drv, "libcuda.so.1")
-    subprocess.run(["cc", "-O2", "-Wall", "-shared", "-fPIC", "-o", lib, src], check=True)
+    compile_so("cc", src, lib, ["-Wall"])
     link = os.path.join(drv, "libcuda.so")
     if not os.path.lexists(link):
         os.symlink("libcuda.so.1", link)
@@ -397,12 +435,30 @@ def null_driver_env(devices=1):
     return env
 
 
+def compile_so(compiler, src, so, flags=(), libs=()):
+    """Compiles one source file into the shared library `so` with -O2; returns its path."""
+    subprocess.run([compiler, "-O2"] + list(flags) + ["-shared", "-fPIC", "-o", so, src]
+                   + list(libs), check=True)
+    return so
+
+
 def build_cpu_loops(out_dir):
     """Compiles mt_cpu.cpp into out_dir; returns the library's path."""
-    so = os.path.join(out_dir, "libmt_cpu.so")
-    subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-o", so,
-                    os.path.join(HERE, "mt_cpu.cpp"), "-ldl"], check=True)
-    return so
+    return compile_so("g++", os.path.join(HERE, "mt_cpu.cpp"),
+                      os.path.join(out_dir, "libmt_cpu.so"), ["-std=c++17", "-pthread"], ["-ldl"])
+
+
+def build_null_pluggable(out_dir, block=64 << 20):
+    """Compiles null_pluggable.c into out_dir, its block per device `block` bytes; returns the
+    library's path."""
+    return compile_so("cc", os.path.join(HERE, "null_pluggable.c"),
+                      os.path.join(out_dir, "libnull_pluggable.so"),
+                      ["-Wall", "-pthread", "-DNULL_PLUGGABLE_BLOCK=%dLL" % block], ["-ldl"])
+
+
+def largest_request(workloads):
+    """The largest allocation any of the workloads makes, in bytes."""
+    return max(w["hi"] if w["mixed"] else w["size"] for w in workloads)
 
 
 def cpu_child(args):
@@ -545,7 +601,7 @@ def targets(cells, summary, paths):
             lines.append("%s / %s, %s, %s streams, %d threads: %.2f%s (target >= %.0f: %s)" % (
                 ours, TORCH_RAW, k[0], k[1], k[2], r[0], "" if r[2] else "*", need,
                 "met" if r[0] >= need else "NOT met"))
-    for ours, ref in (("at::empty via bridge", AT_EMPTY),
+    for ours, ref in ((BRIDGE_EMPTY, AT_EMPTY), (PLUGGABLE_EMPTY, AT_EMPTY),
                       ("torch.empty (Python) via bridge", PY_EMPTY)):
         if ours not in names or ref not in names:
             continue
@@ -558,6 +614,54 @@ def targets(cells, summary, paths):
                                  ours, ref, k[0], k[1], k[2], k[3], r[0], "" if r[2] else "*",
                                  "met" if r[0] >= 2 else "NOT met"))
     return lines
+
+
+# The floor section's paths after the floor itself: (path, column name).
+FLOOR_PATHS = ((AT_EMPTY, "PyTorch"), (BRIDGE_EMPTY, "bridge"),
+               (PLUGGABLE_EMPTY, "pluggable gpualloc"))
+FLOOR_NOTE = (
+    "ns: the time a thread spends per call, threads x 1e9 / the median over the repeats of "
+    "all threads' calls per second (one thread: the cost of one call; more: waiting on each "
+    "other included). floor: at::empty through PyTorch's CUDAPluggableAllocator over an "
+    "allocator doing nothing (null_pluggable.c). share: path ns - floor ns, the part of the "
+    "path that is its allocator's. (a) The floor includes the pluggable wrapper's own work (a "
+    "deleter context per tensor, a mutex and a map of pointers on each malloc), which "
+    "PyTorch's own allocator and the bridge do not pay: their share is a lower bound of "
+    "their allocator's cost, short by the wrapper's. The pluggable gpualloc path goes through "
+    "the same wrapper as the floor: its share is gpualloc's own. The four paths ran in four "
+    "processes: read the cudaMallocAsync anchors for drift between them.")
+
+
+def per_call_ns(s, threads):
+    """A summary entry as ns a thread spends per call (None without one)."""
+    return threads * 1e9 / s["median"] if s and s["median"] > 0 else None
+
+
+def floor_table(cells, summary, devices_mode):
+    """The at::empty path's floor and each allocator's share above it, a row per cell key of
+    the floor path ("" when the run has no floor)."""
+    keys = sorted({k[1:] for k in summary if k[0] == FLOOR},
+                  key=lambda k: (order_of(cells, k[0]), k[1], k[3] if devices_mode else k[2]))
+    if not keys:
+        return ""
+    names = [n for _, n in FLOOR_PATHS]
+    head = (["workload", "streams", "devices" if devices_mode else "threads"]
+            + ["%s ns" % names[0], "floor ns"] + ["%s ns" % n for n in names[1:]]
+            + ["%s's share ns%s" % (n, "" if p == PLUGGABLE_EMPTY else " (a)")
+               for p, n in FLOOR_PATHS])
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def fmt(ns):
+        return "n/a" if ns is None else "%.0f" % ns
+
+    for k in keys:
+        floor = per_call_ns(summary[(FLOOR,) + k], k[2])
+        ns = [per_call_ns(summary.get((p,) + k), k[2]) for p, _ in FLOOR_PATHS]
+        row = [k[0], k[1], str(k[3] if devices_mode else k[2]), fmt(ns[0]), fmt(floor)]
+        row += [fmt(n) for n in ns[1:]]
+        row += [fmt(None if n is None or floor is None else n - floor) for n in ns]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def device_scaling(summary):
@@ -573,7 +677,7 @@ def device_scaling(summary):
 
 
 def report(cells, paths, devices_mode, info):
-    """The whole report: a header, one table per path, the targets."""
+    """The whole report: a header, one table per path, the floor, the targets."""
     summary = summarize(cells)
     out = ["Aggregate calls per second (an alloc or a free is one call) of all threads, and "
            "the latency of one call (every Nth call timed), over the repeats. Ratios: "
@@ -585,6 +689,9 @@ def report(cells, paths, devices_mode, info):
         if any(k[0] == name for k in summary):
             out += ["", "### %s (%s process)" % (name, process), "",
                     path_table(cells, summary, name, ref, devices_mode)]
+    f = floor_table(cells, summary, devices_mode)
+    if f:
+        out += ["", "### The floor of the at::empty path", "", f, "", FLOOR_NOTE]
     t = targets(cells, summary, paths)
     if t:
         out += ["", "### Targets (issue 37)", ""] + ["- " + line for line in t]
@@ -614,11 +721,16 @@ def parse_args(argv=None):
     ap.add_argument("--sample-every", type=int, default=31, help="time every Nth call")
     ap.add_argument("--no-python", action="store_true", help="leave out the Python threads")
     ap.add_argument("--no-rust", action="store_true", help="leave out gpu_bench --threads")
+    ap.add_argument("--no-pluggable", action="store_true",
+                    help="leave out at::empty through PyTorch's pluggable allocator (null and "
+                    "gpualloc)")
     ap.add_argument("--null-driver", action="store_true",
                     help="no GPU: C library and Rust paths over the null driver")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
-    ap.add_argument("--child", choices=("native", "bridge", "cpu"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=("native", "bridge", "cpu") + tuple(PLUGGABLE),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--cpu-loops", help=argparse.SUPPRESS)
+    ap.add_argument("--null-pluggable", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
     args.streams = args.streams.split(",")
@@ -667,8 +779,13 @@ def main(argv=None):
         info.update(got["info"])
     else:
         prebuild()
-        for which in ("native", "bridge"):
-            got = run_child(args, which)
+        os.makedirs(args.out, exist_ok=True)
+        null_so = None
+        if "pluggable-null" in processes(args):  # a block every request of the plan fits in
+            null_so = build_null_pluggable(args.out, max(64 << 20, largest_request(args.workloads)))
+        for which in processes(args):
+            extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
+            got = run_child(args, which, extra=extra)
             cells += got["cells"]
             info.update(got["info"])
         env = None

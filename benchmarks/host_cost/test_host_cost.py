@@ -164,6 +164,349 @@ class ThreadsReportTest(unittest.TestCase):
         self.assertIn("| workload | streams | devices |", text)
 
 
+class PluggablePlanTest(unittest.TestCase):
+    def args(self, *extra):
+        return ht.parse_args(["--so", __file__, "--threads", "1,2", "--workloads",
+                              "pair:512,mixed:512:1M:100", "--repeats", "2"] + list(extra))
+
+    def test_the_pluggable_processes_and_their_references(self):
+        args = self.args()
+        self.assertEqual(ht.processes(args),
+                         ["native", "bridge", "pluggable-null", "pluggable-gpualloc"])
+        paths = {p[0]: p for p in ht.active_paths(args)}
+        self.assertEqual(paths[ht.FLOOR][1:], ("pluggable-null", "empty", ht.AT_EMPTY))
+        self.assertEqual(paths[ht.PLUGGABLE_EMPTY][1:],
+                         ("pluggable-gpualloc", "empty", ht.AT_EMPTY))
+        without = self.args("--no-pluggable", "--no-python")
+        self.assertEqual(ht.processes(without), ["native", "bridge"])
+        self.assertFalse(any(p[1].startswith("pluggable") or p[2] == "python"
+                             for p in ht.active_paths(without)))
+        self.assertEqual(ht.processes(self.args("--no-python"))[2:],
+                         ["pluggable-null", "pluggable-gpualloc"])
+
+    def test_a_pluggable_process_runs_its_at_empty_and_its_anchor_rotated(self):
+        args = self.args()
+        order = []
+
+        def timer(kind):
+            def run(w, streams, devs):
+                order.append(kind)
+                return {"calls": 10, "wall_ns": 1e6, "p50_ns": 1, "p99_ns": 2, "failed_threads": 0}
+            return run
+
+        cells = ht.run_cells(args, "pluggable-null", {"empty": timer("empty"),
+                                                      "async": timer("async")})
+        # 2 repeats x 2 workloads x 2 stream modes x 2 thread counts, two paths each
+        self.assertEqual(len(cells), 2 * 2 * 2 * 2 * 2)
+        self.assertEqual({c["path"] for c in cells},
+                         {ht.FLOOR, "cudaMallocAsync (pluggable-null process)"})
+        self.assertEqual({c["process"] for c in cells}, {"pluggable-null"})
+        self.assertEqual(order[:6], ["empty", "async", "async", "empty", "empty", "async"])
+
+    def test_the_library_each_pluggable_process_loads(self):
+        args = self.args("--child", "pluggable-null", "--null-pluggable", __file__)
+        self.assertEqual(ht.pluggable_library(args),
+                         (os.path.abspath(__file__), "null_malloc", "null_free"))
+        args = self.args("--child", "pluggable-gpualloc")
+        self.assertEqual(ht.pluggable_library(args),
+                         (os.path.abspath(__file__), "gpualloc_malloc", "gpualloc_free"))
+        with self.assertRaises(SystemExit):
+            ht.pluggable_library(self.args("--child", "pluggable-null"))
+
+
+def fake_torch_modules(events, data_ptr=0x1000):
+    """torch as child() uses it, recording each step in `events` (its extension's cells take
+    1 ms for 10 calls; torch.empty's tensors have address `data_ptr`)."""
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.__version__ = "fake"
+    torch.version = types.SimpleNamespace(cuda="fake")
+
+    class Allocator:
+        def __init__(self, path, malloc_name, free_name):
+            events.append(("pluggable", path, malloc_name, free_name))
+
+    class Ext:
+        def make_streams(self, ndev, per_device):
+            events.append(("streams", ndev, per_device))
+
+        def clock_pair_ns(self):
+            return 20.0
+
+        def cell(self, kind, *rest):
+            events.append(("cell", kind))
+            return {"calls": 10, "wall_ns": 1e6, "p50_ns": 1.0, "p99_ns": 2.0, "p999_ns": 2.0,
+                    "max_ns": 3.0, "samples": 1, "failed_threads": 0, "error": ""}
+
+    def empty(n, device):
+        events.append(("empty", device))
+        return types.SimpleNamespace(data_ptr=lambda: data_ptr)
+
+    torch.cuda = types.SimpleNamespace(
+        init=lambda: events.append(("init",)),
+        memory=types.SimpleNamespace(
+            CUDAPluggableAllocator=Allocator,
+            change_current_allocator=lambda a: events.append(("change", type(a).__name__))),
+        Stream=lambda device: "stream", get_device_name=lambda d: "fake", device_count=lambda: 1)
+    torch.device = lambda kind, index: (kind, index)
+    torch.empty = empty
+    cpp = types.ModuleType("torch.utils.cpp_extension")
+    cpp.load = lambda **kw: Ext()
+    utils = types.ModuleType("torch.utils")
+    utils.cpp_extension = cpp
+    torch.utils = utils
+    return {"torch": torch, "torch.utils": utils, "torch.utils.cpp_extension": cpp}
+
+
+class PluggableChildTest(unittest.TestCase):
+    """child() of a pluggable process over a stand-in of torch: what it installs, when, and
+    what it times."""
+
+    argv = ["--so", __file__, "--threads", "1,2", "--streams", "own", "--workloads", "pair:512",
+            "--repeats", "1"]
+
+    def run_child(self, which, data_ptr=0x1000):
+        import io
+        from unittest import mock
+
+        events = []
+        args = ht.parse_args(self.argv + ["--child", which, "--null-pluggable", __file__])
+        out = io.StringIO()
+        with mock.patch.dict(sys.modules, fake_torch_modules(events, data_ptr)), \
+                contextlib.redirect_stdout(out):
+            ht.child(args)
+        (line,) = [l for l in out.getvalue().splitlines() if l.startswith("RESULT ")]
+        return events, json.loads(line[7:])
+
+    def test_the_allocator_is_installed_before_cuda_starts(self):
+        events, got = self.run_child("pluggable-null")
+        self.assertEqual(events[:3], [("pluggable", os.path.abspath(__file__), "null_malloc",
+                                       "null_free"), ("change", "Allocator"), ("init",)])
+        self.assertEqual({e[1] for e in events if e[0] == "cell"}, {"empty", "async"})
+        self.assertEqual([(c["path"], c["threads"]) for c in got["cells"]],
+                         [(ht.FLOOR, 1), ("cudaMallocAsync (pluggable-null process)", 1),
+                          ("cudaMallocAsync (pluggable-null process)", 2), (ht.FLOOR, 2)])
+        events, got = self.run_child("pluggable-gpualloc")
+        self.assertEqual(events[0][2:], ("gpualloc_malloc", "gpualloc_free"))
+        self.assertEqual({c["process"] for c in got["cells"]}, {"pluggable-gpualloc"})
+
+    def test_an_allocator_giving_no_memory_stops_the_process(self):
+        with self.assertRaises(SystemExit):
+            self.run_child("pluggable-null", data_ptr=0)
+
+
+class MainProcessesTest(unittest.TestCase):
+    """main() of a GPU run with the children stood in for: which processes run, and the null
+    library built into --out for the pluggable-null one."""
+
+    def run_main(self, *extra):
+        from unittest import mock
+
+        runs = []
+
+        def fake_child(args, which, env=None, extra=()):
+            runs.append((which, list(extra)))
+            return {"cells": [], "info": {}}
+
+        out = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, out)
+        argv = ["--so", __file__, "--no-rust", "--out", out] + list(extra)
+        with open(os.devnull, "w") as null, mock.patch.object(ht, "prebuild", lambda: None), \
+                mock.patch.object(ht, "run_child", fake_child), contextlib.redirect_stdout(null):
+            self.assertEqual(ht.main(argv), 0)
+        return runs, out
+
+    def test_the_pluggable_processes_run_last_and_only_the_null_one_gets_the_library(self):
+        if not shutil.which("cc"):
+            if os.environ.get("GPUALLOC_TESTS_REQUIRE_TOOLS") == "1":
+                self.fail("needs cc")
+            self.skipTest("needs cc")
+        runs, out = self.run_main()
+        so = os.path.join(out, "libnull_pluggable.so")
+        self.assertEqual(runs, [("native", []), ("bridge", []),
+                                ("pluggable-null", ["--null-pluggable", so]),
+                                ("pluggable-gpualloc", [])])
+        self.assertTrue(os.path.isfile(so))
+        runs, out = self.run_main("--no-pluggable")
+        self.assertEqual(runs, [("native", []), ("bridge", [])])
+        self.assertFalse(os.path.exists(os.path.join(out, "libnull_pluggable.so")))
+
+
+class FloorTableTest(unittest.TestCase):
+    def cells(self):
+        out = []
+        # one thread: PyTorch 4, floor 5 (median of 5, 4, 10), bridge 2, pluggable 2.5 M calls/s
+        for rep, floor_m in enumerate([5, 4, 10]):
+            out += [cell(ht.AT_EMPTY, "native", rep, 4), cell(ht.FLOOR, "pluggable-null", rep,
+                                                               floor_m),
+                    cell(ht.BRIDGE_EMPTY, "bridge", rep, 2),
+                    cell(ht.PLUGGABLE_EMPTY, "pluggable-gpualloc", rep, 2.5)]
+        # two threads: PyTorch 4, floor 8, bridge 5 M calls/s, no pluggable gpualloc
+        out += [cell(ht.AT_EMPTY, "native", 0, 4, threads=2),
+                cell(ht.FLOOR, "pluggable-null", 0, 8, threads=2),
+                cell(ht.BRIDGE_EMPTY, "bridge", 0, 5, threads=2)]
+        return out
+
+    def test_rows_subtract_the_floor_from_each_path(self):
+        cells = self.cells()
+        lines = ht.floor_table(cells, ht.summarize(cells), False).splitlines()
+        self.assertEqual(lines[0], "| workload | streams | threads | PyTorch ns | floor ns | "
+                                   "bridge ns | pluggable gpualloc ns | PyTorch's share ns (a) | "
+                                   "bridge's share ns (a) | pluggable gpualloc's share ns |")
+        self.assertEqual(len(lines), 4)
+        # 1e9 / 4e6 = 250, / 5e6 = 200, / 2e6 = 500, / 2.5e6 = 400; shares 50, 300, 200
+        self.assertEqual(lines[2], "| 512 B pair | own | 1 | 250 | 200 | 500 | 400 | 50 | 300 | "
+                                   "200 |")
+        # 2 x 1e9 / 4e6 = 500, / 8e6 = 250, / 5e6 = 400; shares 250 and 150
+        self.assertEqual(lines[3], "| 512 B pair | own | 2 | 500 | 250 | 400 | n/a | 250 | 150 | "
+                                   "n/a |")
+
+    def test_the_report_has_the_section_only_with_a_floor(self):
+        cells = self.cells()
+        text = ht.report(cells, ht.PATHS, False, {})
+        self.assertIn("### The floor of the at::empty path", text)
+        self.assertIn(ht.FLOOR_NOTE, text)
+        self.assertIn("### at::empty via pluggable null (pluggable-null process)", text)
+        self.assertIn("at::empty via pluggable gpualloc / at::empty, PyTorch's allocator, "
+                      "512 B pair, own streams, 1 threads, 1 devices: 0.62* (target >= 2", text)
+        rest = [c for c in cells if c["path"] != ht.FLOOR]
+        self.assertNotIn("floor", ht.report(rest, ht.PATHS, False, {}))
+        self.assertEqual(ht.floor_table(rest, ht.summarize(rest), False), "")
+
+    def test_one_thread_per_device(self):
+        cells = [cell(ht.AT_EMPTY, "native", 0, 4, threads=2, devices=2),
+                 cell(ht.FLOOR, "pluggable-null", 0, 10, threads=2, devices=2)]
+        lines = ht.floor_table(cells, ht.summarize(cells), True).splitlines()
+        self.assertTrue(lines[0].startswith("| workload | streams | devices |"))
+        self.assertEqual(lines[2], "| 512 B pair | own | 2 | 500 | 200 | n/a | n/a | 300 | n/a | "
+                                   "n/a |")
+
+
+# A stand-in for the CUDA runtime's cudaMalloc: fails while stub_fail is set, sleeps
+# stub_delay_us (so that threads meet on a first call), hands out made-up addresses.
+STUB_CUDART = r"""
+#include <stddef.h>
+#include <stdint.h>
+#include <unistd.h>
+int stub_fail, stub_calls, stub_delay_us;
+size_t stub_last_size;
+int cudaMalloc(void** p, size_t n) {
+  int call = __atomic_add_fetch(&stub_calls, 1, __ATOMIC_SEQ_CST);
+  if (stub_delay_us) usleep((useconds_t)stub_delay_us);
+  stub_last_size = n;
+  if (stub_fail) { *p = NULL; return 2; }
+  *p = (void*)(uintptr_t)(0x10000000u * (unsigned)call);
+  return 0;
+}
+"""
+
+
+class NullPluggableTest(unittest.TestCase):
+    """null_pluggable.c as host_threads.py builds it, over a stand-in cudaMalloc loaded into
+    the global scope first (as PyTorch's process has libcudart). The stand-in is loaded once
+    (the first cudaMalloc of the global scope is the one found); each test loads a fresh copy
+    of null_pluggable.c's library (a path of its own), so none of its blocks exist yet."""
+
+    stub = None
+
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("cc"):
+            return
+        import ctypes
+
+        cls.stub_dir = tempfile.mkdtemp()
+        src = os.path.join(cls.stub_dir, "stub_cudart.c")
+        with open(src, "w") as f:
+            f.write(STUB_CUDART)
+        cls.stub = ctypes.CDLL(ht.compile_so("cc", src, os.path.join(cls.stub_dir, "libstub.so")),
+                               mode=ctypes.RTLD_GLOBAL)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.stub is not None:
+            shutil.rmtree(cls.stub_dir)
+
+    def setUp(self):
+        if self.stub is None:
+            if os.environ.get("GPUALLOC_TESTS_REQUIRE_TOOLS") == "1":
+                self.fail("needs cc")
+            self.skipTest("needs cc")
+        self.dir = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, self.dir)
+        self.so = ht.build_null_pluggable(self.dir)
+
+    def load(self):
+        import ctypes
+
+        stub = self.stub
+        for name in ("stub_fail", "stub_calls", "stub_delay_us"):
+            ctypes.c_int.in_dll(stub, name).value = 0
+        lib = ctypes.CDLL(self.so)
+        lib.null_malloc.restype = ctypes.c_void_p
+        lib.null_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+        lib.null_free.restype = None
+        lib.null_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int,
+                                  ctypes.c_void_p]
+        return stub, lib, lambda name: ctypes.c_int.in_dll(stub, name)
+
+    def test_one_block_per_device_the_base_for_what_fits(self):
+        stub, lib, var = self.load()
+        var("stub_fail").value = 1
+        self.assertIsNone(lib.null_malloc(512, 0, None))  # cudaMalloc failed: NULL, try again
+        var("stub_fail").value = 0
+        base = lib.null_malloc(512, 0, None)
+        self.assertEqual(base, 2 * 0x10000000)
+        self.assertEqual(ctypes_size(stub), 64 << 20)
+        self.assertEqual(lib.null_malloc(64 << 20, 0, None), base)
+        lib.null_free(base, 512, 0, None)
+        self.assertEqual(lib.null_malloc(0, 0, None), base)
+        self.assertEqual(var("stub_calls").value, 2)
+        for size, device in (((64 << 20) + 1, 0), (-1, 0), (512, -1), (512, 64)):
+            self.assertIsNone(lib.null_malloc(size, device, None), (size, device))
+        self.assertEqual(lib.null_malloc(8 << 20, 1, None), 3 * 0x10000000)
+        self.assertEqual(var("stub_calls").value, 3)
+
+    def test_the_block_is_as_large_as_built(self):
+        self.so = ht.build_null_pluggable(self.dir, 3 << 30)
+        stub, lib, _ = self.load()
+        self.assertEqual(lib.null_malloc(3 << 30, 0, None), 0x10000000)
+        self.assertEqual(ctypes_size(stub), 3 << 30)
+        self.assertIsNone(lib.null_malloc((3 << 30) + 1, 0, None))
+        self.assertEqual(ht.largest_request([ht.parse_workload("pair:8M"),
+                                             ht.parse_workload("mixed:512:100M:10")]), 100 << 20)
+
+    def test_threads_meeting_on_the_first_call_make_one_block(self):
+        stub, lib, var = self.load()
+        var("stub_delay_us").value = 20000
+        got = []
+        ts = [threading.Thread(target=lambda: got.append(lib.null_malloc(512, 5, None)))
+              for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(var("stub_calls").value, 1)
+        self.assertEqual(got, [0x10000000] * 8)
+
+    def test_without_a_cuda_runtime_every_request_is_null(self):
+        import subprocess
+
+        code = ("import ctypes; lib = ctypes.CDLL(%r); lib.null_malloc.restype = ctypes.c_void_p; "
+                "print(lib.null_malloc(ctypes.c_ssize_t(512), 0, None))" % self.so)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout
+        self.assertEqual(out.strip(), "None")
+
+
+def ctypes_size(stub):
+    """The size of the stand-in's last cudaMalloc."""
+    import ctypes
+
+    return ctypes.c_size_t.in_dll(stub, "stub_last_size").value
+
+
 class FakeTorch:
     """What python_cell uses of torch, on the host: torch.empty makes a bytearray (and
     fails past `fail_after` calls on one thread, as an out-of-memory would)."""
