@@ -71,6 +71,9 @@ WORKLOADS = {
     "fsdp2_varlen_train": (8, 20, 2, 0, "tokens"),
 }
 DEFAULT_ALLOCS = ["torch", "torch-expandable", "gpualloc:budget"]
+# Ops kept per profile (--profile-steps), and shown per allocator in the profile table.
+PROFILE_TOP = 40
+PROFILE_SHOWN = 12
 
 
 # ---------------------------------------------------------------------------------------
@@ -287,7 +290,26 @@ def batches_from(reference):
     return list(range(2 * reference, 0, -eighth))
 
 
-def child(workload, alloc, budgets, steps):
+def profile_steps(torch, step, batch, steps, n):
+    """Runs `n` more steps of the schedule at `batch` under torch.profiler (CPU and CUDA
+    activities) and returns the ops with the most self CPU time, per step: what a slower step spends
+    its host time on (`--profile-steps`). The profiler slows every op, so these steps are
+    not timed for the rate."""
+    activity = torch.profiler.ProfilerActivity
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as prof:
+        for i in range(n):
+            step(batch, i % steps)
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    top = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {"steps": n, "wall_ms_per_step": 1e3 * wall / n,
+            "top": [{"name": e.key, "calls": e.count / n,
+                     "self_cpu_us": e.self_cpu_time_total / n,
+                     "cpu_us": e.cpu_time_total / n} for e in top[:PROFILE_TOP]]}
+
+
+def child(workload, alloc, budgets, steps, profile=0):
     kind, conf = cw.parse_alloc(alloc)
     if kind == "gpualloc":
         sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -327,6 +349,11 @@ def child(workload, alloc, budgets, steps):
                "mean_step_ms": mean_ms, "tried": tried,
                "peak_reserved": torch.cuda.max_memory_reserved(),
                "peak_allocated": torch.cuda.max_memory_allocated()}
+        if ok and profile:
+            try:
+                row["profile"] = profile_steps(torch, step, batch, steps, profile)
+            except Exception as e:  # noqa: BLE001 (the rate stands without its profile)
+                row["profile"] = {"error": str(e).splitlines()[0][:300]}
         if kind == "gpualloc":
             # Cumulative over the process (earlier budgets and failed batches included);
             # moves_per_step holds the timed steps' own.
@@ -509,14 +536,44 @@ def make_table(results):
         " ".join(str(r["error"]).split())[-300:]) for r in results if r.get("error")]
     if failed:
         lines += [""] + failed
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + profile_tables(results)) + "\n"
 
 
-def run_child(workload, alloc, budgets, steps, timeout, cpus=None):
+def profile_tables(results, shown=PROFILE_SHOWN):
+    """With --profile-steps: per workload and budget, the ops that take the most host time
+    (self CPU microseconds per step, from the first round that has a profile), one column
+    per allocator: the union of each allocator's `shown` heaviest ops, heaviest first by
+    their largest figure. Empty without profiles."""
+    cells = {}  # (workload, budget) -> alloc -> profile
+    for r in results:
+        for b in r.get("budgets") or []:
+            prof = b.get("profile")
+            if prof and "top" in prof:
+                cells.setdefault((r["workload"], b["budget"]), {}).setdefault(r["alloc"], prof)
+    out = []
+    for (workload, bud), by_alloc in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        allocs = sorted(by_alloc, key=lambda a: (a != "torch", a))
+        self_us = {a: {e["name"]: e["self_cpu_us"] for e in by_alloc[a]["top"]} for a in allocs}
+        names = set()
+        for a in allocs:
+            names.update(e["name"] for e in by_alloc[a]["top"][:shown])
+        order = sorted(names, key=lambda n: (-max(self_us[a].get(n, 0) for a in allocs), n))
+        out += ["", "Host time per step under torch.profiler, %s at %.2f GiB (self CPU us; "
+                "profiled steps ran %s ms each):" % (workload, bud / GIB, ", ".join(
+                    "%s %.1f" % (a, by_alloc[a]["wall_ms_per_step"]) for a in allocs)), "",
+                "| op | " + " | ".join(allocs) + " |",
+                "|---|" + "---:|" * len(allocs)]
+        for n in order:
+            out.append("| %s | %s |" % (n, " | ".join(
+                _fmt(self_us[a].get(n), "%.0f") for a in allocs)))
+    return out
+
+
+def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0):
     """One (workload, allocator) process, pinned to `cpus` (None: not pinned): its result,
-    or a dict with `error`."""
+    or a dict with `error`. `profile`: steps to profile after each budget's batch."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc,
-           json.dumps(budgets), str(steps)]
+           json.dumps(budgets), str(steps), str(profile)]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -558,6 +615,9 @@ def main(argv=None):
     ap.add_argument("--cpus", type=cw.parse_cpus, metavar="LIST",
                     help="pin every child to these CPUs (e.g. '2-9')")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
+                    help="after each budget's batch, N more steps under torch.profiler: the "
+                         "ops with the most host time per step, per allocator (not timed)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -595,7 +655,8 @@ def main(argv=None):
             ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
         for rnd in range(1, args.rounds + 1):
             for a in round_order(allocs, rnd):
-                res = run_child(w, a, budgets, args.steps, args.timeout, args.cpus)
+                res = run_child(w, a, budgets, args.steps, args.timeout, args.cpus,
+                                args.profile_steps)
                 res["round"] = rnd
                 results.append(res)
                 if res.get("error"):
@@ -608,6 +669,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     if len(sys.argv) > 5 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]))
+        child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]),
+              int(sys.argv[6]) if len(sys.argv) > 6 else 0)
     else:
         sys.exit(main())

@@ -139,8 +139,9 @@ class BudgetTests(unittest.TestCase):
     def test_main_calibrates_once_then_runs_rounds_rotated_and_pinned(self):
         calls = []
 
-        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None):
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0):
             calls.append((workload, alloc, tuple(budgets), cpus))
+            self.assertEqual(profile, 0)
             if not budgets:
                 return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
                         "peak_allocated": 100 * GIB // 100, "peak_reserved": 3 * GIB}
@@ -168,6 +169,71 @@ class BudgetTests(unittest.TestCase):
             ("torch", 0), ("torch", 1), ("gpualloc:budget", 1), ("gpualloc:budget", 2),
             ("torch", 2)])
         self.assertTrue(saved_results[0]["calibration"])
+
+    def test_profile_steps_keeps_the_heaviest_ops_per_step(self):
+        seen = []
+
+        class Event:
+            def __init__(self, key, count, self_us, total_us):
+                self.key, self.count = key, count
+                self.self_cpu_time_total, self.cpu_time_total = self_us, total_us
+
+        class Profile:
+            def __init__(self, activities):
+                seen.append(("activities", activities))
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+            def key_averages(self):
+                return [Event("aten::empty_strided", 40, 800.0, 900.0),
+                        Event("cudaLaunchKernel", 100, 2000.0, 2000.0),
+                        Event("aten::add", 20, 100.0, 300.0)]
+
+        torch = types.SimpleNamespace(
+            profiler=types.SimpleNamespace(
+                profile=Profile, ProfilerActivity=types.SimpleNamespace(CPU="cpu", CUDA="cuda")),
+            cuda=types.SimpleNamespace(synchronize=lambda: seen.append("sync")))
+        steps = []
+        saved = budget.PROFILE_TOP
+        budget.PROFILE_TOP = 2
+        try:
+            prof = budget.profile_steps(torch, lambda b, i: steps.append((b, i)), 6, 3, 4)
+        finally:
+            budget.PROFILE_TOP = saved
+        self.assertEqual(steps, [(6, 0), (6, 1), (6, 2), (6, 0)])
+        self.assertEqual(seen, [("activities", ["cpu", "cuda"])] + ["sync"] * 4)
+        self.assertEqual(prof["steps"], 4)
+        self.assertEqual(prof["top"], [
+            {"name": "cudaLaunchKernel", "calls": 25.0, "self_cpu_us": 500.0, "cpu_us": 500.0},
+            {"name": "aten::empty_strided", "calls": 10.0, "self_cpu_us": 200.0,
+             "cpu_us": 225.0}])
+
+    def test_profile_table_joins_each_allocators_heaviest_ops(self):
+        def run(alloc, top, wall):
+            return {"workload": "w", "alloc": alloc, "round": 1, "budgets": [
+                {"budget": 2 * GIB, "batch": 8, "rate": 1.0,
+                 "profile": {"steps": 5, "wall_ms_per_step": wall, "top": [
+                     {"name": n, "calls": 1, "self_cpu_us": us, "cpu_us": us}
+                     for n, us in top]}}]}
+
+        results = [run("gpualloc:budget", [("a", 50.0), ("b", 40.0), ("c", 30.0)], 12.5),
+                   run("torch", [("c", 60.0), ("d", 45.0), ("a", 10.0)], 10.0),
+                   {"workload": "w", "alloc": "torch", "round": 2, "budgets": [
+                       {"budget": 2 * GIB, "profile": {"steps": 5, "wall_ms_per_step": 99.0,
+                                                       "top": [{"name": "z", "calls": 1,
+                                                                "self_cpu_us": 999.0,
+                                                                "cpu_us": 999.0}]}}]}]
+        self.assertEqual(budget.profile_tables(results, shown=2), [
+            "", "Host time per step under torch.profiler, w at 2.00 GiB (self CPU us; "
+            "profiled steps ran torch 10.0, gpualloc:budget 12.5 ms each):", "",
+            "| op | torch | gpualloc:budget |", "|---|---:|---:|",
+            "| c | 60 | 30 |", "| a | 10 | 50 |", "| d | 45 | - |", "| b | - | 40 |"])
+        no_profile = {"workload": "w", "alloc": "torch", "budgets": [{"budget": GIB}]}
+        self.assertEqual(budget.profile_tables([no_profile]), [])
 
     def test_counters_per_timed_step(self):
         stats = {"page_moves.rounds": 2, "stream_ops.host_waits": 1, "num_ooms": 3}
