@@ -342,7 +342,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             Some(block) => self.policy.carve(&mut self.heap, block, &req),
             None => self.no_cached_block(req, whole)?,
         };
-        if self.segments.recycles_pages() {
+        // Only a growable segment with unmapped pages may need a mapping:
+        // the test here spares every other malloc the call.
+        if self.segments.recycles_pages() && self.heap.has_unmapped_pages(piece) {
             self.map_or_refuse(piece, req)?;
         }
         // Read before the state changes, whose stores would make them

@@ -237,6 +237,15 @@ impl Heap {
         &self.blocks[id.index()]
     }
 
+    /// Whether the segment of block `id` has pages that are not mapped
+    /// (only a growable segment with `unmap_free_pages` can): the block may
+    /// need a mapping before it is handed out.
+    #[inline]
+    pub fn has_unmapped_pages(&self, id: BlockId) -> bool {
+        let seg = self.segment(self.block(id).segment);
+        seg.expandable && seg.unmapped > 0
+    }
+
     /// The segment with this id. Ids are reused: the id of a removed
     /// segment names the next one made, and until then its last contents
     /// (debug builds assert that it is in use).

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Contenders: a policy name (`policy_names()`), `offset-allocator`,
-//! `rlsf`, `empty_loop`. Workloads: `pair:<bytes>`, `mixed_small`,
+//! `rlsf`, `empty_loop`, or else a setting's name or a configuration string
+//! (`budget`, `expandable_segments:True`): the engine the C library builds. Workloads: `pair:<bytes>`, `mixed_small`,
 //! `mixed_wide`. Run without arguments under `cargo bench` (which passes
 //! `--bench`), it runs a short smoke loop of every contender.
 
@@ -21,8 +22,8 @@ use std::hint::black_box;
 use alloc_core::MIB;
 use alloc_policy::policy_names;
 use common::{
-    engine, mixed, rlsf_pool, thread_cpu_time, Contender, Empty, OffsetAlloc, Replay, Rlsf,
-    ThreadCpuTime, MIXED_OPS, SEED,
+    configured_engine, engine, mixed, rlsf_pool, thread_cpu_time, Contender, Empty, OffsetAlloc,
+    Replay, Rlsf, ThreadCpuTime, MIXED_OPS, SEED,
 };
 
 #[inline(never)]
@@ -68,7 +69,8 @@ fn run(who: &str, work: &str, n: u64) -> Result<f64, String> {
         }
         "empty_loop" => measure(&mut Empty, work, n),
         p if policy_names().iter().any(|name| name == p) => measure(&mut engine(p), work, n),
-        _ => Err(format!("unknown contender {who}")),
+        // A setting or configuration string: the engine as the C library builds it.
+        config => measure(&mut configured_engine(config)?, work, n),
     }
 }
 

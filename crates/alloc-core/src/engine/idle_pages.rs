@@ -64,6 +64,11 @@ impl<E> IdlePages<E> {
     /// Indexes in `freed_in` of the whole pages that `[lo, hi)` touches.
     fn pages(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
         let (base, unit) = (self.pages.base, self.pages.layout.smallest());
+        if self.pages.layout.is_uniform() {
+            // Every page is `unit` bytes (every free stamps, so the common
+            // layout skips the page-size lookups of floor and ceil).
+            return ((lo - base) / unit) as usize..(hi - base).div_ceil(unit) as usize;
+        }
         let first = ((self.pages.floor(lo) - base) / unit) as usize;
         let end = ((self.pages.ceil(hi) - base) / unit) as usize;
         first..end

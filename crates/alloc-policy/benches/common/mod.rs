@@ -45,6 +45,14 @@ pub fn engine(policy: &str) -> SimEngine {
     AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new()).expect("policy builds")
 }
 
+/// The engine of a setting's name or a configuration string (`budget`,
+/// `expandable_segments:True`), as the C library would build it.
+pub fn configured_engine(config: &str) -> Result<SimEngine, String> {
+    let cfg = AllocatorConfig::parse(config).map_err(|e| format!("{config}: {e}"))?;
+    AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new())
+        .map_err(|e| format!("{config}: {e}"))
+}
+
 impl Contender for SimEngine {
     type Handle = u64;
     #[inline]
