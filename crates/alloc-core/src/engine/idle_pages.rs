@@ -62,6 +62,7 @@ impl<E> IdlePages<E> {
     }
 
     /// Indexes in `freed_in` of the whole pages that `[lo, hi)` touches.
+    #[inline]
     fn pages(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
         let (base, unit) = (self.pages.base, self.pages.layout.smallest());
         if self.pages.layout.is_uniform() {
@@ -75,12 +76,23 @@ impl<E> IdlePages<E> {
     }
 
     /// A block over `[lo, hi)` became free now: every page it touches.
+    /// Inline, and the growth of the stamps out of line: every free under
+    /// `unmap_free_pages` comes here, and its register saves cost more
+    /// than the stamp.
+    #[inline]
     pub(super) fn freed(&mut self, lo: u64, hi: u64) {
         let pages = self.pages(lo, hi);
         if self.freed_in.len() < pages.end {
-            self.freed_in.resize(pages.end, 0);
+            self.grow_stamps(pages.end);
         }
         self.freed_in[pages].fill(self.epoch);
+    }
+
+    /// Room for the stamps of the first `pages` pages (0: never freed).
+    #[cold]
+    #[inline(never)]
+    fn grow_stamps(&mut self, pages: usize) {
+        self.freed_in.resize(pages, 0);
     }
 
     /// The pages of `[lo, hi)` were just mapped: nothing has used them,
