@@ -343,7 +343,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             None => self.no_cached_block(req, whole)?,
         };
         if self.segments.recycles_pages() {
-            self.map_if_unmapped(piece, req)?;
+            self.map_or_refuse(piece, req)?;
         }
         // Read before the state changes, whose stores would make them
         // loads again.
@@ -375,23 +375,17 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         })
     }
 
-    /// `unmap_free_pages`: maps the pages under `piece` if its segment has
-    /// unmapped ones. The test comes before the mapping's call, which first
-    /// lends the engine's parts; out of line, so that the mallocs of other
-    /// settings keep their code as it was.
-    #[inline(never)]
-    fn map_if_unmapped(&mut self, piece: BlockId, req: Request) -> Result<(), AllocError> {
-        if self.heap.has_unmapped_pages(piece) {
-            self.map_or_refuse(piece, req)?;
-        }
-        Ok(())
-    }
-
     /// Maps the pages under `piece`, the block for `req`; when there is no
     /// room, takes the block back and reports the request out of memory.
-    // Out of line, the request by value: see `no_cached_block`.
+    // Out of line, the request by value: see `no_cached_block`; out of line
+    // too so that the mallocs of settings that map nothing keep their code.
     #[inline(never)]
     fn map_or_refuse(&mut self, piece: BlockId, req: Request) -> Result<(), AllocError> {
+        // Most blocks lie over mapped pages only: asked before the parts are
+        // lent, the call costs them the test alone.
+        if !self.heap.has_unmapped_pages(piece) {
+            return Ok(());
+        }
         let (segments, mut cx) = self.lend();
         if segments.map_pages_under(&mut cx, piece)? {
             return Ok(());

@@ -294,11 +294,11 @@ impl<E> GrowableSegments<E> {
     /// is handed out; `None` when its segment does not grow or has every
     /// page mapped.
     pub(super) fn runs_to_map(&self, heap: &Heap, block: BlockId) -> Option<RunsToMap> {
-        let b = heap.block(block);
-        let seg = heap.segment(b.segment);
-        if !seg.expandable || seg.unmapped == 0 {
+        if !heap.has_unmapped_pages(block) {
             return None;
         }
+        let b = heap.block(block);
+        let seg = heap.segment(b.segment);
         let key = (seg.key(), seg.pool);
         let g = &self.segments[&key];
         let span = g.covering(b.addr, b.size);

@@ -42,15 +42,19 @@ pub type SimEngine = Engine<AnyPolicy, SimMemory, SimStreams>;
 pub fn engine(policy: &str) -> SimEngine {
     let mut cfg = AllocatorConfig::default();
     cfg.policy = Some(policy.to_string());
-    AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new()).expect("policy builds")
+    engine_of(&cfg).expect("policy builds")
 }
 
 /// The engine of a setting's name or a configuration string (`budget`,
 /// `expandable_segments:True`), as the C library would build it.
 pub fn configured_engine(config: &str) -> Result<SimEngine, String> {
     let cfg = AllocatorConfig::parse(config).map_err(|e| format!("{config}: {e}"))?;
-    AnyPolicy::engine(&cfg, SimMemory::new(DEVICE), SimStreams::new())
-        .map_err(|e| format!("{config}: {e}"))
+    engine_of(&cfg).map_err(|e| format!("{config}: {e}"))
+}
+
+/// The engine `cfg` builds on the simulated device.
+fn engine_of(cfg: &AllocatorConfig) -> Result<SimEngine, alloc_core::ConfigError> {
+    AnyPolicy::engine(cfg, SimMemory::new(DEVICE), SimStreams::new())
 }
 
 impl Contender for SimEngine {
