@@ -292,9 +292,9 @@ def batches_from(reference):
 
 def profile_steps(torch, step, batch, steps, n):
     """Runs `n` more steps of the schedule at `batch` under torch.profiler (CPU and CUDA
-    activities) and returns the ops with the most self CPU time, per step: what a slower step spends
-    its host time on (`--profile-steps`). The profiler slows every op, so these steps are
-    not timed for the rate."""
+    activities) and returns the ops with the most self CPU time, per step: what a slower
+    step spends its host time on (`--profile-steps`). The profiler slows every op, so these
+    steps are not timed for the rate."""
     activity = torch.profiler.ProfilerActivity
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as prof:
@@ -544,14 +544,14 @@ def profile_tables(results, shown=PROFILE_SHOWN):
     (self CPU microseconds per step, from the first round that has a profile), one column
     per allocator: the union of each allocator's `shown` heaviest ops, heaviest first by
     their largest figure. Empty without profiles."""
-    cells = {}  # (workload, budget) -> alloc -> profile
-    for r in results:
-        for b in r.get("budgets") or []:
-            prof = b.get("profile")
-            if prof and "top" in prof:
-                cells.setdefault((r["workload"], b["budget"]), {}).setdefault(r["alloc"], prof)
+    profiles = {}  # (workload, budget) -> alloc -> profile
+    for (workload, bud, alloc), by_round in cells(results).items():
+        prof = next((b["profile"] for _, (_, b) in sorted(by_round.items())
+                     if "top" in (b.get("profile") or {})), None)
+        if prof:
+            profiles.setdefault((workload, bud), {})[alloc] = prof
     out = []
-    for (workload, bud), by_alloc in sorted(cells.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+    for (workload, bud), by_alloc in sorted(profiles.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
         allocs = sorted(by_alloc, key=lambda a: (a != "torch", a))
         self_us = {a: {e["name"]: e["self_cpu_us"] for e in by_alloc[a]["top"]} for a in allocs}
         names = set()

@@ -448,9 +448,10 @@ def build_cpu_loops(out_dir):
                       os.path.join(out_dir, "libmt_cpu.so"), ["-std=c++17", "-pthread"], ["-ldl"])
 
 
-def build_null_pluggable(out_dir, block=64 << 20):
-    """Compiles null_pluggable.c into out_dir, its block per device `block` bytes; returns the
-    library's path."""
+def build_null_pluggable(out_dir, largest=0):
+    """Compiles null_pluggable.c into out_dir, its block per device large enough for a
+    request of `largest` bytes and at least 64 MiB; returns the library's path."""
+    block = max(64 << 20, largest)
     return compile_so("cc", os.path.join(HERE, "null_pluggable.c"),
                       os.path.join(out_dir, "libnull_pluggable.so"),
                       ["-Wall", "-pthread", "-DNULL_PLUGGABLE_BLOCK=%dLL" % block], ["-ldl"])
@@ -781,8 +782,8 @@ def main(argv=None):
         prebuild()
         os.makedirs(args.out, exist_ok=True)
         null_so = None
-        if "pluggable-null" in processes(args):  # a block every request of the plan fits in
-            null_so = build_null_pluggable(args.out, max(64 << 20, largest_request(args.workloads)))
+        if "pluggable-null" in processes(args):
+            null_so = build_null_pluggable(args.out, largest_request(args.workloads))
         for which in processes(args):
             extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
             got = run_child(args, which, extra=extra)
