@@ -7,8 +7,17 @@
 // device address, so it has to be one: each device gets one block of
 // NULL_PLUGGABLE_BLOCK bytes from the CUDA runtime's cudaMalloc on its first
 // request (PyTorch calls malloc with that device current), and every request
-// that fits gets the block's base; larger ones, and any failure, get NULL.
+// that fits gets an address inside it; larger ones, and any failure, get NULL.
 // free does nothing; the blocks live as long as the process.
+//
+// PyTorch's pluggable allocator keeps a table of the live pointers and fails
+// a free whose pointer it no longer holds, so two live requests must not get
+// the same address. Each thread takes the next of its own NULL_PLUGGABLE_SLOTS
+// addresses, 512 bytes apart, in a lane of the block that is its alone (a
+// thread-local counter, so the floor adds no shared cache line). The bytes two
+// requests name overlap; nothing reads them. Addresses repeat only after a
+// thread's NULL_PLUGGABLE_SLOTS requests, or when more than NULL_PLUGGABLE_LANES
+// threads share a lane.
 //
 // cudaMalloc is looked up at run time (the process has loaded libcudart), so
 // no CUDA header or library is needed to build:
@@ -26,11 +35,21 @@
 #define NULL_PLUGGABLE_BLOCK (64LL << 20)
 #endif
 #define NULL_PLUGGABLE_DEVICES 64
+// Lanes of 4096 addresses each: 64 MiB, the smallest block, holds all 32.
+#define NULL_PLUGGABLE_LANES 32
+#define NULL_PLUGGABLE_SLOTS 4096
+#define NULL_PLUGGABLE_STEP 512
+_Static_assert((long long)NULL_PLUGGABLE_LANES * NULL_PLUGGABLE_SLOTS * NULL_PLUGGABLE_STEP <=
+                   NULL_PLUGGABLE_BLOCK,
+               "every lane's addresses lie in the block");
 
 typedef int (*cuda_malloc_fn)(void**, size_t);
 
 static _Atomic(void*) blocks[NULL_PLUGGABLE_DEVICES];
 static pthread_mutex_t first_call = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint lanes_taken;
+static _Thread_local unsigned lane = ~0u;
+static _Thread_local unsigned next_slot;
 
 // cudaMalloc of the process: in the global scope, else in a libcudart
 // already loaded (RTLD_NOLOAD: never loads one).
@@ -62,16 +81,21 @@ static void* block_of(int device) {
   return b;
 }
 
-// The device's block for any request of at most NULL_PLUGGABLE_BLOCK bytes,
-// else NULL.
+// The next address of the calling thread's lane in the device's block, for
+// any request of at most NULL_PLUGGABLE_BLOCK bytes; else NULL.
 void* null_malloc(ssize_t size, int device, void* stream) {
   (void)stream;
   if (size < 0 || size > NULL_PLUGGABLE_BLOCK || device < 0 || device >= NULL_PLUGGABLE_DEVICES)
     return NULL;
-  return block_of(device);
+  char* b = block_of(device);
+  if (!b) return NULL;
+  if (lane == ~0u) lane = atomic_fetch_add_explicit(&lanes_taken, 1, memory_order_relaxed) %
+                          NULL_PLUGGABLE_LANES;
+  unsigned slot = next_slot++ % NULL_PLUGGABLE_SLOTS;
+  return b + ((size_t)lane * NULL_PLUGGABLE_SLOTS + slot) * NULL_PLUGGABLE_STEP;
 }
 
-// Nothing to give back: every request shares the device's block.
+// Nothing to give back: every request lies in the device's block.
 void null_free(void* ptr, ssize_t size, int device, void* stream) {
   (void)ptr;
   (void)size;

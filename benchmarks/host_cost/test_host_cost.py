@@ -451,7 +451,7 @@ class NullPluggableTest(unittest.TestCase):
                                   ctypes.c_void_p]
         return stub, lib, lambda name: ctypes.c_int.in_dll(stub, name)
 
-    def test_one_block_per_device_the_base_for_what_fits(self):
+    def test_one_block_per_device_a_new_address_in_it_for_what_fits(self):
         stub, lib, var = self.load()
         var("stub_fail").value = 1
         self.assertIsNone(lib.null_malloc(512, 0, None))  # cudaMalloc failed: NULL, try again
@@ -459,14 +459,20 @@ class NullPluggableTest(unittest.TestCase):
         base = lib.null_malloc(512, 0, None)
         self.assertEqual(base, 2 * 0x10000000)
         self.assertEqual(ctypes_size(stub), 64 << 20)
-        self.assertEqual(lib.null_malloc(64 << 20, 0, None), base)
+        # Live requests never share an address (PyTorch's pluggable allocator fails the
+        # free of a pointer it holds twice): the next ones follow 512 bytes apart.
+        self.assertEqual(lib.null_malloc(64 << 20, 0, None), base + 512)
         lib.null_free(base, 512, 0, None)
-        self.assertEqual(lib.null_malloc(0, 0, None), base)
+        self.assertEqual(lib.null_malloc(0, 0, None), base + 1024)
         self.assertEqual(var("stub_calls").value, 2)
         for size, device in (((64 << 20) + 1, 0), (-1, 0), (512, -1), (512, 64)):
             self.assertIsNone(lib.null_malloc(size, device, None), (size, device))
-        self.assertEqual(lib.null_malloc(8 << 20, 1, None), 3 * 0x10000000)
+        self.assertEqual(lib.null_malloc(8 << 20, 1, None), 3 * 0x10000000 + 3 * 512)
         self.assertEqual(var("stub_calls").value, 3)
+        seen = {lib.null_malloc(512, 0, None) for _ in range(4096 - 4)}
+        self.assertEqual(len(seen), 4096 - 4)
+        self.assertLess(max(seen), base + (64 << 20))
+        self.assertEqual(lib.null_malloc(512, 0, None), base)  # the lane wraps after 4096
 
     def test_the_block_is_as_large_as_built(self):
         self.so = ht.build_null_pluggable(self.dir, 3 << 30)
@@ -477,18 +483,22 @@ class NullPluggableTest(unittest.TestCase):
         self.assertEqual(ht.largest_request([ht.parse_workload("pair:8M"),
                                              ht.parse_workload("mixed:512:100M:10")]), 100 << 20)
 
-    def test_threads_meeting_on_the_first_call_make_one_block(self):
+    def test_threads_meeting_on_the_first_call_make_one_block_and_take_lanes_of_it(self):
         stub, lib, var = self.load()
         var("stub_delay_us").value = 20000
         got = []
-        ts = [threading.Thread(target=lambda: got.append(lib.null_malloc(512, 5, None)))
+        ts = [threading.Thread(target=lambda: got.append([lib.null_malloc(512, 5, None)
+                                                          for _ in range(3)]))
               for _ in range(8)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
         self.assertEqual(var("stub_calls").value, 1)
-        self.assertEqual(got, [0x10000000] * 8)
+        lanes = sorted(g[0] for g in got)
+        self.assertEqual(lanes, [0x10000000 + i * 4096 * 512 for i in range(8)])
+        for g in got:
+            self.assertEqual(g, [g[0], g[0] + 512, g[0] + 1024])
 
     def test_without_a_cuda_runtime_every_request_is_null(self):
         import subprocess
