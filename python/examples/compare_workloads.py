@@ -338,7 +338,40 @@ def make_table(results, ref_alloc=REF_ALLOC):
         out += ["", "Failed runs:"] + ["- " + f for f in failures]
     out += repeat_summary(results, ref_alloc)
     out += moves_summary(results, ref_alloc)
+    out += kernel_summary(results)
     return "\n".join(out) + "\n"
+
+
+def kernel_summary(results):
+    """Markdown lines for --kernel-time runs: per run, the mean timed step, the mean GPU
+    time of its kernels, and the rest (host time the GPU waited for), with the kernel that
+    took the most GPU time. Two runs whose steps differ by their kernel time differ on the
+    GPU; by the rest, on the host. Empty when no run timed its kernels."""
+    rows = []
+    for r in results:
+        kernel_ms = r.get("kernel_ms")
+        if _failed(r) or not kernel_ms:
+            continue
+        base, tag = split_tag(r.get("alloc", ""))
+        warmup = r.get("warmup", 0)
+        steps, kernels = timed_steps(r), kernel_ms[warmup:]
+        if not steps or len(steps) != len(kernels):
+            continue
+        step, kernel = statistics.mean(steps), statistics.mean(kernels)
+        count = statistics.mean((r.get("kernels") or [0] * len(kernel_ms))[warmup:])
+        top = (r.get("top_kernels") or [None])[0]
+        heaviest = "%s %.2f" % (top["name"][:60], top["ms_per_step"]) if top else "-"
+        rows.append("| %s | %s | %s | %.2f | %.2f | %.2f | %.3f | %.0f | %s |" % (
+            r.get("workload"), base, tag or "1", step, kernel, step - kernel, kernel / step,
+            count, heaviest))
+    if not rows:
+        return []
+    return ["", "GPU time per step (--kernel-time; means over the timed steps; kernels: GPU "
+            "time of the step's kernels, copies and fills; rest: step minus kernels, the host "
+            "time the GPU waited for):", "",
+            "| workload | allocator | round | step ms | kernels ms | rest ms | kernels / step "
+            "| kernels a step | heaviest kernel, ms a step |",
+            "|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def split_tag(alloc):
@@ -467,8 +500,9 @@ class Meter:
     """Step times, the cuMemGetInfo cross-check and, under our allocator, the pages
     unmapped so far after each step (`moved`: a callable giving that count)."""
 
-    def __init__(self, torch, moved=None):
+    def __init__(self, torch, moved=None, kernels=None):
         self.torch = torch
+        self.kernels = kernels
         free0, self.total = torch.cuda.mem_get_info()
         self.used0 = self.total - free0
         self.used_peak = self.used0
@@ -486,6 +520,55 @@ class Meter:
         self.sample()
         if self.moved is not None:
             self.unmapped_after_step.append(self.moved())
+        if self.kernels is not None:
+            self.kernels.step_done()
+
+
+class KernelTimer:
+    """--kernel-time: the GPU time of every step's kernels, copies and fills, from the
+    CUDA activity of torch.profiler (CUPTI), one profiling cycle a step, so that a slower
+    step can be told apart as slower GPU work or as host time the GPU waited for (step
+    time minus kernel time). The profiler's own host cost lands in every run alike."""
+
+    TOP = 8  # kernels kept, by GPU time over the timed steps
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.ms, self.count, self.names = [], [], []
+        sched = torch.profiler.schedule(wait=0, warmup=0, active=1, repeat=0)
+        self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA],
+                                           schedule=sched, on_trace_ready=self._collect)
+        self.prof.start()
+
+    def _collect(self, prof):
+        cuda, by_name = self.torch.autograd.DeviceType.CUDA, {}
+        for e in prof.events():
+            if e.device_type == cuda:
+                by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+        self.ms.append(sum(by_name.values()))
+        self.count.append(sum(1 for e in prof.events() if e.device_type == cuda))
+        self.names.append(by_name)
+
+    def step_done(self):
+        """Ends the step's profiling cycle (its kernels are summed now) and starts the next."""
+        self.prof.step()
+
+    def result(self, warmup):
+        """Per-step kernel ms and counts, and the kernels with the most GPU time per timed
+        step (after `warmup`); the profiler is stopped. Stopping ends a last cycle (what ran
+        after the last step), which is left out."""
+        steps = len(self.ms)
+        self.prof.stop()
+        del self.ms[steps:], self.count[steps:], self.names[steps:]
+        timed, total = self.names[warmup:], {}
+        for by_name in timed:
+            for name, ms in by_name.items():
+                total[name] = total.get(name, 0.0) + ms
+        top = sorted(total.items(), key=lambda kv: -kv[1])[:self.TOP]
+        n = max(len(timed), 1)
+        return {"kernel_ms": [round(v, 4) for v in self.ms], "kernels": self.count,
+                "top_kernels": [{"name": k[:120], "ms_per_step": round(v / n, 4)}
+                                for k, v in top]}
 
 
 def _gpt2(torch):
@@ -718,7 +801,7 @@ STAT_KEYS = ["allocated_bytes.all.peak", "reserved_bytes.all.peak", "requested_b
              "num_ooms", "segment.all.peak"]
 
 
-def child(workload, alloc, deterministic=False, steps=None):
+def child(workload, alloc, deterministic=False, steps=None, kernel_time=False):
     kind, conf = parse_alloc(alloc)
     default_steps, warmup = WORKLOADS[workload]
     steps = steps or default_steps
@@ -750,12 +833,14 @@ def child(workload, alloc, deterministic=False, steps=None):
 
         def moved():
             return gpu_alloc.memory_stats().get("page_moves.pages_unmapped")
-    meter = Meter(torch, moved)
+    meter = Meter(torch, moved, KernelTimer(torch) if kernel_time else None)
     extra = {}
     t0 = time.perf_counter()
     fingerprint = globals()["wl_" + workload](torch, meter, steps, extra)
     run_s = time.perf_counter() - t0
     warmup = extra.pop("warmup", warmup)
+    if meter.kernels is not None:
+        extra.update(meter.kernels.result(warmup))
     backend = torch.cuda.get_allocator_backend() if kind == "torch" else "gpualloc"
     st, source, ours = _stats(torch, kind)
     used_delta = meter.used_peak - meter.used0
@@ -908,6 +993,10 @@ def main(argv=None):
                     help="steps per run instead of each workload's default (rounds for "
                          "gpt2_generate, batches for vit_varbatch_infer); the warm-up steps "
                          "stay, so a longer run weighs the steady state more in the mean")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="time every step's kernels on the GPU (torch.profiler's CUDA activity): "
+                         "the report splits the mean step into GPU work and host time the GPU "
+                         "waited for, per run")
     ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -939,7 +1028,7 @@ def main(argv=None):
         prebuild_bridge(max(args.timeout, 300))
     for w in workloads:
         for a in allocs:
-            cmd = child_command(w, a, args.deterministic, args.steps)
+            cmd = child_command(w, a, args.deterministic, args.steps, args.kernel_time)
             t0 = time.perf_counter()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
@@ -988,27 +1077,29 @@ def main(argv=None):
     return 0
 
 
-def child_command(workload, alloc, deterministic=False, steps=None):
+def child_command(workload, alloc, deterministic=False, steps=None, kernel_time=False):
     """The command line of one run's child process."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc]
     if deterministic:
         cmd.append("--deterministic")
     if steps is not None:
         cmd += ["--steps", str(steps)]
+    if kernel_time:
+        cmd.append("--kernel-time")
     return cmd
 
 
 def child_args(argv):
-    """(deterministic, steps) from the options after `--child WORKLOAD ALLOC`."""
+    """child()'s keyword arguments from the options after `--child WORKLOAD ALLOC`."""
     steps = None
     if "--steps" in argv:
         steps = int(argv[argv.index("--steps") + 1])
-    return "--deterministic" in argv, steps
+    return {"deterministic": "--deterministic" in argv, "steps": steps,
+            "kernel_time": "--kernel-time" in argv}
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "--child":
-        deterministic, steps = child_args(sys.argv[4:])
-        child(sys.argv[2], sys.argv[3], deterministic=deterministic, steps=steps)
+        child(sys.argv[2], sys.argv[3], **child_args(sys.argv[4:]))
     else:
         sys.exit(main())

@@ -285,6 +285,26 @@ class MovesTest(unittest.TestCase):
         self.assertIsNone(cw.step_ratios_by_moves(ours, ref))
 
 
+class KernelTimeTest(unittest.TestCase):
+    def test_the_step_splits_into_kernel_time_and_the_rest_per_run(self):
+        ours = run("gpualloc#2", [50.0, 12.0, 10.0], 1, G, G, FP)
+        ours.update(kernel_ms=[40.0, 9.0, 9.0], kernels=[900, 300, 302],
+                    top_kernels=[{"name": "sm90_gemm", "ms_per_step": 4.5}])
+        ref = run("torch", [50.0, 10.0, 10.0], 1, G, G, FP)
+        ref.update(kernel_ms=[40.0, 9.0, 8.0], kernels=[900, 300, 300], top_kernels=[])
+        rows = [line for line in cw.kernel_summary([ref, ours]) if line.startswith("| w1 ")]
+        self.assertEqual(rows, ["| w1 | torch | 1 | 10.00 | 8.50 | 1.50 | 0.850 | 300 | - |",
+                                "| w1 | gpualloc | 2 | 11.00 | 9.00 | 2.00 | 0.818 | 301 "
+                                "| sm90_gemm 4.50 |"])
+        self.assertIn("GPU time per step", cw.make_table([ref, ours]))
+
+    def test_nothing_without_kernel_times_or_with_a_short_list(self):
+        self.assertEqual(cw.kernel_summary(RESULTS), [])
+        short = run("torch", [50.0, 10.0, 10.0], 1, G, G, FP)
+        short["kernel_ms"] = [40.0, 9.0]
+        self.assertEqual(cw.kernel_summary([short]), [])
+
+
 class PickTest(unittest.TestCase):
     def test_a_conf_with_commas_stays_one_allocator(self):
         got = cw._pick("torch,gpualloc:expandable_segments:True,unmap_free_pages:True,torch-async",
@@ -319,9 +339,13 @@ class ChildCommandTest(unittest.TestCase):
     def test_steps_and_determinism_reach_the_child(self):
         cmd = cw.child_command("gpt2_train", "torch", deterministic=True, steps=60)
         self.assertEqual(cmd[2:5], ["--child", "gpt2_train", "torch"])
-        self.assertEqual(cw.child_args(cmd[5:]), (True, 60))
+        self.assertEqual(cw.child_args(cmd[5:]),
+                         {"deterministic": True, "steps": 60, "kernel_time": False})
         plain = cw.child_command("resnet50_train", "gpualloc")
-        self.assertEqual(cw.child_args(plain[5:]), (False, None))
+        self.assertEqual(cw.child_args(plain[5:]),
+                         {"deterministic": False, "steps": None, "kernel_time": False})
+        timed = cw.child_command("gpt2_train", "torch", kernel_time=True)
+        self.assertTrue(cw.child_args(timed[5:])["kernel_time"])
 
     def test_steps_must_leave_a_timed_step(self):
         with self.assertRaises(SystemExit):
