@@ -213,12 +213,16 @@ def is_oom(torch, e):
 
 
 COUNTER_GROUPS = ("page_moves.", "stream_ops.")
+# PyTorch's own counters of driver allocations and frees (a page mapped or unmapped
+# counts as one) and of retries after a failed one.
+DEVICE_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
 
 
 def moves_counters(stats):
-    """The page-move and stream counters (`page_moves.*`, `stream_ops.*`) of a
-    gpu_alloc.memory_stats() map."""
-    return {k: v for k, v in stats.items() if k.startswith(COUNTER_GROUPS)}
+    """The page-move and stream counters (`page_moves.*`, `stream_ops.*`) and the driver
+    allocation counters (DEVICE_COUNTERS) of a gpu_alloc.memory_stats() map."""
+    return {k: v for k, v in stats.items()
+            if k.startswith(COUNTER_GROUPS) or k in DEVICE_COUNTERS}
 
 
 def per_step_difference(before, after, steps):
@@ -293,7 +297,8 @@ def batches_from(reference):
 def profile_steps(torch, step, batch, steps, n):
     """Runs `n` more steps of the schedule at `batch` under torch.profiler (CPU and CUDA
     activities) and returns the ops with the most self CPU time, per step: what a slower
-    step spends its host time on (`--profile-steps`). The profiler slows every op, so these
+    step spends its host time on (`--profile-steps`), and the GPU time of its kernels,
+    copies and fills per step (a slower step with the same kernel time waited on the host). The profiler slows every op, so these
     steps are not timed for the rate."""
     activity = torch.profiler.ProfilerActivity
     t0 = time.perf_counter()
@@ -302,14 +307,59 @@ def profile_steps(torch, step, batch, steps, n):
             step(batch, i % steps)
             torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    top = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    averages = prof.key_averages()
+    top = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    # The GPU's own time: the device-side entries (kernels, copies, fills), each once.
+    cuda = getattr(getattr(torch, "autograd", None), "DeviceType", None)
+    kernel_us = sum(e.self_device_time_total for e in averages
+                    if cuda is not None and getattr(e, "device_type", None) == cuda.CUDA)
     return {"steps": n, "wall_ms_per_step": 1e3 * wall / n,
+            "kernel_ms_per_step": kernel_us / 1e3 / n,
+            "allocator_calls": allocator_call_spread(prof.events()),
             "top": [{"name": e.key, "calls": e.count / n,
                      "self_cpu_us": e.self_cpu_time_total / n,
                      "cpu_us": e.cpu_time_total / n} for e in top[:PROFILE_TOP]]}
 
 
-def child(workload, alloc, budgets, steps, profile=0):
+def allocator_call_spread(events, slow_us=100.0):
+    """The spread of gpualloc's calls in a profile (the bridge's gpualloc::malloc and
+    gpualloc::free ops): per name, the count, the percentiles of one call's host time in
+    us, and the share of the total in calls of at least `slow_us`: whether a high mean is
+    every call or a few long ones."""
+    by_name = {}
+    for e in events:
+        if e.name.startswith("gpualloc::"):
+            by_name.setdefault(e.name, []).append(e.time_range.elapsed_us())
+    out = {}
+    for name, us in sorted(by_name.items()):
+        us.sort()
+        total = sum(us)
+        slow = [u for u in us if u >= slow_us]
+        out[name] = {"calls": len(us), "total_us": total,
+                     "p50_us": us[len(us) // 2], "p90_us": us[int(len(us) * 0.9)],
+                     "p99_us": us[int(len(us) * 0.99)], "max_us": us[-1],
+                     "slow_calls": len(slow), "slow_share": sum(slow) / total if total else 0.0}
+    return out
+
+
+def record_snapshot(torch, step, batch, steps, n, path):
+    """Runs `n` more steps of the schedule at `batch` with PyTorch's allocation history on
+    (no stacks) and writes the snapshot pickle to `path`: the workload's allocation trace,
+    streams included, which `cargo xtask replay PATH --capacity-gib BUDGET` replays on the
+    simulated device under every setting (`--snapshot-steps`)."""
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python",
+                                             max_entries=1 << 22)
+    try:
+        for i in range(n):
+            step(batch, i % steps)
+        torch.cuda.synchronize()
+        torch.cuda.memory._dump_snapshot(path)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return path
+
+
+def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
     kind, conf = cw.parse_alloc(alloc)
     if kind == "gpualloc":
         sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -334,6 +384,9 @@ def child(workload, alloc, budgets, steps, profile=0):
         out.update(ok=ok, rate=rate, mean_step_ms=mean_ms, error=err, batch=reference,
                    peak_allocated=torch.cuda.max_memory_allocated(),
                    peak_reserved=torch.cuda.max_memory_reserved())
+        if ok and snapshot:
+            n, path = snapshot
+            out["snapshot"] = record_snapshot(torch, step, reference, steps, n, path)
     for budget in sorted(budgets, reverse=True):
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
@@ -559,8 +612,11 @@ def profile_tables(results, shown=PROFILE_SHOWN):
             names.update(e["name"] for e in by_alloc[a]["top"][:shown])
         order = sorted(names, key=lambda n: (-max(self_us[a].get(n, 0) for a in allocs), n))
         out += ["", "Host time per step under torch.profiler, %s at %.2f GiB (self CPU us; "
-                "profiled steps ran %s ms each):" % (workload, bud / GIB, ", ".join(
-                    "%s %.1f" % (a, by_alloc[a]["wall_ms_per_step"]) for a in allocs)), "",
+                "profiled steps ran %s ms each, of which kernels):" % (
+                    workload, bud / GIB, ", ".join(
+                        "%s %.1f (%s)" % (a, by_alloc[a]["wall_ms_per_step"],
+                                          _fmt(by_alloc[a].get("kernel_ms_per_step"), "%.1f"))
+                        for a in allocs)), "",
                 "| op | " + " | ".join(allocs) + " |",
                 "|---|" + "---:|" * len(allocs)]
         for n in order:
@@ -569,11 +625,14 @@ def profile_tables(results, shown=PROFILE_SHOWN):
     return out
 
 
-def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0):
+def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0, snapshot=None):
     """One (workload, allocator) process, pinned to `cpus` (None: not pinned): its result,
-    or a dict with `error`. `profile`: steps to profile after each budget's batch."""
+    or a dict with `error`. `profile`: steps to profile after each budget's batch;
+    `snapshot`: (steps, path) of a snapshot recorded after the calibration's batch."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc,
            json.dumps(budgets), str(steps), str(profile)]
+    if snapshot:
+        cmd += [str(snapshot[0]), snapshot[1]]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
@@ -611,13 +670,18 @@ def main(argv=None):
                     help="steps per batch tried (default: each workload's own, 20 or 6)")
     ap.add_argument("--rounds", type=int, default=1, metavar="R",
                     help="run every (workload, allocator) R times, interleaved, the "
-                         "allocators rotated from round to round (the calibration once)")
+                         "allocators rotated from round to round (the calibration once; 0: "
+                         "the calibration alone)")
     ap.add_argument("--cpus", type=cw.parse_cpus, metavar="LIST",
                     help="pin every child to these CPUs (e.g. '2-9')")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
                     help="after each budget's batch, N more steps under torch.profiler: the "
                          "ops with the most host time per step, per allocator (not timed)")
+    ap.add_argument("--snapshot-steps", type=int, default=0, metavar="N",
+                    help="after the calibration, N more steps with PyTorch's allocation "
+                         "history on, written to OUT/WORKLOAD.snapshot.pickle (a trace for "
+                         "`cargo xtask replay`)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -625,8 +689,8 @@ def main(argv=None):
         with open(args.from_json) as f:
             sys.stdout.write(make_table(json.load(f)))
         return 0
-    if args.rounds < 1:
-        ap.error("--rounds must be at least 1")
+    if args.rounds < 0:
+        ap.error("--rounds must be at least 0 (0: the calibration alone)")
     shares = [float(s) for s in args.shares.split(",")]
     workloads = args.workloads.split(",")
     for w in workloads:
@@ -643,7 +707,11 @@ def main(argv=None):
     results = []
     os.makedirs(args.out, exist_ok=True)
     for w in workloads:
-        cal = run_child(w, "torch", [], args.steps, args.timeout, args.cpus)
+        snapshot = None
+        if args.snapshot_steps:
+            snapshot = (args.snapshot_steps,
+                        os.path.join(os.path.abspath(args.out), w + ".snapshot.pickle"))
+        cal = run_child(w, "torch", [], args.steps, args.timeout, args.cpus, snapshot=snapshot)
         cal.update(round=0, calibration=True)
         results.append(cal)
         if cal.get("error") or not cal.get("ok"):
@@ -670,6 +738,7 @@ def main(argv=None):
 if __name__ == "__main__":
     if len(sys.argv) > 5 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), int(sys.argv[5]),
-              int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+              int(sys.argv[6]) if len(sys.argv) > 6 else 0,
+              (int(sys.argv[7]), sys.argv[8]) if len(sys.argv) > 8 else None)
     else:
         sys.exit(main())

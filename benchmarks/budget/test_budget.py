@@ -9,6 +9,7 @@ import sys
 import tempfile
 import types
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import budget  # noqa: E402
@@ -139,9 +140,11 @@ class BudgetTests(unittest.TestCase):
     def test_main_calibrates_once_then_runs_rounds_rotated_and_pinned(self):
         calls = []
 
-        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0):
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
+                       snapshot=None):
             calls.append((workload, alloc, tuple(budgets), cpus))
             self.assertEqual(profile, 0)
+            self.assertIsNone(snapshot)
             if not budgets:
                 return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
                         "peak_allocated": 100 * GIB // 100, "peak_reserved": 3 * GIB}
@@ -170,13 +173,38 @@ class BudgetTests(unittest.TestCase):
             ("torch", 2)])
         self.assertTrue(saved_results[0]["calibration"])
 
+    def test_snapshot_steps_reach_the_calibration_alone(self):
+        calls = []
+
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
+                       snapshot=None):
+            calls.append((alloc, tuple(budgets), snapshot))
+            return {"workload": workload, "alloc": alloc, "ok": True, "batch": 8,
+                    "peak_allocated": GIB, "peak_reserved": 2 * GIB}
+
+        saved = budget.run_child
+        budget.run_child = fake_child
+        try:
+            with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+                budget.main(["fsdp2_varlen_train", "torch", "--rounds", "0",
+                             "--snapshot-steps", "4", "--out", d])
+                path = os.path.join(os.path.abspath(d), "fsdp2_varlen_train.snapshot.pickle")
+        finally:
+            budget.run_child = saved
+        self.assertEqual(calls, [("torch", (), (4, path))])
+        with mock.patch.object(budget.subprocess, "run") as run:
+            run.return_value = types.SimpleNamespace(returncode=1, stdout="", stderr="x")
+            budget.run_child("w", "torch", [], 0, 5, snapshot=(4, "/o/w.pickle"))
+        self.assertEqual(run.call_args[0][0][-4:], ["0", "0", "4", "/o/w.pickle"])
+
     def test_profile_steps_keeps_the_heaviest_ops_per_step(self):
         seen = []
 
         class Event:
-            def __init__(self, key, count, self_us, total_us):
+            def __init__(self, key, count, self_us, total_us, device="cpu", device_us=0.0):
                 self.key, self.count = key, count
                 self.self_cpu_time_total, self.cpu_time_total = self_us, total_us
+                self.device_type, self.self_device_time_total = device, device_us
 
         class Profile:
             def __init__(self, activities):
@@ -188,14 +216,24 @@ class BudgetTests(unittest.TestCase):
             def __exit__(self, *exc):
                 return False
 
+            def events(self):
+                return [types.SimpleNamespace(
+                    name=name, time_range=types.SimpleNamespace(elapsed_us=lambda us=us: us))
+                    for name, us in [("gpualloc::malloc", 2.0), ("aten::add", 9.0),
+                                     ("gpualloc::malloc", 400.0), ("gpualloc::malloc", 3.0),
+                                     ("gpualloc::free", 1.0)]]
+
             def key_averages(self):
                 return [Event("aten::empty_strided", 40, 800.0, 900.0),
                         Event("cudaLaunchKernel", 100, 2000.0, 2000.0),
-                        Event("aten::add", 20, 100.0, 300.0)]
+                        Event("aten::add", 20, 100.0, 300.0, device_us=7000.0),
+                        Event("add_kernel", 20, 0.0, 0.0, "gpu", 6000.0),
+                        Event("gemm", 4, 0.0, 0.0, "gpu", 2000.0)]
 
         torch = types.SimpleNamespace(
             profiler=types.SimpleNamespace(
                 profile=Profile, ProfilerActivity=types.SimpleNamespace(CPU="cpu", CUDA="cuda")),
+            autograd=types.SimpleNamespace(DeviceType=types.SimpleNamespace(CUDA="gpu")),
             cuda=types.SimpleNamespace(synchronize=lambda: seen.append("sync")))
         steps = []
         saved = budget.PROFILE_TOP
@@ -207,6 +245,12 @@ class BudgetTests(unittest.TestCase):
         self.assertEqual(steps, [(6, 0), (6, 1), (6, 2), (6, 0)])
         self.assertEqual(seen, [("activities", ["cpu", "cuda"])] + ["sync"] * 4)
         self.assertEqual(prof["steps"], 4)
+        self.assertEqual(prof["kernel_ms_per_step"], 2.0)  # the device entries alone, per step
+        malloc = prof["allocator_calls"]["gpualloc::malloc"]
+        self.assertEqual((malloc["calls"], malloc["p50_us"], malloc["max_us"],
+                          malloc["slow_calls"]), (3, 3.0, 400.0, 1))
+        self.assertAlmostEqual(malloc["slow_share"], 400.0 / 405.0)
+        self.assertEqual(sorted(prof["allocator_calls"]), ["gpualloc::free", "gpualloc::malloc"])
         self.assertEqual(prof["top"], [
             {"name": "cudaLaunchKernel", "calls": 25.0, "self_cpu_us": 500.0, "cpu_us": 500.0},
             {"name": "aten::empty_strided", "calls": 10.0, "self_cpu_us": 200.0,
@@ -216,7 +260,8 @@ class BudgetTests(unittest.TestCase):
         def run(alloc, top, wall):
             return {"workload": "w", "alloc": alloc, "round": 1, "budgets": [
                 {"budget": 2 * GIB, "batch": 8, "rate": 1.0,
-                 "profile": {"steps": 5, "wall_ms_per_step": wall, "top": [
+                 "profile": {"steps": 5, "wall_ms_per_step": wall,
+                             "kernel_ms_per_step": wall - 2, "top": [
                      {"name": n, "calls": 1, "self_cpu_us": us, "cpu_us": us}
                      for n, us in top]}}]}
 
@@ -229,16 +274,19 @@ class BudgetTests(unittest.TestCase):
                                                                 "cpu_us": 999.0}]}}]}]
         self.assertEqual(budget.profile_tables(results, shown=2), [
             "", "Host time per step under torch.profiler, w at 2.00 GiB (self CPU us; "
-            "profiled steps ran torch 10.0, gpualloc:budget 12.5 ms each):", "",
+            "profiled steps ran torch 10.0 (8.0), gpualloc:budget 12.5 (10.5) ms each, of which "
+            "kernels):", "",
             "| op | torch | gpualloc:budget |", "|---|---:|---:|",
             "| c | 60 | 30 |", "| a | 10 | 50 |", "| d | 45 | - |", "| b | - | 40 |"])
         no_profile = {"workload": "w", "alloc": "torch", "budgets": [{"budget": GIB}]}
         self.assertEqual(budget.profile_tables([no_profile]), [])
 
     def test_counters_per_timed_step(self):
-        stats = {"page_moves.rounds": 2, "stream_ops.host_waits": 1, "num_ooms": 3}
+        stats = {"page_moves.rounds": 2, "stream_ops.host_waits": 1, "num_ooms": 3,
+                 "num_device_alloc": 7, "num_alloc_retries": 1}
         self.assertEqual(budget.moves_counters(stats),
-                         {"page_moves.rounds": 2, "stream_ops.host_waits": 1})
+                         {"page_moves.rounds": 2, "stream_ops.host_waits": 1,
+                          "num_device_alloc": 7, "num_alloc_retries": 1})
         self.assertEqual(
             budget.per_step_difference({"a": 10, "b": 5}, {"a": 16, "b": 5, "c": 3}, 3),
             {"a": 2.0, "b": 0.0, "c": 1.0})
