@@ -28,6 +28,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include <ATen/record_function.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -737,6 +738,10 @@ class Bridge : public CUDAAllocator {
   }
 
   void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
+    // Under torch.profiler the allocator's own time is an op of its own
+    // (gpualloc::malloc, inside the op that allocates); otherwise one
+    // thread-local check.
+    RECORD_FUNCTION("gpualloc::malloc", std::vector<c10::IValue>());
     if (C10_UNLIKELY(!caching_.load(std::memory_order_relaxed))) {
       return uncached.allocate(size);
     }
@@ -807,6 +812,7 @@ void bridge_delete(void* ptr) {
   if (ptr == nullptr || uncached.free(ptr)) {
     return;
   }
+  RECORD_FUNCTION("gpualloc::free", std::vector<c10::IValue>());
   profiled.on_free(ptr);
   // The device is a hint: the library finds the owning device itself. A
   // failed free is reported by the library on stderr (a deleter must not throw).

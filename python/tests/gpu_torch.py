@@ -465,6 +465,31 @@ def scenario_budget_fresh_streams():
         most >> 20, stats.get("num_ooms", 0))
 
 
+def scenario_profiler_shows_the_allocator():
+    """Under torch.profiler the bridge's calls are ops of their own (gpualloc::malloc and
+    gpualloc::free, with their host time), inside the ops that allocate: a user's profile
+    says what the allocator costs."""
+    gpu_alloc, torch = enabled()
+    x = torch.ones(1024, device="cuda")
+    activity = torch.profiler.ProfilerActivity
+    with torch.profiler.profile(activities=[activity.CPU]) as prof:
+        for _ in range(10):
+            y = x * 2  # one output allocation a multiplication
+            del y
+        torch.cuda.synchronize()
+    ops = {e.key: e for e in prof.key_averages()}
+    check("gpualloc::malloc" in ops and "gpualloc::free" in ops,
+          "allocator ops missing from the profile: %s" % sorted(ops)[:30])
+    check(ops["gpualloc::malloc"].count >= 10 and ops["gpualloc::free"].count >= 10,
+          "counts: malloc %d, free %d" % (ops["gpualloc::malloc"].count,
+                                          ops["gpualloc::free"].count))
+    return "profiled: %d mallocs (%.1f us each), %d frees (%.1f us each)" % (
+        ops["gpualloc::malloc"].count,
+        ops["gpualloc::malloc"].self_cpu_time_total / ops["gpualloc::malloc"].count,
+        ops["gpualloc::free"].count,
+        ops["gpualloc::free"].self_cpu_time_total / ops["gpualloc::free"].count)
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc
