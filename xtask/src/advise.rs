@@ -3,7 +3,6 @@
 
 use std::path::PathBuf;
 
-use alloc_core::GIB;
 use alloc_replay::{advise_at, load_trace_of, parse_budget, ReplayOptions};
 
 /// `cargo xtask advise`'s options.
@@ -35,8 +34,8 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             Long("device") => out.device = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("json") => out.json = Some(p.value().map_err(text)?.into()),
             Long("capacity-gib") => {
-                let gib: u64 = p.value().map_err(text)?.parse().map_err(text)?;
-                out.opts.capacity = gib * GIB;
+                let value = p.value().map_err(text)?;
+                out.opts.capacity = crate::parse_capacity_gib(&value.to_string_lossy())?;
             }
             Long("budget") => {
                 let text = p.value().map_err(text)?;

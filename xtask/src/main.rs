@@ -34,7 +34,8 @@ commands:
       so unmap_free_pages meets busy pages (the `waits` column). --device N: the
       device of a snapshot pickle (default: the first with events). --runs N: timed
       repetitions for the host ns/op (default 3 for the full table, 0 otherwise);
-      --capacity-gib N: the simulated device's memory (printed first).
+      --capacity-gib N: the simulated device's memory in GiB, decimals allowed
+      (printed first).
   advise SNAPSHOT [--device N] [--json FILE] [--capacity-gib N] [--budget BYTES|NMiB|NGiB]
       Which setting for one workload: replays a torch.cuda.memory._dump_snapshot()
       pickle (or a trace file) under each setting and prints the recommendation,
@@ -95,8 +96,34 @@ pub fn workspace_root() -> std::path::PathBuf {
         .to_path_buf()
 }
 
+/// `--capacity-gib N`: a positive number of GiB, decimals allowed (a budget
+/// measured on a device, 16.08), as bytes.
+pub fn parse_capacity_gib(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|gib| gib.is_finite() && *gib > 0.0 && *gib < (1u64 << 33) as f64)
+        .map(|gib| (gib * alloc_core::GIB as f64).round() as u64)
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| format!("--capacity-gib {text:?}: expected a positive number of GiB"))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn capacity_takes_whole_and_decimal_gib_and_refuses_the_rest() {
+        use super::parse_capacity_gib as gib;
+        assert_eq!(gib("80"), Ok(80 << 30));
+        assert_eq!(gib("0.5"), Ok(1 << 29));
+        assert_eq!(
+            gib("16.08"),
+            Ok((16.08 * (1u64 << 30) as f64).round() as u64)
+        );
+        for bad in ["0", "-1", "nan", "inf", "1e30", "", "16GiB"] {
+            assert!(gib(bad).is_err(), "{bad}");
+        }
+    }
+
     /// `cargo xtask` builds the release binary on its first run (about a
     /// minute): the alias must not hide cargo's progress with `--quiet`.
     #[test]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use alloc_core::{human_bytes, GIB};
+use alloc_core::human_bytes;
 use alloc_replay::{
     load_trace_of, replay, settings_for, Advice, ReplayOptions, ReplayReport, Trace, TraceEvent,
 };
@@ -59,8 +59,8 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             Long("json") => out.json = Some(p.value().map_err(text)?.into()),
             Long("plot") => out.plot = p.value().map_err(text)?.into(),
             Long("capacity-gib") => {
-                let gib: u64 = p.value().map_err(text)?.parse().map_err(text)?;
-                out.opts.capacity = gib * GIB;
+                let value = p.value().map_err(text)?;
+                out.opts.capacity = crate::parse_capacity_gib(&value.to_string_lossy())?;
             }
             Long("runs") => out.runs = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("device") => out.device = Some(p.value().map_err(text)?.parse().map_err(text)?),
@@ -666,6 +666,7 @@ fn write(path: &Path, text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc_core::GIB;
     use alloc_replay::parse_text;
 
     #[test]
