@@ -60,6 +60,21 @@ impl ReclaimInputs {
             .min(self.limit.unwrap_or(u64::MAX))
             .min(self.reserved.saturating_add(device_free()))
     }
+
+    /// Bytes to unmap before mapping `needed` more: how far reserved memory
+    /// plus `needed` passes the [level](ReclaimInputs::level). The device's
+    /// free memory is asked only when something is to be mapped: with
+    /// `needed` 0 it cannot make the deficit larger (the level's device term
+    /// is then at least reserved memory), and asking is a driver call
+    /// (`cuMemGetInfo`) on every allocation that maps nothing.
+    pub fn deficit(&self, needed: u64, device_free: impl FnOnce() -> u64) -> u64 {
+        let level = if needed == 0 {
+            self.level(|| u64::MAX)
+        } else {
+            self.level(device_free)
+        };
+        self.reserved.saturating_add(needed).saturating_sub(level)
+    }
 }
 
 #[cfg(test)]
@@ -75,6 +90,48 @@ mod tests {
             reserved: 8 * GIB,
             limit,
         }
+    }
+
+    #[test]
+    fn the_deficit_asks_the_device_only_when_something_is_to_be_mapped() {
+        let asked = std::cell::Cell::new(0);
+        let free = |bytes: u64| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                bytes
+            }
+        };
+        for budget in [
+            None,
+            Some(MemoryBudget::Bytes(9 * GIB)),
+            Some(MemoryBudget::Bytes(GIB)),
+        ] {
+            for limit in [None, Some(7 * GIB)] {
+                let i = inputs(budget, limit);
+                // With nothing to map the device is never asked, and the
+                // deficit is what any device answer would have given.
+                for device_free in [0, GIB, 100 * GIB] {
+                    let expected = i.reserved.saturating_sub(i.level(|| device_free));
+                    assert_eq!(i.deficit(0, || unreachable!("asked")), expected);
+                }
+                asked.set(0);
+                let d = i.deficit(512 * MIB, free(256 * MIB));
+                assert_eq!(
+                    asked.get(),
+                    u32::from(budget.is_some()),
+                    "{budget:?} {limit:?}"
+                );
+                assert_eq!(
+                    d,
+                    (i.reserved + 512 * MIB).saturating_sub(i.level(|| 256 * MIB)),
+                    "{budget:?} {limit:?}"
+                );
+            }
+        }
+        // The device short: mapping 2 GiB with 1 GiB free needs 1 GiB unmapped.
+        let i = inputs(Some(MemoryBudget::Fraction(1.0)), None);
+        assert_eq!(i.deficit(2 * GIB, || GIB), GIB);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! events complete when the test (or replay) says so, with CUDA graph
 //! captures whose forks and joins the test drives (`SimCapture`).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 mod capture;
@@ -44,6 +45,9 @@ pub struct SimMemory {
     pub allocs: u64,
     /// Number of successful `free` calls.
     pub frees: u64,
+    /// Number of device free-memory queries (`free_bytes`, `cuMemGetInfo`
+    /// on a GPU: a driver call worth avoiding on the hot path).
+    free_queries: Cell<u64>,
 }
 
 impl SimMemory {
@@ -61,6 +65,7 @@ impl SimMemory {
             elsewhere: 0,
             allocs: 0,
             frees: 0,
+            free_queries: Cell::new(0),
         }
     }
 
@@ -84,6 +89,11 @@ impl SimMemory {
     /// Bytes currently allocated from the device.
     pub fn used(&self) -> u64 {
         self.used
+    }
+
+    /// How often the device's free memory was asked for so far.
+    pub fn free_queries(&self) -> u64 {
+        self.free_queries.get()
     }
 
     /// Another process now holds `bytes` of the device (as `cuMemGetInfo`
@@ -189,6 +199,7 @@ impl MemoryBackend for SimMemory {
     }
 
     fn free_bytes(&self) -> u64 {
+        self.free_queries.set(self.free_queries.get() + 1);
         self.available()
     }
 

@@ -198,3 +198,42 @@ fn fresh_streams_stay_flat_at_the_budget() {
     // Under the device's own memory nothing moves: a buffer a stream.
     assert!(syncs(&with_budget("memory_budget_fraction:1"), None) >= 16 * GIB);
 }
+
+/// At the budget the device's free memory (`cuMemGetInfo` on a GPU, a driver
+/// call of microseconds) is asked only before a mapping: an allocation
+/// served from mapped pages of a segment that has unmapped pages elsewhere
+/// asks nothing.
+#[test]
+fn at_the_budget_the_device_is_asked_only_before_a_mapping() {
+    let mut e = engine(&with_budget("memory_budget_mb:256"), 8 * GIB);
+    let mut rng = Lcg(11);
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let mut live_bytes = 0;
+    let mut mallocs = 0u64;
+    for _ in 0..3000 {
+        let size = (1 + rng.below(24)) * 2 * MIB;
+        if live_bytes + size <= 128 * MIB && rng.below(3) > 0 {
+            let a = e.malloc(size, StreamId(0)).unwrap();
+            live.push((a.addr, a.size));
+            live_bytes += a.size;
+            mallocs += 1;
+        } else if !live.is_empty() {
+            let (addr, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            e.free(addr).unwrap();
+            live_bytes -= size;
+        }
+        e.streams_mut().complete_all();
+    }
+    // Every mapping call (growth or a page move) counts as a device allocation.
+    let mappings = e.stats().num_device_alloc;
+    let queries = e.memory().free_queries();
+    assert!(
+        e.stats().page_moves.pages_unmapped > 0,
+        "the budget was reached"
+    );
+    assert!(
+        queries <= mappings,
+        "{queries} free-memory queries for {mappings} mappings ({mallocs} mallocs)"
+    );
+    common::drain(&mut e, live.iter().map(|&(addr, _)| addr));
+}

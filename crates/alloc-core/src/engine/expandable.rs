@@ -292,15 +292,14 @@ impl<E> GrowableSegments<E> {
         }
         let peak = cx.heap.ledger.stats.reserved_bytes.all_peak() as u64;
         let reserved = cx.reserved_bytes();
-        let level = ReclaimInputs {
+        let mut deficit = ReclaimInputs {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
             peak,
             reserved,
             limit: cx.limit,
         }
-        .level(|| cx.memory.free_bytes());
-        let mut deficit = reserved.saturating_add(needed).saturating_sub(level);
+        .deficit(needed, || cx.memory.free_bytes());
         if deficit == 0 {
             return Ok(false);
         }
