@@ -514,10 +514,11 @@ fn full_tables(results: &[TraceResult]) -> String {
     let mut calls = Table::new([
         "trace",
         "setting",
-        "device allocs",
-        "device frees",
+        "allocs",
+        "frees",
         "pages moved",
         "waits",
+        "mem queries",
         "retries",
         "OOMs",
         "ns/op",
@@ -559,6 +560,7 @@ fn full_tables(results: &[TraceResult]) -> String {
                 rep.device_frees.to_string(),
                 rep.pages_moved.to_string(),
                 rep.stream_waits.to_string(),
+                rep.free_queries.to_string(),
                 rep.retries.to_string(),
                 rep.ooms.to_string(),
                 if rep.ns_per_op.is_finite() {
@@ -576,7 +578,8 @@ fn full_tables(results: &[TraceResult]) -> String {
     );
     out.push_str(&memory.markdown());
     out.push_str(
-        "\nDevice calls, page moves, waits and failures per replay; host ns per operation.\n\n",
+        "\nDevice allocations and frees, page moves, waits, queries of the device's free\n\
+         memory (mem queries) and failures per replay; host ns per operation.\n\n",
     );
     let dropped = calls.drop_zero_columns();
     out.push_str(&calls.markdown());
@@ -620,6 +623,7 @@ fn same_figures(a: &ReplayReport, b: &ReplayReport) -> bool {
             r.device_frees,
             r.pages_moved,
             r.stream_waits,
+            r.free_queries,
             r.retries,
             r.ooms,
         ]
@@ -703,6 +707,7 @@ mod tests {
             device_frees: 2_662,
             pages_moved: 382 + i,
             stream_waits: 1_021,
+            free_queries: 7,
             retries: 12,
             ooms: 3,
             ns_per_op: 1_234.5,

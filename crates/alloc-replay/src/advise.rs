@@ -496,6 +496,7 @@ mod tests {
             device_frees: 0,
             pages_moved: moved,
             stream_waits: 0,
+            free_queries: 0,
             retries: 0,
             ooms: 0,
             ns_per_op: f64::NAN,

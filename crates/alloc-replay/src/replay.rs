@@ -71,6 +71,9 @@ pub struct ReplayReport {
     /// GPU lag, [`ReplayOptions::gpu_lag`], the pages it needed were still
     /// in use).
     pub stream_waits: u64,
+    /// Queries of the device's free memory (`cuMemGetInfo` on a GPU, a
+    /// driver call of microseconds): a budget asks before each mapping.
+    pub free_queries: u64,
     /// Allocations that needed the flush-everything retry.
     pub retries: u64,
     /// Allocations that failed for lack of memory.
@@ -181,6 +184,7 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
             device_frees: s.num_device_free,
             pages_moved: s.page_moves.pages_unmapped,
             stream_waits: s.page_moves.stream_waits,
+            free_queries: engine.memory().free_queries(),
             retries: s.num_alloc_retries,
             ooms: s.num_ooms,
             ns_per_op: if opts.timed_runs == 0 {
