@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import math
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -243,6 +244,37 @@ class RepeatTest(unittest.TestCase):
                       "| 1.000 / 1.000 / 1.000 | 1.000 |", rows["torch"])
         self.assertIn("Repeated settings", cw.make_table(results))
         self.assertEqual(cw.repeat_summary(RESULTS), [])
+
+
+class IntervalTest(unittest.TestCase):
+    def test_the_interval_of_per_round_ratios_and_the_verdict_against_the_target(self):
+        self.assertIsNone(cw.ratio_interval([1.01]))
+        mean, low, high = cw.ratio_interval([1.0, 1.0, 1.0])
+        self.assertEqual((round(mean, 6), round(low, 6), round(high, 6)), (1.0, 1.0, 1.0))
+        # Logs 0.01 and 0.03: mean 0.02, sd 0.01414, t(1) 12.706 -> half 0.127.
+        mean, low, high = cw.ratio_interval([math.exp(0.01), math.exp(0.03)])
+        self.assertAlmostEqual(math.log(mean), 0.02)
+        self.assertAlmostEqual(math.log(high) - math.log(mean), 12.706 * 0.0141421356 / 2 ** 0.5,
+                               places=5)
+        self.assertEqual(cw.verdict([1.0, 1.005, 0.995, 1.0]), "within")
+        self.assertEqual(cw.verdict([1.05, 1.06, 1.055, 1.05]), "above")
+        # Across 1.02 with a 3% spread: undecided, and more rounds than run would decide.
+        got = cw.verdict([0.99, 1.05, 1.00, 1.04])
+        self.assertTrue(got.startswith("undecided (~"), got)
+        self.assertGreater(int(got.split("~")[1].split()[0]), 4)
+        self.assertEqual(cw.verdict([1.0]), "-")
+
+    def test_the_repeated_table_carries_the_interval_and_the_verdict(self):
+        results = []
+        for k, (ref, ours) in enumerate([(10.0, 10.0), (20.0, 20.1), (10.0, 10.05)], 1):
+            tag = "" if k == 1 else "#%d" % k
+            results += [run("torch" + tag, [ref], 0, G, G, FP),
+                        run("gpualloc" + tag, [ours], 0, G, G, FP)]
+        rows = {line.split(" | ")[1]: line for line in cw.repeat_summary(results)
+                if line.startswith("| w1 ")}
+        self.assertTrue(rows["gpualloc"].endswith("| within |"), rows["gpualloc"])
+        self.assertIn("| 1.003 (", rows["gpualloc"])
+        self.assertTrue(rows["torch"].endswith("| 1.000 (1.000-1.000) | - |"), rows["torch"])
 
 
 class MovesTest(unittest.TestCase):
