@@ -474,6 +474,8 @@ def summarize(results, ref="torch"):
                     batch); rate_min / rate_max its spread; rates: how many rounds had one
     ratio_of_means  rate_mean over the `ref` allocator's rate_mean at the same budget
     mean_of_ratios  the mean over rounds of the rate over `ref`'s rate of the same round
+    ratio_interval  (geometric mean, low, high) of those per-round ratios, the 95% t
+                    interval (compare_workloads.ratio_interval); None under two rounds
     pages_per_step  pages unmapped per timed step, the mean over rounds (None without
                     moves_per_step); host_waits_per_step: the same for host waits
     peak_reserved   the largest over rounds
@@ -499,6 +501,7 @@ def summarize(results, ref="torch"):
             "rate_max": max(rates.values()) if rates else None,
             "ratio_of_means": mean / ref_mean if mean and ref_mean else None,
             "mean_of_ratios": _mean(per_round),
+            "ratio_interval": cw.ratio_interval(per_round),
             "peak_reserved": max(by_round[k][1].get("peak_reserved") or 0 for k in rounds),
             "pages_per_step": _mean([m.get("page_moves.pages_unmapped", 0) for m in moves]),
             "host_waits_per_step": _mean([m.get("stream_ops.host_waits", 0) for m in moves]),
@@ -529,7 +532,7 @@ def workload_summary(rows, ref="torch", expandable="torch-expandable", threshold
         mine = [r for r in rows if r["workload"] == w and r["alloc"] == alloc]
         tests = [(name, op) for name, op in ((expandable, ">="), (ref, ">"))
                  if any((w, r["budget"], name) in by for r in mine)]
-        bigger = faster = 0
+        bigger = faster = sure = 0
         for r in mine:
             holds = []
             for name, op in tests:
@@ -540,10 +543,13 @@ def workload_summary(rows, ref="torch", expandable="torch-expandable", threshold
                     else (r["batches"][k] > other["batches"][k]) for k in common))
             bigger += bool(tests) and all(holds)
             faster += (r["ratio_of_means"] or 0) >= threshold
+            sure += r["ratio_interval"] is not None and r["ratio_interval"][1] >= threshold
         what = " and ".join("%s %s's" % (op, name) for name, op in tests) or "(no PyTorch run)"
         lines.append("- %s, %s: largest batch %s at %d of %d budgets (in every round); mean "
-                     "rate >= %.1fx %s's at %d of %d" % (
-                         w, alloc, what, bigger, len(mine), threshold, ref, faster, len(mine)))
+                     "rate >= %.1fx %s's at %d of %d; with 95%% confidence (the per-round "
+                     "ratios' interval at or above it) at %d of %d" % (
+                         w, alloc, what, bigger, len(mine), threshold, ref, faster, len(mine),
+                         sure, len(mine)))
     return lines
 
 

@@ -120,7 +120,13 @@ class BudgetTests(unittest.TestCase):
         self.assertLess(table.index("| 4.00 |"), table.index("| 10.00 |"))
         self.assertIn("- llama_varlen_train, gpualloc:budget: largest batch >= "
                       "torch-expandable's and > torch's at 1 of 2 budgets (in every round); "
-                      "mean rate >= 1.2x torch's at 2 of 2", table)
+                      "mean rate >= 1.2x torch's at 2 of 2; with 95% confidence (the "
+                      "per-round ratios' interval at or above it) at 0 of 2", table)
+        # Two rounds of 1.5x and 1.1x: a geometric mean of 1.28x, an interval far wider.
+        mean, low, high = ours["ratio_interval"]
+        self.assertAlmostEqual(mean, (1.5 * 1.1) ** 0.5)
+        self.assertLess(low, 1.0)
+        self.assertGreater(high, 2.0)
 
     def test_batches_of_disagreeing_rounds_show_their_range(self):
         self.assertEqual(budget.batch_text({1: 8, 2: 8}), "8")
