@@ -212,15 +212,16 @@ def is_oom(torch, e):
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-COUNTER_GROUPS = ("page_moves.", "stream_ops.")
+COUNTER_GROUPS = ("page_moves.", "stream_ops.", "host_calls.")
 # PyTorch's own counters of driver allocations and frees (a page mapped or unmapped
 # counts as one) and of retries after a failed one.
 DEVICE_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
 
 
 def moves_counters(stats):
-    """The page-move and stream counters (`page_moves.*`, `stream_ops.*`) and the driver
-    allocation counters (DEVICE_COUNTERS) of a gpu_alloc.memory_stats() map."""
+    """The page-move and stream counters (`page_moves.*`, `stream_ops.*`), the library's
+    own call times (`host_calls.*`, with --time-calls) and the driver allocation counters
+    (DEVICE_COUNTERS) of a gpu_alloc.memory_stats() map."""
     return {k: v for k, v in stats.items()
             if k.startswith(COUNTER_GROUPS) or k in DEVICE_COUNTERS}
 
@@ -590,12 +591,37 @@ def make_table(results):
             r["peak_reserved"] / GIB, _fmt(r["pages_per_step"], "%.2f", ""),
             _fmt(r["host_waits_per_step"], "%.2f", "")))
     lines += [""] + workload_summary(rows)
+    lines += host_call_lines(results)
     failed = ["- FAILED %s / %s / round %s: %s" % (
         r.get("workload"), r.get("alloc"), r.get("round", 1),
         " ".join(str(r["error"]).split())[-300:]) for r in results if r.get("error")]
     if failed:
         lines += [""] + failed
     return "\n".join(lines + profile_tables(results)) + "\n"
+
+
+def host_call_lines(results):
+    """With --time-calls: per gpualloc cell and round, the library's own malloc and free
+    calls in a timed step (host_calls.* per timed step): how many, the mean us a call, and
+    the ms of the step they took. Empty without them."""
+    rows = []
+    for (w, bud, alloc), by_round in cells(results).items():
+        for rnd, (_, b) in sorted(by_round.items()):
+            per = b.get("moves_per_step") or {}
+            if "host_calls.malloc" not in per:
+                continue
+            mallocs, frees = per["host_calls.malloc"], per.get("host_calls.free", 0)
+            malloc_ns, free_ns = per.get("host_calls.malloc_ns", 0), per.get("host_calls.free_ns", 0)
+            rows.append("| %s | %.2f | %s | %s | %.0f | %s | %s | %.2f | %.1f |" % (
+                w, bud / GIB, alloc, rnd, mallocs,
+                _fmt(malloc_ns / mallocs / 1e3 if mallocs else None, "%.2f"),
+                _fmt(free_ns / frees / 1e3 if frees else None, "%.2f"),
+                (malloc_ns + free_ns) / 1e6, per.get("host_calls.malloc_slow", 0)))
+    if not rows:
+        return []
+    return ["", "The library's own calls per timed step (--time-calls: GPUALLOC_TIME_CALLS=1):",
+            "", "| workload | budget GiB | allocator | round | mallocs | us a malloc | us a free "
+            "| ms a step | mallocs of 100 us or more |", "|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def profile_tables(results, shown=PROFILE_SHOWN):
@@ -688,6 +714,9 @@ def main(argv=None):
                     help="after the calibration, N more steps with PyTorch's allocation "
                          "history on, written to OUT/WORKLOAD.snapshot.pickle (a trace for "
                          "`cargo xtask replay`)")
+    ap.add_argument("--time-calls", action="store_true",
+                    help="gpualloc children time the library's own malloc and free calls "
+                         "(GPUALLOC_TIME_CALLS=1): per timed step in the table")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -695,6 +724,8 @@ def main(argv=None):
         with open(args.from_json) as f:
             sys.stdout.write(make_table(json.load(f)))
         return 0
+    if args.time_calls:
+        os.environ["GPUALLOC_TIME_CALLS"] = "1"  # the children inherit it
     if args.rounds < 0:
         ap.error("--rounds must be at least 0 (0: the calibration alone)")
     shares = [float(s) for s in args.shares.split(",")]

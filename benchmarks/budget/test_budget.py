@@ -287,6 +287,20 @@ class BudgetTests(unittest.TestCase):
         no_profile = {"workload": "w", "alloc": "torch", "budgets": [{"budget": GIB}]}
         self.assertEqual(budget.profile_tables([no_profile]), [])
 
+    def test_the_librarys_own_calls_per_timed_step(self):
+        rows = self.two_rounds()
+        rows[2]["budgets"][0]["moves_per_step"] = {
+            "host_calls.malloc": 2000.0, "host_calls.malloc_ns": 4e6,
+            "host_calls.free": 2000.0, "host_calls.free_ns": 1e6, "host_calls.malloc_slow": 3}
+        lines = budget.host_call_lines(rows)
+        self.assertEqual(lines[-1], "| llama_varlen_train | 10.00 | gpualloc:budget | 1 | 2000 "
+                                    "| 2.00 | 0.50 | 5.00 | 3.0 |")
+        self.assertEqual(len([l for l in lines if l.startswith("| llama")]), 1)
+        self.assertIn("The library's own calls", budget.make_table(rows))
+        self.assertEqual(budget.host_call_lines(self.two_rounds()), [])
+        self.assertEqual(budget.moves_counters({"host_calls.malloc": 5, "x.y": 1}),
+                         {"host_calls.malloc": 5})
+
     def test_counters_per_timed_step(self):
         stats = {"page_moves.rounds": 2, "stream_ops.host_waits": 1, "num_ooms": 3,
                  "num_device_alloc": 7, "num_alloc_retries": 1}

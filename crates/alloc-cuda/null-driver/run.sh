@@ -12,7 +12,8 @@
 #     The GPU-suite tests of stream registration that need no device work,
 #     the allocator parts' tests (null_driver_tests in alloc-cuda's modules),
 #     and the C library's tests that fail each driver call in turn
-#     (null_driver_faults.rs) (.ci/run runs them).
+#     (null_driver_faults.rs), and the C library's call times
+#     (null_driver_call_times.rs) (.ci/run runs them).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -33,6 +34,7 @@ if [ "${1:-}" = "--tests" ]; then
   # The allocator's parts (Pools, SleepWake, Ipc, Diagnostics) over a driver.
   cargo test --workspace --lib -- --ignored null_driver_tests
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
+  GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_call_times -- --ignored
   exit 0
 fi
 

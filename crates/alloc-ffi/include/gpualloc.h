@@ -142,7 +142,7 @@ int gpualloc_record_stream(void* ptr, int device, cudaStream_t stream);
 /* Makes every peak statistic equal to its current value. device -1: every device. */
 int gpualloc_reset_peak_stats(int device);
 
-/* Clears the cumulative counters (allocated / freed totals, event counts). */
+/* Clears the cumulative counters (allocated / freed totals, event counts, call times). */
 int gpualloc_reset_accumulated_stats(int device);
 
 /* Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key
@@ -150,7 +150,10 @@ int gpualloc_reset_accumulated_stats(int device);
  * "max_split_size" and our "page_moves.*" counters (what unmap_free_pages
  * moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns)
  * and "stream_ops.*" counters (what stream ordering asked of the driver: recorded,
- * queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used. Free the string with gpualloc_string_free. NULL on error. */
+ * queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used.
+ * With GPUALLOC_TIME_CALLS=1 also "host_calls.*": the library's own malloc and free
+ * calls naming the device (malloc, malloc_ns, malloc_slow (100 us or more),
+ * malloc_max_ns, and the same for free). Free the string with gpualloc_string_free. NULL on error. */
 char* gpualloc_memory_stats_json(int device);
 
 /* Statistics of `device` in *out (all zero, max_split_size -1, for a device never

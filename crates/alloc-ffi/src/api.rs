@@ -307,7 +307,7 @@ pub const API: &[ApiFn] = &[
         ret: "int",
         name: "gpualloc_reset_accumulated_stats",
         params: &[("int", "device")],
-        doc: "Clears the cumulative counters (allocated / freed totals, event counts).",
+        doc: "Clears the cumulative counters (allocated / freed totals, event counts, call times).",
     },
     ApiFn {
         ret: "char*",
@@ -318,7 +318,10 @@ pub const API: &[ApiFn] = &[
               \"max_split_size\" and our \"page_moves.*\" counters (what unmap_free_pages\n\
               moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns)\n\
               and \"stream_ops.*\" counters (what stream ordering asked of the driver: recorded,\n\
-              queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used. Free the string with gpualloc_string_free. NULL on error.",
+              queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used.\n\
+              With GPUALLOC_TIME_CALLS=1 also \"host_calls.*\": the library's own malloc and free\n\
+              calls naming the device (malloc, malloc_ns, malloc_slow (100 us or more),\n\
+              malloc_max_ns, and the same for free). Free the string with gpualloc_string_free. NULL on error.",
     },
     ApiFn {
         ret: "int",

@@ -51,6 +51,7 @@
 
 mod advise;
 pub mod api;
+mod call_times;
 mod checkpoint;
 mod device_stats;
 mod host_register;
@@ -170,7 +171,25 @@ pub extern "C" fn gpualloc_malloc(size: isize, device: c_int, stream: CudaStream
 
 #[inline(always)]
 fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut c_void> {
+    if call_times::global().on() {
+        return timed_malloc(size, device, stream, None);
+    }
     malloc_in(size, device, stream, None)
+}
+
+/// [`malloc_in`] timed (`GPUALLOC_TIME_CALLS=1`), out of line so that the
+/// untimed path stays as it was.
+#[cold]
+#[inline(never)]
+fn timed_malloc(
+    size: isize,
+    device: c_int,
+    stream: CudaStream,
+    pool: Option<PoolId>,
+) -> FfiResult<*mut c_void> {
+    call_times::global().time(call_times::Call::Malloc, device, || {
+        malloc_in(size, device, stream, pool)
+    })
 }
 
 #[inline(always)]
@@ -249,6 +268,22 @@ fn free_impl(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
     if ptr.is_null() {
         return Ok(());
     }
+    if call_times::global().on() {
+        return timed_free(ptr, device);
+    }
+    free_ptr(ptr, device)
+}
+
+/// [`free_ptr`] timed (`GPUALLOC_TIME_CALLS=1`), out of line.
+#[cold]
+#[inline(never)]
+fn timed_free(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
+    call_times::global().time(call_times::Call::Free, device, || free_ptr(ptr, device))
+}
+
+/// Frees a non-NULL `ptr` (the device is a hint).
+#[inline(always)]
+fn free_ptr(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
     let addr = ptr as usize as u64;
     let Some(alloc) = state::existing(device)? else {
         return free_elsewhere(addr, device);
@@ -336,7 +371,13 @@ pub extern "C" fn gpualloc_malloc_in_pool(
     pool_first: u64,
     pool_second: u64,
 ) -> *mut c_void {
-    call_ptr(|| malloc_in(size, device, stream, pool_id(pool_first, pool_second)))
+    call_ptr(|| {
+        let pool = pool_id(pool_first, pool_second);
+        if call_times::global().on() {
+            return timed_malloc(size, device, stream, pool);
+        }
+        malloc_in(size, device, stream, pool)
+    })
 }
 
 /// Fails naming the first NULL among required pointer arguments, given as
@@ -541,8 +582,9 @@ pub extern "C" fn gpualloc_reset_peak_stats(device: c_int) -> c_int {
 #[no_mangle]
 pub extern "C" fn gpualloc_reset_accumulated_stats(device: c_int) -> c_int {
     call_int(|| {
-        for (_, alloc) in state::targets(device)? {
+        for (d, alloc) in state::targets(device)? {
             alloc.reset_accumulated_stats()?;
+            call_times::global().reset(d);
         }
         Ok(())
     })
@@ -586,7 +628,12 @@ pub fn stats_map(
 #[no_mangle]
 pub extern "C" fn gpualloc_memory_stats_json(device: c_int) -> *mut c_char {
     call_ptr(|| {
-        let map = stats_map(state::existing(device)?)?;
+        let mut map = stats_map(state::existing(device)?)?;
+        if let Ok(d) = usize::try_from(device) {
+            for (name, value) in call_times::global().named(d) {
+                map.insert(name.into(), i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
         let json = serde_json::to_string(&map).map_err(|e| FfiError::internal(e.to_string()))?;
         let c = CString::new(json).map_err(|e| FfiError::internal(e.to_string()))?;
         Ok(c.into_raw())

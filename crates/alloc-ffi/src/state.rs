@@ -289,6 +289,7 @@ fn create(d: usize) -> FfiResult<&'static CudaAllocator> {
     // Creating the allocator retains the device's primary context and may make
     // it current on this thread: restore the caller's context afterwards.
     let _ctx = CtxGuard::save_if_driver_loaded();
+    crate::call_times::global().read_env();
     let a = CudaAllocator::global(d)?;
     crate::segments::observe(&a);
     Ok(ALLOCATORS[d].get_or_init(|| a))
