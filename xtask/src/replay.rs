@@ -111,7 +111,8 @@ fn bundled_traces() -> Result<Vec<PathBuf>, String> {
 
 /// A policy argument as a configuration string.
 fn config_for(policy: &str) -> String {
-    if policy.contains(':') {
+    // A named setting (`budget`, `bound`) is a configuration of its own.
+    if policy.contains(':') || alloc_core::config::named_setting(policy).is_some() {
         policy.to_string()
     } else {
         format!("policy:{policy}")
@@ -306,7 +307,7 @@ fn replay_trace(
         if advice
             .outcomes
             .iter()
-            .any(|o| o.setting.engine_config() == config)
+            .any(|o| o.setting.engine_config() == config || o.setting.name == config)
         {
             continue;
         }
@@ -672,6 +673,17 @@ mod tests {
     use super::*;
     use alloc_core::GIB;
     use alloc_replay::parse_text;
+
+    #[test]
+    fn a_policy_argument_is_a_policy_a_named_setting_or_a_configuration() {
+        assert_eq!(config_for("buddy"), "policy:buddy");
+        assert_eq!(config_for("budget"), "budget");
+        assert_eq!(config_for("bound"), "bound");
+        assert_eq!(
+            config_for("expandable_segments:True"),
+            "expandable_segments:True"
+        );
+    }
 
     #[test]
     fn traces_with_the_same_events_count_once_and_names_stay_apart() {
