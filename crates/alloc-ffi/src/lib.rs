@@ -39,6 +39,11 @@
 //!   [`std::panic::catch_unwind`]. Failures return NULL or a negative
 //!   `GPUALLOC_ERR_*` code; the message is [`gpualloc_last_error`]
 //!   (thread-local).
+//! - With `GPUALLOC_TIME_CALLS=1` in the environment (read as the first
+//!   device's allocator is made) the library counts and times its own
+//!   malloc and free calls per device: `host_calls.*` in
+//!   [`gpualloc_memory_stats_json`], cleared by
+//!   [`gpualloc_reset_accumulated_stats`]. Off, a call pays one load.
 //! - `gpualloc_malloc(0, ..)` returns NULL without an error: a zero-byte
 //!   block has no address, PyTorch keeps a NULL data pointer for an empty
 //!   tensor and never calls free for it. A negative size is an error.
