@@ -64,6 +64,17 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             }
             Long("runs") => out.runs = Some(p.value().map_err(text)?.parse().map_err(text)?),
             Long("device") => out.device = Some(p.value().map_err(text)?.parse().map_err(text)?),
+            Long("fraction") => {
+                let value = p.value().map_err(text)?;
+                let text = value.to_string_lossy();
+                let fraction = text
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (0.0..=1.0).contains(f))
+                    .ok_or_else(|| format!("--fraction {text:?}: expected a number in [0, 1]"))?;
+                out.opts.memory_fraction = Some(fraction);
+            }
             Long("gpu-lag") => {
                 out.opts.gpu_lag = Some(p.value().map_err(text)?.parse().map_err(text)?);
             }

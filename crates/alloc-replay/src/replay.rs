@@ -104,6 +104,10 @@ pub struct ReplayOptions {
     /// [`SimStreams::with_gpu_lag`]); `None`: events complete only when the
     /// engine waits for them.
     pub gpu_lag: Option<u64>,
+    /// PyTorch's per-process memory fraction (`set_per_process_memory_fraction`),
+    /// in `[0, 1]`: reserved memory is limited to this share of the device,
+    /// and a budget (the `budget` setting) reclaims at it.
+    pub memory_fraction: Option<f64>,
 }
 
 impl Default for ReplayOptions {
@@ -112,6 +116,7 @@ impl Default for ReplayOptions {
             capacity: DEFAULT_CAPACITY,
             timed_runs: 3,
             gpu_lag: None,
+            memory_fraction: None,
         }
     }
 }
@@ -210,6 +215,16 @@ fn run_events(
         .gpu_lag
         .map_or_else(SimStreams::new, SimStreams::with_gpu_lag);
     let mut engine = engine_on(config, device_for(trace, opts.capacity), streams)?;
+    if let Some(fraction) = opts.memory_fraction {
+        engine
+            .set_memory_fraction(fraction)
+            .map_err(|source| ReplayError::Engine {
+                trace: trace.name.clone(),
+                policy: config.to_string(),
+                index: 0,
+                source: Box::new(source),
+            })?;
+    }
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     live.reserve(1024);
     let mut last = (0, 0);
