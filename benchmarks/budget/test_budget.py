@@ -30,6 +30,17 @@ def result(alloc, batch, rate, reserved, moved=None, budget=10 * GIB, rnd=None, 
     return r
 
 
+def fake_torch():
+    """What run_batch uses of torch: its out-of-memory error and two no-op calls."""
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    return types.SimpleNamespace(
+        OutOfMemoryError=OutOfMemoryError,
+        cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+
+
 def line_of(table, alloc, budget_gib=None):
     return [l for l in table.splitlines() if ("| %s |" % alloc) in l
             and (budget_gib is None or ("| %.2f |" % budget_gib) in l)][0]
@@ -312,12 +323,7 @@ class BudgetTests(unittest.TestCase):
             {"a": 2.0, "b": 0.0, "c": 1.0})
 
     def test_a_batch_times_the_last_pass_after_its_warm_up(self):
-        class OutOfMemoryError(RuntimeError):
-            pass
-
-        torch = types.SimpleNamespace(
-            OutOfMemoryError=OutOfMemoryError,
-            cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+        torch = fake_torch()
         seen = []
 
         def step(batch, i):
@@ -332,7 +338,7 @@ class BudgetTests(unittest.TestCase):
 
         def failing(batch, i):
             if i == 2:
-                raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
             return batch
 
         resets = []
@@ -341,12 +347,7 @@ class BudgetTests(unittest.TestCase):
         self.assertIn("out of memory", err)
 
     def test_counters_cover_only_the_timed_steps_of_the_last_pass(self):
-        class OutOfMemoryError(RuntimeError):
-            pass
-
-        torch = types.SimpleNamespace(
-            OutOfMemoryError=OutOfMemoryError,
-            cuda=types.SimpleNamespace(synchronize=lambda: None, empty_cache=lambda: None))
+        torch = fake_torch()
         moved = {"page_moves.pages_unmapped": 0, "stream_ops.host_waits": 0}
         calls = []
 
@@ -368,7 +369,7 @@ class BudgetTests(unittest.TestCase):
         def failing(batch, i):
             step(batch, i)
             if i == 0:  # the usual failure: the first step, before the timed ones
-                raise OutOfMemoryError("CUDA out of memory")
+                raise torch.OutOfMemoryError("CUDA out of memory")
             return batch
 
         ok = budget.run_batch(torch, failing, lambda: None, 4, 3, 1, counters=counters)[0]

@@ -590,12 +590,13 @@ class KernelTimer:
         self.prof.start()
 
     def _collect(self, prof):
-        cuda, by_name = self.torch.autograd.DeviceType.CUDA, {}
+        cuda, by_name, count = self.torch.autograd.DeviceType.CUDA, {}, 0
         for e in prof.events():
             if e.device_type == cuda:
                 by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us() / 1e3
+                count += 1
         self.ms.append(sum(by_name.values()))
-        self.count.append(sum(1 for e in prof.events() if e.device_type == cuda))
+        self.count.append(count)
         self.names.append(by_name)
 
     def step_done(self):

@@ -30,8 +30,9 @@ commands:
       FILE.png (default target/replay/replay.svg). --all: the full table, with every
       compiled-in policy; --json FILE: writes it; --policy P: these policies (a name
       such as `buddy`, a named setting such as `budget`, or a config string) instead
-      of every compiled-in one (implies the full table). --gpu-lag N: the simulated GPU runs N events behind the host,
-      so unmap_free_pages meets busy pages (the `waits` column). --device N: the
+      of every compiled-in one (implies the full table). --gpu-lag N: the simulated
+      GPU runs N events behind the host, so unmap_free_pages meets busy pages (the
+      `waits` column). --device N: the
       device of a snapshot pickle (default: the first with events). --runs N: timed
       repetitions for the host ns/op (default 3 for the full table, 0 otherwise);
       --capacity-gib N: the simulated device's memory in GiB, decimals allowed

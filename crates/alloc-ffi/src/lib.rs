@@ -176,10 +176,22 @@ pub extern "C" fn gpualloc_malloc(size: isize, device: c_int, stream: CudaStream
 
 #[inline(always)]
 fn malloc_impl(size: isize, device: c_int, stream: CudaStream) -> FfiResult<*mut c_void> {
+    malloc_counted(size, device, stream, None)
+}
+
+/// [`malloc_in`], timed when `GPUALLOC_TIME_CALLS=1` (both malloc entry
+/// points come here).
+#[inline(always)]
+fn malloc_counted(
+    size: isize,
+    device: c_int,
+    stream: CudaStream,
+    pool: Option<PoolId>,
+) -> FfiResult<*mut c_void> {
     if call_times::global().on() {
-        return timed_malloc(size, device, stream, None);
+        return timed_malloc(size, device, stream, pool);
     }
-    malloc_in(size, device, stream, None)
+    malloc_in(size, device, stream, pool)
 }
 
 /// [`malloc_in`] timed (`GPUALLOC_TIME_CALLS=1`), out of line so that the
@@ -376,13 +388,7 @@ pub extern "C" fn gpualloc_malloc_in_pool(
     pool_first: u64,
     pool_second: u64,
 ) -> *mut c_void {
-    call_ptr(|| {
-        let pool = pool_id(pool_first, pool_second);
-        if call_times::global().on() {
-            return timed_malloc(size, device, stream, pool);
-        }
-        malloc_in(size, device, stream, pool)
-    })
+    call_ptr(|| malloc_counted(size, device, stream, pool_id(pool_first, pool_second)))
 }
 
 /// Fails naming the first NULL among required pointer arguments, given as

@@ -12,8 +12,9 @@
 //! Contenders: a policy name (`policy_names()`), `offset-allocator`,
 //! `rlsf`, `empty_loop`, or else a setting's name or a configuration string
 //! (`budget`, `expandable_segments:True`): the engine the C library builds.
-//! Workloads: `pair:<bytes>`, `mixed_small`, `mixed_wide`. Run without arguments under `cargo bench` (which passes
-//! `--bench`), it runs a short smoke loop of every contender.
+//! Workloads: `pair:<bytes>`, `mixed_small`, `mixed_wide`. Run without
+//! arguments under `cargo bench` (which passes `--bench`), it runs a short
+//! smoke loop of every contender.
 
 mod common;
 
