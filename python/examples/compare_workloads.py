@@ -45,6 +45,10 @@ run's page moves happen: before a plan is followed, or every step). The report t
 each such run's timed steps, over PyTorch's same steps of the same round, into those in
 which it moved pages and those in which it moved none: the second show how far two runs
 differ with no move at all (the host's noise), the first what the moves cost.
+With --time-calls the library also times its own malloc and free calls
+(GPUALLOC_TIME_CALLS=1), read after every step (`calls_after_step`): the report gives
+their time per timed step and its share of the mean step, a bound on what the allocator's
+calls add to a step that holds however much whole processes differ from one another.
 
 Writes $OUT/compare_workloads.json and $OUT/compare_workloads.md (--out overrides $OUT;
 default /tmp) after every run, so that a cut-off matrix keeps what it finished.
@@ -348,6 +352,7 @@ def make_table(results, ref_alloc=REF_ALLOC):
     out += repeat_summary(results, ref_alloc)
     out += moves_summary(results, ref_alloc)
     out += kernel_summary(results)
+    out += calls_summary(results)
     return "\n".join(out) + "\n"
 
 
@@ -380,6 +385,52 @@ def kernel_summary(results):
             "time the GPU waited for):", "",
             "| workload | allocator | round | step ms | kernels ms | rest ms | kernels / step "
             "| kernels a step | heaviest kernel, ms a step |",
+            "|---|---|---|---|---|---|---|---|---|"] + rows
+
+
+def calls_per_timed_step(run):
+    """(mallocs, frees, ms in the library's calls) per timed step of a --time-calls run,
+    from the counters after each step; None without them or with a short list."""
+    after, start = run.get("calls_after_step"), run.get("calls_at_start")
+    steps = run.get("step_ms") or []
+    if not after or start is None or len(after) != len(steps):
+        return None
+    before = [start] + after[:-1]
+    per = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)][run.get("warmup", 0):]
+    if not per:
+        return None
+    return [(m, f, (m_ns + f_ns) / 1e6) for m, f, m_ns, f_ns in per]
+
+
+def calls_summary(results):
+    """Markdown lines for --time-calls runs: per gpualloc run, the library's own malloc
+    and free calls per timed step, the time they took, and that time's share of the mean
+    step. The share bounds what the allocator's calls can add to the step: were PyTorch's
+    allocator to take no time at all, and everything else in the step the same, the step
+    would be shorter by that share and no more. Empty when no run timed its calls."""
+    rows = []
+    for r in results:
+        per = None if _failed(r) else calls_per_timed_step(r)
+        if not per:
+            continue
+        base, tag = split_tag(r.get("alloc", ""))
+        steps = timed_steps(r)
+        mallocs = statistics.mean(p[0] for p in per)
+        frees = statistics.mean(p[1] for p in per)
+        ms = [p[2] for p in per]
+        calls = sum(p[0] + p[1] for p in per)
+        us_a_call = sum(ms) * 1e3 / calls if calls else 0.0
+        step = statistics.mean(steps)
+        rows.append("| %s | %s | %s | %.0f | %.0f | %.3f | %.3f | %.3f | %.2f%% |" % (
+            r.get("workload"), base, tag or "1", mallocs, frees, us_a_call,
+            statistics.mean(ms), max(ms), 100 * statistics.mean(ms) / step))
+    if not rows:
+        return []
+    return ["", "The library's own calls per timed step (--time-calls: GPUALLOC_TIME_CALLS=1; "
+            "share: their mean time over the mean step, the most the allocator's calls can "
+            "add to a step):", "",
+            "| workload | allocator | round | mallocs | frees | us a call | ms a step, mean "
+            "| ms a step, most | share of the mean step |",
             "|---|---|---|---|---|---|---|---|---|"] + rows
 
 
@@ -545,19 +596,35 @@ def moves_summary(results, ref_alloc=REF_ALLOC):
 # The child: one workload under one allocator. torch is imported here only.
 
 
-class Meter:
-    """Step times, the cuMemGetInfo cross-check and, under our allocator, the pages
-    unmapped so far after each step (`moved`: a callable giving that count)."""
+# The library's own call counters (GPUALLOC_TIME_CALLS=1), in the order kept per step.
+CALL_KEYS = ("host_calls.malloc", "host_calls.free", "host_calls.malloc_ns",
+             "host_calls.free_ns")
 
-    def __init__(self, torch, moved=None, kernels=None):
+
+class Meter:
+    """Step times, the cuMemGetInfo cross-check and, under our allocator (`ours`: a
+    callable giving gpu_alloc.memory_stats()), after each step the pages unmapped so far
+    and, where the library times its calls (--time-calls), its calls and their time so far
+    (one read of the statistics a step, outside the timed span)."""
+
+    def __init__(self, torch, ours=None, kernels=None):
         self.torch = torch
         self.kernels = kernels
         free0, self.total = torch.cuda.mem_get_info()
         self.used0 = self.total - free0
         self.used_peak = self.used0
         self.step_ms = []
-        self.moved = moved
+        self.ours = ours
         self.unmapped_after_step = []
+        self.calls_after_step = []
+        # The counters before the first step, so that step 0 has a difference too.
+        self.calls_at_start = self._calls(ours()) if ours is not None else None
+
+    @staticmethod
+    def _calls(stats):
+        if CALL_KEYS[0] not in stats:
+            return None
+        return [stats.get(k, 0) for k in CALL_KEYS]
 
     def sample(self):
         free, _ = self.torch.cuda.mem_get_info()
@@ -567,8 +634,12 @@ class Meter:
         """Call after torch.cuda.synchronize(): records the step, then samples memory."""
         self.step_ms.append((time.perf_counter() - t0) * 1e3)
         self.sample()
-        if self.moved is not None:
-            self.unmapped_after_step.append(self.moved())
+        if self.ours is not None:
+            stats = self.ours()
+            self.unmapped_after_step.append(stats.get("page_moves.pages_unmapped"))
+            calls = self._calls(stats)
+            if calls is not None:
+                self.calls_after_step.append(calls)
         if self.kernels is not None:
             self.kernels.step_done()
 
@@ -877,13 +948,13 @@ def child(workload, alloc, deterministic=False, steps=None, kernel_time=False):
     torch.manual_seed(0)
     random.seed(0)
     torch.cuda.init()
-    moved = None
+    ours = None
     if kind == "gpualloc":
         import gpu_alloc
 
-        def moved():
-            return gpu_alloc.memory_stats().get("page_moves.pages_unmapped")
-    meter = Meter(torch, moved, KernelTimer(torch) if kernel_time else None)
+        def ours():
+            return gpu_alloc.memory_stats()
+    meter = Meter(torch, ours, KernelTimer(torch) if kernel_time else None)
     extra = {}
     t0 = time.perf_counter()
     fingerprint = globals()["wl_" + workload](torch, meter, steps, extra)
@@ -900,6 +971,8 @@ def child(workload, alloc, deterministic=False, steps=None, kernel_time=False):
         deterministic=deterministic, bridge=bridge, fingerprint=fingerprint,
         step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup, steps=steps,
         unmapped_after_step=meter.unmapped_after_step or None,
+        calls_at_start=meter.calls_at_start if meter.calls_after_step else None,
+        calls_after_step=meter.calls_after_step or None,
         median_step_ms=median_step_ms({"step_ms": meter.step_ms, "warmup": warmup}),
         stats_source=source,
         peak_reserved=st.get("reserved_bytes.all.peak"), reserved_source=source,
@@ -1047,6 +1120,10 @@ def main(argv=None):
                     help="time every step's kernels on the GPU (torch.profiler's CUDA activity): "
                          "the report splits the mean step into GPU work and host time the GPU "
                          "waited for, per run")
+    ap.add_argument("--time-calls", action="store_true",
+                    help="gpualloc runs time the library's own malloc and free calls "
+                         "(GPUALLOC_TIME_CALLS=1): the report gives their time per timed step "
+                         "and its share of the step, which bounds what the allocator adds")
     ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -1073,6 +1150,8 @@ def main(argv=None):
             ap.error(str(e))
     if args.so:
         os.environ["GPUALLOC_SO"] = os.path.abspath(args.so)
+    if args.time_calls:
+        os.environ["GPUALLOC_TIME_CALLS"] = "1"  # child_env passes it on
     results, t_all = [], time.perf_counter()
     if any(parse_alloc(a)[0] == "gpualloc" for a in allocs):
         prebuild_bridge(max(args.timeout, 300))

@@ -337,6 +337,62 @@ class KernelTimeTest(unittest.TestCase):
         self.assertEqual(cw.kernel_summary([short]), [])
 
 
+class CallTimesTest(unittest.TestCase):
+    def timed_run(self):
+        ours = run("gpualloc#2", [50.0, 10.0, 10.0], 1, G, G, FP)
+        # Counters so far (mallocs, frees, malloc ns, free ns) before the first step and
+        # after each: the warm-up step's 100 calls and 6 ms must not count.
+        ours.update(calls_at_start=[0, 0, 0, 0],
+                    calls_after_step=[[100, 90, 5_000_000, 1_000_000],
+                                      [200, 190, 5_500_000, 1_200_000],
+                                      [300, 290, 6_100_000, 1_500_000]])
+        return ours
+
+    def test_the_calls_of_the_timed_steps_and_their_share_of_the_step(self):
+        # Timed steps: 100 + 100 calls in 0.7 ms, then 100 + 100 in 0.9 ms: 1.6 ms over
+        # 400 calls is 4 us a call; 0.8 ms of a 10 ms mean step is 8%.
+        rows = [line for line in cw.calls_summary([self.timed_run()]) if line.startswith("| w1 ")]
+        self.assertEqual(rows, ["| w1 | gpualloc | 2 | 100 | 100 | 4.000 | 0.800 | 0.900 | 8.00% |"])
+        self.assertIn("The library's own calls per timed step", cw.make_table([self.timed_run()]))
+
+    def test_nothing_without_counters_or_with_a_short_list(self):
+        self.assertEqual(cw.calls_summary(RESULTS), [])
+        short = self.timed_run()
+        short["calls_after_step"] = short["calls_after_step"][:2]
+        self.assertEqual(cw.calls_summary([short]), [])
+
+    def test_the_meter_reads_the_counters_once_a_step(self):
+        class FakeCuda:
+            @staticmethod
+            def mem_get_info():
+                return (90, 100)
+
+        class FakeTorch:
+            cuda = FakeCuda
+
+        reads = []
+
+        def ours():
+            n = len(reads)
+            reads.append(n)
+            return {"page_moves.pages_unmapped": n, "host_calls.malloc": 10 * n,
+                    "host_calls.free": 10 * n, "host_calls.malloc_ns": 1000 * n,
+                    "host_calls.free_ns": 500 * n}
+
+        meter = cw.Meter(FakeTorch, ours)
+        meter.step_done(cw.time.perf_counter())
+        meter.step_done(cw.time.perf_counter())
+        self.assertEqual(len(reads), 3)
+        self.assertEqual(meter.calls_at_start, [0, 0, 0, 0])
+        self.assertEqual(meter.calls_after_step, [[10, 10, 1000, 500], [20, 20, 2000, 1000]])
+        self.assertEqual(meter.unmapped_after_step, [1, 2])
+
+        untimed = cw.Meter(FakeTorch, lambda: {"page_moves.pages_unmapped": 3})
+        untimed.step_done(cw.time.perf_counter())
+        self.assertIsNone(untimed.calls_at_start)
+        self.assertEqual((untimed.calls_after_step, untimed.unmapped_after_step), ([], [3]))
+
+
 class PickTest(unittest.TestCase):
     def test_a_conf_with_commas_stays_one_allocator(self):
         got = cw._pick("torch,gpualloc:expandable_segments:True,unmap_free_pages:True,torch-async",
