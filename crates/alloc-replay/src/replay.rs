@@ -41,6 +41,18 @@ pub enum ReplayError {
         /// The engine's error.
         source: Box<AllocError>,
     },
+    /// The engine refused the memory fraction of [`ReplayOptions::memory_fraction`].
+    #[error("{trace} under {policy}: memory fraction {fraction}: {source}")]
+    MemoryFraction {
+        /// Trace name.
+        trace: String,
+        /// Policy name.
+        policy: String,
+        /// The fraction asked for.
+        fraction: f64,
+        /// The engine's error.
+        source: Box<AllocError>,
+    },
 }
 
 /// Figures of one replay of one trace under one policy.
@@ -218,10 +230,10 @@ fn run_events(
     if let Some(fraction) = opts.memory_fraction {
         engine
             .set_memory_fraction(fraction)
-            .map_err(|source| ReplayError::Engine {
+            .map_err(|source| ReplayError::MemoryFraction {
                 trace: trace.name.clone(),
                 policy: config.to_string(),
-                index: 0,
+                fraction,
                 source: Box::new(source),
             })?;
     }

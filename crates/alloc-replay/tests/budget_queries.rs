@@ -96,3 +96,20 @@ fn under_a_memory_fraction_the_budget_setting_reclaims_before_retrying() {
     assert!(budget.pages_moved > 0);
     assert!(budget.free_queries <= budget.device_allocs);
 }
+
+/// A memory fraction the engine refuses (outside [0, 1]) is its own error,
+/// naming the fraction, not a failure of the trace's first event.
+#[test]
+fn a_fraction_outside_zero_to_one_is_refused_by_name() {
+    let trace = bundled_trace("resnet50_train");
+    let mut opts = untimed();
+    opts.memory_fraction = Some(1.5);
+    let Err(err) = replay(&trace, BUDGET.config, &opts) else {
+        panic!("a fraction of 1.5 was accepted")
+    };
+    assert!(
+        matches!(err, alloc_replay::ReplayError::MemoryFraction { fraction, .. } if fraction == 1.5),
+        "{err}"
+    );
+    assert!(err.to_string().contains("memory fraction 1.5"), "{err}");
+}
