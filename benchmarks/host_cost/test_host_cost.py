@@ -14,6 +14,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+import cache_lines  # noqa: E402
 import host_cost  # noqa: E402
 import host_threads as ht  # noqa: E402
 
@@ -400,6 +401,63 @@ int cudaMalloc(void** p, size_t n) {
   return 0;
 }
 """
+
+
+class CacheLinesTest(unittest.TestCase):
+    """cache_lines.py's reading of a lackey trace (a synthetic one: no valgrind)."""
+
+    SEP = 0x10c080
+
+    def trace(self):
+        # Before the first store to sep nothing counts; then two calls. Lines are numbered
+        # from L = 0x4000000 / 64. Call 1 loads line L, stores L+1 and L+2 (L+2 twice, by two
+        # instructions), touches the stack and the program's own data (both left out).
+        # Call 2 loads L+2 and stores L+3.
+        return [
+            " S 04000000,8\n",
+            " S 0010c080,8\n",
+            "I  04a00010,3\n", " L 04000000,8\n",
+            "I  04a00020,3\n", " S 04000040,8\n",
+            "I  04a00030,3\n", " M 04000080,4\n",
+            "I  04a00040,3\n", " S 040000b8,8\n",
+            " S 1ffeffc000,8\n", " S 0010c040,8\n",
+            " L 0010c080,8\n",
+            " S 0010c080,8\n",
+            "I  04a00050,3\n", " L 04000088,8\n",
+            "I  04a00060,3\n", " S 040000c0,8\n",
+            "==123== a log line\n",
+        ]
+
+    def test_a_trace_is_cut_into_calls_at_the_stores_to_sep(self):
+        calls = cache_lines.parse_trace(self.trace(), self.SEP, exclude=[(0x10c000, 0x10c080)])
+        self.assertEqual(len(calls), 2)
+        touched, written, by = calls[0]
+        L = 0x4000000 // 64
+        self.assertEqual(touched, {L, L + 1, L + 2})
+        self.assertEqual(written, {L + 1, L + 2})
+        self.assertEqual(by[L + 2], {0x4a00030, 0x4a00040})
+        self.assertEqual((calls[1][0], calls[1][1]), ({L + 2, L + 3}, {L + 3}))
+
+    def test_the_means_and_the_lines_that_move_between_calls(self):
+        calls = cache_lines.parse_trace(self.trace(), self.SEP, exclude=[(0x10c000, 0x10c080)])
+        got = cache_lines.summarize(calls)
+        # Touched 3 and 2, written 2 and 1; of call 1's written lines call 2 touches one.
+        self.assertEqual(got, {"calls": 2, "touched": 2.5, "written": 1.5,
+                               "moved_between_calls": 1.0})
+        L = 0x4000000 // 64
+        self.assertEqual(sorted((ln, c) for ln, c, _ in cache_lines.hot_lines(calls)),
+                         [(L + 1, 1), (L + 2, 1), (L + 3, 1)])
+        with self.assertRaises(ValueError):
+            cache_lines.summarize(calls[:1])
+
+    def test_the_library_and_the_program_are_found_in_the_memory_map(self):
+        maps = ["sep 0x10c080",
+                "0010c000-0010d000 rw-p 00003000 fe:00 1 /tmp/x/cache_lines",
+                "04a2a000-04a93000 r--p 00000000 fe:00 2 /lib/liballoc_ffi.so",
+                "04a93000-04c34000 r-xp 00068000 fe:00 2 /lib/liballoc_ffi.so"]
+        self.assertEqual(cache_lines.library_base(maps, "/lib/liballoc_ffi.so"), 0x4a2a000)
+        self.assertEqual(cache_lines.mapped_ranges(maps, "/tmp/x/cache_lines"),
+                         [(0x10c000, 0x10d000)])
 
 
 class NullPluggableTest(unittest.TestCase):

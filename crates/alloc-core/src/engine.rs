@@ -15,6 +15,7 @@ use crate::backend::{MemoryBackend, SegmentSource, StreamBackend};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
+use crate::live_stats::Quantity;
 
 mod capture_reuse;
 mod checkpoint;
@@ -579,7 +580,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
 
     /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).
     pub fn allocated_bytes(&self) -> u64 {
-        self.heap.ledger.stats.allocated_bytes.all_current() as u64
+        self.heap.ledger.stats.all_current(Quantity::AllocatedBytes) as u64
     }
 
     /// Bytes reserved from the device now (`reserved_bytes.all.current`).

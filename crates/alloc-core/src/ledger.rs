@@ -263,16 +263,16 @@ impl Ledger {
         let s = &mut self.stats;
         debug_assert!(s.follows());
         if sign > 0 {
-            s.allocation.increase(pool, 1);
-            s.allocated_bytes.increase(pool, size);
-            s.requested_bytes.increase(pool, requested);
+            s.allocation().increase(pool, 1);
+            s.allocated_bytes().increase(pool, size);
+            s.requested_bytes().increase(pool, requested);
             if oversize {
                 s.oversize_allocations.increase(1);
             }
         } else {
-            s.allocation.decrease(pool, 1);
-            s.allocated_bytes.decrease(pool, size);
-            s.requested_bytes.decrease(pool, requested);
+            s.allocation().decrease(pool, 1);
+            s.allocated_bytes().decrease(pool, size);
+            s.requested_bytes().decrease(pool, requested);
             if oversize {
                 s.oversize_allocations.decrease(1);
             }
@@ -281,8 +281,8 @@ impl Ledger {
 
     /// A segment of `size` bytes was made.
     pub(crate) fn segment_added(&mut self, pool: Pool, size: u64) {
-        self.stats.segment.increase(pool, 1);
-        self.stats.reserved_bytes.increase(pool, size);
+        self.stats.segment().increase(pool, 1);
+        self.stats.reserved_bytes().increase(pool, size);
         if size >= self.oversize_threshold {
             self.stats.oversize_segments.increase(1);
         }
@@ -292,8 +292,8 @@ impl Ledger {
     /// removed (its blocks' contributions were removed with
     /// [`Ledger::account`]).
     pub(crate) fn segment_removed(&mut self, pool: Pool, size: u64, unmapped: u64) {
-        self.stats.segment.decrease(pool, 1);
-        self.stats.reserved_bytes.decrease(pool, size - unmapped);
+        self.stats.segment().decrease(pool, 1);
+        self.stats.reserved_bytes().decrease(pool, size - unmapped);
         if size >= self.oversize_threshold {
             self.stats.oversize_segments.decrease(1);
         }
@@ -302,7 +302,7 @@ impl Ledger {
     /// A segment grew from `old` to `new` bytes, all of them mapped.
     pub(crate) fn segment_grown(&mut self, pool: Pool, old: u64, new: u64) {
         self.resized(old, new);
-        self.stats.reserved_bytes.increase(pool, new - old);
+        self.stats.reserved_bytes().increase(pool, new - old);
     }
 
     /// A segment shrank from `old` to `new` bytes; `unmapped` of the bytes
@@ -310,7 +310,7 @@ impl Ledger {
     pub(crate) fn segment_shrunk(&mut self, pool: Pool, old: u64, new: u64, unmapped: u64) {
         self.resized(old, new);
         self.stats
-            .reserved_bytes
+            .reserved_bytes()
             .decrease(pool, old - new - unmapped);
     }
 
@@ -331,12 +331,12 @@ impl Ledger {
     /// `bytes` of pages inside a segment were unmapped: they no longer
     /// count as reserved.
     pub(crate) fn pages_unmapped(&mut self, pool: Pool, bytes: u64) {
-        self.stats.reserved_bytes.decrease(pool, bytes);
+        self.stats.reserved_bytes().decrease(pool, bytes);
     }
 
     /// `bytes` of unmapped pages inside a segment were mapped again.
     pub(crate) fn pages_mapped(&mut self, pool: Pool, bytes: u64) {
-        self.stats.reserved_bytes.increase(pool, bytes);
+        self.stats.reserved_bytes().increase(pool, bytes);
     }
 
     /// Changes the size from which blocks and segments count as oversize
@@ -424,8 +424,8 @@ impl Ledger {
         let split = std::mem::take(&mut t[T_INACTIVE_SPLIT]);
         let split_bytes = std::mem::take(&mut t[T_INACTIVE_SPLIT_BYTES]);
         let s = &mut self.stats;
-        s.inactive_split.apply(pool, split);
-        s.inactive_split_bytes.apply(pool, split_bytes);
+        s.inactive_split().apply(pool, split);
+        s.inactive_split_bytes().apply(pool, split_bytes);
     }
 
     /// Applies one pool's tallied change, the settle of an operation that
@@ -454,17 +454,17 @@ impl Ledger {
                 "a tallied change goes against one applied at once"
             );
         }
-        s.allocation.apply(pool, t[T_ALLOCATION]);
-        s.allocated_bytes.apply(pool, t[T_ALLOCATED_BYTES]);
+        s.allocation().apply(pool, t[T_ALLOCATION]);
+        s.allocated_bytes().apply(pool, t[T_ALLOCATED_BYTES]);
         if s.follows() {
             // No block awaited events in this operation either.
             debug_assert_eq!(t[T_ACTIVE], t[T_ALLOCATION]);
             debug_assert_eq!(t[T_ACTIVE_BYTES], t[T_ALLOCATED_BYTES]);
         } else {
-            s.active.apply(pool, t[T_ACTIVE]);
-            s.active_bytes.apply(pool, t[T_ACTIVE_BYTES]);
+            s.active().apply(pool, t[T_ACTIVE]);
+            s.active_bytes().apply(pool, t[T_ACTIVE_BYTES]);
         }
-        s.requested_bytes.apply(pool, t[T_REQUESTED_BYTES]);
+        s.requested_bytes().apply(pool, t[T_REQUESTED_BYTES]);
         s.oversize_allocations.apply(t[T_OVERSIZE]);
     }
 

@@ -17,7 +17,9 @@ use crate::stats::{PageMoves, Stat, StatArray, Stats};
 use crate::types::Pool;
 
 /// One quantity of the small and the large pool (indexed by
-/// [`Pool::index`]), with the all-pools peak.
+/// [`Pool::index`]), with the all-pools peak: the value a reader gets
+/// ([`LiveStats::counter`]); the heap updates the stored form through a
+/// [`CounterMut`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counter {
     current: [i64; 2],
@@ -31,7 +33,106 @@ pub(crate) struct Counter {
     all_peak: i64,
 }
 
-impl Counter {
+/// The quantities, in the order they are stored: those a malloc or free
+/// changes first, so that their changing parts share as few cache lines as
+/// they can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Quantity {
+    Allocation,
+    AllocatedBytes,
+    RequestedBytes,
+    InactiveSplit,
+    InactiveSplitBytes,
+    /// Stale while [`LiveStats::follows`]: see [`Counter::followed`].
+    Active,
+    /// Stale while [`LiveStats::follows`], as `Active`.
+    ActiveBytes,
+    Segment,
+    ReservedBytes,
+}
+
+impl Quantity {
+    /// Every quantity, in storage order.
+    pub(crate) const ALL: [Quantity; 9] = [
+        Quantity::Allocation,
+        Quantity::AllocatedBytes,
+        Quantity::RequestedBytes,
+        Quantity::InactiveSplit,
+        Quantity::InactiveSplitBytes,
+        Quantity::Active,
+        Quantity::ActiveBytes,
+        Quantity::Segment,
+        Quantity::ReservedBytes,
+    ];
+}
+
+/// The part of a counter every change writes: 32 bytes, two to a cache
+/// line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Changing {
+    current: [i64; 2],
+    allocated: [u64; 2],
+}
+
+/// The part of a counter a change reads, and writes only at a new peak,
+/// which is rare once the allocator runs steady.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Peaks {
+    peak: [i64; 2],
+    all_peak: i64,
+}
+
+/// Every counter's changing parts together, on cache lines of their own.
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(align(64))]
+struct ChangingParts([Changing; 9]);
+
+/// The counters as stored: each split into what every change writes, what
+/// it only reads, and what only the resets use. Held by counter (72 bytes
+/// each), the five counters an allocation and a free change spread over
+/// seven cache lines; split, their changing parts take three. With several
+/// threads on one device every line an operation writes moves to the next
+/// thread's core, and a line it only reads, unwritten, does not.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    changing: ChangingParts,
+    peaks: [Peaks; 9],
+    base: [[i64; 2]; 9],
+}
+
+impl Counters {
+    fn get(&self, q: Quantity) -> Counter {
+        let (c, p) = (self.changing.0[q as usize], self.peaks[q as usize]);
+        Counter {
+            current: c.current,
+            peak: p.peak,
+            allocated: c.allocated,
+            base: self.base[q as usize],
+            all_peak: p.all_peak,
+        }
+    }
+
+    fn set(&mut self, q: Quantity, v: Counter) {
+        let i = q as usize;
+        self.changing.0[i] = Changing {
+            current: v.current,
+            allocated: v.allocated,
+        };
+        self.peaks[i] = Peaks {
+            peak: v.peak,
+            all_peak: v.all_peak,
+        };
+        self.base[i] = v.base;
+    }
+}
+
+/// One counter of [`LiveStats`], to change.
+pub(crate) struct CounterMut<'a> {
+    changing: &'a mut Changing,
+    peaks: &'a mut Peaks,
+}
+
+impl CounterMut<'_> {
     /// Adds `amount` to `pool`.
     #[inline(always)]
     pub(crate) fn increase(&mut self, pool: Pool, amount: u64) {
@@ -41,7 +142,7 @@ impl Counter {
     /// Subtracts `amount` from `pool`.
     #[inline(always)]
     pub(crate) fn decrease(&mut self, pool: Pool, amount: u64) {
-        self.current[pool.index()] -= amount as i64;
+        self.changing.current[pool.index()] -= amount as i64;
     }
 
     /// Adds a signed change to `pool` (an increase when positive).
@@ -53,30 +154,28 @@ impl Counter {
     #[inline(always)]
     pub(crate) fn apply(&mut self, pool: Pool, delta: i64) {
         let p = pool.index();
-        let current = self.current[p] + delta;
-        self.current[p] = current;
-        self.allocated[p] += delta.max(0) as u64;
+        let c = &mut *self.changing;
+        let current = c.current[p] + delta;
+        c.current[p] = current;
+        c.allocated[p] += delta.max(0) as u64;
         // Branches, unlike the sign's: a new peak is rare once the
-        // allocator runs steady, so they are predicted.
-        if current > self.peak[p] {
-            self.peak[p] = current;
+        // allocator runs steady, so they are predicted (and the peaks'
+        // line is then only read).
+        if current > self.peaks.peak[p] {
+            self.peaks.peak[p] = current;
         }
-        let all = self.current[0] + self.current[1];
-        if all > self.all_peak {
-            self.all_peak = all;
+        let all = c.current[0] + c.current[1];
+        if all > self.peaks.all_peak {
+            self.peaks.all_peak = all;
         }
     }
+}
 
+impl Counter {
     /// The present value of both pools together.
     #[inline]
-    pub(crate) fn all_current(&self) -> i64 {
+    fn all_current(&self) -> i64 {
         self.current[0] + self.current[1]
-    }
-
-    /// The highest value of both pools together.
-    #[inline]
-    pub(crate) fn all_peak(&self) -> i64 {
-        self.all_peak
     }
 
     /// One pool in PyTorch's model.
@@ -136,20 +235,10 @@ impl Counter {
 }
 
 /// Every statistic, as the heap updates them ([`Stats`]' fields, with a
-/// [`Counter`] for each per-pool quantity).
+/// counter for each per-pool [`Quantity`]).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct LiveStats {
-    pub(crate) allocation: Counter,
-    pub(crate) segment: Counter,
-    /// Stale while [`LiveStats::follows`]: see [`Counter::followed`].
-    pub(crate) active: Counter,
-    pub(crate) inactive_split: Counter,
-    pub(crate) allocated_bytes: Counter,
-    pub(crate) reserved_bytes: Counter,
-    /// Stale while [`LiveStats::follows`], as `active`.
-    pub(crate) active_bytes: Counter,
-    pub(crate) inactive_split_bytes: Counter,
-    pub(crate) requested_bytes: Counter,
+    counters: Counters,
     pub(crate) num_alloc_retries: u64,
     pub(crate) num_ooms: u64,
     pub(crate) num_sync_all_streams: u64,
@@ -170,7 +259,60 @@ pub(crate) struct LiveStats {
     pub(crate) never_follow: bool,
 }
 
+macro_rules! counter_accessors {
+    ($($name:ident: $q:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("The `", stringify!($q), "` counter, to change.")]
+            #[inline(always)]
+            pub(crate) fn $name(&mut self) -> CounterMut<'_> {
+                self.at(Quantity::$q)
+            }
+        )*
+    };
+}
+
 impl LiveStats {
+    counter_accessors!(
+        allocation: Allocation,
+        allocated_bytes: AllocatedBytes,
+        requested_bytes: RequestedBytes,
+        inactive_split: InactiveSplit,
+        inactive_split_bytes: InactiveSplitBytes,
+        active: Active,
+        active_bytes: ActiveBytes,
+        segment: Segment,
+        reserved_bytes: ReservedBytes,
+    );
+
+    /// Counter `q`, to change.
+    #[inline(always)]
+    pub(crate) fn at(&mut self, q: Quantity) -> CounterMut<'_> {
+        let i = q as usize;
+        CounterMut {
+            changing: &mut self.counters.changing.0[i],
+            peaks: &mut self.counters.peaks[i],
+        }
+    }
+
+    /// Counter `q`'s stored value (stale for the active counts while they
+    /// follow: [`LiveStats::actives`] has their true values).
+    pub(crate) fn counter(&self, q: Quantity) -> Counter {
+        self.counters.get(q)
+    }
+
+    /// The present value of both pools of `q` together.
+    #[inline]
+    pub(crate) fn all_current(&self, q: Quantity) -> i64 {
+        let c = &self.counters.changing.0[q as usize];
+        c.current[0] + c.current[1]
+    }
+
+    /// The highest value of both pools of `q` together.
+    #[inline]
+    pub(crate) fn all_peak(&self, q: Quantity) -> i64 {
+        self.counters.peaks[q as usize].all_peak
+    }
+
     /// Whether the active counts follow the allocated ones, unchanged
     /// themselves: set while no block awaits events (the two then differ
     /// by nothing), so that a malloc or free updates three counters
@@ -183,13 +325,16 @@ impl LiveStats {
     /// The active counts' true values: ([`LiveStats::active`],
     /// [`LiveStats::active_bytes`]) brought up to date if they follow.
     fn actives(&self) -> (Counter, Counter) {
+        let (active, active_bytes) = (
+            self.counter(Quantity::Active),
+            self.counter(Quantity::ActiveBytes),
+        );
         if self.apart {
-            return (self.active, self.active_bytes);
+            return (active, active_bytes);
         }
         (
-            self.active.followed(&self.allocation, self.marks[0]),
-            self.active_bytes
-                .followed(&self.allocated_bytes, self.marks[1]),
+            active.followed(&self.counter(Quantity::Allocation), self.marks[0]),
+            active_bytes.followed(&self.counter(Quantity::AllocatedBytes), self.marks[1]),
         )
     }
 
@@ -197,7 +342,9 @@ impl LiveStats {
     /// events): their stored values are brought up to date, and are
     /// updated from now on.
     pub(crate) fn part(&mut self) {
-        (self.active, self.active_bytes) = self.actives();
+        let (active, active_bytes) = self.actives();
+        self.counters.set(Quantity::Active, active);
+        self.counters.set(Quantity::ActiveBytes, active_bytes);
         self.apart = true;
     }
 
@@ -208,19 +355,18 @@ impl LiveStats {
         if self.never_follow {
             return false;
         }
-        if self.apart
-            && self.active.current == self.allocation.current
-            && self.active_bytes.current == self.allocated_bytes.current
-        {
-            for (follower, leader) in [
-                (&self.active, &self.allocation),
-                (&self.active_bytes, &self.allocated_bytes),
-            ] {
+        let pairs = [
+            (Quantity::Active, Quantity::Allocation),
+            (Quantity::ActiveBytes, Quantity::AllocatedBytes),
+        ]
+        .map(|(f, l)| (self.counter(f), self.counter(l)));
+        if self.apart && pairs.iter().all(|(f, l)| f.current == l.current) {
+            for (follower, leader) in &pairs {
                 debug_assert!(follower.peak[0] >= leader.peak[0]);
                 debug_assert!(follower.peak[1] >= leader.peak[1]);
                 debug_assert!(follower.all_peak >= leader.all_peak);
             }
-            self.marks = [self.allocation.allocated, self.allocated_bytes.allocated];
+            self.marks = pairs.map(|(_, leader)| leader.allocated);
             self.apart = false;
         }
         !self.apart
@@ -229,16 +375,17 @@ impl LiveStats {
     /// The statistics in PyTorch's model.
     pub(crate) fn snapshot(&self) -> Stats {
         let (active, active_bytes) = self.actives();
+        let array = |q| self.counter(q).array();
         Stats {
-            allocation: self.allocation.array(),
-            segment: self.segment.array(),
+            allocation: array(Quantity::Allocation),
+            segment: array(Quantity::Segment),
             active: active.array(),
-            inactive_split: self.inactive_split.array(),
-            allocated_bytes: self.allocated_bytes.array(),
-            reserved_bytes: self.reserved_bytes.array(),
+            inactive_split: array(Quantity::InactiveSplit),
+            allocated_bytes: array(Quantity::AllocatedBytes),
+            reserved_bytes: array(Quantity::ReservedBytes),
             active_bytes: active_bytes.array(),
-            inactive_split_bytes: self.inactive_split_bytes.array(),
-            requested_bytes: self.requested_bytes.array(),
+            inactive_split_bytes: array(Quantity::InactiveSplitBytes),
+            requested_bytes: array(Quantity::RequestedBytes),
             num_alloc_retries: self.num_alloc_retries,
             num_ooms: self.num_ooms,
             num_sync_all_streams: self.num_sync_all_streams,
@@ -250,27 +397,15 @@ impl LiveStats {
         }
     }
 
-    fn counters_mut(&mut self) -> [&mut Counter; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
-    }
-
     /// Applies `reset` to every counter, the active ones brought up to
     /// date first; if they followed the allocated ones, they follow again.
     fn reset_counters(&mut self, reset: fn(&mut Counter)) {
         let follows = self.follows();
         self.part();
-        for c in self.counters_mut() {
-            reset(c);
+        for q in Quantity::ALL {
+            let mut c = self.counter(q);
+            reset(&mut c);
+            self.counters.set(q, c);
         }
         if follows {
             self.rejoin();
@@ -303,63 +438,97 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// One change of a random sequence: (kind, small pool?, amount).
-    fn changes() -> impl Strategy<Value = Vec<(u8, bool, u64)>> {
-        prop::collection::vec((0u8..20, any::<bool>(), 0u64..1000), 0..400)
+    /// One change of a random sequence: (kind, which counter, small pool?,
+    /// amount).
+    fn changes() -> impl Strategy<Value = Vec<(u8, usize, bool, u64)>> {
+        prop::collection::vec((0u8..20, 0usize..9, any::<bool>(), 0u64..1000), 0..400)
     }
 
     proptest! {
-        /// Any sequence of changes, resets included, gives the same
-        /// statistics through a [`Counter`] as through PyTorch's model kept
-        /// directly.
+        /// Any sequence of changes to any counters, resets included, gives
+        /// the same statistics through [`LiveStats`]' stored counters as
+        /// through PyTorch's model kept directly for each.
         #[test]
-        fn counter_matches_the_stat_model(seq in changes()) {
-            let mut counter = Counter::default();
-            let mut model = StatArray::default();
-            for (kind, small, amount) in seq {
-                let pool = if small { Pool::Small } else { Pool::Large };
-                let now = model.pool(pool).current;
+        fn counters_match_the_stat_model(seq in changes()) {
+            let mut live = LiveStats { never_follow: true, ..LiveStats::default() };
+            live.part();
+            let mut model = [StatArray::default(); 9];
+            for (kind, which, small, amount) in seq {
+                let (q, pool) = (Quantity::ALL[which], if small { Pool::Small } else { Pool::Large });
+                let m = &mut model[which];
+                let now = m.pool(pool).current;
                 match kind {
                     0 => {
-                        counter.reset_peak();
-                        for s in [&mut model.all, &mut model.small_pool, &mut model.large_pool] {
+                        live.reset_peaks();
+                        for s in model.iter_mut().flat_map(|a| [&mut a.all, &mut a.small_pool, &mut a.large_pool]) {
                             s.reset_peak();
                         }
                     }
                     1 => {
-                        counter.reset_accumulated();
-                        for s in [&mut model.all, &mut model.small_pool, &mut model.large_pool] {
+                        live.reset_accumulated();
+                        for s in model.iter_mut().flat_map(|a| [&mut a.all, &mut a.small_pool, &mut a.large_pool]) {
                             s.reset_accumulated();
                         }
                     }
                     2..=8 => {
-                        counter.increase(pool, amount);
-                        model.increase(pool, amount);
+                        live.at(q).increase(pool, amount);
+                        m.increase(pool, amount);
                     }
                     9..=14 => {
                         let amount = amount.min(now as u64);
-                        counter.decrease(pool, amount);
-                        model.decrease(pool, amount);
+                        live.at(q).decrease(pool, amount);
+                        m.decrease(pool, amount);
                     }
                     _ => {
                         let delta = (amount as i64 - 500).max(-now);
-                        counter.apply(pool, delta);
-                        model.apply(pool, delta);
+                        live.at(q).apply(pool, delta);
+                        m.apply(pool, delta);
                     }
                 }
-                prop_assert_eq!(counter.array(), model);
-                prop_assert_eq!(counter.all_current(), model.all.current);
-                prop_assert_eq!(counter.all_peak(), model.all.peak);
+                for (q, m) in Quantity::ALL.into_iter().zip(&model) {
+                    prop_assert_eq!(live.counter(q).array(), *m);
+                    prop_assert_eq!(live.all_current(q), m.all.current);
+                    prop_assert_eq!(live.all_peak(q), m.all.peak);
+                }
             }
         }
+    }
+
+    /// The counters an allocation and a free change keep their changing
+    /// parts on three cache lines, apart from everything else.
+    #[test]
+    fn the_changing_parts_share_three_cache_lines() {
+        assert_eq!(std::mem::size_of::<Changing>(), 32);
+        assert_eq!(std::mem::align_of::<ChangingParts>(), 64);
+        let hot = [
+            Quantity::Allocation,
+            Quantity::AllocatedBytes,
+            Quantity::RequestedBytes,
+            Quantity::InactiveSplit,
+            Quantity::InactiveSplitBytes,
+        ];
+        let lines: std::collections::BTreeSet<usize> =
+            hot.iter().map(|&q| q as usize * 32 / 64).collect();
+        assert_eq!(lines.len(), 3);
     }
 
     #[test]
     fn snapshot_names_each_counter_in_its_field() {
         let mut live = LiveStats::default();
         live.part();
-        for (i, c) in live.counters_mut().into_iter().enumerate() {
-            c.increase(Pool::Large, i as u64 + 1);
+        let order = [
+            Quantity::Allocation,
+            Quantity::Segment,
+            Quantity::Active,
+            Quantity::InactiveSplit,
+            Quantity::AllocatedBytes,
+            Quantity::ReservedBytes,
+            Quantity::ActiveBytes,
+            Quantity::InactiveSplitBytes,
+            Quantity::RequestedBytes,
+        ];
+        for (i, q) in order.into_iter().enumerate() {
+            live.at(q).increase(Pool::Large, i as u64 + 1);
         }
         let s = live.snapshot();
         let seen = [
@@ -381,9 +550,9 @@ mod tests {
     fn resets_reach_every_counter() {
         let mut live = LiveStats::default();
         live.part();
-        for c in live.counters_mut() {
-            c.increase(Pool::Small, 10);
-            c.decrease(Pool::Small, 4);
+        for q in Quantity::ALL {
+            live.at(q).increase(Pool::Small, 10);
+            live.at(q).decrease(Pool::Small, 4);
         }
         live.num_ooms = 1;
         live.reset_peaks();
@@ -413,7 +582,7 @@ mod tests {
     #[test]
     fn reset_accumulated_clears_every_event_count() {
         let mut live = LiveStats::default();
-        live.segment.increase(Pool::Large, 1);
+        live.segment().increase(Pool::Large, 1);
         live.num_alloc_retries = 1;
         live.num_ooms = 2;
         live.num_sync_all_streams = 3;

@@ -21,6 +21,7 @@ use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
 use crate::budget::{MemoryBudget, ReclaimInputs};
 use crate::error::{AllocError, BackendError};
 use crate::heap::{BlockState, Heap};
+use crate::live_stats::Quantity;
 use crate::page_set::partition_pages;
 use crate::policy::{Policy, Request};
 use crate::private_pool::PrivatePools;
@@ -46,7 +47,7 @@ fn detach_pages(memory: &mut dyn MemoryBackend) -> Result<&mut dyn DetachPages, 
 
 /// Bytes reserved from the device now (`reserved_bytes.all.current`).
 pub(super) fn reserved(heap: &Heap) -> u64 {
-    heap.ledger.stats.reserved_bytes.all_current() as u64
+    heap.ledger.stats.all_current(Quantity::ReservedBytes) as u64
 }
 
 /// Whether reserving `extra` more bytes would pass the reserved-bytes
@@ -290,7 +291,7 @@ impl<E> GrowableSegments<E> {
         if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(false);
         }
-        let peak = cx.heap.ledger.stats.reserved_bytes.all_peak() as u64;
+        let peak = cx.heap.ledger.stats.all_peak(Quantity::ReservedBytes) as u64;
         let reserved = cx.reserved_bytes();
         let mut deficit = ReclaimInputs {
             budget: cx.budget,
