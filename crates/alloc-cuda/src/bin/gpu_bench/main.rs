@@ -18,6 +18,7 @@
 //! `benchmarks/host_cost/host_threads.py`).
 
 mod paths;
+mod shared_totals;
 mod threads;
 
 use std::error::Error;

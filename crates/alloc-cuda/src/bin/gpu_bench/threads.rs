@@ -10,7 +10,13 @@
 //!
 //! `gpu_bench --threads 1,2,4 [--streams own,shared] | --devices 1,2
 //!  --workload pair:BYTES|mixed:LO:HI:LIVE [--warm CALLS] ...
-//!  [--window SECONDS] [--repeats N] [--sample-every N] [--config CONF]`
+//!  [--window SECONDS] [--repeats N] [--sample-every N] [--config CONF]
+//!  [--engines device|thread] [--shared-totals atomic|locked]`
+//!
+//! `--engines thread` gives each thread an allocator (an engine and a lock)
+//! of its own on its device instead of one a device: the most that engines
+//! per stream could carry. `--shared-totals` adds what they would have to
+//! share, the device-wide statistics' counters ([`SharedTotals`]).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use std::time::{Duration, Instant};
 use alloc_cuda::cudarc::driver::{CudaContext, CudaStream};
 use alloc_cuda::CudaAllocator;
 
+use crate::shared_totals::{SharedTotals, Sharing, WithTotals};
 use crate::{keep_default_pool, Backend, BoxResult, DriverAsync, Ours, Rng};
 
 /// One thread's workload.
@@ -69,6 +76,11 @@ struct Plan {
     repeats: usize,
     sample_every: u64,
     config: String,
+    /// Each thread its own allocator on its device, instead of one a device.
+    engines_per_thread: bool,
+    /// Every call of ours also changes device-wide totals kept this way
+    /// ([`SharedTotals`]).
+    shared_totals: Option<Sharing>,
 }
 
 fn list(text: &str) -> BoxResult<Vec<usize>> {
@@ -88,6 +100,8 @@ impl Plan {
             repeats: 3,
             sample_every: 31,
             config: std::env::var("GPUALLOC_CONF").unwrap_or_default(),
+            engines_per_thread: false,
+            shared_totals: None,
         };
         let mut it = argv.iter();
         while let Some(a) = it.next() {
@@ -114,6 +128,18 @@ impl Plan {
                 "--repeats" => p.repeats = value()?.parse()?,
                 "--sample-every" => p.sample_every = value()?.parse::<u64>()?.max(1),
                 "--config" => p.config = value()?.clone(),
+                "--engines" => {
+                    p.engines_per_thread = match value()?.as_str() {
+                        "device" => false,
+                        "thread" => true,
+                        other => {
+                            return Err(
+                                format!("--engines takes device or thread, not {other}").into()
+                            )
+                        }
+                    }
+                }
+                "--shared-totals" => p.shared_totals = Some(Sharing::parse(value()?)?),
                 other => return Err(format!("unknown argument {other} (see threads.rs)").into()),
             }
         }
@@ -397,11 +423,13 @@ fn json_str(s: &str) -> String {
     out
 }
 
-/// What each device's threads share: its context, allocator and streams.
+/// What each device's threads share: its context, allocators (one, or one
+/// a thread with `--engines thread`), streams and device-wide totals.
 struct Device {
     ctx: Arc<CudaContext>,
-    alloc: CudaAllocator,
+    allocs: Vec<CudaAllocator>,
     streams: Vec<Arc<CudaStream>>,
+    totals: &'static SharedTotals,
 }
 
 /// The threads mode: every cell of the plan, `repeats` times, the two
@@ -419,46 +447,70 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
     };
     let mut devices = Vec::new();
     for d in 0..ndev {
-        let alloc = CudaAllocator::with_config_str(d, &plan.config)?;
-        let ctx = alloc.context().clone();
+        let engines = if plan.engines_per_thread {
+            per_device
+        } else {
+            1
+        };
+        let allocs = (0..engines)
+            .map(|_| CudaAllocator::with_config_str(d, &plan.config))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ctx = allocs[0].context().clone();
         keep_default_pool(&ctx, u64::MAX)?;
         let streams = (0..per_device)
             .map(|_| ctx.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
         devices.push(Device {
             ctx,
-            alloc,
+            allocs,
             streams,
+            totals: Box::leak(Box::new(SharedTotals::new(
+                plan.shared_totals.unwrap_or_default(),
+            ))),
         });
     }
     for repeat in 0..plan.repeats {
         for (i, (load, warm, shared, devs)) in plan.cells().into_iter().enumerate() {
-            let stream_of = |t: usize| {
-                let k = if shared {
-                    0
-                } else {
-                    devs[..t].iter().filter(|&&d| d == devs[t]).count()
-                };
-                devices[devs[t]].streams[k].clone()
+            // Thread t's place among its device's threads.
+            let slot = |t: usize| devs[..t].iter().filter(|&&d| d == devs[t]).count();
+            let stream_of =
+                |t: usize| devices[devs[t]].streams[if shared { 0 } else { slot(t) }].clone();
+            let ours = |t: usize| -> BoxResult<Ours> {
+                let dev = &devices[devs[t]];
+                dev.ctx.bind_to_thread()?;
+                let engine = if plan.engines_per_thread { slot(t) } else { 0 };
+                Ok(Ours {
+                    alloc: dev.allocs[engine].clone(),
+                    stream: stream_of(t),
+                })
             };
             for k in 0..2 {
                 let (kind, out) = if (repeat + i + k) % 2 == 0 {
-                    let make = |t: usize| -> BoxResult<Ours> {
-                        let dev = &devices[devs[t]];
-                        dev.ctx.bind_to_thread()?;
-                        Ok(Ours {
-                            alloc: dev.alloc.clone(),
-                            stream: stream_of(t),
-                        })
+                    let o = if plan.shared_totals.is_some() {
+                        let make = |t: usize| -> BoxResult<WithTotals<Ours>> {
+                            Ok(WithTotals {
+                                inner: ours(t)?,
+                                totals: devices[devs[t]].totals,
+                            })
+                        };
+                        run_cell(
+                            devs.len(),
+                            load,
+                            warm,
+                            plan.window,
+                            plan.sample_every,
+                            &make,
+                        )
+                    } else {
+                        run_cell(
+                            devs.len(),
+                            load,
+                            warm,
+                            plan.window,
+                            plan.sample_every,
+                            &ours,
+                        )
                     };
-                    let o = run_cell(
-                        devs.len(),
-                        load,
-                        warm,
-                        plan.window,
-                        plan.sample_every,
-                        &make,
-                    );
                     ("ours", o)
                 } else {
                     let make = |t: usize| -> BoxResult<DriverAsync> {
@@ -484,7 +536,8 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
                     "CELL {{\"kind\": \"{kind}\", \"repeat\": {repeat}, \"spec\": \"{}\", \
                      \"streams\": \"{}\", \"threads\": {}, \"devices\": {}, \"calls\": {}, \
                      \"wall_ns\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \
-                     \"max_ns\": {}, \"samples\": {}, \"failed_threads\": {}, \"error\": {}}}",
+                     \"max_ns\": {}, \"samples\": {}, \"failed_threads\": {}, \"error\": {}, \
+                     \"engines\": \"{}\", \"shared_totals\": \"{}\"}}",
                     load.spec(),
                     if shared { "shared" } else { "own" },
                     devs.len(),
@@ -497,13 +550,23 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
                     out.max,
                     out.samples,
                     out.failed,
-                    json_str(&out.error)
+                    json_str(&out.error),
+                    if plan.engines_per_thread {
+                        "thread"
+                    } else {
+                        "device"
+                    },
+                    match plan.shared_totals {
+                        Some(Sharing::Atomic) if kind == "ours" => "atomic",
+                        Some(Sharing::Locked) if kind == "ours" => "locked",
+                        _ => "none",
+                    }
                 );
             }
         }
     }
-    for dev in &devices {
-        dev.alloc.empty_cache()?;
+    for alloc in devices.iter().flat_map(|d| &d.allocs) {
+        alloc.empty_cache()?;
     }
     Ok(())
 }
@@ -590,5 +653,11 @@ mod tests {
             .to_vec();
         assert_eq!(Plan::parse(&argv).unwrap().cells()[1].3, vec![0, 1]);
         assert!(Plan::parse(&["--threads".into(), "0".into()]).is_err());
+        let argv: Vec<String> = ["--engines", "thread", "--shared-totals", "locked"]
+            .map(String::from)
+            .to_vec();
+        let p = Plan::parse(&argv).unwrap();
+        assert!(p.engines_per_thread && p.shared_totals == Some(Sharing::Locked));
+        assert!(Plan::parse(&["--engines".into(), "stream".into()]).is_err());
     }
 }
