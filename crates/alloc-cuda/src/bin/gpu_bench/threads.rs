@@ -152,6 +152,17 @@ impl Plan {
         Ok(p)
     }
 
+    /// Runs one cell of `threads` threads in this plan's window.
+    fn cell<B: Backend>(
+        &self,
+        threads: usize,
+        load: Load,
+        warm: u64,
+        make: &(dyn Fn(usize) -> BoxResult<B> + Sync),
+    ) -> CellOut {
+        run_cell(threads, load, warm, self.window, self.sample_every, make)
+    }
+
     /// The cells of one repeat: (load, warm calls, shared stream, device of each thread).
     fn cells(&self) -> Vec<(Load, u64, bool, Vec<usize>)> {
         let mut out = Vec::new();
@@ -493,23 +504,9 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
                                 totals: devices[devs[t]].totals,
                             })
                         };
-                        run_cell(
-                            devs.len(),
-                            load,
-                            warm,
-                            plan.window,
-                            plan.sample_every,
-                            &make,
-                        )
+                        plan.cell(devs.len(), load, warm, &make)
                     } else {
-                        run_cell(
-                            devs.len(),
-                            load,
-                            warm,
-                            plan.window,
-                            plan.sample_every,
-                            &ours,
-                        )
+                        plan.cell(devs.len(), load, warm, &ours)
                     };
                     ("ours", o)
                 } else {
@@ -519,15 +516,7 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
                             stream: stream_of(t),
                         })
                     };
-                    let o = run_cell(
-                        devs.len(),
-                        load,
-                        warm,
-                        plan.window,
-                        plan.sample_every,
-                        &make,
-                    );
-                    ("driver-async", o)
+                    ("driver-async", plan.cell(devs.len(), load, warm, &make))
                 };
                 for dev in &devices {
                     dev.ctx.synchronize()?;
