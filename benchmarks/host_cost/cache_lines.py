@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not os.path.exists(args.so):
         ap.error("%s not found (cargo build --release -p alloc-ffi)" % args.so)
+    needed = ["valgrind", "cc"] + (["addr2line"] if args.who else [])
+    missing = [tool for tool in needed if shutil.which(tool) is None]
+    if missing:
+        ap.error("needs %s on PATH (apt-get install valgrind gcc binutils)" % " and ".join(missing))
+    if args.calls < 2 or args.warm < 0:
+        ap.error("--calls must be at least 2 and --warm at least 0")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         drv, exe = build(tmp)
