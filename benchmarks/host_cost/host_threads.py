@@ -76,6 +76,23 @@ NULL_DRIVER_PATHS = [
     ("gpualloc CudaAllocator (Rust)", "rust", "ours", "gpualloc C library"),
     ("cuMemAllocAsync (Rust process)", "rust", "driver-async", None),
 ]
+# --rust-engines: gpu_bench's engine layouts beyond one engine a device ("device", the
+# paths above), each a path of the rust process: an engine per thread (what per-stream
+# engines could carry), alone and with the device-wide counters they would share
+# (docs/architecture.md, "Threads"). Mode -> (path name, gpu_bench's flags).
+ENGINE_MODES = {
+    "thread": ("gpualloc CudaAllocator, an engine per thread", ["--engines", "thread"]),
+    "thread+atomic": ("gpualloc CudaAllocator, an engine per thread, atomic shared counters",
+                      ["--engines", "thread", "--shared-totals", "atomic"]),
+    "thread+locked": ("gpualloc CudaAllocator, an engine per thread, locked shared counters",
+                      ["--engines", "thread", "--shared-totals", "locked"]),
+}
+
+
+def engine_paths(args, reference):
+    """The rust process's paths of --rust-engines' modes beyond "device"."""
+    return [(ENGINE_MODES[m][0], "rust", "ours:" + m, reference)
+            for m in args.rust_engines if m != "device"]
 # The pluggable processes: the library PyTorch's CUDAPluggableAllocator loads in each
 # ("null": null_pluggable.c, built at run time; "gpualloc": --so) and its two functions.
 PLUGGABLE = {
@@ -166,9 +183,9 @@ def active_paths(args):
     """The paths this run times (PATHS, less the Python threads with --no-python and the
     pluggable processes with --no-pluggable; the null driver's set with --null-driver)."""
     if args.null_driver:
-        return NULL_DRIVER_PATHS
+        return NULL_DRIVER_PATHS + engine_paths(args, "gpualloc C library")
     return [p for p in PATHS if not (args.no_python and p[2] == "python")
-            and not (args.no_pluggable and p[1] in PLUGGABLE)]
+            and not (args.no_pluggable and p[1] in PLUGGABLE)] + engine_paths(args, TORCH_RAW)
 
 
 def processes(args):
@@ -392,26 +409,44 @@ def shape_argv(args):
 
 
 def run_rust(args, env=None):
-    """gpu_bench --threads: one CELL <json> line per cell."""
-    t = time.time()
-    r = subprocess.run(rust_argv(args), capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        sys.exit("gpu_bench --threads failed (exit %d):\n%s%s" % (
-            r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
-    cells = rust_cells(r.stdout, args.workloads)
-    print("rust process: %d cells in %.0f s" % (len(cells), time.time() - t), flush=True)
+    """gpu_bench --threads, once for each of --rust-engines' modes: one CELL <json> line per
+    cell. cuMemAllocAsync's cells are kept from the first run only."""
+    cells = []
+    for n, mode in enumerate(args.rust_engines):
+        t = time.time()
+        flags = ENGINE_MODES[mode][1] if mode != "device" else []
+        r = subprocess.run(rust_argv(args) + flags, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            sys.exit("gpu_bench --threads failed (exit %d):\n%s%s" % (
+                r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
+        got = [c for c in rust_cells(r.stdout, args.workloads)
+               if n == 0 or c["path"] != "cuMemAllocAsync (Rust process)"]
+        print("rust process (engines: %s): %d cells in %.0f s" % (mode, len(got),
+                                                                time.time() - t), flush=True)
+        cells += got
     return cells
+
+
+def rust_kind(cell):
+    """The path kind of a gpu_bench CELL: "ours" with one engine a device, "ours:MODE" for
+    an --rust-engines mode, else gpu_bench's own kind."""
+    kind = cell.pop("kind")
+    engines, totals = cell.pop("engines", "device"), cell.pop("shared_totals", "none")
+    if kind != "ours" or engines == "device":
+        return kind
+    return "ours:thread" + ("" if totals == "none" else "+" + totals)
 
 
 def rust_cells(stdout, workloads):
     """gpu_bench's CELL lines as cells of this script (path names, workload labels)."""
     names = {kind: name for name, proc, kind, _ in PATHS if proc == "rust"}
+    names.update(("ours:" + m, name) for m, (name, _) in ENGINE_MODES.items())
     labels = {w["spec"]: w["label"] for w in workloads}
     cells = []
     for line in stdout.splitlines():
         if line.startswith("CELL "):
             c = json.loads(line[5:])
-            c["path"] = names[c.pop("kind")]
+            c["path"] = names[rust_kind(c)]
             c["workload"] = labels[c.pop("spec")]
             c["process"] = "rust"
             cells.append(c)
@@ -722,6 +757,9 @@ def parse_args(argv=None):
     ap.add_argument("--sample-every", type=int, default=31, help="time every Nth call")
     ap.add_argument("--no-python", action="store_true", help="leave out the Python threads")
     ap.add_argument("--no-rust", action="store_true", help="leave out gpu_bench --threads")
+    ap.add_argument("--rust-engines", default="device",
+                    help="gpu_bench's engine layouts, a comma list of device (one engine a "
+                    "device, as the library has), %s" % ", ".join(ENGINE_MODES))
     ap.add_argument("--no-pluggable", action="store_true",
                     help="leave out at::empty through PyTorch's pluggable allocator (null and "
                     "gpualloc)")
@@ -739,6 +777,9 @@ def parse_args(argv=None):
         ap.error("--streams takes own and/or shared")
     args.devices = [int(d) for d in args.devices.split(",")] if args.devices else None
     args.workloads = [parse_workload(w) for w in args.workloads.split(",")]
+    args.rust_engines = args.rust_engines.split(",")
+    if any(m != "device" and m not in ENGINE_MODES for m in args.rust_engines):
+        ap.error("--rust-engines takes device, %s" % ", ".join(ENGINE_MODES))
     if args.sample_every < 1 or args.repeats < 1 or args.window <= 0:
         ap.error("--sample-every and --repeats are at least 1, --window above 0")
     if args.so is None:

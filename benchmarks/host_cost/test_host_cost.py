@@ -99,6 +99,30 @@ class ThreadsPlanTest(unittest.TestCase):
         self.assertEqual((c["path"], c["workload"], c["process"]),
                          ("gpualloc CudaAllocator (Rust)", "512 B pair", "rust"))
 
+    def test_engine_layouts_are_paths_of_their_own(self):
+        w = [ht.parse_workload("pair:512")]
+        line = ('CELL {"kind": "%s", "repeat": 0, "spec": "pair:512", "streams": "own", '
+                '"threads": 2, "devices": 1, "calls": 10, "wall_ns": 5.0, "p50_ns": 1, '
+                '"p99_ns": 2, "p999_ns": 2, "max_ns": 3, "samples": 1, "failed_threads": 0, '
+                '"error": "", "engines": "%s", "shared_totals": "%s"}')
+        out = "\n".join(line % k for k in [("ours", "device", "none"), ("ours", "thread", "none"),
+                                           ("ours", "thread", "locked"),
+                                           ("driver-async", "thread", "none")])
+        got = [c["path"] for c in ht.rust_cells(out, w)]
+        self.assertEqual(got, ["gpualloc CudaAllocator (Rust)",
+                               ht.ENGINE_MODES["thread"][0],
+                               ht.ENGINE_MODES["thread+locked"][0],
+                               "cuMemAllocAsync (Rust process)"])
+        self.assertFalse(any("engines" in c or "shared_totals" in c
+                             for c in ht.rust_cells(out, w)))
+        args = ht.parse_args(["--so", __file__, "--null-driver",
+                              "--rust-engines", "device,thread+atomic"])
+        names = [p[0] for p in ht.active_paths(args)]
+        self.assertIn(ht.ENGINE_MODES["thread+atomic"][0], names)
+        self.assertNotIn(ht.ENGINE_MODES["thread"][0], names)
+        with self.assertRaises(SystemExit):
+            ht.parse_args(["--so", __file__, "--rust-engines", "stream"])
+
 
 class ThreadsReportTest(unittest.TestCase):
     def cells(self):
