@@ -355,21 +355,32 @@ impl LiveStats {
         if self.never_follow {
             return false;
         }
-        let pairs = [
+        if !self.apart {
+            return true;
+        }
+        const PAIRS: [(Quantity, Quantity); 2] = [
             (Quantity::Active, Quantity::Allocation),
             (Quantity::ActiveBytes, Quantity::AllocatedBytes),
-        ]
-        .map(|(f, l)| (self.counter(f), self.counter(l)));
-        if self.apart && pairs.iter().all(|(f, l)| f.current == l.current) {
-            for (follower, leader) in &pairs {
-                debug_assert!(follower.peak[0] >= leader.peak[0]);
-                debug_assert!(follower.peak[1] >= leader.peak[1]);
-                debug_assert!(follower.all_peak >= leader.all_peak);
-            }
-            self.marks = pairs.map(|(_, leader)| leader.allocated);
-            self.apart = false;
+        ];
+        let changing = &self.counters.changing.0;
+        if PAIRS
+            .iter()
+            .any(|&(f, l)| changing[f as usize].current != changing[l as usize].current)
+        {
+            return false;
         }
-        !self.apart
+        for (f, l) in PAIRS {
+            let (follower, leader) = (
+                &self.counters.peaks[f as usize],
+                &self.counters.peaks[l as usize],
+            );
+            debug_assert!(follower.peak[0] >= leader.peak[0]);
+            debug_assert!(follower.peak[1] >= leader.peak[1]);
+            debug_assert!(follower.all_peak >= leader.all_peak);
+        }
+        self.marks = PAIRS.map(|(_, l)| changing[l as usize].allocated);
+        self.apart = false;
+        true
     }
 
     /// The statistics in PyTorch's model.
