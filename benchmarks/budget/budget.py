@@ -608,10 +608,9 @@ def host_call_lines(results):
     for (w, bud, alloc), by_round in cells(results).items():
         for rnd, (_, b) in sorted(by_round.items()):
             per = b.get("moves_per_step") or {}
-            if "host_calls.malloc" not in per:
+            if cw.CALL_KEYS[0] not in per:
                 continue
-            mallocs, frees = per["host_calls.malloc"], per.get("host_calls.free", 0)
-            malloc_ns, free_ns = per.get("host_calls.malloc_ns", 0), per.get("host_calls.free_ns", 0)
+            mallocs, frees, malloc_ns, free_ns = (per.get(k, 0) for k in cw.CALL_KEYS)
             rows.append("| %s | %.2f | %s | %s | %.0f | %s | %s | %.2f | %.1f |" % (
                 w, bud / GIB, alloc, rnd, mallocs,
                 _fmt(malloc_ns / mallocs / 1e3 if mallocs else None, "%.2f"),

@@ -87,26 +87,24 @@ def hot_lines(calls, share=0.5):
     return [(ln, c, writers[ln]) for ln, c in count.most_common() if c >= share * len(calls)]
 
 
-def library_base(maps, so):
-    """The address the library's first mapping (file offset 0) was loaded at."""
-    name = os.path.realpath(so)
-    for line in maps:
-        f = line.split()
-        if len(f) >= 6 and os.path.realpath(f[5]) == name and int(f[2], 16) == 0:
-            return int(f[0].split("-")[0], 16)
-    return None
-
-
-def mapped_ranges(maps, path):
-    """The (start, end) address ranges of `path`'s mappings."""
+def mappings(maps, path):
+    """(start, end, file offset) of each of `path`'s mappings in /proc/self/maps lines."""
     name = os.path.realpath(path)
-    out = []
     for line in maps:
         f = line.split()
         if len(f) >= 6 and os.path.realpath(f[5]) == name:
             start, end = (int(x, 16) for x in f[0].split("-"))
-            out.append((start, end))
-    return out
+            yield start, end, int(f[2], 16)
+
+
+def library_base(maps, so):
+    """The address the library's first mapping (file offset 0) was loaded at."""
+    return next((start for start, _, offset in mappings(maps, so) if offset == 0), None)
+
+
+def mapped_ranges(maps, path):
+    """The (start, end) address ranges of `path`'s mappings."""
+    return [(start, end) for start, end, _ in mappings(maps, path)]
 
 
 def symbol(so, base, ip):
