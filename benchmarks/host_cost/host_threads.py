@@ -180,11 +180,13 @@ def run_cells(args, process, timers, log=print):
 
 
 def active_paths(args):
-    """The paths this run times (PATHS, less the Python threads with --no-python and the
-    pluggable processes with --no-pluggable; the null driver's set with --null-driver)."""
+    """The paths this run times (PATHS, less the Python threads with --no-python, the
+    bridge process with --no-bridge and the pluggable processes with --no-pluggable; the
+    null driver's set with --null-driver)."""
     if args.null_driver:
         return NULL_DRIVER_PATHS + engine_paths(args, "gpualloc C library")
     return [p for p in PATHS if not (args.no_python and p[2] == "python")
+            and not (args.no_bridge and p[1] == "bridge")
             and not (args.no_pluggable and p[1] in PLUGGABLE)] + engine_paths(args, TORCH_RAW)
 
 
@@ -760,6 +762,9 @@ def parse_args(argv=None):
     ap.add_argument("--rust-engines", default="device",
                     help="gpu_bench's engine layouts, a comma list of device (one engine a "
                     "device, as the library has), %s" % ", ".join(ENGINE_MODES))
+    ap.add_argument("--no-bridge", action="store_true",
+                    help="leave out the bridge process (at::empty, raw_alloc and torch.empty "
+                    "through gpu_alloc's C++ bridge)")
     ap.add_argument("--no-pluggable", action="store_true",
                     help="leave out at::empty through PyTorch's pluggable allocator (null and "
                     "gpualloc)")
@@ -830,6 +835,8 @@ def main(argv=None):
             got = run_child(args, which, extra=extra)
             cells += got["cells"]
             info.update(got["info"])
+            # what is measured so far survives a run stopped before its end
+            save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
         env = None
     if not args.no_rust:
         if os.path.isfile(args.gpu_bench):
@@ -838,13 +845,22 @@ def main(argv=None):
             print("gpu_bench --threads left out: no %s (prepare.sh builds it)" % args.gpu_bench)
     text = report(cells, paths, bool(args.devices), info)
     print("\n" + text)
+    where = save(args, argv, {"info": info, "cells": cells, "report": text}, t0)
+    print("\n%s written (%.0f s in all)" % (where, time.time() - t0))
+    return 0
+
+
+def save(args, argv, doc, t0):
+    """Writes the run's JSON (doc, with the command line and the seconds so far) under
+    --out; returns its path."""
     name = "host_threads_devices.json" if args.devices else "host_threads.json"
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump({"argv": sys.argv[1:] if argv is None else argv, "info": info, "cells": cells, "report": text,
-                   "seconds": round(time.time() - t0, 1)}, f, indent=1)
-    print("\n%s written (%.0f s in all)" % (os.path.join(args.out, name), time.time() - t0))
-    return 0
+    where = os.path.join(args.out, name)
+    doc = dict(doc, argv=sys.argv[1:] if argv is None else argv,
+               seconds=round(time.time() - t0, 1))
+    with open(where, "w") as f:
+        json.dump(doc, f, indent=1)
+    return where
 
 
 def prebuild():

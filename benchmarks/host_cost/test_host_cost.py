@@ -208,6 +208,9 @@ class PluggablePlanTest(unittest.TestCase):
                              for p in ht.active_paths(without)))
         self.assertEqual(ht.processes(self.args("--no-python"))[2:],
                          ["pluggable-null", "pluggable-gpualloc"])
+        lean = self.args("--no-pluggable", "--no-bridge")
+        self.assertEqual(ht.processes(lean), ["native"])
+        self.assertFalse(any(p[1] == "bridge" for p in ht.active_paths(lean)))
 
     def test_a_pluggable_process_runs_its_at_empty_and_its_anchor_rotated(self):
         args = self.args()

@@ -46,7 +46,9 @@ each such run's timed steps, over PyTorch's same steps of the same round, into t
 which it moved pages and those in which it moved none: the second show how far two runs
 differ with no move at all (the host's noise), the first what the moves cost.
 With --time-calls the library also times its own malloc and free calls
-(GPUALLOC_TIME_CALLS=1), read after every step (`calls_after_step`): the report gives
+(GPUALLOC_TIME_CALLS=1), read at every step's edges outside the timed span
+(`calls_in_step`: each step's calls and their time; for generation, read at each token's
+forward): the report gives
 their time per timed step and its share of the mean step, a bound on what the allocator's
 calls add to a step that holds however much whole processes differ from one another.
 
@@ -390,13 +392,12 @@ def kernel_summary(results):
 
 def calls_per_timed_step(run):
     """(mallocs, frees, ms in the library's calls) per timed step of a --time-calls run,
-    from the counters after each step; None without them or with a short list."""
-    after, start = run.get("calls_after_step"), run.get("calls_at_start")
+    from each step's counted calls; None without them or with a short list."""
+    counted = run.get("calls_in_step")
     steps = run.get("step_ms") or []
-    if not after or start is None or len(after) != len(steps):
+    if not counted or len(counted) != len(steps):
         return None
-    before = [start] + after[:-1]
-    per = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)][run.get("warmup", 0):]
+    per = counted[run.get("warmup", 0):]
     if not per:
         return None
     return [(m, f, (m_ns + f_ns) / 1e6) for m, f, m_ns, f_ns in per]
@@ -604,8 +605,8 @@ CALL_KEYS = ("host_calls.malloc", "host_calls.free", "host_calls.malloc_ns",
 class Meter:
     """Step times, the cuMemGetInfo cross-check and, under our allocator (`ours`: a
     callable giving gpu_alloc.memory_stats()), after each step the pages unmapped so far
-    and, where the library times its calls (--time-calls), its calls and their time so far
-    (one read of the statistics a step, outside the timed span)."""
+    and, where the library times its calls (--time-calls), each step's calls and their time
+    (`calls_in_step`, from one read of the statistics a step, outside the timed span)."""
 
     def __init__(self, torch, ours=None, kernels=None):
         self.torch = torch
@@ -616,15 +617,27 @@ class Meter:
         self.step_ms = []
         self.ours = ours
         self.unmapped_after_step = []
-        self.calls_after_step = []
+        self.calls_in_step = []
         # The counters before the first step, so that step 0 has a difference too.
-        self.calls_at_start = self._calls(ours()) if ours is not None else None
+        self._calls_last = self.calls_now()
 
     @staticmethod
     def _calls(stats):
         if CALL_KEYS[0] not in stats:
             return None
         return [stats.get(k, 0) for k in CALL_KEYS]
+
+    def calls_now(self):
+        """The library's call counters so far (CALL_KEYS' order), or None when it does not
+        time its calls or the allocator is not ours."""
+        return self._calls(self.ours()) if self.ours is not None else None
+
+    def add_calls(self, readings):
+        """Appends a step's calls for each pair of consecutive readings of calls_now(): for
+        workloads whose steps are marked inside a library call (generation's tokens)."""
+        if readings and None not in readings:
+            self.calls_in_step.extend([a - b for a, b in zip(x, y)]
+                                      for x, y in zip(readings[1:], readings[:-1]))
 
     def sample(self):
         free, _ = self.torch.cuda.mem_get_info()
@@ -638,8 +651,9 @@ class Meter:
             stats = self.ours()
             self.unmapped_after_step.append(stats.get("page_moves.pages_unmapped"))
             calls = self._calls(stats)
-            if calls is not None:
-                self.calls_after_step.append(calls)
+            if calls is not None and self._calls_last is not None:
+                self.add_calls([self._calls_last, calls])
+            self._calls_last = calls
         if self.kernels is not None:
             self.kernels.step_done()
 
@@ -837,7 +851,7 @@ def wl_gpt2_generate(torch, meter, rounds, extra):
         m, extra["model"] = _gpt2(torch)
     m.eval()
     acc = torch.zeros((), dtype=torch.float64, device="cuda")
-    marks = []
+    marks, reads = [], []  # each forward's (start, end of the sampling), call counters
 
     def on_logits(mod, inp, out):
         acc.add_(out.sum(dtype=torch.float64))
@@ -845,6 +859,7 @@ def wl_gpt2_generate(torch, meter, rounds, extra):
     def on_forward(mod, args):
         a = time.perf_counter()
         meter.sample()
+        reads.append(meter.calls_now())
         marks.append((a, time.perf_counter()))
 
     hooks = [m.lm_head.register_forward_hook(on_logits),
@@ -852,7 +867,7 @@ def wl_gpt2_generate(torch, meter, rounds, extra):
     fp, round_ms, tokens, warm = [], [], [], 0
     with torch.no_grad():
         for r in range(rounds):
-            del marks[:]
+            del marks[:], reads[:]
             acc.zero_()
             t0 = time.perf_counter()
             plen = random.randint(16, 256)
@@ -863,6 +878,7 @@ def wl_gpt2_generate(torch, meter, rounds, extra):
             meter.sample()
             iv = [(marks[k + 1][0] - marks[k][1]) * 1e3 for k in range(1, len(marks) - 1)]
             meter.step_ms.extend(iv)
+            meter.add_calls(reads[1:])  # the calls between the same marks as iv
             if r == 0:
                 warm = len(iv)
             new = out[:, plen:].tolist()
@@ -971,8 +987,7 @@ def child(workload, alloc, deterministic=False, steps=None, kernel_time=False):
         deterministic=deterministic, bridge=bridge, fingerprint=fingerprint,
         step_ms=[round(v, 4) for v in meter.step_ms], warmup=warmup, steps=steps,
         unmapped_after_step=meter.unmapped_after_step or None,
-        calls_at_start=meter.calls_at_start if meter.calls_after_step else None,
-        calls_after_step=meter.calls_after_step or None,
+        calls_in_step=meter.calls_in_step or None,
         median_step_ms=median_step_ms({"step_ms": meter.step_ms, "warmup": warmup}),
         stats_source=source,
         peak_reserved=st.get("reserved_bytes.all.peak"), reserved_source=source,

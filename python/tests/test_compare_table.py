@@ -337,15 +337,26 @@ class KernelTimeTest(unittest.TestCase):
         self.assertEqual(cw.kernel_summary([short]), [])
 
 
+class FakeCuda:
+    """torch.cuda as the Meter reads it: 10 of 100 bytes in use."""
+
+    @staticmethod
+    def mem_get_info():
+        return (90, 100)
+
+
+class FakeTorch:
+    cuda = FakeCuda
+
+
 class CallTimesTest(unittest.TestCase):
     def timed_run(self):
         ours = run("gpualloc#2", [50.0, 10.0, 10.0], 1, G, G, FP)
-        # Counters so far (mallocs, frees, malloc ns, free ns) before the first step and
-        # after each: the warm-up step's 100 calls and 6 ms must not count.
-        ours.update(calls_at_start=[0, 0, 0, 0],
-                    calls_after_step=[[100, 90, 5_000_000, 1_000_000],
-                                      [200, 190, 5_500_000, 1_200_000],
-                                      [300, 290, 6_100_000, 1_500_000]])
+        # Each step's calls (mallocs, frees, malloc ns, free ns): the warm-up step's 190
+        # calls and 6 ms must not count.
+        ours.update(calls_in_step=[[100, 90, 5_000_000, 1_000_000],
+                                   [100, 100, 500_000, 200_000],
+                                   [100, 100, 600_000, 300_000]])
         return ours
 
     def test_the_calls_of_the_timed_steps_and_their_share_of_the_step(self):
@@ -358,18 +369,10 @@ class CallTimesTest(unittest.TestCase):
     def test_nothing_without_counters_or_with_a_short_list(self):
         self.assertEqual(cw.calls_summary(RESULTS), [])
         short = self.timed_run()
-        short["calls_after_step"] = short["calls_after_step"][:2]
+        short["calls_in_step"] = short["calls_in_step"][:2]
         self.assertEqual(cw.calls_summary([short]), [])
 
     def test_the_meter_reads_the_counters_once_a_step(self):
-        class FakeCuda:
-            @staticmethod
-            def mem_get_info():
-                return (90, 100)
-
-        class FakeTorch:
-            cuda = FakeCuda
-
         reads = []
 
         def ours():
@@ -383,14 +386,24 @@ class CallTimesTest(unittest.TestCase):
         meter.step_done(cw.time.perf_counter())
         meter.step_done(cw.time.perf_counter())
         self.assertEqual(len(reads), 3)
-        self.assertEqual(meter.calls_at_start, [0, 0, 0, 0])
-        self.assertEqual(meter.calls_after_step, [[10, 10, 1000, 500], [20, 20, 2000, 1000]])
+        self.assertEqual(meter.calls_in_step, [[10, 10, 1000, 500], [10, 10, 1000, 500]])
         self.assertEqual(meter.unmapped_after_step, [1, 2])
 
         untimed = cw.Meter(FakeTorch, lambda: {"page_moves.pages_unmapped": 3})
         untimed.step_done(cw.time.perf_counter())
-        self.assertIsNone(untimed.calls_at_start)
-        self.assertEqual((untimed.calls_after_step, untimed.unmapped_after_step), ([], [3]))
+        self.assertIsNone(untimed.calls_now())
+        self.assertEqual((untimed.calls_in_step, untimed.unmapped_after_step), ([], [3]))
+
+    def test_steps_marked_inside_a_call_count_the_calls_between_their_marks(self):
+        # Generation reads the counters at each token's forward; a round's first reading
+        # (the prefill's) opens the first timed interval, and what runs between two rounds
+        # lands in no step.
+        meter = cw.Meter(FakeTorch)
+        meter.add_calls([[5, 5, 50, 50], [7, 6, 80, 60], [10, 9, 120, 90]])
+        meter.add_calls([[100, 100, 1000, 1000], [101, 101, 1010, 1005]])
+        self.assertEqual(meter.calls_in_step, [[2, 1, 30, 10], [3, 3, 40, 30], [1, 1, 10, 5]])
+        meter.add_calls([None, None])  # a library that does not time its calls
+        self.assertEqual(len(meter.calls_in_step), 3)
 
 
 class PickTest(unittest.TestCase):
