@@ -13,6 +13,7 @@ use smallvec::SmallVec;
 
 use crate::backend::{MemoryBackend, SegmentSource, StreamBackend};
 use crate::config::AllocatorConfig;
+use crate::device_totals::Levels;
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::heap::{BlockState, Heap};
 use crate::live_stats::Quantity;
@@ -576,6 +577,21 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// [`Engine::reserved_bytes`] cost less.
     pub fn stats(&self) -> Stats {
         self.heap.ledger.snapshot()
+    }
+
+    /// The present value of every statistic that has a peak and the highest
+    /// since [`Engine::take_levels`], cheaper than [`Engine::stats`].
+    #[inline]
+    pub fn levels(&self) -> Levels {
+        self.heap.ledger.stats.levels()
+    }
+
+    /// [`Engine::levels`], after which the highs ([`Levels::highs`]) start
+    /// again from the present values: call it after each operation of an
+    /// engine that publishes to [`crate::DeviceTotals`].
+    #[inline]
+    pub fn take_levels(&mut self) -> Levels {
+        self.heap.ledger.stats.take_levels()
     }
 
     /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).

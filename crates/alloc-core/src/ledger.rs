@@ -282,7 +282,7 @@ impl Ledger {
     /// A segment of `size` bytes was made.
     pub(crate) fn segment_added(&mut self, pool: Pool, size: u64) {
         self.stats.segment().increase(pool, 1);
-        self.stats.reserved_bytes().increase(pool, size);
+        self.stats.reserve(pool, size);
         if size >= self.oversize_threshold {
             self.stats.oversize_segments.increase(1);
         }
@@ -302,7 +302,7 @@ impl Ledger {
     /// A segment grew from `old` to `new` bytes, all of them mapped.
     pub(crate) fn segment_grown(&mut self, pool: Pool, old: u64, new: u64) {
         self.resized(old, new);
-        self.stats.reserved_bytes().increase(pool, new - old);
+        self.stats.reserve(pool, new - old);
     }
 
     /// A segment shrank from `old` to `new` bytes; `unmapped` of the bytes
@@ -336,7 +336,7 @@ impl Ledger {
 
     /// `bytes` of unmapped pages inside a segment were mapped again.
     pub(crate) fn pages_mapped(&mut self, pool: Pool, bytes: u64) {
-        self.stats.reserved_bytes().increase(pool, bytes);
+        self.stats.reserve(pool, bytes);
     }
 
     /// Changes the size from which blocks and segments count as oversize

@@ -13,6 +13,7 @@
 //! one awaits them the two move together, and only the allocated counts are
 //! updated ([`LiveStats::follows`]).
 
+use crate::device_totals::Levels;
 use crate::stats::{PageMoves, Stat, StatArray, Stats};
 use crate::types::Pool;
 
@@ -250,6 +251,12 @@ pub(crate) struct LiveStats {
     /// Whether `active` and `active_bytes` are updated themselves; when
     /// not, they follow `allocation` and `allocated_bytes`.
     apart: bool,
+    /// The most bytes reserved (both pools) since creation or the last
+    /// [`LiveStats::reset_peaks`]: what `unmap_free_pages` measures a new
+    /// mapping against. The statistics' own peak of reserved bytes is that
+    /// too, until an engine sharing its device hands its peaks over
+    /// ([`LiveStats::take_levels`]); this one stays.
+    reserved_mark: i64,
     /// The allocated totals of `allocation` and `allocated_bytes` when
     /// the active counts last began to follow them.
     marks: [[u64; 2]; 2],
@@ -258,6 +265,13 @@ pub(crate) struct LiveStats {
     #[cfg(test)]
     pub(crate) never_follow: bool,
 }
+
+/// The active counts and the allocated counts they follow
+/// ([`LiveStats::follows`]): (follower, leader).
+const FOLLOWS: [(Quantity, Quantity); 2] = [
+    (Quantity::Active, Quantity::Allocation),
+    (Quantity::ActiveBytes, Quantity::AllocatedBytes),
+];
 
 macro_rules! counter_accessors {
     ($($name:ident: $q:ident),* $(,)?) => {
@@ -300,17 +314,26 @@ impl LiveStats {
         self.counters.get(q)
     }
 
+    /// Adds `bytes` reserved in `pool` (a segment made or grown, pages
+    /// mapped), raising the reserved mark ([`LiveStats::reserved_mark`]).
+    pub(crate) fn reserve(&mut self, pool: Pool, bytes: u64) {
+        self.reserved_bytes().increase(pool, bytes);
+        let all = self.all_current(Quantity::ReservedBytes);
+        self.reserved_mark = self.reserved_mark.max(all);
+    }
+
+    /// The most bytes reserved since creation or the last reset of peaks,
+    /// whether or not the peaks were handed to device totals.
+    #[inline]
+    pub(crate) fn reserved_mark(&self) -> i64 {
+        self.reserved_mark
+    }
+
     /// The present value of both pools of `q` together.
     #[inline]
     pub(crate) fn all_current(&self, q: Quantity) -> i64 {
         let c = &self.counters.changing.0[q as usize];
         c.current[0] + c.current[1]
-    }
-
-    /// The highest value of both pools of `q` together.
-    #[inline]
-    pub(crate) fn all_peak(&self, q: Quantity) -> i64 {
-        self.counters.peaks[q as usize].all_peak
     }
 
     /// Whether the active counts follow the allocated ones, unchanged
@@ -358,18 +381,14 @@ impl LiveStats {
         if !self.apart {
             return true;
         }
-        const PAIRS: [(Quantity, Quantity); 2] = [
-            (Quantity::Active, Quantity::Allocation),
-            (Quantity::ActiveBytes, Quantity::AllocatedBytes),
-        ];
         let changing = &self.counters.changing.0;
-        if PAIRS
+        if FOLLOWS
             .iter()
             .any(|&(f, l)| changing[f as usize].current != changing[l as usize].current)
         {
             return false;
         }
-        for (f, l) in PAIRS {
+        for (f, l) in FOLLOWS {
             let (follower, leader) = (
                 &self.counters.peaks[f as usize],
                 &self.counters.peaks[l as usize],
@@ -378,9 +397,58 @@ impl LiveStats {
             debug_assert!(follower.peak[1] >= leader.peak[1]);
             debug_assert!(follower.all_peak >= leader.all_peak);
         }
-        self.marks = PAIRS.map(|(_, l)| changing[l as usize].allocated);
+        self.marks = FOLLOWS.map(|(_, l)| changing[l as usize].allocated);
         self.apart = false;
         true
+    }
+
+    /// The present value of every statistic with a peak, and its peak: the
+    /// highest since the levels were last taken, where they are
+    /// ([`LiveStats::take_levels`]). The active counts brought up to date.
+    #[inline]
+    pub(crate) fn levels(&self) -> Levels {
+        let mut pools = self.counters.changing.0.map(|c| c.current);
+        let mut highs = self
+            .counters
+            .peaks
+            .map(|p| [p.peak[0], p.peak[1], p.all_peak]);
+        if !self.apart {
+            // As `Counter::followed`: the leader's values, the higher peaks.
+            for (f, l) in FOLLOWS {
+                let (f, l) = (f as usize, l as usize);
+                pools[f] = pools[l];
+                highs[f] = [0, 1, 2].map(|k| highs[f][k].max(highs[l][k]));
+            }
+        }
+        let (a, s) = (&self.oversize_allocations, &self.oversize_segments);
+        Levels {
+            pools,
+            highs,
+            oversize: [a.current, s.current],
+            oversize_highs: [a.peak, s.peak],
+        }
+    }
+
+    /// [`LiveStats::levels`], then every peak starts again from its present
+    /// value. An engine that shares its device with others takes them after
+    /// each operation for `DeviceTotals`, whose peaks are the device's: its
+    /// own peaks then only say how high a value went since the last take,
+    /// which is what the totals need (a value an operation raised and
+    /// lowered again reaches them at its highest). The peaks keep doing that
+    /// work, so an engine alone on its device, which never takes them, pays
+    /// nothing for it.
+    #[inline]
+    pub(crate) fn take_levels(&mut self) -> Levels {
+        let levels = self.levels();
+        for (peaks, now) in self.counters.peaks.iter_mut().zip(levels.pools) {
+            *peaks = Peaks {
+                peak: now,
+                all_peak: now[0] + now[1],
+            };
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+        levels
     }
 
     /// The statistics in PyTorch's model.
@@ -426,6 +494,7 @@ impl LiveStats {
     /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
     pub(crate) fn reset_peaks(&mut self) {
         self.reset_counters(Counter::reset_peak);
+        self.reserved_mark = self.all_current(Quantity::ReservedBytes);
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
     }
@@ -499,7 +568,6 @@ mod tests {
                 for (q, m) in Quantity::ALL.into_iter().zip(&model) {
                     prop_assert_eq!(live.counter(q).array(), *m);
                     prop_assert_eq!(live.all_current(q), m.all.current);
-                    prop_assert_eq!(live.all_peak(q), m.all.peak);
                 }
             }
         }

@@ -207,6 +207,19 @@ pub struct PageMoves {
     pub host_ns: u64,
 }
 
+/// Adds another engine's counts (the device's, from its engines': see
+/// `DeviceTotals::combine`).
+impl std::ops::AddAssign for PageMoves {
+    fn add_assign(&mut self, other: PageMoves) {
+        self.rounds += other.rounds;
+        self.pages_unmapped += other.pages_unmapped;
+        self.busy_pages_reused += other.busy_pages_reused;
+        self.pages_mapped += other.pages_mapped;
+        self.stream_waits += other.stream_waits;
+        self.host_ns += other.host_ns;
+    }
+}
+
 impl PageMoves {
     /// The counters as `(name, value)` pairs, named `page_moves.<field>`.
     pub fn named(&self) -> [(&'static str, u64); 6] {

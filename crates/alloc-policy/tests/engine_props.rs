@@ -13,9 +13,9 @@
 //! fuzz targets (`fuzz/`) drive the same model with operations decoded from
 //! their input.
 
-use alloc_core::{StreamId, MAX_REQUEST, MIB};
+use alloc_core::{DeviceTotals, Levels, SimStreams, StreamId, MAX_REQUEST, MIB};
 use alloc_policy::testing::configs;
-use alloc_policy::testing::ops::{log_size, run, Op, POOLS, STREAMS};
+use alloc_policy::testing::ops::{log_size, run, Op, Run, POOLS, STREAMS};
 use proptest::prelude::*;
 
 fn stream() -> impl Strategy<Value = StreamId> {
@@ -89,6 +89,32 @@ proptest! {
         every_config(capacity, &ops)?;
     }
 
+    /// One engine publishing to device totals after every operation: the
+    /// device's statistics are the engine's own, peaks included. So no
+    /// operation raises a statistic and lowers it again before it returns,
+    /// and net changes lose no peak (alloc_core's `device_totals`).
+    #[test]
+    fn device_totals_of_one_engine_are_its_own_statistics(
+        ops in proptest::collection::vec(op(), 1..120),
+    ) {
+        for config in configs() {
+            one_engine_totals(&config, &ops).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    /// Two engines of one device, their operations interleaved: the
+    /// device totals' peaks are the highest sums of the two engines' values
+    /// after any operation.
+    #[test]
+    fn device_totals_of_two_engines_peak_at_the_highest_sum(
+        a in proptest::collection::vec(op(), 1..60),
+        b in proptest::collection::vec(op(), 1..60),
+    ) {
+        for config in configs() {
+            two_engine_totals(&config, [&a, &b]).map_err(TestCaseError::fail)?;
+        }
+    }
+
     /// A random step repeated: the layout plan learns it, plans it and
     /// places later steps by the plan, under the same checks.
     #[cfg(feature = "pytorch-bfc")]
@@ -157,3 +183,94 @@ const PLANNED: [&str; 2] = [
     "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2,\
      plan_layout:true",
 ];
+
+/// [`device_totals_of_one_engine_are_its_own_statistics`] for one
+/// configuration: the same operations on two engines, one publishing (and
+/// so handing its peaks over to the totals), one left alone to compare.
+fn one_engine_totals(config: &str, ops: &[Op]) -> Result<(), String> {
+    let mut run = Run::new(config, 64 << 30, SimStreams::new())?;
+    let mut alone = Run::new(config, 64 << 30, SimStreams::new())?;
+    let totals = DeviceTotals::new();
+    let mut seen = Levels::default();
+    for (i, op) in ops.iter().enumerate() {
+        run.step(op)?;
+        alone.step(op)?;
+        totals.publish(&mut seen, &run.engine_mut().take_levels());
+        let mut own = alone.engine().stats();
+        let mut device = totals.combine(&[run.engine().stats()]);
+        // Host time the two engines' page moves took: measured, not counted.
+        (own.page_moves.host_ns, device.page_moves.host_ns) = (0, 0);
+        if device != own {
+            return Err(format!(
+                "{config}: op {i} ({op:?}): device totals {device:?} are not the engine's {own:?}"
+            ));
+        }
+    }
+    run.finish()?;
+    alone.finish()
+}
+
+/// [`device_totals_of_two_engines_peak_at_the_highest_sum`] for one
+/// configuration: the engines take turns, an operation each.
+fn two_engine_totals(config: &str, ops: [&[Op]; 2]) -> Result<(), String> {
+    let mut runs = [
+        Run::new(config, 64 << 30, SimStreams::new())?,
+        Run::new(config, 64 << 30, SimStreams::new())?,
+    ];
+    let totals = DeviceTotals::new();
+    let mut seen = [Levels::default(); 2];
+    // The highest sums seen after any operation: per pool, and of both pools.
+    let mut highest = Levels::default();
+    let mut highest_all = [0i64; 9];
+    for k in 0..ops[0].len().max(ops[1].len()) {
+        for e in 0..2 {
+            let Some(op) = ops[e].get(k) else { continue };
+            runs[e].step(op)?;
+            let levels = runs[e].engine_mut().take_levels();
+            totals.publish(&mut seen[e], &levels);
+            // The other engine's values, and this one's highest during the
+            // operation: what the device held at this operation's highest.
+            let other = runs[1 - e].engine().levels();
+            let arrays = highest.pools.iter_mut().zip(&mut highest_all);
+            for ((most, most_all), (high, theirs)) in
+                arrays.zip(levels.highs.iter().zip(&other.pools))
+            {
+                for p in 0..2 {
+                    most[p] = most[p].max(high[p] + theirs[p]);
+                }
+                *most_all = (*most_all).max(high[2] + theirs[0] + theirs[1]);
+            }
+            let oversize = levels.oversize_highs.iter().zip(&other.oversize);
+            for (most, (high, theirs)) in highest.oversize.iter_mut().zip(oversize) {
+                *most = (*most).max(high + theirs);
+            }
+        }
+    }
+    if (totals.peaks().pools, totals.peaks().oversize) != (highest.pools, highest.oversize) {
+        return Err(format!(
+            "{config}: peaks {:?}, highest sums {highest:?}",
+            totals.peaks()
+        ));
+    }
+    let device = totals.combine(&[runs[0].engine().stats(), runs[1].engine().stats()]);
+    let all_peaks = [
+        device.allocation.all.peak,
+        device.allocated_bytes.all.peak,
+        device.requested_bytes.all.peak,
+        device.inactive_split.all.peak,
+        device.inactive_split_bytes.all.peak,
+        device.active.all.peak,
+        device.active_bytes.all.peak,
+        device.segment.all.peak,
+        device.reserved_bytes.all.peak,
+    ];
+    if all_peaks != highest_all {
+        return Err(format!(
+            "{config}: all-pool peaks {all_peaks:?}, highest sums {highest_all:?}"
+        ));
+    }
+    for run in runs {
+        run.finish()?;
+    }
+    Ok(())
+}

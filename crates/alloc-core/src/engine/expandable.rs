@@ -291,7 +291,7 @@ impl<E> GrowableSegments<E> {
         if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(false);
         }
-        let peak = cx.heap.ledger.stats.all_peak(Quantity::ReservedBytes) as u64;
+        let peak = cx.heap.ledger.stats.reserved_mark() as u64;
         let reserved = cx.reserved_bytes();
         let mut deficit = ReclaimInputs {
             budget: cx.budget,

@@ -153,6 +153,13 @@ impl Run {
         &self.engine
     }
 
+    /// The engine, for what the operations do not call (taking its levels,
+    /// say); what changes blocks goes through [`Run::step`], which the
+    /// shadow watches.
+    pub fn engine_mut(&mut self) -> &mut SimEngine {
+        &mut self.engine
+    }
+
     /// Applies `op` and checks its outcome and every invariant; the error
     /// names the configuration, the operation and what went wrong.
     pub fn step(&mut self, op: &Op) -> Result<(), String> {
