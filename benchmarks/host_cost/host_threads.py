@@ -86,6 +86,7 @@ ENGINE_MODES = {
                       ["--engines", "thread", "--shared-totals", "atomic"]),
     "thread+locked": ("gpualloc CudaAllocator, an engine per thread, locked shared counters",
                       ["--engines", "thread", "--shared-totals", "locked"]),
+    "stream": ("gpualloc StreamEngines, an engine per stream", ["--engines", "stream"]),
 }
 
 
@@ -436,7 +437,7 @@ def rust_kind(cell):
     engines, totals = cell.pop("engines", "device"), cell.pop("shared_totals", "none")
     if kind != "ours" or engines == "device":
         return kind
-    return "ours:thread" + ("" if totals == "none" else "+" + totals)
+    return "ours:" + engines + ("" if totals == "none" else "+" + totals)
 
 
 def rust_cells(stdout, workloads):

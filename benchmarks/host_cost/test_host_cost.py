@@ -107,11 +107,13 @@ class ThreadsPlanTest(unittest.TestCase):
                 '"error": "", "engines": "%s", "shared_totals": "%s"}')
         out = "\n".join(line % k for k in [("ours", "device", "none"), ("ours", "thread", "none"),
                                            ("ours", "thread", "locked"),
+                                           ("ours", "stream", "none"),
                                            ("driver-async", "thread", "none")])
         got = [c["path"] for c in ht.rust_cells(out, w)]
         self.assertEqual(got, ["gpualloc CudaAllocator (Rust)",
                                ht.ENGINE_MODES["thread"][0],
                                ht.ENGINE_MODES["thread+locked"][0],
+                               ht.ENGINE_MODES["stream"][0],
                                "cuMemAllocAsync (Rust process)"])
         self.assertFalse(any("engines" in c or "shared_totals" in c
                              for c in ht.rust_cells(out, w)))
@@ -121,7 +123,7 @@ class ThreadsPlanTest(unittest.TestCase):
         self.assertIn(ht.ENGINE_MODES["thread+atomic"][0], names)
         self.assertNotIn(ht.ENGINE_MODES["thread"][0], names)
         with self.assertRaises(SystemExit):
-            ht.parse_args(["--so", __file__, "--rust-engines", "stream"])
+            ht.parse_args(["--so", __file__, "--rust-engines", "process"])
 
 
 class ThreadsReportTest(unittest.TestCase):

@@ -8,40 +8,38 @@
 //! lock), the device's figures are their sums, and a sum's peak is not the
 //! sum of the peaks. [`DeviceTotals`] keeps the sums as they change: after
 //! each of its operations an engine publishes how far every statistic moved
-//! ([`DeviceTotals::publish`], from the engine's [`Levels`]), one atomic
-//! add a changed value, and a value's peak is the highest that any add
-//! left it at. Those adds are totally ordered on each value, in an order
-//! that keeps every engine's own, so each peak is exact for a sequence of
-//! the engines' operations that the device could have run: the same
-//! guarantee one lock gives, without a lock.
+//! (`Engine::publish_to`), one atomic add a changed value, and a value's
+//! peak is the highest that any add left it at. Those adds are totally
+//! ordered on each value, in an order that keeps every engine's own, so
+//! each peak is exact for a sequence of the engines' operations that the
+//! device could have run: the same guarantee one lock gives, without a lock.
 //!
 //! An operation may raise a value and lower it again before it returns (an
 //! allocation in one pool served by freeing idle memory of the other, as
 //! size-class does, raises and lowers the sum over pools). So an engine
 //! publishes each value's move by way of the highest it reached since its
-//! last publish ([`Levels::highs`]): the totals rise to that and fall from
-//! it, and the device's peak sees what the engine's own peak saw. The
-//! property test
+//! last publish, its own peak, which publishing starts again from the
+//! present value: the totals rise to that and fall from it, and the
+//! device's peak sees what the engine's own peak saw. The property test
 //! `device_totals_of_one_engine_are_its_own_statistics` (alloc-policy's
 //! `engine_props`) checks it after every operation of random sequences
 //! under every policy and setting.
 //!
 //! ```
-//! use alloc_core::{AllocatorConfig, DeviceTotals, Levels, SimMemory, SimStreams, StreamId, GIB, MIB};
+//! use alloc_core::{AllocatorConfig, DeviceTotals, SimMemory, SimStreams, StreamId, GIB, MIB};
 //! use alloc_policy::AnyPolicy;
 //!
 //! let cfg = AllocatorConfig::default();
 //! let engine = || AnyPolicy::engine(&cfg, SimMemory::new(GIB), SimStreams::new());
 //! let (mut a, mut b) = (engine()?, engine()?);
 //! let totals = DeviceTotals::new();
-//! let (mut seen_a, mut seen_b) = (Levels::default(), Levels::default());
 //!
 //! let x = a.malloc(3 * MIB, StreamId(1))?;
-//! totals.publish(&mut seen_a, &a.take_levels());
+//! a.publish_to(&totals);
 //! let y = b.malloc(5 * MIB, StreamId(2))?;
-//! totals.publish(&mut seen_b, &b.take_levels());
+//! b.publish_to(&totals);
 //! a.free(x.addr)?;
-//! totals.publish(&mut seen_a, &a.take_levels());
+//! a.publish_to(&totals);
 //!
 //! let device = totals.combine(&[a.stats(), b.stats()]);
 //! assert_eq!(device.allocated_bytes.all.current, 5 * MIB as i64);
@@ -61,9 +59,8 @@ use crate::types::Pool;
 /// [`Levels::pools`] holds them (an engine's own storage order).
 const ARRAYS: usize = 9;
 
-/// The present value of every statistic that has a peak: what an engine
-/// publishes to [`DeviceTotals`] (`Engine::levels`, or [`Levels::of`] a
-/// [`Stats`]).
+/// The present value of every statistic that has a peak (`Engine::levels`,
+/// [`DeviceTotals::current`], or [`Levels::of`] a [`Stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Levels {
     /// Per statistic (allocation, allocated bytes, requested bytes,
@@ -71,15 +68,8 @@ pub struct Levels {
     /// segment, reserved bytes), the current value in each pool (indexed
     /// by [`Pool::index`]).
     pub pools: [[i64; 2]; ARRAYS],
-    /// Per statistic, the highest value of the small pool, the large pool
-    /// and their sum since the engine last published
-    /// (`Engine::take_levels`): what an operation raised and lowered again
-    /// before it returned reaches the totals at its highest.
-    pub highs: [[i64; 3]; ARRAYS],
     /// The current oversize allocations and oversize segments.
     pub oversize: [i64; 2],
-    /// Their highest since the engine last published.
-    pub oversize_highs: [i64; 2],
 }
 
 /// The statistic arrays of `stats` in [`Levels::pools`]' order.
@@ -115,23 +105,27 @@ fn arrays_mut(stats: &mut Stats) -> [&mut StatArray; ARRAYS] {
 const POOLS: [Pool; 2] = [Pool::Small, Pool::Large];
 
 impl Levels {
+    /// Bytes handed out, both pools (`allocated_bytes.all.current`).
+    pub fn allocated_bytes(&self) -> i64 {
+        self.pools[1][0] + self.pools[1][1]
+    }
+
+    /// Bytes reserved from the device, both pools
+    /// (`reserved_bytes.all.current`).
+    pub fn reserved_bytes(&self) -> i64 {
+        self.pools[8][0] + self.pools[8][1]
+    }
+
     /// The levels of a statistics report.
     pub fn of(stats: &Stats) -> Levels {
         let mut levels = Levels::default();
-        for ((slot, high), array) in levels
-            .pools
-            .iter_mut()
-            .zip(&mut levels.highs)
-            .zip(arrays(stats))
-        {
+        for (slot, array) in levels.pools.iter_mut().zip(arrays(stats)) {
             for pool in POOLS {
                 slot[pool.index()] = array.pool(pool).current;
             }
-            *high = [slot[0], slot[1], array.all.current];
         }
         let (a, s) = (&stats.oversize_allocations, &stats.oversize_segments);
         levels.oversize = [a.current, s.current];
-        levels.oversize_highs = levels.oversize;
         levels
     }
 }
@@ -177,30 +171,22 @@ impl DeviceTotals {
         DeviceTotals::default()
     }
 
-    /// Adds how far an engine's statistics moved since it last published
-    /// (`seen`, its levels then; [`Levels::default`] before its first
-    /// publish) to `now`, and remembers `now` in `seen`. Call it after each
-    /// operation of the engine, while no other operation of that engine
-    /// runs (under its lock).
+    /// One statistic's move in an engine: each pool's value from `was` to
+    /// `is` by way of `high` (the pools' highs, then their sum's), since
+    /// the engine last published (`LiveStats::publish_to`).
     #[inline]
-    pub fn publish(&self, seen: &mut Levels, now: &Levels) {
-        for (q, ((was, is), high)) in seen
-            .pools
-            .iter()
-            .zip(&now.pools)
-            .zip(&now.highs)
-            .enumerate()
-        {
-            let base = q * PER_ARRAY;
-            self.move_through(base, was[0], high[0], is[0]);
-            self.move_through(base + 1, was[1], high[1], is[1]);
-            self.move_through(base + ALL, was[0] + was[1], high[ALL], is[0] + is[1]);
-        }
-        for k in 0..2 {
-            let (was, high, is) = (seen.oversize[k], now.oversize_highs[k], now.oversize[k]);
-            self.move_through(ARRAYS * PER_ARRAY + k, was, high, is);
-        }
-        *seen = *now;
+    pub(crate) fn move_array(&self, q: usize, was: [i64; 2], high: [i64; 3], is: [i64; 2]) {
+        let base = q * PER_ARRAY;
+        self.move_through(base, was[0], high[0], is[0]);
+        self.move_through(base + 1, was[1], high[1], is[1]);
+        self.move_through(base + ALL, was[0] + was[1], high[ALL], is[0] + is[1]);
+    }
+
+    /// The oversize count `k` (allocations, segments) moved from `was` to
+    /// `is` by way of `high`.
+    #[inline]
+    pub(crate) fn move_oversize(&self, k: usize, was: i64, high: i64, is: i64) {
+        self.move_through(ARRAYS * PER_ARRAY + k, was, high, is);
     }
 
     /// One value's move from `was` to `is` by way of `high`: a rise to the
@@ -307,26 +293,28 @@ fn add_totals(sum: &mut Stat, one: &Stat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::live_stats::LiveStats;
 
-    fn levels(allocated_small: i64, allocated_large: i64) -> Levels {
-        let mut l = Levels::default();
-        l.pools[1] = [allocated_small, allocated_large];
-        l.highs[1] = [
-            allocated_small,
-            allocated_large,
-            allocated_small + allocated_large,
-        ];
-        l
+    const SMALL: Pool = Pool::Small;
+    const LARGE: Pool = Pool::Large;
+
+    /// An engine's statistics that hold `small` and `large` allocated bytes
+    /// (the active counts following them), published.
+    fn hold(stats: &mut LiveStats, totals: &DeviceTotals, small: i64, large: i64) {
+        let now = stats.levels().pools[1];
+        stats.allocated_bytes().apply(SMALL, small - now[0]);
+        stats.allocated_bytes().apply(LARGE, large - now[1]);
+        stats.publish_to(totals);
     }
 
     #[test]
     fn the_peak_is_the_peak_of_the_sum() {
         let totals = DeviceTotals::new();
-        let (mut a, mut b) = (Levels::default(), Levels::default());
-        totals.publish(&mut a, &levels(10, 0));
-        totals.publish(&mut b, &levels(0, 30));
-        totals.publish(&mut a, &levels(0, 0));
-        totals.publish(&mut b, &levels(5, 0));
+        let (mut a, mut b) = (LiveStats::default(), LiveStats::default());
+        hold(&mut a, &totals, 10, 0);
+        hold(&mut b, &totals, 0, 30);
+        hold(&mut a, &totals, 0, 0);
+        hold(&mut b, &totals, 5, 0);
         let (now, peaks) = (totals.current(), totals.peaks());
         assert_eq!(now.pools[1], [5, 0]);
         assert_eq!(peaks.pools[1], [10, 30]);
@@ -334,18 +322,35 @@ mod tests {
         let device = totals.combine(&[]);
         assert_eq!(device.allocated_bytes.all.peak, 40);
         assert_eq!(device.allocated_bytes.all.current, 5);
-        assert_eq!(a, levels(0, 0));
+        // The active bytes followed the allocated ones.
+        assert_eq!(device.active_bytes.all.peak, 40);
+    }
+
+    #[test]
+    fn a_value_raised_and_lowered_in_one_operation_reaches_its_high() {
+        let totals = DeviceTotals::new();
+        let (mut a, mut b) = (LiveStats::default(), LiveStats::default());
+        hold(&mut b, &totals, 0, 100);
+        // One operation of `a`: up by 50 in the small pool, then down again.
+        a.allocated_bytes().increase(SMALL, 50);
+        a.allocated_bytes().decrease(SMALL, 50);
+        a.publish_to(&totals);
+        assert_eq!(totals.current().pools[1], [0, 100]);
+        assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 150);
+        // Published, `a`'s peaks start again: a second publish adds nothing.
+        a.publish_to(&totals);
+        assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 150);
     }
 
     #[test]
     fn reset_peaks_starts_from_the_current_values() {
         let totals = DeviceTotals::new();
-        let mut a = Levels::default();
-        totals.publish(&mut a, &levels(0, 100));
-        totals.publish(&mut a, &levels(0, 20));
+        let mut a = LiveStats::default();
+        hold(&mut a, &totals, 0, 100);
+        hold(&mut a, &totals, 0, 20);
         totals.reset_peaks();
         assert_eq!(totals.peaks().pools[1], [0, 20]);
-        totals.publish(&mut a, &levels(0, 50));
+        hold(&mut a, &totals, 0, 50);
         assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 50);
     }
 
@@ -358,13 +363,13 @@ mod tests {
             for t in 0..THREADS {
                 let totals = &totals;
                 s.spawn(move || {
-                    let mut seen = Levels::default();
+                    let mut stats = LiveStats::default();
                     for step in 0..STEPS {
                         // Up by t + 1 on even steps, back down on odd ones.
                         let held = if step % 2 == 0 { t + 1 } else { 0 };
-                        totals.publish(&mut seen, &levels(held, held * 2));
+                        hold(&mut stats, totals, held, held * 2);
                     }
-                    totals.publish(&mut seen, &levels(t, 0));
+                    hold(&mut stats, totals, t, 0);
                 });
             }
         });
@@ -402,9 +407,11 @@ mod tests {
         s.reserved_bytes.large_pool.current = 7;
         s.active.small_pool.current = 2;
         s.oversize_allocations.current = 1;
+        s.allocated_bytes.small_pool.current = 3;
         let l = Levels::of(&s);
-        assert_eq!(l.pools[8][Pool::Large.index()], 7);
-        assert_eq!(l.pools[5][Pool::Small.index()], 2);
+        assert_eq!((l.reserved_bytes(), l.allocated_bytes()), (7, 3));
+        assert_eq!(l.pools[8][LARGE.index()], 7);
+        assert_eq!(l.pools[5][SMALL.index()], 2);
         assert_eq!(l.oversize, [1, 0]);
     }
 }

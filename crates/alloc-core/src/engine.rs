@@ -579,19 +579,19 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.heap.ledger.snapshot()
     }
 
-    /// The present value of every statistic that has a peak and the highest
-    /// since [`Engine::take_levels`], cheaper than [`Engine::stats`].
-    #[inline]
+    /// The present value of every statistic that has a peak, cheaper than
+    /// [`Engine::stats`].
     pub fn levels(&self) -> Levels {
         self.heap.ledger.stats.levels()
     }
 
-    /// [`Engine::levels`], after which the highs ([`Levels::highs`]) start
-    /// again from the present values: call it after each operation of an
-    /// engine that publishes to [`crate::DeviceTotals`].
-    #[inline]
-    pub fn take_levels(&mut self) -> Levels {
-        self.heap.ledger.stats.take_levels()
+    /// Adds what the statistics did since the last call to `totals`, the
+    /// device-wide statistics of several engines of one device: call it
+    /// after each operation of an engine that shares its device. Its own
+    /// peaks then count from the last call (the device's are the totals');
+    /// see [`crate::DeviceTotals`].
+    pub fn publish_to(&mut self, totals: &crate::DeviceTotals) {
+        self.heap.ledger.stats.publish_to(totals);
     }
 
     /// Bytes of blocks handed out to callers now (`allocated_bytes.all.current`).

@@ -13,7 +13,7 @@
 //! one awaits them the two move together, and only the allocated counts are
 //! updated ([`LiveStats::follows`]).
 
-use crate::device_totals::Levels;
+use crate::device_totals::{DeviceTotals, Levels};
 use crate::stats::{PageMoves, Stat, StatArray, Stats};
 use crate::types::Pool;
 
@@ -255,8 +255,10 @@ pub(crate) struct LiveStats {
     /// [`LiveStats::reset_peaks`]: what `unmap_free_pages` measures a new
     /// mapping against. The statistics' own peak of reserved bytes is that
     /// too, until an engine sharing its device hands its peaks over
-    /// ([`LiveStats::take_levels`]); this one stays.
+    /// ([`LiveStats::publish_to`]); this one stays.
     reserved_mark: i64,
+    /// What [`LiveStats::publish_to`] last published.
+    published: Levels,
     /// The allocated totals of `allocation` and `allocated_bytes` when
     /// the active counts last began to follow them.
     marks: [[u64; 2]; 2],
@@ -402,53 +404,86 @@ impl LiveStats {
         true
     }
 
-    /// The present value of every statistic with a peak, and its peak: the
-    /// highest since the levels were last taken, where they are
-    /// ([`LiveStats::take_levels`]). The active counts brought up to date.
-    #[inline]
+    /// The present value of every statistic with a peak, the active
+    /// counts brought up to date.
     pub(crate) fn levels(&self) -> Levels {
         let mut pools = self.counters.changing.0.map(|c| c.current);
-        let mut highs = self
-            .counters
-            .peaks
-            .map(|p| [p.peak[0], p.peak[1], p.all_peak]);
         if !self.apart {
-            // As `Counter::followed`: the leader's values, the higher peaks.
             for (f, l) in FOLLOWS {
-                let (f, l) = (f as usize, l as usize);
-                pools[f] = pools[l];
-                highs[f] = [0, 1, 2].map(|k| highs[f][k].max(highs[l][k]));
+                pools[f as usize] = pools[l as usize];
             }
         }
-        let (a, s) = (&self.oversize_allocations, &self.oversize_segments);
         Levels {
             pools,
-            highs,
-            oversize: [a.current, s.current],
-            oversize_highs: [a.peak, s.peak],
+            oversize: [
+                self.oversize_allocations.current,
+                self.oversize_segments.current,
+            ],
         }
     }
 
-    /// [`LiveStats::levels`], then every peak starts again from its present
-    /// value. An engine that shares its device with others takes them after
-    /// each operation for `DeviceTotals`, whose peaks are the device's: its
-    /// own peaks then only say how high a value went since the last take,
-    /// which is what the totals need (a value an operation raised and
-    /// lowered again reaches them at its highest). The peaks keep doing that
-    /// work, so an engine alone on its device, which never takes them, pays
-    /// nothing for it.
-    #[inline]
-    pub(crate) fn take_levels(&mut self) -> Levels {
-        let levels = self.levels();
-        for (peaks, now) in self.counters.peaks.iter_mut().zip(levels.pools) {
-            *peaks = Peaks {
+    /// Adds to device totals how far every statistic moved since the last
+    /// publish, each by way of its peak since then (what an operation
+    /// raised and lowered again reaches the totals at its highest), then
+    /// starts every peak again from its present value. An engine that
+    /// shares its device with others publishes after each operation, and
+    /// its own peaks then only say how high a value went since the last
+    /// publish, which is what the totals need; the device's peaks are the
+    /// totals'. The peaks keep doing that work, so an engine alone on its
+    /// device, which never publishes, pays nothing for it.
+    pub(crate) fn publish_to(&mut self, totals: &DeviceTotals) {
+        // Followers first: a follower's values are its leader's and its
+        // peaks the higher of its own and the leader's (as
+        // `Counter::followed` reads them), so the leaders' peaks start
+        // again only after the followers have read them.
+        const ORDER: [Quantity; 9] = [
+            Quantity::Active,
+            Quantity::ActiveBytes,
+            Quantity::Allocation,
+            Quantity::AllocatedBytes,
+            Quantity::RequestedBytes,
+            Quantity::InactiveSplit,
+            Quantity::InactiveSplitBytes,
+            Quantity::Segment,
+            Quantity::ReservedBytes,
+        ];
+        let follows = !self.apart;
+        for q in ORDER {
+            let i = q as usize;
+            let l = match q {
+                Quantity::Active if follows => Quantity::Allocation as usize,
+                Quantity::ActiveBytes if follows => Quantity::AllocatedBytes as usize,
+                _ => i,
+            };
+            let now = self.counters.changing.0[l].current;
+            let mut high = self.counters.peaks[i];
+            if l != i {
+                let leader = self.counters.peaks[l];
+                high.peak = [0, 1].map(|p| high.peak[p].max(leader.peak[p]));
+                high.all_peak = high.all_peak.max(leader.all_peak);
+            }
+            let all = now[0] + now[1];
+            let was = self.published.pools[i];
+            if was == now && high.peak == now && high.all_peak == all {
+                continue; // not moved since the last publish: most of them
+            }
+            totals.move_array(i, was, [high.peak[0], high.peak[1], high.all_peak], now);
+            self.published.pools[i] = now;
+            self.counters.peaks[i] = Peaks {
                 peak: now,
-                all_peak: now[0] + now[1],
+                all_peak: all,
             };
         }
-        self.oversize_allocations.reset_peak();
-        self.oversize_segments.reset_peak();
-        levels
+        for (k, stat) in [&mut self.oversize_allocations, &mut self.oversize_segments]
+            .into_iter()
+            .enumerate()
+        {
+            if stat.peak != stat.current || self.published.oversize[k] != stat.current {
+                totals.move_oversize(k, self.published.oversize[k], stat.peak, stat.current);
+                self.published.oversize[k] = stat.current;
+                stat.reset_peak();
+            }
+        }
     }
 
     /// The statistics in PyTorch's model.

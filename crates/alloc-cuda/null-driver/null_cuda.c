@@ -11,7 +11,8 @@
  * Failure injection, for tests that check what the allocator does when a
  * driver call fails: null_cuda_fail_at("cuMemAlloc_v2", 3, 2) makes the
  * third call of cuMemAlloc_v2 from now return 2 (CUDA_ERROR_OUT_OF_MEMORY),
- * once; null_cuda_calls(name) counts the calls of a function since the
+ * once (null_cuda_fail_times(name, 3, 4, 2): the third to the sixth
+ * call); null_cuda_calls(name) counts the calls of a function since the
  * first null_cuda_fail_at (counting costs nothing before it), and
  * null_cuda_function(i) names the i-th function that can fail (NULL past
  * the last). One failure is armed at a time, for the whole process.
@@ -57,7 +58,8 @@ static const char *const names[F_COUNT] = { NULL_CUDA_FUNCTIONS(NULL_CUDA_NAME) 
 static int injecting;               /* set by the first null_cuda_fail_at */
 static long long calls[F_COUNT];
 static int armed = -1;              /* the function to fail, or -1 */
-static long long fail_call;         /* ... at this value of its counter */
+static long long fail_call;         /* ... from this value of its counter */
+static long long fail_last;         /* ... to this one */
 static CUresult fail_code;
 
 /* Counts a call of `f` and returns the code armed for it, if this is the
@@ -65,8 +67,8 @@ static CUresult fail_code;
 static CUresult fault(int f) {
     if (__builtin_expect(!injecting, 1)) return CUDA_SUCCESS;
     long long n = __atomic_add_fetch(&calls[f], 1, __ATOMIC_RELAXED);
-    if (f == __atomic_load_n(&armed, __ATOMIC_ACQUIRE) && n == fail_call) {
-        __atomic_store_n(&armed, -1, __ATOMIC_RELEASE);
+    if (f == __atomic_load_n(&armed, __ATOMIC_ACQUIRE) && n >= fail_call && n <= fail_last) {
+        if (n == fail_last) __atomic_store_n(&armed, -1, __ATOMIC_RELEASE);
         return fail_code;
     }
     return CUDA_SUCCESS;
@@ -79,18 +81,25 @@ static int lookup(const char *name) {
     return -1;
 }
 
-/* Makes the `nth` call (1: the next) of `name` from now return `code`;
- * name NULL (or nth <= 0) disarms. -1 for a name this library lacks. */
-int null_cuda_fail_at(const char *name, long long nth, int code) {
+/* Makes `count` calls of `name` from the `nth` from now (1: the next)
+ * return `code`; name NULL (or nth or count <= 0) disarms. -1 for a name
+ * this library lacks. */
+int null_cuda_fail_times(const char *name, long long nth, long long count, int code) {
     injecting = 1;
     __atomic_store_n(&armed, -1, __ATOMIC_RELEASE);
-    if (!name || nth <= 0) return 0;
+    if (!name || nth <= 0 || count <= 0) return 0;
     int f = lookup(name);
     if (f < 0) return -1;
     fail_call = __atomic_load_n(&calls[f], __ATOMIC_RELAXED) + nth;
+    fail_last = fail_call + count - 1;
     fail_code = code;
     __atomic_store_n(&armed, f, __ATOMIC_RELEASE);
     return 0;
+}
+
+/* Makes the `nth` call (1: the next) of `name` from now return `code`. */
+int null_cuda_fail_at(const char *name, long long nth, int code) {
+    return null_cuda_fail_times(name, nth, 1, code);
 }
 
 /* Calls of `name` counted so far; -1 for a name this library lacks. */

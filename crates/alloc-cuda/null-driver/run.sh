@@ -33,6 +33,8 @@ if [ "${1:-}" = "--tests" ]; then
     expandable_segments_fall_back_to_ordinary_segments_without_virtual_memory
   # The allocator's parts (Pools, SleepWake, Ipc, Diagnostics) over a driver.
   cargo test --workspace --lib -- --ignored null_driver_tests
+  # Tests that arm driver failures, alone in their process.
+  cargo test --workspace --lib -- --ignored null_driver_fault_tests
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_call_times -- --ignored
   exit 0

@@ -121,6 +121,7 @@ mod pools;
 mod sleep;
 mod sleep_wake;
 mod stream;
+mod stream_engines;
 mod tag;
 pub mod vmm;
 
@@ -150,6 +151,7 @@ pub type PooledEvent = RecycledEvent;
 #[deprecated(since = "0.1.0", note = "renamed to `PinnedAllocator`")]
 pub type PinnedPool = PinnedAllocator;
 pub use stream::{AsStream, StreamHandle};
+pub use stream_engines::{StreamEngines, MAX_STREAM_ENGINES};
 pub use tag::Tag;
 pub use vmm::SharedPages;
 

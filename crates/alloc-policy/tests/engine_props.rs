@@ -13,7 +13,7 @@
 //! fuzz targets (`fuzz/`) drive the same model with operations decoded from
 //! their input.
 
-use alloc_core::{DeviceTotals, Levels, SimStreams, StreamId, MAX_REQUEST, MIB};
+use alloc_core::{DeviceTotals, SimStreams, StatArray, Stats, StreamId, MAX_REQUEST, MIB};
 use alloc_policy::testing::configs;
 use alloc_policy::testing::ops::{log_size, run, Op, Run, POOLS, STREAMS};
 use proptest::prelude::*;
@@ -191,11 +191,10 @@ fn one_engine_totals(config: &str, ops: &[Op]) -> Result<(), String> {
     let mut run = Run::new(config, 64 << 30, SimStreams::new())?;
     let mut alone = Run::new(config, 64 << 30, SimStreams::new())?;
     let totals = DeviceTotals::new();
-    let mut seen = Levels::default();
     for (i, op) in ops.iter().enumerate() {
         run.step(op)?;
         alone.step(op)?;
-        totals.publish(&mut seen, &run.engine_mut().take_levels());
+        run.engine_mut().publish_to(&totals);
         let mut own = alone.engine().stats();
         let mut device = totals.combine(&[run.engine().stats()]);
         // Host time the two engines' page moves took: measured, not counted.
@@ -210,63 +209,64 @@ fn one_engine_totals(config: &str, ops: &[Op]) -> Result<(), String> {
     alone.finish()
 }
 
+/// The statistic arrays of `s` in [`Levels::pools`]' order.
+fn arrays(s: &Stats) -> [&StatArray; 9] {
+    [
+        &s.allocation,
+        &s.allocated_bytes,
+        &s.requested_bytes,
+        &s.inactive_split,
+        &s.inactive_split_bytes,
+        &s.active,
+        &s.active_bytes,
+        &s.segment,
+        &s.reserved_bytes,
+    ]
+}
+
 /// [`device_totals_of_two_engines_peak_at_the_highest_sum`] for one
-/// configuration: the engines take turns, an operation each.
+/// configuration: the engines take turns, an operation each. Between two
+/// publishes an engine's own peaks are how high its values went, so the
+/// device held at most those plus the other engine's values.
 fn two_engine_totals(config: &str, ops: [&[Op]; 2]) -> Result<(), String> {
     let mut runs = [
         Run::new(config, 64 << 30, SimStreams::new())?,
         Run::new(config, 64 << 30, SimStreams::new())?,
     ];
     let totals = DeviceTotals::new();
-    let mut seen = [Levels::default(); 2];
-    // The highest sums seen after any operation: per pool, and of both pools.
-    let mut highest = Levels::default();
-    let mut highest_all = [0i64; 9];
+    // The highest sums: per statistic, the small pool, the large pool, both.
+    let mut highest = [[0i64; 3]; 9];
+    let mut highest_oversize = [0i64; 2];
     for k in 0..ops[0].len().max(ops[1].len()) {
         for e in 0..2 {
             let Some(op) = ops[e].get(k) else { continue };
             runs[e].step(op)?;
-            let levels = runs[e].engine_mut().take_levels();
-            totals.publish(&mut seen[e], &levels);
-            // The other engine's values, and this one's highest during the
-            // operation: what the device held at this operation's highest.
-            let other = runs[1 - e].engine().levels();
-            let arrays = highest.pools.iter_mut().zip(&mut highest_all);
-            for ((most, most_all), (high, theirs)) in
-                arrays.zip(levels.highs.iter().zip(&other.pools))
-            {
-                for p in 0..2 {
-                    most[p] = most[p].max(high[p] + theirs[p]);
-                }
-                *most_all = (*most_all).max(high[2] + theirs[0] + theirs[1]);
+            let (mine, other) = (runs[e].engine().stats(), runs[1 - e].engine().levels());
+            runs[e].engine_mut().publish_to(&totals);
+            for ((most, array), theirs) in highest.iter_mut().zip(arrays(&mine)).zip(&other.pools) {
+                most[0] = most[0].max(array.small_pool.peak + theirs[0]);
+                most[1] = most[1].max(array.large_pool.peak + theirs[1]);
+                most[2] = most[2].max(array.all.peak + theirs[0] + theirs[1]);
             }
-            let oversize = levels.oversize_highs.iter().zip(&other.oversize);
-            for (most, (high, theirs)) in highest.oversize.iter_mut().zip(oversize) {
-                *most = (*most).max(high + theirs);
+            let peaks = [mine.oversize_allocations.peak, mine.oversize_segments.peak];
+            for ((most, peak), theirs) in highest_oversize.iter_mut().zip(peaks).zip(other.oversize)
+            {
+                *most = (*most).max(peak + theirs);
             }
         }
     }
-    if (totals.peaks().pools, totals.peaks().oversize) != (highest.pools, highest.oversize) {
-        return Err(format!(
-            "{config}: peaks {:?}, highest sums {highest:?}",
-            totals.peaks()
-        ));
-    }
     let device = totals.combine(&[runs[0].engine().stats(), runs[1].engine().stats()]);
-    let all_peaks = [
-        device.allocation.all.peak,
-        device.allocated_bytes.all.peak,
-        device.requested_bytes.all.peak,
-        device.inactive_split.all.peak,
-        device.inactive_split_bytes.all.peak,
-        device.active.all.peak,
-        device.active_bytes.all.peak,
-        device.segment.all.peak,
-        device.reserved_bytes.all.peak,
+    let got: Vec<[i64; 3]> = arrays(&device)
+        .iter()
+        .map(|a| [a.small_pool.peak, a.large_pool.peak, a.all.peak])
+        .collect();
+    let got_oversize = [
+        device.oversize_allocations.peak,
+        device.oversize_segments.peak,
     ];
-    if all_peaks != highest_all {
+    if got != highest || got_oversize != highest_oversize {
         return Err(format!(
-            "{config}: all-pool peaks {all_peaks:?}, highest sums {highest_all:?}"
+            "{config}: peaks {got:?} {got_oversize:?}, highest sums {highest:?} {highest_oversize:?}"
         ));
     }
     for run in runs {

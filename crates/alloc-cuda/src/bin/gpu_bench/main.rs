@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use alloc_core::{human_bytes, KIB, MIB};
 use alloc_cuda::cudarc::driver::{result, sys, CudaContext, CudaStream};
-use alloc_cuda::{AsStream, CudaAllocator};
+use alloc_cuda::{AsStream, CudaAllocator, CudaError, StreamEngines};
 
 type BoxResult<T> = Result<T, Box<dyn Error>>;
 
@@ -37,13 +37,42 @@ trait Backend {
     fn release(&mut self, ptr: u64, size: usize) -> BoxResult<()>;
 }
 
-/// Our allocator on one stream (a cudarc stream unless said otherwise).
-struct Ours<S: AsStream = Arc<CudaStream>> {
-    alloc: CudaAllocator,
+/// An allocator of the library, as `Ours` times it.
+trait Library {
+    fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError>;
+    fn free(&self, ptr: u64) -> Result<(), CudaError>;
+}
+
+impl Library for CudaAllocator {
+    #[inline]
+    fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
+        CudaAllocator::malloc(self, size, stream)
+    }
+    #[inline]
+    fn free(&self, ptr: u64) -> Result<(), CudaError> {
+        CudaAllocator::free(self, ptr)
+    }
+}
+
+impl Library for StreamEngines {
+    #[inline]
+    fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
+        StreamEngines::malloc(self, size, stream)
+    }
+    #[inline]
+    fn free(&self, ptr: u64) -> Result<(), CudaError> {
+        StreamEngines::free(self, ptr)
+    }
+}
+
+/// Our allocator on one stream (a cudarc stream unless said otherwise;
+/// `CudaAllocator` unless said otherwise).
+struct Ours<S: AsStream = Arc<CudaStream>, A: Library = CudaAllocator> {
+    alloc: A,
     stream: S,
 }
 
-impl<S: AsStream> Backend for Ours<S> {
+impl<S: AsStream, A: Library> Backend for Ours<S, A> {
     #[inline]
     fn alloc(&mut self, size: usize) -> BoxResult<u64> {
         Ok(self.alloc.malloc(size as u64, &self.stream)?)

@@ -11,19 +11,22 @@
 //! `gpu_bench --threads 1,2,4 [--streams own,shared] | --devices 1,2
 //!  --workload pair:BYTES|mixed:LO:HI:LIVE [--warm CALLS] ...
 //!  [--window SECONDS] [--repeats N] [--sample-every N] [--config CONF]
-//!  [--engines device|thread] [--shared-totals atomic|locked]`
+//!  [--engines device|thread|stream] [--shared-totals atomic|locked]`
 //!
 //! `--engines thread` gives each thread an allocator (an engine and a lock)
 //! of its own on its device instead of one a device: the most that engines
 //! per stream could carry. `--shared-totals` adds what they would have to
 //! share, the device-wide statistics' counters ([`SharedTotals`]).
+//! `--engines stream` runs the library's engines per stream
+//! ([`StreamEngines`]: one allocator a device, an engine for each stream,
+//! the device's totals and the table of owners shared).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use alloc_cuda::cudarc::driver::{CudaContext, CudaStream};
-use alloc_cuda::CudaAllocator;
+use alloc_cuda::{CudaAllocator, StreamEngines};
 
 use crate::shared_totals::{SharedTotals, Sharing, WithTotals};
 use crate::{keep_default_pool, Backend, BoxResult, DriverAsync, Ours, Rng};
@@ -76,11 +79,41 @@ struct Plan {
     repeats: usize,
     sample_every: u64,
     config: String,
-    /// Each thread its own allocator on its device, instead of one a device.
-    engines_per_thread: bool,
+    /// How a device's threads share engines.
+    engines: Engines,
     /// Every call of ours also changes device-wide totals kept this way
     /// ([`SharedTotals`]).
     shared_totals: Option<Sharing>,
+}
+
+/// How a device's threads share engines (`--engines`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engines {
+    /// One `CudaAllocator` a device, as the library has it.
+    Device,
+    /// Each thread a `CudaAllocator` of its own.
+    Thread,
+    /// One `StreamEngines` a device: an engine for each stream.
+    Stream,
+}
+
+impl Engines {
+    fn parse(text: &str) -> BoxResult<Self> {
+        match text {
+            "device" => Ok(Engines::Device),
+            "thread" => Ok(Engines::Thread),
+            "stream" => Ok(Engines::Stream),
+            other => Err(format!("--engines takes device, thread or stream, not {other}").into()),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Engines::Device => "device",
+            Engines::Thread => "thread",
+            Engines::Stream => "stream",
+        }
+    }
 }
 
 fn list(text: &str) -> BoxResult<Vec<usize>> {
@@ -100,7 +133,7 @@ impl Plan {
             repeats: 3,
             sample_every: 31,
             config: std::env::var("GPUALLOC_CONF").unwrap_or_default(),
-            engines_per_thread: false,
+            engines: Engines::Device,
             shared_totals: None,
         };
         let mut it = argv.iter();
@@ -128,17 +161,7 @@ impl Plan {
                 "--repeats" => p.repeats = value()?.parse()?,
                 "--sample-every" => p.sample_every = value()?.parse::<u64>()?.max(1),
                 "--config" => p.config = value()?.clone(),
-                "--engines" => {
-                    p.engines_per_thread = match value()?.as_str() {
-                        "device" => false,
-                        "thread" => true,
-                        other => {
-                            return Err(
-                                format!("--engines takes device or thread, not {other}").into()
-                            )
-                        }
-                    }
-                }
+                "--engines" => p.engines = Engines::parse(value()?)?,
                 "--shared-totals" => p.shared_totals = Some(Sharing::parse(value()?)?),
                 other => return Err(format!("unknown argument {other} (see threads.rs)").into()),
             }
@@ -148,6 +171,11 @@ impl Plan {
         }
         if p.threads.contains(&0) || p.devices.as_ref().is_some_and(|d| d.contains(&0)) {
             return Err("thread and device counts start at 1".into());
+        }
+        if p.engines == Engines::Stream && p.shared_totals.is_some() {
+            return Err("--engines stream keeps the library's own device totals: \
+                        no --shared-totals"
+                .into());
         }
         Ok(p)
     }
@@ -439,6 +467,8 @@ fn json_str(s: &str) -> String {
 struct Device {
     ctx: Arc<CudaContext>,
     allocs: Vec<CudaAllocator>,
+    /// With `--engines stream`.
+    stream_engines: Option<StreamEngines>,
     streams: Vec<Arc<CudaStream>>,
     totals: &'static SharedTotals,
 }
@@ -458,7 +488,7 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
     };
     let mut devices = Vec::new();
     for d in 0..ndev {
-        let engines = if plan.engines_per_thread {
+        let engines = if plan.engines == Engines::Thread {
             per_device
         } else {
             1
@@ -471,9 +501,14 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
         let streams = (0..per_device)
             .map(|_| ctx.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
+        let stream_engines = match plan.engines {
+            Engines::Stream => Some(StreamEngines::with_config_str(d, &plan.config)?),
+            _ => None,
+        };
         devices.push(Device {
             ctx,
             allocs,
+            stream_engines,
             streams,
             totals: Box::leak(Box::new(SharedTotals::new(
                 plan.shared_totals.unwrap_or_default(),
@@ -489,7 +524,11 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
             let ours = |t: usize| -> BoxResult<Ours> {
                 let dev = &devices[devs[t]];
                 dev.ctx.bind_to_thread()?;
-                let engine = if plan.engines_per_thread { slot(t) } else { 0 };
+                let engine = if plan.engines == Engines::Thread {
+                    slot(t)
+                } else {
+                    0
+                };
                 Ok(Ours {
                     alloc: dev.allocs[engine].clone(),
                     stream: stream_of(t),
@@ -497,7 +536,19 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
             };
             for k in 0..2 {
                 let (kind, out) = if (repeat + i + k) % 2 == 0 {
-                    let o = if plan.shared_totals.is_some() {
+                    let o = if let Some(alloc) = &devices[0].stream_engines {
+                        let make = |t: usize| -> BoxResult<Ours<Arc<CudaStream>, StreamEngines>> {
+                            devices[devs[t]].ctx.bind_to_thread()?;
+                            Ok(Ours {
+                                alloc: devices[devs[t]]
+                                    .stream_engines
+                                    .clone()
+                                    .unwrap_or_else(|| alloc.clone()),
+                                stream: stream_of(t),
+                            })
+                        };
+                        plan.cell(devs.len(), load, warm, &make)
+                    } else if plan.shared_totals.is_some() {
                         let make = |t: usize| -> BoxResult<WithTotals<Ours>> {
                             Ok(WithTotals {
                                 inner: ours(t)?,
@@ -540,11 +591,7 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
                     out.samples,
                     out.failed,
                     json_str(&out.error),
-                    if plan.engines_per_thread {
-                        "thread"
-                    } else {
-                        "device"
-                    },
+                    plan.engines.name(),
                     match plan.shared_totals {
                         Some(Sharing::Atomic) if kind == "ours" => "atomic",
                         Some(Sharing::Locked) if kind == "ours" => "locked",
@@ -555,6 +602,9 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
         }
     }
     for alloc in devices.iter().flat_map(|d| &d.allocs) {
+        alloc.empty_cache()?;
+    }
+    for alloc in devices.iter().filter_map(|d| d.stream_engines.as_ref()) {
         alloc.empty_cache()?;
     }
     Ok(())
@@ -646,7 +696,14 @@ mod tests {
             .map(String::from)
             .to_vec();
         let p = Plan::parse(&argv).unwrap();
-        assert!(p.engines_per_thread && p.shared_totals == Some(Sharing::Locked));
-        assert!(Plan::parse(&["--engines".into(), "stream".into()]).is_err());
+        assert!(p.engines == Engines::Thread && p.shared_totals == Some(Sharing::Locked));
+        let streams = Plan::parse(&["--engines".into(), "stream".into()]).unwrap();
+        assert_eq!(streams.engines, Engines::Stream);
+        assert!(Plan::parse(&["--engines".into(), "process".into()]).is_err());
+        let both = ["--engines", "stream", "--shared-totals", "atomic"].map(String::from);
+        assert!(
+            Plan::parse(&both).is_err(),
+            "stream engines keep their own totals"
+        );
     }
 }

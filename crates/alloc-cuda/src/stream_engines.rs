@@ -1,0 +1,733 @@
+//! Engines per stream: an allocator for one device that runs an engine for
+//! each stream its allocations are made on, so that threads allocating on
+//! their own streams do not queue on one lock (docs/architecture.md,
+//! "Threads"). In PyTorch's model a block is only ever reused on its own
+//! stream, so splitting the engine by stream changes no decision; what the
+//! engines share is the device's statistics ([`DeviceTotals`], one atomic
+//! add a changed value) and, for frees, a table from address to engine in
+//! stripes with a lock each. What spans streams visits every engine, one
+//! lock at a time: emptying the cache, and before an out-of-memory error,
+//! emptying the other engines' caches and trying again.
+//!
+//! Settings whose decisions span streams are refused for now:
+//! `stream_wait_reuse`, `unmap_free_pages` and the memory budget, the
+//! memory fraction and `garbage_collection_threshold` (which needs it).
+//! Private pools, sleep tags, IPC and typed buffers are [`crate::CudaAllocator`]'s.
+//!
+//! ```no_run
+//! use alloc_cuda::StreamEngines;
+//!
+//! let alloc = StreamEngines::with_config_str(0, "max_split_size_mb:128")?;
+//! let (a, b) = (alloc.context().new_stream()?, alloc.context().new_stream()?);
+//! let x = alloc.malloc(1 << 20, &a)?; // served by the engine of `a`
+//! let y = alloc.malloc(1 << 20, &b)?; // by the engine of `b`, under its own lock
+//! assert_eq!(alloc.allocated_bytes()?, 2 << 20);
+//! alloc.free(x)?;
+//! alloc.free(y)?;
+//! assert_eq!(alloc.stats()?.allocated_bytes.all.peak, 2 << 20);
+//! alloc.empty_cache()?;
+//! # Ok::<(), alloc_cuda::CudaError>(())
+//! ```
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use alloc_core::{
+    AllocError, AllocatorConfig, ConfigError, DeviceTotals, Engine, EngineOptions, Levels,
+    Snapshot, Stats, StreamId,
+};
+use alloc_policy::AnyPolicy;
+use cudarc::driver::CudaContext;
+
+use crate::error::{driver_error, CudaError};
+use crate::events::CudaStreams;
+use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
+use crate::memory::CudaMemory;
+use crate::observer::ObserverSlot;
+use crate::stream::{stream_ref, AsStream, StreamRef};
+use crate::{driver, CudaEngine};
+
+/// Engines a device may have; a stream beyond them shares the last one
+/// (an engine serves any number of streams, as [`crate::CudaAllocator`]'s
+/// one does).
+pub const MAX_STREAM_ENGINES: usize = 256;
+
+/// One stream's engine.
+struct ShardState {
+    engine: CudaEngine,
+}
+
+impl ShardState {
+    /// Publishes what the last operation changed, once the device has more
+    /// than one engine ([`Inner::shared`]).
+    #[inline]
+    fn publish(&mut self, inner: &Inner) {
+        if inner.shared.load(Ordering::Acquire) {
+            self.engine.publish_to(&inner.totals);
+        }
+    }
+}
+
+/// An engine behind its lock.
+struct Shard(SpinParkMutex<ShardState>);
+
+impl Shard {
+    fn lock(&self) -> Result<SpinParkGuard<'_, ShardState>, CudaError> {
+        self.0.lock_checked(|s| s.engine.validate())
+    }
+}
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // As CudaAllocator's: idle segments go back; live ones stay.
+        let _ = self.0.get_mut().engine.empty_cache();
+    }
+}
+
+/// Hashes an address: blocks are 512-byte aligned, so the bits above
+/// those, spread by a multiply.
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(SPREAD);
+        }
+    }
+    fn write_u64(&mut self, addr: u64) {
+        self.0 = (addr >> 9).wrapping_mul(SPREAD);
+    }
+}
+
+const SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
+const STRIPES: usize = 64;
+
+/// Which engine holds each live block, for frees: one stripe of the
+/// table, on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Stripe(SpinParkMutex<HashMap<u64, u32, BuildHasherDefault<AddrHasher>>>);
+
+fn stripe_of(addr: u64) -> usize {
+    ((addr >> 9).wrapping_mul(SPREAD) >> (64 - STRIPES.trailing_zeros())) as usize
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The engines this thread used last: (allocator, stream, engine).
+    static RECENT: RefCell<Vec<(u64, StreamId, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Entries a thread remembers.
+const RECENT_LEN: usize = 8;
+
+struct Inner {
+    /// Tells this allocator's entries in a thread's memory from others'.
+    id: u64,
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    config: AllocatorConfig,
+    observer: ObserverSlot,
+    /// The engines, made on a stream's first allocation.
+    shards: Box<[OnceLock<Shard>]>,
+    /// Which engine serves each stream (read on a thread's first use of a
+    /// stream only).
+    by_stream: Mutex<HashMap<StreamId, u32>>,
+    owners: Box<[Stripe]>,
+    totals: DeviceTotals,
+    /// Set when a second engine is made. Until then the one engine's
+    /// statistics are the device's and nothing is published (a program
+    /// with one stream pays nothing for the totals); then every engine
+    /// publishes after each operation, the first one catching up at once
+    /// with all it did (its peaks, never started again, are the device's).
+    shared: AtomicBool,
+    /// Allocations tried again after emptying the other engines' caches:
+    /// the first try's engine counted an out-of-memory error that PyTorch's
+    /// one engine, which empties every stream's cache before it gives up,
+    /// would not have (the second try counts the one it would).
+    retried_ooms: AtomicU64,
+}
+
+/// A caching allocator for one CUDA device with an engine for each stream
+/// (see the module's documentation): `Send + Sync`, cheap to clone (clones
+/// share the allocator). Statistics are the device's, exact as
+/// [`crate::CudaAllocator`]'s; the streams are cudarc streams of the
+/// device's primary context or [`crate::StreamHandle`]s.
+#[derive(Clone)]
+pub struct StreamEngines {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for StreamEngines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamEngines")
+            .field("ordinal", &self.inner.ordinal)
+            .field("engines", &self.engine_count())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Refuses the settings whose decisions span streams (module docs).
+fn check_config(config: &AllocatorConfig) -> Result<(), CudaError> {
+    let refuse = |key: &str, value: &str| -> Result<(), CudaError> {
+        Err(ConfigError::InvalidValue {
+            key: key.into(),
+            value: value.into(),
+            reason: "its decisions span streams: not with an engine per stream yet".into(),
+        }
+        .into())
+    };
+    if config.stream_wait_reuse {
+        return refuse("stream_wait_reuse", "True");
+    }
+    if config.unmap_free_pages {
+        return refuse("unmap_free_pages", "True");
+    }
+    if let Some(f) = config.per_process_memory_fraction {
+        return refuse("per_process_memory_fraction", &f.to_string());
+    }
+    if let Some(t) = config.garbage_collection_threshold {
+        return refuse("garbage_collection_threshold", &t.to_string());
+    }
+    if config.memory_budget.is_some() {
+        return refuse("memory_budget", "(set)");
+    }
+    Ok(())
+}
+
+impl StreamEngines {
+    /// An allocator for device `ordinal` (its primary context) with the
+    /// policy and settings of `config`; settings whose decisions span
+    /// streams are a [`CudaError::Config`].
+    pub fn new(ordinal: usize, config: &AllocatorConfig) -> Result<Self, CudaError> {
+        check_config(config)?;
+        AnyPolicy::typed(config)?;
+        let count = driver::device_count()?;
+        if ordinal >= count {
+            return Err(CudaError::InvalidDevice { ordinal, count });
+        }
+        let ctx =
+            CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
+        Ok(StreamEngines {
+            inner: Arc::new(Inner {
+                id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+                ordinal,
+                ctx,
+                config: config.clone(),
+                observer: ObserverSlot::default(),
+                shards: (0..MAX_STREAM_ENGINES).map(|_| OnceLock::new()).collect(),
+                by_stream: Mutex::new(HashMap::new()),
+                owners: (0..STRIPES).map(|_| Stripe::default()).collect(),
+                totals: DeviceTotals::new(),
+                shared: AtomicBool::new(false),
+                retried_ooms: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// [`StreamEngines::new`] with a configuration string.
+    pub fn with_config_str(ordinal: usize, config: &str) -> Result<Self, CudaError> {
+        Self::new(ordinal, &AllocatorConfig::parse(config)?)
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The device's primary context: create streams here.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// How many engines there are (streams allocated on, up to
+    /// [`MAX_STREAM_ENGINES`]).
+    pub fn engine_count(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .take_while(|s| s.get().is_some())
+            .count()
+    }
+
+    /// A new engine with this allocator's configuration.
+    fn make_shard(&self) -> Result<Shard, CudaError> {
+        let inner = &self.inner;
+        let typed = AnyPolicy::typed(&inner.config)?;
+        let policy = AnyPolicy::from_typed(&typed)?;
+        let options = EngineOptions::from(&typed);
+        let memory = CudaMemory::with_observer(
+            inner.ctx.clone(),
+            inner.observer.clone(),
+            options.unmap_worker,
+        )?;
+        let engine = Engine::new(policy, memory, CudaStreams::new(inner.ctx.clone()), options);
+        Ok(Shard(SpinParkMutex::new(ShardState { engine })))
+    }
+
+    /// The engine of `stream`, made on its first use: from the thread's
+    /// memory of its last engines, else from the table of streams.
+    fn shard_of(&self, stream: StreamId) -> Result<(u32, &Shard), CudaError> {
+        let id = self.inner.id;
+        let known = RECENT.with(|r| {
+            r.borrow()
+                .iter()
+                .find(|&&(a, s, _)| a == id && s == stream)
+                .map(|&(_, _, i)| i)
+        });
+        let index = match known {
+            Some(i) => i,
+            None => {
+                let i = self.index_of(stream)?;
+                RECENT.with(|r| {
+                    let mut r = r.borrow_mut();
+                    r.retain(|&(a, s, _)| !(a == id && s == stream));
+                    r.insert(0, (id, stream, i));
+                    r.truncate(RECENT_LEN);
+                });
+                i
+            }
+        };
+        Ok((index, self.shard(index)))
+    }
+
+    /// The engine index of `stream`, a new engine for a new stream.
+    #[cold]
+    fn index_of(&self, stream: StreamId) -> Result<u32, CudaError> {
+        let mut by_stream = lock_consistent(&self.inner.by_stream);
+        if let Some(&i) = by_stream.get(&stream) {
+            return Ok(i);
+        }
+        let next = self.engine_count();
+        let index = next.min(MAX_STREAM_ENGINES - 1);
+        if next < MAX_STREAM_ENGINES {
+            let shard = self.make_shard()?;
+            if next == 1 {
+                // The first engine's operations publish from now on, and
+                // what it did so far goes to the totals now, under its
+                // lock (so that none of its operations is counted twice or
+                // not at all).
+                self.inner.shared.store(true, Ordering::Release);
+                self.shard(0).lock()?.engine.publish_to(&self.inner.totals);
+            }
+            let _ = self.inner.shards[index].set(shard);
+        }
+        by_stream.insert(stream, index as u32);
+        Ok(index as u32)
+    }
+
+    /// The engine at `index` (made: indexes come from [`Self::index_of`]).
+    fn shard(&self, index: u32) -> &Shard {
+        self.inner.shards[index as usize]
+            .get()
+            .expect("an engine index is handed out once its engine is made")
+    }
+
+    /// Every engine made so far, in index order.
+    fn shards(&self) -> impl Iterator<Item = &Shard> {
+        self.inner.shards.iter().map_while(|s| s.get())
+    }
+
+    fn stripe(
+        &self,
+        addr: u64,
+    ) -> Result<SpinParkGuard<'_, HashMap<u64, u32, BuildHasherDefault<AddrHasher>>>, CudaError>
+    {
+        self.inner.owners[stripe_of(addr)]
+            .0
+            .lock_checked(|_| Ok(()))
+    }
+
+    /// Allocates at least `size` bytes for use on `stream`; returns the
+    /// device address. Out of memory after every engine's cache was
+    /// emptied is an [`alloc_core::AllocError::OutOfMemory`].
+    pub fn malloc<S: AsStream + ?Sized>(&self, size: u64, stream: &S) -> Result<u64, CudaError> {
+        let sref = stream_ref(stream);
+        let key = match sref {
+            StreamRef::Cudarc(s) => crate::stream_id(s),
+            StreamRef::Raw(id) => id,
+        };
+        let (index, shard) = self.shard_of(key)?;
+        let addr = match self.malloc_on(shard, size, sref) {
+            Err(CudaError::Alloc(AllocError::OutOfMemory(_))) if self.engine_count() > 1 => {
+                self.inner.retried_ooms.fetch_add(1, Ordering::Relaxed);
+                self.empty_others(index)?;
+                self.malloc_on(shard, size, sref)?
+            }
+            other => other?,
+        };
+        self.stripe(addr)?.insert(addr, index);
+        Ok(addr)
+    }
+
+    /// The allocation on one engine, its change published.
+    fn malloc_on(&self, shard: &Shard, size: u64, stream: StreamRef<'_>) -> Result<u64, CudaError> {
+        let mut state = shard.lock()?;
+        let id = state.engine.streams_mut().register_ref(stream)?;
+        let _relaxed = if state.engine.capture_underway() {
+            Some(driver::RelaxedCaptureMode::enter()?)
+        } else {
+            None
+        };
+        let got = state.engine.malloc_in(size, id, None);
+        state.publish(&self.inner);
+        Ok(got?.addr)
+    }
+
+    /// Gives every other engine's idle segments back to the driver, one
+    /// engine at a time (no lock held while another is taken).
+    #[cold]
+    fn empty_others(&self, index: u32) -> Result<(), CudaError> {
+        for (i, shard) in self.shards().enumerate() {
+            if i as u32 != index {
+                let mut state = shard.lock()?;
+                let emptied = state.engine.empty_cache();
+                state.publish(&self.inner);
+                emptied?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The engine index that holds the live block at `ptr`; `take` also
+    /// forgets it (a free).
+    fn owner(&self, ptr: u64, take: bool) -> Result<u32, CudaError> {
+        let mut stripe = self.stripe(ptr)?;
+        let found = if take {
+            stripe.remove(&ptr)
+        } else {
+            stripe.get(&ptr).copied()
+        };
+        found.ok_or(CudaError::Alloc(AllocError::UnknownPointer { addr: ptr }))
+    }
+
+    /// Frees a block from [`StreamEngines::malloc`] into its stream's
+    /// engine; a pointer this allocator did not hand out (or already
+    /// freed) is [`alloc_core::AllocError::UnknownPointer`].
+    pub fn free(&self, ptr: u64) -> Result<(), CudaError> {
+        let index = self.owner(ptr, true)?;
+        let mut state = self.shard(index).lock()?;
+        let freed = state.engine.free(ptr);
+        state.publish(&self.inner);
+        Ok(freed?)
+    }
+
+    /// Marks the block at `ptr` as used by `stream` too
+    /// (`Tensor.record_stream`): its free then waits for that stream's
+    /// work, as [`crate::CudaAllocator::record_stream`] does.
+    pub fn record_stream<S: AsStream + ?Sized>(
+        &self,
+        ptr: u64,
+        stream: &S,
+    ) -> Result<(), CudaError> {
+        let index = self.owner(ptr, false)?;
+        let mut state = self.shard(index).lock()?;
+        let id = state
+            .engine
+            .streams_mut()
+            .register_ref(stream_ref(stream))?;
+        Ok(state.engine.record_stream(ptr, id)?)
+    }
+
+    /// Waits for pending events and gives every engine's idle segments
+    /// back to the driver.
+    pub fn empty_cache(&self) -> Result<(), CudaError> {
+        self.empty_others(u32::MAX)
+    }
+
+    /// The device's current values: the totals', or the one engine's.
+    fn levels(&self) -> Result<Levels, CudaError> {
+        if self.inner.shared.load(Ordering::Acquire) {
+            return Ok(self.inner.totals.current());
+        }
+        match self.shards().next() {
+            Some(one) => Ok(one.lock()?.engine.levels()),
+            None => Ok(Levels::default()),
+        }
+    }
+
+    /// Bytes handed out now, device-wide.
+    pub fn allocated_bytes(&self) -> Result<u64, CudaError> {
+        Ok(self.levels()?.allocated_bytes() as u64)
+    }
+
+    /// Bytes reserved from the device now.
+    pub fn reserved_bytes(&self) -> Result<u64, CudaError> {
+        Ok(self.levels()?.reserved_bytes() as u64)
+    }
+
+    /// Every engine, locked in index order (so that two callers of this
+    /// never wait on each other crosswise).
+    fn lock_all(&self) -> Result<Vec<SpinParkGuard<'_, ShardState>>, CudaError> {
+        self.shards().map(Shard::lock).collect()
+    }
+
+    /// The device's statistics in PyTorch's model: current values and
+    /// peaks device-wide, exact (see [`DeviceTotals`]).
+    pub fn stats(&self) -> Result<Stats, CudaError> {
+        let states = self.lock_all()?;
+        let each: Vec<Stats> = states.iter().map(|s| s.engine.stats()).collect();
+        if !self.inner.shared.load(Ordering::Acquire) {
+            return Ok(each.into_iter().next().unwrap_or_default());
+        }
+        let mut stats = self.inner.totals.combine(&each);
+        stats.num_ooms = stats
+            .num_ooms
+            .saturating_sub(self.inner.retried_ooms.load(Ordering::Relaxed));
+        Ok(stats)
+    }
+
+    /// Makes every peak equal to its current value.
+    pub fn reset_peak_stats(&self) -> Result<(), CudaError> {
+        let mut states = self.lock_all()?;
+        for s in &mut states {
+            s.engine.reset_peak_stats();
+            s.publish(&self.inner);
+        }
+        if self.inner.shared.load(Ordering::Acquire) {
+            self.inner.totals.reset_peaks();
+        }
+        Ok(())
+    }
+
+    /// Clears cumulative counters.
+    pub fn reset_accumulated_stats(&self) -> Result<(), CudaError> {
+        let states = self.lock_all()?;
+        for mut s in states {
+            s.engine.reset_accumulated_stats();
+        }
+        self.inner.retried_ooms.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Every engine's segments with their blocks, in address order.
+    pub fn snapshot(&self) -> Result<Snapshot, CudaError> {
+        let states = self.lock_all()?;
+        let mut segments: Vec<_> = states
+            .iter()
+            .flat_map(|s| s.engine.snapshot().segments)
+            .collect();
+        segments.sort_by_key(|s| s.address);
+        Ok(Snapshot { segments })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_that_span_streams_are_refused_before_any_driver_call() {
+        for conf in [
+            "stream_wait_reuse:True",
+            "expandable_segments:True,unmap_free_pages:True",
+            "per_process_memory_fraction:0.5",
+            "garbage_collection_threshold:0.8",
+        ] {
+            let e = StreamEngines::with_config_str(0, conf).unwrap_err();
+            assert!(matches!(e, CudaError::Config(_)), "{conf}: {e}");
+            assert!(e.to_string().contains("span streams"), "{e}");
+        }
+    }
+
+    #[test]
+    fn stripes_spread_neighbouring_blocks() {
+        let used: std::collections::BTreeSet<usize> = (0..64u64)
+            .map(|k| stripe_of(0x7f00_0000_0000 + k * 512))
+            .collect();
+        assert!(used.len() > 32, "{used:?}");
+        assert!(used.iter().all(|&s| s < STRIPES));
+    }
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handle_is_send_and_sync() {
+        assert_send_sync::<StreamEngines>();
+    }
+}
+
+#[cfg(test)]
+mod null_driver_tests {
+    use super::*;
+    use std::sync::Barrier;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn streams_get_engines_and_the_peak_is_the_devices() {
+        let alloc = StreamEngines::with_config_str(0, "").unwrap();
+        let (a, b) = (
+            alloc.context().new_stream().unwrap(),
+            alloc.context().new_stream().unwrap(),
+        );
+        // One engine: its statistics are the device's, nothing published.
+        let big = alloc.malloc(6 * MIB, &a).unwrap();
+        alloc.free(big).unwrap();
+        let x = alloc.malloc(3 * MIB, &a).unwrap();
+        assert_eq!(
+            alloc.stats().unwrap().allocated_bytes.all.peak,
+            6 * MIB as i64
+        );
+        // A second engine: the first one's past, peak included, joins the totals.
+        let y = alloc.malloc(5 * MIB, &b).unwrap();
+        assert_eq!(alloc.engine_count(), 2);
+        assert_eq!(alloc.allocated_bytes().unwrap(), 8 * MIB);
+        assert_eq!(
+            alloc.stats().unwrap().allocated_bytes.all.peak,
+            8 * MIB as i64
+        );
+        alloc.free(x).unwrap();
+        let e = alloc.free(x).unwrap_err();
+        assert!(
+            matches!(e, CudaError::Alloc(AllocError::UnknownPointer { .. })),
+            "{e}"
+        );
+        alloc.record_stream(y, &a).unwrap();
+        alloc.free(y).unwrap();
+        let stats = alloc.stats().unwrap();
+        assert_eq!(stats.allocated_bytes.all.current, 0);
+        assert_eq!(stats.allocated_bytes.all.peak, 8 * MIB as i64);
+        assert_eq!(stats.allocation.all.allocated, 3);
+        assert_eq!(
+            stats.reserved_bytes.all.current as u64,
+            alloc.reserved_bytes().unwrap()
+        );
+        assert_eq!(
+            alloc.snapshot().unwrap().segments.len() as i64,
+            stats.segment.all.current
+        );
+        alloc.reset_peak_stats().unwrap();
+        assert_eq!(alloc.stats().unwrap().allocated_bytes.all.peak, 0);
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.reserved_bytes().unwrap(), 0);
+    }
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn threads_on_their_own_streams_free_each_others_blocks() {
+        const THREADS: usize = 8;
+        let alloc = StreamEngines::with_config_str(0, "").unwrap();
+        let barrier = Barrier::new(THREADS);
+        let handed: Vec<Mutex<Vec<u64>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (alloc, barrier, handed) = (&alloc, &barrier, &handed);
+                s.spawn(move || {
+                    let stream = alloc.context().new_stream().unwrap();
+                    let mut live = Vec::new();
+                    for k in 0..2000u64 {
+                        let size = 512 << ((k * 7 + t as u64) % 12);
+                        live.push(alloc.malloc(size, &stream).unwrap());
+                        if live.len() > 16 {
+                            alloc
+                                .free(live.swap_remove((k as usize * 5) % live.len()))
+                                .unwrap();
+                        }
+                    }
+                    // The rest goes to the next thread, which frees it.
+                    *handed[(t + 1) % THREADS].lock().unwrap() = live;
+                    barrier.wait();
+                    for ptr in std::mem::take(&mut *handed[t].lock().unwrap()) {
+                        alloc.free(ptr).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(alloc.engine_count(), THREADS);
+        let stats = alloc.stats().unwrap();
+        assert_eq!(stats.allocated_bytes.all.current, 0);
+        assert_eq!(stats.allocation.all.allocated, stats.allocation.all.freed);
+        assert_eq!(stats.allocation.all.allocated, THREADS as u64 * 2000);
+        assert!(stats.allocated_bytes.all.peak > 0);
+        let segments = alloc.snapshot().unwrap().segments;
+        for pair in segments.windows(2) {
+            assert!(
+                pair[0].address + pair[0].total_size <= pair[1].address,
+                "overlap"
+            );
+        }
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.reserved_bytes().unwrap(), 0);
+    }
+}
+
+/// Tests that make driver calls fail: run alone (`run.sh --tests` runs this
+/// module in a process of its own), since a failure armed in the null
+/// driver is the whole process's.
+#[cfg(test)]
+mod null_driver_fault_tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// The null driver's `null_cuda_fail_times`: `count` calls of `name`
+    /// from its `nth` next one fail with `code`.
+    fn fail_times(name: &str, nth: i64, count: i64, code: i32) {
+        type FailTimes = unsafe extern "C" fn(*const std::ffi::c_char, i64, i64, i32) -> i32;
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: the loaded libcuda is the null driver (run.sh puts it on
+        // the library path), whose null_cuda_fail_times has this signature
+        // and copies nothing from the name past the call.
+        let armed = unsafe {
+            let lib = cudarc::driver::sys::culib();
+            let f: FailTimes = *lib
+                .get(b"null_cuda_fail_times")
+                .expect("the null driver is the loaded libcuda");
+            f(name.as_ptr(), nth, count, code)
+        };
+        assert_eq!(armed, 0);
+    }
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn out_of_memory_empties_the_other_engines_first() {
+        let alloc = StreamEngines::with_config_str(0, "").unwrap();
+        let (a, b) = (
+            alloc.context().new_stream().unwrap(),
+            alloc.context().new_stream().unwrap(),
+        );
+        let x = alloc.malloc(64 * MIB, &a).unwrap();
+        alloc.free(x).unwrap();
+        assert_eq!(
+            alloc.reserved_bytes().unwrap(),
+            64 * MIB,
+            "cached by the engine of `a`"
+        );
+        // The device is full for `b`'s engine until `a`'s cache goes back:
+        // its first try and its own retry fail (2 = out of memory).
+        fail_times("cuMemAlloc_v2", 1, 2, 2);
+        let y = alloc.malloc(32 * MIB, &b).unwrap();
+        let stats = alloc.stats().unwrap();
+        assert_eq!(
+            stats.reserved_bytes.all.current as u64,
+            32 * MIB,
+            "`a`'s segment went back"
+        );
+        assert_eq!(
+            stats.num_ooms, 0,
+            "served: no out-of-memory error, as PyTorch counts"
+        );
+        assert_eq!(stats.allocated_bytes.all.current as u64, 32 * MIB);
+        alloc.free(y).unwrap();
+        // Every engine full: the error reaches the caller, and is counted.
+        fail_times("cuMemAlloc_v2", 1, 100, 2);
+        alloc.empty_cache().unwrap();
+        let e = alloc.malloc(32 * MIB, &a).unwrap_err();
+        assert!(
+            matches!(e, CudaError::Alloc(AllocError::OutOfMemory(_))),
+            "{e}"
+        );
+        fail_times("cuMemAlloc_v2", 0, 0, 0);
+        assert_eq!(alloc.stats().unwrap().num_ooms, 1);
+    }
+}
