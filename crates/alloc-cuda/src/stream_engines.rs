@@ -29,7 +29,7 @@
 //! # Ok::<(), alloc_cuda::CudaError>(())
 //! ```
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use alloc_core::{
     AllocError, AllocatorConfig, ConfigError, DeviceTotals, Engine, EngineOptions, Levels,
-    Snapshot, Stats, StreamId,
+    Snapshot, SnapshotState, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::CudaContext;
@@ -124,6 +124,8 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 thread_local! {
     /// The engines this thread used last: (allocator, stream, engine).
     static RECENT: RefCell<Vec<(u64, StreamId, u32)>> = const { RefCell::new(Vec::new()) };
+    /// The one it used last of all, read first (allocator ids start at 1).
+    static LAST: Cell<(u64, u64, u32)> = const { Cell::new((0, 0, 0)) };
 }
 
 /// Entries a thread remembers.
@@ -275,7 +277,19 @@ impl StreamEngines {
 
     /// The engine of `stream`, made on its first use: from the thread's
     /// memory of its last engines, else from the table of streams.
+    #[inline]
     fn shard_of(&self, stream: StreamId) -> Result<(u32, &Shard), CudaError> {
+        let id = self.inner.id;
+        let (a, s, i) = LAST.get();
+        if a == id && s == stream.0 {
+            return Ok((i, self.shard(i)));
+        }
+        self.shard_of_slow(stream)
+    }
+
+    /// [`Self::shard_of`] past the last engine the thread used.
+    #[cold]
+    fn shard_of_slow(&self, stream: StreamId) -> Result<(u32, &Shard), CudaError> {
         let id = self.inner.id;
         let known = RECENT.with(|r| {
             r.borrow()
@@ -296,6 +310,7 @@ impl StreamEngines {
                 i
             }
         };
+        LAST.set((id, stream.0, index));
         Ok((index, self.shard(index)))
     }
 
@@ -311,17 +326,32 @@ impl StreamEngines {
         if next < MAX_STREAM_ENGINES {
             let shard = self.make_shard()?;
             if next == 1 {
-                // The first engine's operations publish from now on, and
-                // what it did so far goes to the totals now, under its
-                // lock (so that none of its operations is counted twice or
-                // not at all).
-                self.inner.shared.store(true, Ordering::Release);
-                self.shard(0).lock()?.engine.publish_to(&self.inner.totals);
+                self.share_the_device()?;
             }
             let _ = self.inner.shards[index].set(shard);
         }
         by_stream.insert(stream, index as u32);
         Ok(index as u32)
+    }
+
+    /// The device gets its second engine: under the first engine's lock
+    /// (so that each of its operations falls wholly before or after), its
+    /// live blocks go into the table of owners, the device starts
+    /// publishing ([`Inner::shared`]), and what the first engine did so far
+    /// goes to the totals.
+    #[cold]
+    fn share_the_device(&self) -> Result<(), CudaError> {
+        let mut first = self.shard(0).lock()?;
+        for segment in first.engine.snapshot().segments {
+            for block in segment.blocks {
+                if block.state == SnapshotState::ActiveAllocated {
+                    self.stripe(block.address)?.insert(block.address, 0);
+                }
+            }
+        }
+        self.inner.shared.store(true, Ordering::Release);
+        first.engine.publish_to(&self.inner.totals);
+        Ok(())
     }
 
     /// The engine at `index` (made: indexes come from [`Self::index_of`]).
@@ -356,7 +386,7 @@ impl StreamEngines {
             StreamRef::Raw(id) => id,
         };
         let (index, shard) = self.shard_of(key)?;
-        let addr = match self.malloc_on(shard, size, sref) {
+        let (addr, shared) = match self.malloc_on(shard, size, sref) {
             Err(CudaError::Alloc(AllocError::OutOfMemory(_))) if self.engine_count() > 1 => {
                 self.inner.retried_ooms.fetch_add(1, Ordering::Relaxed);
                 self.empty_others(index)?;
@@ -364,12 +394,21 @@ impl StreamEngines {
             }
             other => other?,
         };
-        self.stripe(addr)?.insert(addr, index);
+        // With one engine, frees need no table (`share_the_device` fills it).
+        if shared {
+            self.stripe(addr)?.insert(addr, index);
+        }
         Ok(addr)
     }
 
-    /// The allocation on one engine, its change published.
-    fn malloc_on(&self, shard: &Shard, size: u64, stream: StreamRef<'_>) -> Result<u64, CudaError> {
+    /// The allocation on one engine, its change published; and whether the
+    /// device had several engines then (read under the engine's lock).
+    fn malloc_on(
+        &self,
+        shard: &Shard,
+        size: u64,
+        stream: StreamRef<'_>,
+    ) -> Result<(u64, bool), CudaError> {
         let mut state = shard.lock()?;
         let id = state.engine.streams_mut().register_ref(stream)?;
         let _relaxed = if state.engine.capture_underway() {
@@ -379,7 +418,7 @@ impl StreamEngines {
         };
         let got = state.engine.malloc_in(size, id, None);
         state.publish(&self.inner);
-        Ok(got?.addr)
+        Ok((got?.addr, self.inner.shared.load(Ordering::Acquire)))
     }
 
     /// Gives every other engine's idle segments back to the driver, one
@@ -400,13 +439,21 @@ impl StreamEngines {
     /// The engine index that holds the live block at `ptr`; `take` also
     /// forgets it (a free).
     fn owner(&self, ptr: u64, take: bool) -> Result<u32, CudaError> {
+        let unknown = CudaError::Alloc(AllocError::UnknownPointer { addr: ptr });
+        if !self.inner.shared.load(Ordering::Acquire) {
+            // One engine, or none yet: whatever was handed out is its.
+            return match self.inner.shards[0].get() {
+                Some(_) => Ok(0),
+                None => Err(unknown),
+            };
+        }
         let mut stripe = self.stripe(ptr)?;
         let found = if take {
             stripe.remove(&ptr)
         } else {
             stripe.get(&ptr).copied()
         };
-        found.ok_or(CudaError::Alloc(AllocError::UnknownPointer { addr: ptr }))
+        found.ok_or(unknown)
     }
 
     /// Frees a block from [`StreamEngines::malloc`] into its stream's
