@@ -553,6 +553,98 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Publishing to device totals ([`LiveStats::publish_to`]).
+    mod publishing {
+        use super::*;
+
+        const SMALL: Pool = Pool::Small;
+        const LARGE: Pool = Pool::Large;
+
+        /// An engine's statistics that hold `small` and `large` allocated bytes
+        /// (the active counts following them), published.
+        fn hold(stats: &mut LiveStats, totals: &DeviceTotals, small: i64, large: i64) {
+            let now = stats.levels().pools[1];
+            stats.allocated_bytes().apply(SMALL, small - now[0]);
+            stats.allocated_bytes().apply(LARGE, large - now[1]);
+            stats.publish_to(totals);
+        }
+
+        #[test]
+        fn the_peak_is_the_peak_of_the_sum() {
+            let totals = DeviceTotals::new();
+            let (mut a, mut b) = (LiveStats::default(), LiveStats::default());
+            hold(&mut a, &totals, 10, 0);
+            hold(&mut b, &totals, 0, 30);
+            hold(&mut a, &totals, 0, 0);
+            hold(&mut b, &totals, 5, 0);
+            let (now, peaks) = (totals.current(), totals.peaks());
+            assert_eq!(now.pools[1], [5, 0]);
+            assert_eq!(peaks.pools[1], [10, 30]);
+            // Both pools: 10 + 30 = 40 at once, though no engine ever held 40.
+            let device = totals.combine(&[]);
+            assert_eq!(device.allocated_bytes.all.peak, 40);
+            assert_eq!(device.allocated_bytes.all.current, 5);
+            // The active bytes followed the allocated ones.
+            assert_eq!(device.active_bytes.all.peak, 40);
+        }
+
+        #[test]
+        fn a_value_raised_and_lowered_in_one_operation_reaches_its_high() {
+            let totals = DeviceTotals::new();
+            let (mut a, mut b) = (LiveStats::default(), LiveStats::default());
+            hold(&mut b, &totals, 0, 100);
+            // One operation of `a`: up by 50 in the small pool, then down again.
+            a.allocated_bytes().increase(SMALL, 50);
+            a.allocated_bytes().decrease(SMALL, 50);
+            a.publish_to(&totals);
+            assert_eq!(totals.current().pools[1], [0, 100]);
+            assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 150);
+            // Published, `a`'s peaks start again: a second publish adds nothing.
+            a.publish_to(&totals);
+            assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 150);
+        }
+
+        #[test]
+        fn reset_peaks_starts_from_the_current_values() {
+            let totals = DeviceTotals::new();
+            let mut a = LiveStats::default();
+            hold(&mut a, &totals, 0, 100);
+            hold(&mut a, &totals, 0, 20);
+            totals.reset_peaks();
+            assert_eq!(totals.peaks().pools[1], [0, 20]);
+            hold(&mut a, &totals, 0, 50);
+            assert_eq!(totals.combine(&[]).allocated_bytes.all.peak, 50);
+        }
+
+        #[test]
+        fn threads_publishing_at_once_leave_exact_sums() {
+            const THREADS: i64 = 8;
+            const STEPS: i64 = 2000;
+            let totals = DeviceTotals::new();
+            std::thread::scope(|s| {
+                for t in 0..THREADS {
+                    let totals = &totals;
+                    s.spawn(move || {
+                        let mut stats = LiveStats::default();
+                        for step in 0..STEPS {
+                            // Up by t + 1 on even steps, back down on odd ones.
+                            let held = if step % 2 == 0 { t + 1 } else { 0 };
+                            hold(&mut stats, totals, held, held * 2);
+                        }
+                        hold(&mut stats, totals, t, 0);
+                    });
+                }
+            });
+            let sum: i64 = (0..THREADS).sum();
+            assert_eq!(totals.current().pools[1], [sum, 0]);
+            let peaks = totals.peaks().pools[1];
+            let most: i64 = (1..=THREADS).sum();
+            // At least the largest one thread held, at most all at once.
+            assert!((THREADS..=most).contains(&peaks[0]), "{peaks:?}");
+            assert!((2 * THREADS..=2 * most).contains(&peaks[1]), "{peaks:?}");
+        }
+    }
+
     /// One change of a random sequence: (kind, which counter, small pool?,
     /// amount).
     fn changes() -> impl Strategy<Value = Vec<(u8, usize, bool, u64)>> {
