@@ -7,7 +7,10 @@
 //! add a changed value) and, for frees, a table from address to engine in
 //! stripes with a lock each. What spans streams visits every engine, one
 //! lock at a time: emptying the cache, and before an out-of-memory error,
-//! emptying the other engines' caches and trying again.
+//! emptying the other engines' caches and trying again. Until a second
+//! stream allocates, the one engine's statistics are the device's and no
+//! table is kept, so a program with one stream pays little for the design
+//! (docs/benchmarks.md, "Engines per stream in the library").
 //!
 //! Settings whose decisions span streams are refused for now:
 //! `stream_wait_reuse`, `unmap_free_pages` and the memory budget, the
