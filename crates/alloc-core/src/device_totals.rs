@@ -58,6 +58,9 @@ use crate::types::Pool;
 /// The statistics of PyTorch's model that have a pool split, in the order
 /// [`Levels::pools`] holds them (an engine's own storage order).
 const ARRAYS: usize = 9;
+/// Where [`arrays`] puts the allocated and the reserved bytes.
+const ALLOCATED_BYTES: usize = 1;
+const RESERVED_BYTES: usize = 8;
 
 /// The present value of every statistic that has a peak (`Engine::levels`,
 /// [`DeviceTotals::current`], or [`Levels::of`] a [`Stats`]).
@@ -107,13 +110,13 @@ const POOLS: [Pool; 2] = [Pool::Small, Pool::Large];
 impl Levels {
     /// Bytes handed out, both pools (`allocated_bytes.all.current`).
     pub fn allocated_bytes(&self) -> i64 {
-        self.pools[1][0] + self.pools[1][1]
+        self.pools[ALLOCATED_BYTES].iter().sum()
     }
 
     /// Bytes reserved from the device, both pools
     /// (`reserved_bytes.all.current`).
     pub fn reserved_bytes(&self) -> i64 {
-        self.pools[8][0] + self.pools[8][1]
+        self.pools[RESERVED_BYTES].iter().sum()
     }
 
     /// The levels of a statistics report.

@@ -275,6 +275,17 @@ const FOLLOWS: [(Quantity, Quantity); 2] = [
     (Quantity::ActiveBytes, Quantity::AllocatedBytes),
 ];
 
+/// Each quantity's leader by [`FOLLOWS`] (itself where it follows none).
+const LEADERS: [usize; 9] = {
+    let mut leaders = [0, 1, 2, 3, 4, 5, 6, 7, 8];
+    let mut k = 0;
+    while k < FOLLOWS.len() {
+        leaders[FOLLOWS[k].0 as usize] = FOLLOWS[k].1 as usize;
+        k += 1;
+    }
+    leaders
+};
+
 macro_rules! counter_accessors {
     ($($name:ident: $q:ident),* $(,)?) => {
         $(
@@ -404,17 +415,23 @@ impl LiveStats {
         true
     }
 
+    /// The counter that holds `q`'s values: its leader while `q` follows
+    /// one ([`FOLLOWS`]), else `q` itself.
+    #[inline]
+    fn source(&self, q: Quantity) -> usize {
+        if self.apart {
+            q as usize
+        } else {
+            LEADERS[q as usize]
+        }
+    }
+
     /// The present value of every statistic with a peak, the active
     /// counts brought up to date.
     pub(crate) fn levels(&self) -> Levels {
-        let mut pools = self.counters.changing.0.map(|c| c.current);
-        if !self.apart {
-            for (f, l) in FOLLOWS {
-                pools[f as usize] = pools[l as usize];
-            }
-        }
+        let changing = &self.counters.changing.0;
         Levels {
-            pools,
+            pools: Quantity::ALL.map(|q| changing[self.source(q)].current),
             oversize: [
                 self.oversize_allocations.current,
                 self.oversize_segments.current,
@@ -447,14 +464,8 @@ impl LiveStats {
             Quantity::Segment,
             Quantity::ReservedBytes,
         ];
-        let follows = !self.apart;
         for q in ORDER {
-            let i = q as usize;
-            let l = match q {
-                Quantity::Active if follows => Quantity::Allocation as usize,
-                Quantity::ActiveBytes if follows => Quantity::AllocatedBytes as usize,
-                _ => i,
-            };
+            let (i, l) = (q as usize, self.source(q));
             let now = self.counters.changing.0[l].current;
             let mut high = self.counters.peaks[i];
             if l != i {

@@ -77,9 +77,7 @@ impl<P: Policy> State<P> {
         self.engine.streams_mut().retain(|id| in_use.contains(&id));
     }
 
-    /// The engine's `malloc_in`; while a capture is underway, driver
-    /// allocations run in relaxed capture mode so that a graph captured in
-    /// global mode stays valid.
+    /// [`malloc_registered`] on `stream`, registered first.
     fn malloc(
         &mut self,
         size: u64,
@@ -87,13 +85,25 @@ impl<P: Policy> State<P> {
         pool: Option<PoolId>,
     ) -> Result<Allocation, CudaError> {
         let id = self.register(stream)?;
-        let _relaxed = if self.engine.capture_underway() {
-            Some(driver::RelaxedCaptureMode::enter()?)
-        } else {
-            None
-        };
-        Ok(self.engine.malloc_in(size, id, pool)?)
+        malloc_registered(&mut self.engine, size, id, pool)
     }
+}
+
+/// The engine's `malloc_in` on a registered stream; while a capture is
+/// underway, driver allocations run in relaxed capture mode so that a graph
+/// captured in global mode stays valid.
+pub(crate) fn malloc_registered<P: Policy>(
+    engine: &mut CudaEngine<P>,
+    size: u64,
+    stream: StreamId,
+    pool: Option<PoolId>,
+) -> Result<Allocation, CudaError> {
+    let _relaxed = if engine.capture_underway() {
+        Some(driver::RelaxedCaptureMode::enter()?)
+    } else {
+        None
+    };
+    Ok(engine.malloc_in(size, stream, pool)?)
 }
 
 /// The engine of a locked allocator.

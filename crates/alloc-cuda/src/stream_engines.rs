@@ -47,6 +47,7 @@ use alloc_core::{
 use alloc_policy::AnyPolicy;
 use cudarc::driver::CudaContext;
 
+use crate::allocator::malloc_registered;
 use crate::error::{driver_error, CudaError};
 use crate::events::CudaStreams;
 use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
@@ -394,7 +395,7 @@ impl StreamEngines {
         let (addr, shared) = match self.malloc_on(shard, size, sref) {
             Err(CudaError::Alloc(AllocError::OutOfMemory(_))) if self.engine_count() > 1 => {
                 self.inner.retried_ooms.fetch_add(1, Ordering::Relaxed);
-                self.empty_others(index)?;
+                self.empty_caches(Some(index))?;
                 self.malloc_on(shard, size, sref)?
             }
             other => other?,
@@ -416,22 +417,17 @@ impl StreamEngines {
     ) -> Result<(u64, bool), CudaError> {
         let mut state = shard.lock()?;
         let id = state.engine.streams_mut().register_ref(stream)?;
-        let _relaxed = if state.engine.capture_underway() {
-            Some(driver::RelaxedCaptureMode::enter()?)
-        } else {
-            None
-        };
-        let got = state.engine.malloc_in(size, id, None);
+        let got = malloc_registered(&mut state.engine, size, id, None);
         state.publish(&self.inner);
         Ok((got?.addr, self.inner.shared.load(Ordering::Acquire)))
     }
 
-    /// Gives every other engine's idle segments back to the driver, one
-    /// engine at a time (no lock held while another is taken).
+    /// Gives every engine's idle segments but `except`'s back to the
+    /// driver, one engine at a time (no lock held while another is taken).
     #[cold]
-    fn empty_others(&self, index: u32) -> Result<(), CudaError> {
+    fn empty_caches(&self, except: Option<u32>) -> Result<(), CudaError> {
         for (i, shard) in self.shards().enumerate() {
-            if i as u32 != index {
+            if Some(i as u32) != except {
                 let mut state = shard.lock()?;
                 let emptied = state.engine.empty_cache();
                 state.publish(&self.inner);
@@ -492,7 +488,7 @@ impl StreamEngines {
     /// Waits for pending events and gives every engine's idle segments
     /// back to the driver.
     pub fn empty_cache(&self) -> Result<(), CudaError> {
-        self.empty_others(u32::MAX)
+        self.empty_caches(None)
     }
 
     /// The device's current values: the totals', or the one engine's.

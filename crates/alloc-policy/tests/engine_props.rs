@@ -13,7 +13,7 @@
 //! fuzz targets (`fuzz/`) drive the same model with operations decoded from
 //! their input.
 
-use alloc_core::{DeviceTotals, SimStreams, StatArray, Stats, StreamId, MAX_REQUEST, MIB};
+use alloc_core::{DeviceTotals, Levels, SimStreams, StatArray, Stats, StreamId, MAX_REQUEST, MIB};
 use alloc_policy::testing::configs;
 use alloc_policy::testing::ops::{log_size, run, Op, Run, POOLS, STREAMS};
 use proptest::prelude::*;
@@ -196,6 +196,11 @@ fn one_engine_totals(config: &str, ops: &[Op]) -> Result<(), String> {
         alone.step(op)?;
         run.engine_mut().publish_to(&totals);
         let mut own = alone.engine().stats();
+        if Levels::of(&own) != alone.engine().levels() {
+            return Err(format!(
+                "{config}: op {i} ({op:?}): the engine's levels are not its statistics'"
+            ));
+        }
         let mut device = totals.combine(&[run.engine().stats()]);
         // Host time the two engines' page moves took: measured, not counted.
         (own.page_moves.host_ns, device.page_moves.host_ns) = (0, 0);

@@ -536,14 +536,12 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
             };
             for k in 0..2 {
                 let (kind, out) = if (repeat + i + k) % 2 == 0 {
-                    let o = if let Some(alloc) = &devices[0].stream_engines {
+                    let o = if plan.engines == Engines::Stream {
                         let make = |t: usize| -> BoxResult<Ours<Arc<CudaStream>, StreamEngines>> {
-                            devices[devs[t]].ctx.bind_to_thread()?;
+                            let dev = &devices[devs[t]];
+                            dev.ctx.bind_to_thread()?;
                             Ok(Ours {
-                                alloc: devices[devs[t]]
-                                    .stream_engines
-                                    .clone()
-                                    .unwrap_or_else(|| alloc.clone()),
+                                alloc: dev.stream_engines.clone().ok_or("no StreamEngines")?,
                                 stream: stream_of(t),
                             })
                         };
