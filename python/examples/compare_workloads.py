@@ -616,6 +616,9 @@ class Meter:
         self.used_peak = self.used0
         self.step_ms = []
         self.ours = ours
+        # Generation reads the counters at every token, inside `generate`: only when the
+        # library counts its calls, so that a plain run reads nothing PyTorch's does not.
+        self.timing = ours is not None and os.environ.get("GPUALLOC_TIME_CALLS") == "1"
         self.unmapped_after_step = []
         self.calls_in_step = []
         # The counters before the first step, so that step 0 has a difference too.
@@ -629,8 +632,8 @@ class Meter:
 
     def calls_now(self):
         """The library's call counters so far (CALL_KEYS' order), or None when it does not
-        time its calls or the allocator is not ours."""
-        return self._calls(self.ours()) if self.ours is not None else None
+        time its calls or the allocator is not ours (then nothing is read)."""
+        return self._calls(self.ours()) if self.timing else None
 
     def add_calls(self, readings):
         """Appends a step's calls for each pair of consecutive readings of calls_now(): for

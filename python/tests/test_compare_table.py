@@ -6,6 +6,7 @@ The expected figures are worked out by hand from the synthetic results below, so
 median, ratio, baseline or equality verdict fails a test.
 """
 import json
+import contextlib
 import os
 import subprocess
 import sys
@@ -349,6 +350,20 @@ class FakeTorch:
     cuda = FakeCuda
 
 
+@contextlib.contextmanager
+def time_calls(on):
+    """GPUALLOC_TIME_CALLS=1 set (or unset) for the block, as the harness's child has it."""
+    saved = os.environ.pop("GPUALLOC_TIME_CALLS", None)
+    if on:
+        os.environ["GPUALLOC_TIME_CALLS"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("GPUALLOC_TIME_CALLS", None)
+        if saved is not None:
+            os.environ["GPUALLOC_TIME_CALLS"] = saved
+
+
 class CallTimesTest(unittest.TestCase):
     def timed_run(self):
         ours = run("gpualloc#2", [50.0, 10.0, 10.0], 1, G, G, FP)
@@ -382,7 +397,8 @@ class CallTimesTest(unittest.TestCase):
                     "host_calls.free": 10 * n, "host_calls.malloc_ns": 1000 * n,
                     "host_calls.free_ns": 500 * n}
 
-        meter = cw.Meter(FakeTorch, ours)
+        with time_calls(True):
+            meter = cw.Meter(FakeTorch, ours)
         meter.step_done(cw.time.perf_counter())
         meter.step_done(cw.time.perf_counter())
         self.assertEqual(len(reads), 3)
@@ -404,6 +420,19 @@ class CallTimesTest(unittest.TestCase):
         self.assertEqual(meter.calls_in_step, [[2, 1, 30, 10], [3, 3, 40, 30], [1, 1, 10, 5]])
         meter.add_calls([None, None])  # a library that does not time its calls
         self.assertEqual(len(meter.calls_in_step), 3)
+
+    def test_counters_are_read_only_where_the_library_times_its_calls(self):
+        reads = []
+
+        def ours():
+            reads.append(1)
+            return {k: 1 for k in cw.CALL_KEYS}
+
+        with time_calls(False):
+            self.assertIsNone(cw.Meter(FakeTorch, ours=ours).calls_now())
+        self.assertEqual(reads, [])  # a plain run reads nothing inside its steps
+        with time_calls(True):
+            self.assertEqual(cw.Meter(FakeTorch, ours=ours).calls_now(), [1, 1, 1, 1])
 
 
 class PickTest(unittest.TestCase):
