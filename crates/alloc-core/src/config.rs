@@ -213,7 +213,18 @@ pub struct AllocatorConfig {
     /// too. `None` (the default): pages move whenever reserved memory would
     /// pass its earlier peak ([`crate::budget`]).
     pub memory_budget: Option<MemoryBudget>,
+    /// An engine for each stream instead of one for the device
+    /// (`engine_per_stream`, ours; read by the C library, which then serves
+    /// each device through `alloc_cuda::StreamEngines`): threads allocating
+    /// on their own streams do not queue on one lock. The settings whose
+    /// decisions span streams ([`AllocatorConfig::spanning_streams`]) are
+    /// refused with it.
+    pub engine_per_stream: bool,
 }
+
+/// Why a setting is refused beside `engine_per_stream`.
+pub const SPANS_STREAMS: &str =
+    "its decisions span streams: not with an engine per stream (engine_per_stream) yet";
 
 impl Default for AllocatorConfig {
     fn default() -> Self {
@@ -234,6 +245,7 @@ impl Default for AllocatorConfig {
             graph_capture_record_stream_reuse: false,
             per_process_memory_fraction: None,
             memory_budget: None,
+            engine_per_stream: false,
         }
     }
 }
@@ -377,6 +389,7 @@ impl AllocatorConfig {
             "roundup_power2_divisions" => p.divisions(&mut cfg.roundup_power2_divisions)?,
             "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
             "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
+            "engine_per_stream" => cfg.engine_per_stream = p.boolean(&key)?,
             "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
             "unmap_page_mb" => {
                 set.page = true;
@@ -479,9 +492,46 @@ impl AllocatorConfig {
         Ok(())
     }
 
+    /// The first setting whose decisions span streams, as `(key, value)`:
+    /// an engine for each stream cannot make them (yet), so
+    /// `engine_per_stream` and `alloc_cuda::StreamEngines` refuse them.
+    /// `None` when there is none.
+    ///
+    /// ```
+    /// use alloc_core::AllocatorConfig;
+    ///
+    /// let plain = AllocatorConfig::parse("max_split_size_mb:128")?;
+    /// assert_eq!(plain.spanning_streams(), None);
+    /// let gc = AllocatorConfig::parse("garbage_collection_threshold:0.8")?;
+    /// assert_eq!(gc.spanning_streams().map(|(key, _)| key), Some("garbage_collection_threshold"));
+    /// # Ok::<(), alloc_core::ConfigError>(())
+    /// ```
+    pub fn spanning_streams(&self) -> Option<(&'static str, String)> {
+        if self.stream_wait_reuse {
+            return Some(("stream_wait_reuse", "True".into()));
+        }
+        if self.unmap_free_pages {
+            return Some(("unmap_free_pages", "True".into()));
+        }
+        if let Some(f) = self.per_process_memory_fraction {
+            return Some(("per_process_memory_fraction", f.to_string()));
+        }
+        if let Some(t) = self.garbage_collection_threshold {
+            return Some(("garbage_collection_threshold", t.to_string()));
+        }
+        match self.memory_budget {
+            Some(MemoryBudget::Bytes(b)) => Some(("memory_budget_mb", (b >> 20).to_string())),
+            Some(MemoryBudget::Fraction(f)) => Some(("memory_budget_fraction", f.to_string())),
+            None => None,
+        }
+    }
+
     /// Checks the options together: those that need another.
     fn check(&self, set: Explicit) -> Result<(), ConfigError> {
         let cfg = self;
+        if let (true, Some((key, value))) = (cfg.engine_per_stream, cfg.spanning_streams()) {
+            return Err(invalid(key, &value, SPANS_STREAMS));
+        }
         if cfg.unmap_free_pages && !cfg.expandable_segments {
             return Err(invalid(
                 "unmap_free_pages",
@@ -788,6 +838,43 @@ mod tests {
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert!(c.expandable_segments && c.stream_wait_reuse);
         assert_eq!(c.policy.as_deref(), Some("pytorch-bfc"));
+    }
+
+    #[test]
+    fn an_engine_per_stream_refuses_the_settings_that_span_streams() {
+        let c = AllocatorConfig::parse("engine_per_stream:True,max_split_size_mb:64").unwrap();
+        assert!(c.engine_per_stream && c.spanning_streams().is_none());
+        for (conf, key) in [
+            ("stream_wait_reuse:True", "stream_wait_reuse"),
+            (
+                "garbage_collection_threshold:0.7",
+                "garbage_collection_threshold",
+            ),
+            (
+                "per_process_memory_fraction:0.5",
+                "per_process_memory_fraction",
+            ),
+            (
+                "expandable_segments:True,unmap_free_pages:True",
+                "unmap_free_pages",
+            ),
+        ] {
+            assert_eq!(
+                AllocatorConfig::parse(conf)
+                    .unwrap()
+                    .spanning_streams()
+                    .unwrap()
+                    .0,
+                key
+            );
+            let e = AllocatorConfig::parse(&format!("engine_per_stream:True,{conf}")).unwrap_err();
+            assert!(
+                e.to_string().contains(key) && e.to_string().contains("span streams"),
+                "{e}"
+            );
+        }
+        // Expandable segments alone decide nothing across streams.
+        AllocatorConfig::parse("engine_per_stream:True,expandable_segments:True").unwrap();
     }
 
     #[test]

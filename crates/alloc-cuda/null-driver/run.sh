@@ -12,8 +12,9 @@
 #     The GPU-suite tests of stream registration that need no device work,
 #     the allocator parts' tests (null_driver_tests in alloc-cuda's modules),
 #     and the C library's tests that fail each driver call in turn
-#     (null_driver_faults.rs), and the C library's call times
-#     (null_driver_call_times.rs) (.ci/run runs them).
+#     (null_driver_faults.rs), the C library's call times
+#     (null_driver_call_times.rs) and its engine per stream
+#     (null_driver_per_stream.rs) (.ci/run runs them).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -37,6 +38,7 @@ if [ "${1:-}" = "--tests" ]; then
   cargo test --workspace --lib -- --ignored null_driver_fault_tests
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_call_times -- --ignored
+  GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_per_stream -- --ignored
   exit 0
 fi
 

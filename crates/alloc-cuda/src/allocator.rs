@@ -181,6 +181,22 @@ fn policy_for(config: &AllocatorConfig) -> Result<AnyPolicy, CudaError> {
     Ok(AnyPolicy::from_config(config)?)
 }
 
+/// Refuses `engine_per_stream`: this allocator runs one engine a device
+/// (no driver call).
+fn one_engine_a_device(config: &AllocatorConfig) -> Result<(), CudaError> {
+    if config.engine_per_stream {
+        return Err(ConfigError::InvalidValue {
+            key: "engine_per_stream".into(),
+            value: "True".into(),
+            reason: "CudaAllocator runs one engine a device: an engine per stream is \
+                     StreamEngines' (which the C library serves under this setting)"
+                .into(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
 /// Refuses a configuration that a policy of the caller's own cannot
 /// honour: one naming a policy, or asking for expandable segments from a
 /// policy that cannot grow segments. No driver call.
@@ -251,14 +267,28 @@ impl CudaAllocator {
         Ok(())
     }
 
+    /// The configuration the process-wide allocators are made with
+    /// ([`CudaAllocator::configure_global`], default settings otherwise).
+    pub fn global_config() -> AllocatorConfig {
+        lock_consistent(&GLOBAL_CONFIG).clone().unwrap_or_default()
+    }
+
     /// [`CudaAllocator::update_settings`] for the process-wide allocators:
     /// every one that exists, and the configuration later ones are made
     /// with. Stops at the first allocator that refuses (earlier ones keep
     /// the change).
     pub fn update_global_settings(settings: &str) -> Result<(), CudaError> {
         let mut slot = lock_consistent(&GLOBAL_CONFIG);
-        let wanted = slot.clone().unwrap_or_default().with_settings(settings)?;
+        let was = slot.clone().unwrap_or_default();
+        let wanted = was.with_settings(settings)?;
         policy_for(&wanted)?;
+        if wanted.engine_per_stream != was.engine_per_stream {
+            return Err(CudaError::Alloc(alloc_core::AllocError::InvalidArgument(
+                "`engine_per_stream` cannot change once configured (gpualloc_configure or \
+                 GPUALLOC_CONF decide it)"
+                    .into(),
+            )));
+        }
         for alloc in GLOBALS.iter().filter_map(|g| g.get()) {
             alloc.update_settings(settings)?;
         }
@@ -293,6 +323,7 @@ impl<P: Policy> CudaAllocator<P> {
         options: EngineOptions,
         config: &AllocatorConfig,
     ) -> Result<Self, CudaError> {
+        one_engine_a_device(config)?;
         let count = driver::device_count()?;
         if ordinal >= count {
             return Err(CudaError::InvalidDevice { ordinal, count });
@@ -364,6 +395,7 @@ impl<P: Policy> CudaAllocator<P> {
                 "`policy` cannot change while the allocator runs".into(),
             )));
         }
+        one_engine_a_device(&wanted)?;
         engine.reconfigure(&wanted)?;
         if engine.expandable_fallback() {
             NO_VIRTUAL_MEMORY.say();

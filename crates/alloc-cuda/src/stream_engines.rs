@@ -185,30 +185,15 @@ impl std::fmt::Debug for StreamEngines {
 
 /// Refuses the settings whose decisions span streams (module docs).
 fn check_config(config: &AllocatorConfig) -> Result<(), CudaError> {
-    let refuse = |key: &str, value: &str| -> Result<(), CudaError> {
-        Err(ConfigError::InvalidValue {
+    match config.spanning_streams() {
+        Some((key, value)) => Err(ConfigError::InvalidValue {
             key: key.into(),
-            value: value.into(),
-            reason: "its decisions span streams: not with an engine per stream yet".into(),
+            value,
+            reason: alloc_core::config::SPANS_STREAMS.into(),
         }
-        .into())
-    };
-    if config.stream_wait_reuse {
-        return refuse("stream_wait_reuse", "True");
+        .into()),
+        None => Ok(()),
     }
-    if config.unmap_free_pages {
-        return refuse("unmap_free_pages", "True");
-    }
-    if let Some(f) = config.per_process_memory_fraction {
-        return refuse("per_process_memory_fraction", &f.to_string());
-    }
-    if let Some(t) = config.garbage_collection_threshold {
-        return refuse("garbage_collection_threshold", &t.to_string());
-    }
-    if config.memory_budget.is_some() {
-        return refuse("memory_budget", "(set)");
-    }
-    Ok(())
 }
 
 impl StreamEngines {
@@ -249,6 +234,11 @@ impl StreamEngines {
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.inner.ordinal
+    }
+
+    /// The configuration the engines were made with.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.inner.config
     }
 
     /// The device's primary context: create streams here.

@@ -190,6 +190,9 @@ pub unsafe extern "C" fn gpualloc_device_stats(
 
 /// The statistics of `device`, zeros for a device never used.
 fn device_stats(device: c_int) -> FfiResult<GpuallocDeviceStats> {
+    if let Some((stats, max_split)) = crate::per_stream::stats(device)? {
+        return Ok(GpuallocDeviceStats::new(&stats, max_split));
+    }
     Ok(match state::existing(device)? {
         Some(a) => GpuallocDeviceStats::new(&a.stats()?, a.config().max_split_size),
         None => GpuallocDeviceStats::new(&Stats::default(), u64::MAX),

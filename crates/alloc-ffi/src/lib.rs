@@ -61,6 +61,7 @@ mod checkpoint;
 mod device_stats;
 mod host_register;
 mod ipc;
+mod per_stream;
 mod pool_allocator;
 mod segments;
 mod sleep;
@@ -225,14 +226,21 @@ fn malloc_in(
             "invalid allocation size {size}: negative"
         )));
     }
-    let alloc = state::allocator(device)?;
     // SAFETY: the stream comes from the caller (PyTorch's current stream of
     // `device`, or 0): a stream of the device's primary context that lives
     // as long as the allocator holds anything of it, as the header demands
     // (PyTorch never destroys the streams of its pools).
     let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
     let stream = handle.id();
-    match alloc.malloc_in_pool(size as u64, &handle, pool) {
+    // The one engine first: a device made under `engine_per_stream` has none.
+    let served = match state::existing(device)? {
+        Some(alloc) => alloc.malloc_in_pool(size as u64, &handle, pool),
+        None if pool.is_none() && per_stream::on()? => {
+            per_stream::engines(device)?.malloc(size as u64, &handle)
+        }
+        None => state::allocator(device)?.malloc_in_pool(size as u64, &handle, pool),
+    };
+    match served {
         Ok(addr) => {
             if snapshot::recording() {
                 snapshot::record(device as usize, "alloc", addr, size as u64, stream.0, None);
@@ -303,6 +311,9 @@ fn timed_free(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
 fn free_ptr(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
     let addr = ptr as usize as u64;
     let Some(alloc) = state::existing(device)? else {
+        if per_stream::decided_on() {
+            return per_stream::free(addr, device);
+        }
         return free_elsewhere(addr, device);
     };
     match free_on(alloc, device as usize, addr) {
@@ -538,6 +549,9 @@ pub extern "C" fn gpualloc_empty_cache(device: c_int) -> c_int {
         for (_, alloc) in state::targets(device)? {
             alloc.empty_cache()?;
         }
+        for (_, engines) in per_stream::targets(device)? {
+            engines.empty_cache()?;
+        }
         Ok(())
     })
 }
@@ -564,14 +578,19 @@ pub extern "C" fn gpualloc_record_stream(
 ) -> c_int {
     call_int(|| {
         let addr = ptr as usize as u64;
-        let Some(alloc) = state::existing(device)? else {
-            return Err(FfiError::invalid(format!(
+        let none = || {
+            FfiError::invalid(format!(
                 "record_stream of pointer {addr:#x}: no allocation was made on device {device}"
-            )));
+            ))
         };
         // SAFETY: the caller promises the stream outlives the block's free
         // (documented in the header), as with Tensor.record_stream.
         let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
+        if per_stream::decided_on() {
+            let (_, engines) = per_stream::targets(device)?.pop().ok_or_else(none)?;
+            return Ok(engines.record_stream(addr, &handle)?);
+        }
+        let alloc = state::existing(device)?.ok_or_else(none)?;
         Ok(alloc.record_stream(addr, &handle)?)
     })
 }
@@ -585,6 +604,9 @@ pub extern "C" fn gpualloc_reset_peak_stats(device: c_int) -> c_int {
         for (_, alloc) in state::targets(device)? {
             alloc.reset_peak_stats()?;
         }
+        for (_, engines) in per_stream::targets(device)? {
+            engines.reset_peak_stats()?;
+        }
         Ok(())
     })
 }
@@ -595,6 +617,10 @@ pub extern "C" fn gpualloc_reset_accumulated_stats(device: c_int) -> c_int {
     call_int(|| {
         for (d, alloc) in state::targets(device)? {
             alloc.reset_accumulated_stats()?;
+            call_times::global().reset(d);
+        }
+        for (d, engines) in per_stream::targets(device)? {
+            engines.reset_accumulated_stats()?;
             call_times::global().reset(d);
         }
         Ok(())
@@ -613,7 +639,6 @@ pub fn stats_map(
         Some(a) => (a.stats()?, a.config().max_split_size),
         None => (alloc_core::Stats::default(), u64::MAX),
     };
-    let mut map = stats.to_flat_map();
     let (plan, ops) = match alloc {
         Some(a) => (
             a.diagnostics().plan_stats()?,
@@ -621,6 +646,18 @@ pub fn stats_map(
         ),
         None => (None, alloc_cuda::StreamOpCounts::default()),
     };
+    Ok(flat_stats(&stats, max_split, plan, ops))
+}
+
+/// [`stats_map`]'s map from its parts (an engine per stream has no plan and
+/// counts no stream operations: the settings that make them are refused).
+fn flat_stats(
+    stats: &alloc_core::Stats,
+    max_split: u64,
+    plan: Option<alloc_policy::layout_plan::PlanStats>,
+    ops: alloc_cuda::StreamOpCounts,
+) -> std::collections::BTreeMap<String, i64> {
+    let mut map = stats.to_flat_map();
     let counters = stats.page_moves.named().into_iter().chain(ops.named());
     for (name, value) in counters.chain(plan.iter().flat_map(|p| p.named())) {
         map.insert(name.into(), i64::try_from(value).unwrap_or(i64::MAX));
@@ -631,7 +668,7 @@ pub fn stats_map(
         max_split as i64
     };
     map.insert("max_split_size".into(), max_split);
-    Ok(map)
+    map
 }
 
 /// The statistics of `device` as a JSON object (free with
@@ -639,7 +676,10 @@ pub fn stats_map(
 #[no_mangle]
 pub extern "C" fn gpualloc_memory_stats_json(device: c_int) -> *mut c_char {
     call_ptr(|| {
-        let mut map = stats_map(state::existing(device)?)?;
+        let mut map = match per_stream::stats(device)? {
+            Some((stats, max_split)) => flat_stats(&stats, max_split, None, Default::default()),
+            None => stats_map(state::existing(device)?)?,
+        };
         if let Ok(d) = usize::try_from(device) {
             for (name, value) in call_times::global().named(d) {
                 map.insert(name.into(), i64::try_from(value).unwrap_or(i64::MAX));
@@ -693,6 +733,14 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
             settings = Some(snapshot::settings_of(&conf_text, &alloc.config(), &policy));
         }
     }
+    let engines = per_stream::targets(device)?;
+    for (d, e) in &engines {
+        let (snap, policy) = per_stream::snapshot(e)?;
+        segments.extend(snapshot::segments_of(*d, &snap));
+        if settings.is_none() {
+            settings = Some(snapshot::settings_of(&conf_text, e.config(), &policy));
+        }
+    }
     let settings = match settings {
         Some(s) => s,
         None => {
@@ -702,7 +750,12 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
         }
     };
     let mut n = snapshot::traced_devices();
-    if let Some((d, _)) = targets.last() {
+    if let Some(d) = targets
+        .iter()
+        .map(|t| t.0)
+        .chain(engines.iter().map(|t| t.0))
+        .max()
+    {
         n = n.max(d + 1);
     }
     if device >= 0 {
@@ -750,6 +803,10 @@ pub unsafe extern "C" fn gpualloc_write_snapshot(path: *const c_char, device: c_
 #[no_mangle]
 pub extern "C" fn gpualloc_record_history(enabled: c_int, max_entries: isize) -> c_int {
     call_int(|| {
+        if enabled != 0 && per_stream::on()? {
+            // Frees would be recorded without their blocks' sizes and streams.
+            return Err(per_stream::refused());
+        }
         snapshot::set_recording(enabled != 0, max_entries);
         Ok(())
     })

@@ -180,6 +180,9 @@ pub(crate) fn update_settings(text: &str) -> FfiResult<()> {
     if let Some(msg) = &s.env_error {
         return Err(FfiError::invalid(msg.clone()));
     }
+    if crate::per_stream::decided_on() {
+        return Err(crate::per_stream::refused());
+    }
     let _ctx = CtxGuard::save_if_driver_loaded();
     CudaAllocator::update_global_settings(text)?;
     s.updates.push(text.to_string());
@@ -211,13 +214,33 @@ pub(crate) fn check_config(text: &str) -> FfiResult<()> {
     Ok(())
 }
 
+/// Seals the configuration now, as the first use would; fails as every
+/// allocation then will when `GPUALLOC_CONF` is bad.
+pub(crate) fn seal_now() -> FfiResult<()> {
+    let mut s = config_state();
+    seal(&mut s);
+    match &s.env_error {
+        Some(msg) => Err(FfiError::invalid(msg.clone())),
+        None => Ok(()),
+    }
+}
+
 /// Seals the configuration, applying `GPUALLOC_CONF` unless
-/// `gpualloc_configure` was called; a bad variable is reported once.
+/// `gpualloc_configure` was called; a bad variable is reported once. The
+/// devices' engine layout is decided here.
 fn seal(s: &mut ConfigState) {
     if s.sealed {
         return;
     }
     s.sealed = true;
+    read_configuration(s);
+    crate::per_stream::decide(
+        s.env_error.is_none() && CudaAllocator::global_config().engine_per_stream,
+    );
+}
+
+/// Applies `GPUALLOC_CONF` unless `gpualloc_configure` was called.
+fn read_configuration(s: &mut ConfigState) {
     if s.explicit.is_some() {
         return;
     }
@@ -285,6 +308,9 @@ fn create(d: usize) -> FfiResult<&'static CudaAllocator> {
     }
     if let Some(a) = ALLOCATORS[d].get() {
         return Ok(a);
+    }
+    if crate::per_stream::decided_on() {
+        return Err(crate::per_stream::refused());
     }
     // Creating the allocator retains the device's primary context and may make
     // it current on this thread: restore the caller's context afterwards.

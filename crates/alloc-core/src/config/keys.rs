@@ -122,6 +122,7 @@ pub const OUR_KEYS: &[&str] = &[
     "idle_slab_limit_mb",
     "memory_budget_mb",
     "memory_budget_fraction",
+    "engine_per_stream",
 ];
 
 /// PyTorch's limit on `pinned_num_register_threads`.

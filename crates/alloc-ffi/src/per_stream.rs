@@ -1,0 +1,160 @@
+//! The C library under `engine_per_stream:True`: each device served by an
+//! [`alloc_cuda::StreamEngines`] (an engine for each stream, so that
+//! threads allocating on their own streams do not queue on one lock)
+//! instead of the one-engine [`alloc_cuda::CudaAllocator`].
+//!
+//! The layout is decided once, when the configuration is sealed (the first
+//! use), and cannot change afterwards. Under it this module serves the
+//! calls PyTorch's allocator interface makes on every step: malloc and
+//! free on the default pool, `record_stream`, `empty_cache`, the
+//! statistics and their resets, and snapshots. The calls that need the
+//! device's single engine (private pools and CUDA graphs, the memory
+//! fraction, sleep tags, IPC, checkpoints, segment callbacks, recording
+//! the allocation history) fail with a message naming the setting
+//! ([`state::allocator`] refuses them), as do the settings whose decisions
+//! span streams when the configuration is parsed.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use alloc_core::{AllocError, Snapshot, Stats};
+use alloc_cuda::{CudaAllocator, CudaError, StreamEngines, MAX_DEVICES};
+
+use crate::state::{self, FfiError, FfiResult};
+
+/// The layout, once the configuration is sealed.
+const UNDECIDED: u8 = 0;
+const ONE_ENGINE: u8 = 1;
+const PER_STREAM: u8 = 2;
+static LAYOUT: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+/// Each device's engines, once made.
+static ENGINES: [OnceLock<StreamEngines>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+
+/// Records the layout the sealed configuration asks for
+/// (`state::seal` calls it, under the configuration's lock).
+pub(crate) fn decide(per_stream: bool) {
+    LAYOUT.store(
+        if per_stream { PER_STREAM } else { ONE_ENGINE },
+        Ordering::Release,
+    );
+}
+
+/// Whether the devices run an engine per stream (seals the configuration
+/// on the first call, as the first allocation would).
+#[inline]
+pub(crate) fn on() -> FfiResult<bool> {
+    match LAYOUT.load(Ordering::Acquire) {
+        ONE_ENGINE => Ok(false),
+        PER_STREAM => Ok(true),
+        _ => {
+            state::seal_now()?;
+            Ok(LAYOUT.load(Ordering::Acquire) == PER_STREAM)
+        }
+    }
+}
+
+/// Whether the layout is known to be per stream, without sealing anything
+/// (for calls that must not make an allocator).
+#[inline]
+pub(crate) fn decided_on() -> bool {
+    LAYOUT.load(Ordering::Acquire) == PER_STREAM
+}
+
+/// The engines of `device`, made on first use with the sealed
+/// configuration.
+#[inline]
+pub(crate) fn engines(device: i32) -> FfiResult<&'static StreamEngines> {
+    let d = state::slot(device)?;
+    match ENGINES[d].get() {
+        Some(e) => Ok(e),
+        None => make(d),
+    }
+}
+
+#[cold]
+fn make(d: usize) -> FfiResult<&'static StreamEngines> {
+    let _ctx = state::CtxGuard::save_if_driver_loaded();
+    crate::call_times::global().read_env();
+    let made = StreamEngines::new(d, &CudaAllocator::global_config())?;
+    Ok(ENGINES[d].get_or_init(|| made))
+}
+
+/// The engines of every device that has them, in index order.
+pub(crate) fn existing_all() -> impl Iterator<Item = (usize, &'static StreamEngines)> {
+    ENGINES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.get().map(|e| (i, e)))
+}
+
+/// The devices an operation applies to: `-1` = every device with engines.
+pub(crate) fn targets(device: i32) -> FfiResult<Vec<(usize, &'static StreamEngines)>> {
+    if device == -1 {
+        return Ok(existing_all().collect());
+    }
+    let d = state::slot(device)?;
+    Ok(ENGINES[d].get().map(|e| (d, e)).into_iter().collect())
+}
+
+/// Frees `addr`, on `device` if its engines hold it, else on the device
+/// that does.
+#[inline]
+pub(crate) fn free(addr: u64, device: i32) -> FfiResult<()> {
+    let d = state::slot(device)?;
+    if let Some(e) = ENGINES[d].get() {
+        match e.free(addr) {
+            Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => {}
+            other => return Ok(other?),
+        }
+    }
+    free_elsewhere(addr, d)
+}
+
+#[cold]
+fn free_elsewhere(addr: u64, device: usize) -> FfiResult<()> {
+    for (d, e) in existing_all() {
+        if d == device {
+            continue;
+        }
+        match e.free(addr) {
+            Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => {}
+            other => return Ok(other?),
+        }
+    }
+    Err(FfiError::invalid(format!(
+        "free of pointer {addr:#x} on device {device}: not allocated by gpualloc \
+         (or already freed)"
+    )))
+}
+
+/// The statistics of `device` and its `max_split_size`, or `None` when it
+/// has no engines.
+pub(crate) fn stats(device: i32) -> FfiResult<Option<(Stats, u64)>> {
+    let d = state::slot(device)?;
+    match ENGINES[d].get() {
+        Some(e) => Ok(Some((e.stats()?, e.config().max_split_size))),
+        None => Ok(None),
+    }
+}
+
+/// A device's snapshot and its policy's name.
+pub(crate) fn snapshot(e: &StreamEngines) -> FfiResult<(Snapshot, String)> {
+    let policy = e
+        .config()
+        .policy
+        .clone()
+        .unwrap_or_else(|| "pytorch-bfc".into());
+    Ok((e.snapshot()?, policy))
+}
+
+/// Why a call needing the one engine of a device is refused.
+pub(crate) fn refused() -> FfiError {
+    FfiError::invalid(
+        "not available with engine_per_stream:True (an engine for each stream serves \
+         malloc and free on the default pool, record_stream, empty_cache, statistics and \
+         snapshots; private pools and CUDA graphs, the memory fraction, sleep tags, IPC, \
+         checkpoints, segment callbacks and the allocation history need one engine a \
+         device)",
+    )
+}
