@@ -490,6 +490,73 @@ def scenario_profiler_shows_the_allocator():
         ops["gpualloc::free"].self_cpu_time_total / ops["gpualloc::free"].count)
 
 
+def scenario_engine_per_stream():
+    """engine_per_stream:True under PyTorch: four threads, each on its own stream, train a
+    small model and free tensors the others made; the statistics are the device's (equal
+    in PyTorch's view and ours, the peak of the sums), empty_cache reaches every engine,
+    a snapshot renders, and what needs one engine a device (a CUDA graph's private pool,
+    the memory fraction) fails with a message naming the setting."""
+    import threading
+
+    gpu_alloc, torch = enabled("engine_per_stream:True")
+    handed, errors, lock = [], [], threading.Lock()
+    start = threading.Barrier(4)
+
+    def work(seed):
+        try:
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                torch.manual_seed(seed)
+                model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
+                                            torch.nn.Linear(1024, 512)).cuda()
+                opt = torch.optim.SGD(model.parameters(), lr=0.01)
+                start.wait()
+                for _ in range(20):
+                    loss = model(torch.randn(64, 512, device="cuda")).square().mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                keep = torch.full((4 * MIB,), seed, dtype=torch.uint8, device="cuda")
+            s.synchronize()
+            check(torch.isfinite(loss).item(), "loss is finite")
+            with lock:
+                handed.append(keep)
+        except Exception as e:  # reported below: a thread's failure fails the scenario
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors, "threads failed: %s" % errors)
+    check(sorted(int(t[0].item()) for t in handed) == [0, 1, 2, 3], "each thread's tensor kept")
+    ours = gpu_alloc.memory_stats()
+    theirs = torch.cuda.memory_stats()
+    for k in ("allocated_bytes.all.current", "allocated_bytes.all.peak", "reserved_bytes.all.current",
+              "allocation.all.allocated", "segment.all.current"):
+        check(theirs.get(k) == ours[k], "%s: torch %r, ours %r" % (k, theirs.get(k), ours[k]))
+    check(ours["allocated_bytes.all.peak"] >= 4 * 4 * MIB, "the peak counts every thread's tensors")
+    peak = ours["allocated_bytes.all.peak"]
+    before = torch.cuda.memory_allocated()
+    handed.clear()  # freed on this thread, made on the others' streams
+    torch.cuda.synchronize()
+    check(torch.cuda.memory_allocated() == before - 4 * 4 * MIB,
+          "freed: %d bytes allocated, %d before" % (torch.cuda.memory_allocated(), before))
+    reserved = torch.cuda.memory_reserved()
+    torch.cuda.empty_cache()
+    check(torch.cuda.memory_reserved() < reserved, "empty_cache reached the engines")
+    snap = torch.cuda.memory_snapshot()
+    check(isinstance(snap, list), "memory_snapshot renders")
+    try:
+        torch.cuda.set_per_process_memory_fraction(0.5)
+        raise AssertionError("the memory fraction was accepted under engine_per_stream")
+    except RuntimeError as e:
+        check("engine_per_stream" in str(e), str(e))
+    return "4 threads on their own streams trained and freed each other's tensors; " \
+        "peak %d MiB, stats equal, empty_cache and snapshot served, fraction refused" % (peak >> 20)
+
+
 def scenario_late_enable():
     import torch
     import gpu_alloc

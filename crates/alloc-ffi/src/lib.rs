@@ -35,6 +35,11 @@
 //!   `stream_wait_reuse`, ...), read once. An invalid `GPUALLOC_CONF` is
 //!   reported once on stderr and **every allocation then fails** with that
 //!   message: running with settings other than those asked for would be worse.
+//!   With `engine_per_stream:True` each device is served by an
+//!   [`alloc_cuda::StreamEngines`] instead (an engine for each stream, for
+//!   threads allocating on their own streams); the calls that need one
+//!   engine a device (private pools, the memory fraction, sleep tags, IPC,
+//!   checkpoints, the allocation history) then fail naming the setting.
 //! - No panic crosses the C ABI: every entry point runs inside
 //!   [`std::panic::catch_unwind`]. Failures return NULL or a negative
 //!   `GPUALLOC_ERR_*` code; the message is [`gpualloc_last_error`]
