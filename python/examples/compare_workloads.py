@@ -450,8 +450,13 @@ def split_so(base):
 
 
 def with_repeats(allocs, repeat):
-    """The allocators run `repeat` times, interleaved: round 1 as given, round k tagged '#k'."""
-    return [a if k == 1 else "%s#%d" % (a, k) for k in range(1, repeat + 1) for a in allocs]
+    """The allocators run `repeat` times, interleaved: round 1 as given, round k tagged '#k'
+    and its order rotated by k - 1 places, so that no setting always runs first (a process
+    that follows another on the host may run faster or slower for it)."""
+    def rotated(k):
+        r = (k - 1) % len(allocs)
+        return allocs[r:] + allocs[:r]
+    return [a if k == 1 else "%s#%d" % (a, k) for k in range(1, repeat + 1) for a in rotated(k)]
 
 
 def ratio_interval(ratios):

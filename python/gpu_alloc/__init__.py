@@ -398,7 +398,8 @@ def enable(config=None, so_path=None, bridge=None):
     config: configuration string in PYTORCH_CUDA_ALLOC_CONF syntax (``policy``,
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
-        ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``);
+        ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``,
+        ``engine_per_stream`` for threads allocating on their own streams);
         or a setting's name, alone or followed by options that override it
         (``"bound"``, ``"unmap8,max_split_size_mb:64"``; docs/policies.md, "Settings by
         name"); None keeps $GPUALLOC_CONF (if set). For memory at the bound: ``"bound"``

@@ -216,8 +216,11 @@ class TableTest(unittest.TestCase):
 class RepeatTest(unittest.TestCase):
     def test_rounds_are_interleaved_and_tagged(self):
         self.assertEqual(cw.with_repeats(["torch", "gpualloc:policy:buddy"], 3),
-                         ["torch", "gpualloc:policy:buddy", "torch#2", "gpualloc:policy:buddy#2",
+                         ["torch", "gpualloc:policy:buddy", "gpualloc:policy:buddy#2", "torch#2",
                           "torch#3", "gpualloc:policy:buddy#3"])
+        # Three settings: each runs first in one round of three.
+        self.assertEqual(cw.with_repeats(["a", "b", "c"], 3),
+                         ["a", "b", "c", "b#2", "c#2", "a#2", "c#3", "a#3", "b#3"])
         self.assertEqual(cw.with_repeats(["torch"], 1), ["torch"])
         self.assertEqual(cw.split_tag("gpualloc:policy:buddy#12"), ("gpualloc:policy:buddy", "12"))
         self.assertEqual(cw.split_tag("torch"), ("torch", ""))
