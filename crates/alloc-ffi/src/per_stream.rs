@@ -82,19 +82,12 @@ fn make(d: usize) -> FfiResult<&'static StreamEngines> {
 
 /// The engines of every device that has them, in index order.
 pub(crate) fn existing_all() -> impl Iterator<Item = (usize, &'static StreamEngines)> {
-    ENGINES
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| s.get().map(|e| (i, e)))
+    state::made(&ENGINES)
 }
 
 /// The devices an operation applies to: `-1` = every device with engines.
 pub(crate) fn targets(device: i32) -> FfiResult<Vec<(usize, &'static StreamEngines)>> {
-    if device == -1 {
-        return Ok(existing_all().collect());
-    }
-    let d = state::slot(device)?;
-    Ok(ENGINES[d].get().map(|e| (d, e)).into_iter().collect())
+    state::targets_in(&ENGINES, device)
 }
 
 /// Frees `addr`, on `device` if its engines hold it, else on the device

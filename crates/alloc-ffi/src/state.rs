@@ -323,19 +323,35 @@ fn create(d: usize) -> FfiResult<&'static CudaAllocator> {
 
 /// Every device whose allocator exists, in index order.
 pub(crate) fn existing_all() -> impl Iterator<Item = (usize, &'static CudaAllocator)> {
-    ALLOCATORS
+    made(&ALLOCATORS)
+}
+
+/// The devices an operation applies to: `-1` = every existing allocator.
+pub(crate) fn targets(device: i32) -> FfiResult<Vec<(usize, &'static CudaAllocator)>> {
+    targets_in(&ALLOCATORS, device)
+}
+
+/// The devices of `slots` whose value is made, in index order.
+pub(crate) fn made<T>(
+    slots: &'static [OnceLock<T>; MAX_DEVICES],
+) -> impl Iterator<Item = (usize, &'static T)> {
+    slots
         .iter()
         .enumerate()
         .filter_map(|(i, s)| s.get().map(|a| (i, a)))
 }
 
-/// The devices an operation applies to: `-1` = every existing allocator.
-pub(crate) fn targets(device: i32) -> FfiResult<Vec<(usize, &'static CudaAllocator)>> {
+/// The made values of `slots` an operation on `device` applies to: `-1`
+/// = every one.
+pub(crate) fn targets_in<T>(
+    slots: &'static [OnceLock<T>; MAX_DEVICES],
+    device: i32,
+) -> FfiResult<Vec<(usize, &'static T)>> {
     if device == -1 {
-        return Ok(existing_all().collect());
+        return Ok(made(slots).collect());
     }
     let d = slot(device)?;
-    Ok(ALLOCATORS[d].get().map(|a| (d, a)).into_iter().collect())
+    Ok(slots[d].get().map(|a| (d, a)).into_iter().collect())
 }
 
 /// Restores the calling thread's current CUDA context on drop: our driver

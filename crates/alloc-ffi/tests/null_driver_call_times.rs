@@ -9,32 +9,16 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::ffi::CStr;
 use std::ptr::null_mut;
 
 use alloc_ffi::api::GPUALLOC_OK;
 use alloc_ffi::*;
 
-fn stats(device: i32) -> BTreeMap<String, i64> {
-    let p = gpualloc_memory_stats_json(device);
-    assert!(!p.is_null(), "{}", common::last_error());
-    // SAFETY: a NUL-terminated string of the library, freed right after.
-    let json = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-    // SAFETY: returned by the library, freed once.
-    unsafe { gpualloc_string_free(p) };
-    serde_json::from_str(&json).unwrap()
-}
-
 #[test]
 #[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
 fn malloc_and_free_calls_are_counted_timed_and_cleared() {
-    if !alloc_cuda::driver_available() {
-        assert!(
-            std::env::var_os("GPUALLOC_NULL_DRIVER").is_none(),
-            "no driver loaded"
-        );
-        return common::missing_tool("no CUDA driver (the null driver) on the library path");
+    if !common::driver_loaded() {
+        return;
     }
     std::env::set_var("GPUALLOC_TIME_CALLS", "1");
     // The variable is read as the device's allocator is made (this first
@@ -42,7 +26,7 @@ fn malloc_and_free_calls_are_counted_timed_and_cleared() {
     let first = gpualloc_malloc(1 << 20, 0, null_mut());
     assert!(!first.is_null(), "{}", common::last_error());
     gpualloc_free(first, 0, 0, null_mut());
-    assert_eq!(stats(0)["host_calls.free"], 1);
+    assert_eq!(common::stats(0)["host_calls.free"], 1);
     assert_eq!(gpualloc_reset_accumulated_stats(0), GPUALLOC_OK);
     let blocks: Vec<_> = (1..=3)
         .map(|mib| gpualloc_malloc(mib << 20, 0, null_mut()))
@@ -57,13 +41,13 @@ fn malloc_and_free_calls_are_counted_timed_and_cleared() {
     for p in blocks.iter().chain([&pooled]) {
         gpualloc_free(*p, 0, 0, null_mut());
     }
-    let s = stats(0);
+    let s = common::stats(0);
     assert_eq!(s["host_calls.malloc"], 4, "{s:?}");
     assert_eq!(s["host_calls.free"], 4);
     assert!(s["host_calls.malloc_ns"] > 0 && s["host_calls.free_ns"] > 0);
     assert!(s["host_calls.malloc_ns"] >= s["host_calls.malloc_max_ns"]);
     assert!(s["host_calls.malloc_slow"] <= 4);
     assert_eq!(gpualloc_reset_accumulated_stats(0), GPUALLOC_OK);
-    let s = stats(0);
+    let s = common::stats(0);
     assert_eq!((s["host_calls.malloc"], s["host_calls.free_ns"]), (0, 0));
 }

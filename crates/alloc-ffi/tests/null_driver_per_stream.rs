@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::Barrier;
@@ -23,16 +22,6 @@ const MIB: isize = 1 << 20;
 /// `CU_STREAM_PER_THREAD`: a second stream besides the legacy default (0),
 /// so a second engine.
 const PER_THREAD: CudaStream = 2 as CudaStream;
-
-fn stats(device: i32) -> BTreeMap<String, i64> {
-    let p = gpualloc_memory_stats_json(device);
-    assert!(!p.is_null(), "{}", common::last_error());
-    // SAFETY: a NUL-terminated string of the library, freed right after.
-    let json = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
-    // SAFETY: returned by the library, freed once.
-    unsafe { gpualloc_string_free(p) };
-    serde_json::from_str(&json).unwrap()
-}
 
 /// Addresses as integers, to hand blocks between threads.
 fn addr(p: *mut c_void) -> usize {
@@ -49,12 +38,8 @@ fn refused(code: i32) {
 #[test]
 #[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
 fn an_engine_per_stream_serves_the_c_library() {
-    if !alloc_cuda::driver_available() {
-        assert!(
-            std::env::var_os("GPUALLOC_NULL_DRIVER").is_none(),
-            "no driver loaded"
-        );
-        return common::missing_tool("no CUDA driver (the null driver) on the library path");
+    if !common::driver_loaded() {
+        return;
     }
     // Settings whose decisions span streams are refused with it.
     // SAFETY: NUL-terminated strings that outlive the calls.
@@ -84,7 +69,7 @@ fn an_engine_per_stream_serves_the_c_library() {
         let b = run(PER_THREAD as usize, 5 * MIB);
         (a.join().unwrap(), b.join().unwrap())
     });
-    let s = stats(0);
+    let s = common::stats(0);
     assert_eq!(
         s["allocated_bytes.all.current"],
         (4 * 3 * MIB + 4 * 5 * MIB) as i64
@@ -101,7 +86,7 @@ fn an_engine_per_stream_serves_the_c_library() {
                 .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
         });
     });
-    let s = stats(0);
+    let s = common::stats(0);
     assert_eq!(s["allocated_bytes.all.current"], 0, "{s:?}");
     // The device's peak: both threads' blocks at once, not either engine's.
     assert_eq!(
@@ -142,9 +127,9 @@ fn an_engine_per_stream_serves_the_c_library() {
 
     // empty_cache reaches every engine.
     assert_eq!(gpualloc_empty_cache(-1), GPUALLOC_OK);
-    assert_eq!(stats(0)["reserved_bytes.all.current"], 0);
+    assert_eq!(common::stats(0)["reserved_bytes.all.current"], 0);
     assert_eq!(gpualloc_reset_peak_stats(0), GPUALLOC_OK);
-    assert_eq!(stats(0)["allocated_bytes.all.peak"], 0);
+    assert_eq!(common::stats(0)["allocated_bytes.all.peak"], 0);
 
     // What needs one engine a device is refused by name.
     assert!(gpualloc_malloc_in_pool(MIB, 0, null_mut(), 1, 2).is_null());
