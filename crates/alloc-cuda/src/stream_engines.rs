@@ -16,6 +16,8 @@
 //! `stream_wait_reuse`, `unmap_free_pages` and the memory budget, the
 //! memory fraction and `garbage_collection_threshold` (which needs it).
 //! Private pools, sleep tags, IPC and typed buffers are [`crate::CudaAllocator`]'s.
+//! The C library serves each device through this type under
+//! `engine_per_stream:True` ([`AllocatorConfig::engine_per_stream`]).
 //! An engine holds the cudarc streams it served until the allocator is
 //! dropped (so no new stream takes a live one's handle value).
 //!
