@@ -66,6 +66,7 @@ mod checkpoint;
 mod device_stats;
 mod host_register;
 mod ipc;
+mod layout;
 mod per_stream;
 mod pool_allocator;
 mod segments;
@@ -316,7 +317,7 @@ fn timed_free(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
 fn free_ptr(ptr: *mut c_void, device: c_int) -> FfiResult<()> {
     let addr = ptr as usize as u64;
     let Some(alloc) = state::existing(device)? else {
-        if per_stream::decided_on() {
+        if layout::decided_on() {
             return per_stream::free(addr, device);
         }
         return free_elsewhere(addr, device);
@@ -591,7 +592,7 @@ pub extern "C" fn gpualloc_record_stream(
         // SAFETY: the caller promises the stream outlives the block's free
         // (documented in the header), as with Tensor.record_stream.
         let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
-        if per_stream::decided_on() {
+        if layout::decided_on() {
             let (_, engines) = per_stream::targets(device)?.pop().ok_or_else(none)?;
             return Ok(engines.record_stream(addr, &handle)?);
         }
@@ -810,7 +811,7 @@ pub extern "C" fn gpualloc_record_history(enabled: c_int, max_entries: isize) ->
     call_int(|| {
         if enabled != 0 && per_stream::on()? {
             // Frees would be recorded without their blocks' sizes and streams.
-            return Err(per_stream::refused());
+            return Err(FfiError::invalid(layout::REFUSED));
         }
         snapshot::set_recording(enabled != 0, max_entries);
         Ok(())

@@ -14,51 +14,28 @@
 //! ([`state::allocator`] refuses them), as do the settings whose decisions
 //! span streams when the configuration is parsed.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use alloc_core::{AllocError, Snapshot, Stats};
 use alloc_cuda::{CudaAllocator, CudaError, StreamEngines, MAX_DEVICES};
 
+use crate::layout;
 use crate::state::{self, FfiError, FfiResult};
-
-/// The layout, once the configuration is sealed.
-const UNDECIDED: u8 = 0;
-const ONE_ENGINE: u8 = 1;
-const PER_STREAM: u8 = 2;
-static LAYOUT: AtomicU8 = AtomicU8::new(UNDECIDED);
 
 /// Each device's engines, once made.
 static ENGINES: [OnceLock<StreamEngines>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
-
-/// Records the layout the sealed configuration asks for
-/// (`state::seal` calls it, under the configuration's lock).
-pub(crate) fn decide(per_stream: bool) {
-    LAYOUT.store(
-        if per_stream { PER_STREAM } else { ONE_ENGINE },
-        Ordering::Release,
-    );
-}
 
 /// Whether the devices run an engine per stream (seals the configuration
 /// on the first call, as the first allocation would).
 #[inline]
 pub(crate) fn on() -> FfiResult<bool> {
-    match LAYOUT.load(Ordering::Acquire) {
-        ONE_ENGINE => Ok(false),
-        PER_STREAM => Ok(true),
-        _ => {
+    match layout::decided() {
+        Some(per_stream) => Ok(per_stream),
+        None => {
             state::seal_now()?;
-            Ok(LAYOUT.load(Ordering::Acquire) == PER_STREAM)
+            Ok(layout::decided_on())
         }
     }
-}
-
-/// Whether the layout is known to be per stream, without sealing anything
-/// (for calls that must not make an allocator).
-#[inline]
-pub(crate) fn decided_on() -> bool {
-    LAYOUT.load(Ordering::Acquire) == PER_STREAM
 }
 
 /// The engines of `device`, made on first use with the sealed
@@ -139,15 +116,4 @@ pub(crate) fn snapshot(e: &StreamEngines) -> FfiResult<(Snapshot, String)> {
         .clone()
         .unwrap_or_else(|| "pytorch-bfc".into());
     Ok((e.snapshot()?, policy))
-}
-
-/// Why a call needing the one engine of a device is refused.
-pub(crate) fn refused() -> FfiError {
-    FfiError::invalid(
-        "not available with engine_per_stream:True (an engine for each stream serves \
-         malloc and free on the default pool, record_stream, empty_cache, statistics and \
-         snapshots; private pools and CUDA graphs, the memory fraction, sleep tags, IPC, \
-         checkpoints, segment callbacks and the allocation history need one engine a \
-         device)",
-    )
 }

@@ -180,8 +180,8 @@ pub(crate) fn update_settings(text: &str) -> FfiResult<()> {
     if let Some(msg) = &s.env_error {
         return Err(FfiError::invalid(msg.clone()));
     }
-    if crate::per_stream::decided_on() {
-        return Err(crate::per_stream::refused());
+    if crate::layout::decided_on() {
+        return Err(FfiError::invalid(crate::layout::REFUSED));
     }
     let _ctx = CtxGuard::save_if_driver_loaded();
     CudaAllocator::update_global_settings(text)?;
@@ -234,7 +234,7 @@ fn seal(s: &mut ConfigState) {
     }
     s.sealed = true;
     read_configuration(s);
-    crate::per_stream::decide(
+    crate::layout::decide(
         s.env_error.is_none() && CudaAllocator::global_config().engine_per_stream,
     );
 }
@@ -309,8 +309,8 @@ fn create(d: usize) -> FfiResult<&'static CudaAllocator> {
     if let Some(a) = ALLOCATORS[d].get() {
         return Ok(a);
     }
-    if crate::per_stream::decided_on() {
-        return Err(crate::per_stream::refused());
+    if crate::layout::decided_on() {
+        return Err(FfiError::invalid(crate::layout::REFUSED));
     }
     // Creating the allocator retains the device's primary context and may make
     // it current on this thread: restore the caller's context afterwards.
