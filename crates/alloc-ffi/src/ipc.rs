@@ -25,6 +25,9 @@ fn search_order(device: c_int) -> FfiResult<Vec<(usize, &'static CudaAllocator)>
     if device != -1 {
         state::slot(device)?;
     }
+    if crate::layout::decided_on() {
+        return Err(FfiError::invalid(crate::layout::REFUSED));
+    }
     let mut all: Vec<_> = state::existing_all().collect();
     all.sort_by_key(|&(d, _)| d as c_int != device);
     Ok(all)

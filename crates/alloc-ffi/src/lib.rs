@@ -593,7 +593,7 @@ pub extern "C" fn gpualloc_record_stream(
         // (documented in the header), as with Tensor.record_stream.
         let handle = unsafe { StreamHandle::from_raw(stream.cast()) };
         if layout::decided_on() {
-            let (_, engines) = per_stream::targets(device)?.pop().ok_or_else(none)?;
+            let engines = per_stream::existing(device)?.ok_or_else(none)?;
             return Ok(engines.record_stream(addr, &handle)?);
         }
         let alloc = state::existing(device)?.ok_or_else(none)?;

@@ -57,6 +57,12 @@ fn make(d: usize) -> FfiResult<&'static StreamEngines> {
     Ok(ENGINES[d].get_or_init(|| made))
 }
 
+/// The engines of `device` if they were made (no side effect).
+#[inline]
+pub(crate) fn existing(device: i32) -> FfiResult<Option<&'static StreamEngines>> {
+    Ok(ENGINES[state::slot(device)?].get())
+}
+
 /// The engines of every device that has them, in index order.
 pub(crate) fn existing_all() -> impl Iterator<Item = (usize, &'static StreamEngines)> {
     state::made(&ENGINES)
@@ -101,8 +107,7 @@ fn free_elsewhere(addr: u64, device: usize) -> FfiResult<()> {
 /// The statistics of `device` and its `max_split_size`, or `None` when it
 /// has no engines.
 pub(crate) fn stats(device: i32) -> FfiResult<Option<(Stats, u64)>> {
-    let d = state::slot(device)?;
-    match ENGINES[d].get() {
+    match existing(device)? {
         Some(e) => Ok(Some((e.stats()?, e.config().max_split_size))),
         None => Ok(None),
     }

@@ -19,6 +19,18 @@ use alloc_ffi::api::{GPUALLOC_ERR_INVALID, GPUALLOC_OK};
 use alloc_ffi::*;
 
 const MIB: isize = 1 << 20;
+
+extern "C" {
+    /// The C library's IPC lookup (`include/gpualloc.h`), which the crate
+    /// does not re-export.
+    fn gpualloc_block_segment(
+        ptr: *mut c_void,
+        device: i32,
+        base: *mut u64,
+        size: *mut u64,
+        expandable: *mut i32,
+    ) -> i32;
+}
 /// `CU_STREAM_PER_THREAD`: a second stream besides the legacy default (0),
 /// so a second engine.
 const PER_THREAD: CudaStream = 2 as CudaStream;
@@ -138,4 +150,14 @@ fn an_engine_per_stream_serves_the_c_library() {
     refused(gpualloc_record_history(1, 100));
     // SAFETY: a NUL-terminated string that outlives the call.
     refused(unsafe { gpualloc_update_settings(c"max_split_size_mb:64".as_ptr()) });
+    let (mut base, mut size, mut expandable) = (0u64, 0u64, 0i32);
+    let p = gpualloc_malloc(MIB, 0, null_mut());
+    // SAFETY: the three out-pointers are valid for one write each.
+    refused(unsafe { gpualloc_block_segment(p, 0, &mut base, &mut size, &mut expandable) });
+    gpualloc_free(p, 0, 0, null_mut());
+    // A device out of range is an error as under one engine a device.
+    assert_eq!(
+        gpualloc_record_stream(p, -1, PER_THREAD),
+        GPUALLOC_ERR_INVALID
+    );
 }
