@@ -194,10 +194,12 @@ impl DeviceTotals {
 
     /// One value's move from `was` to `is` by way of `high`: a rise to the
     /// highest it reached, then the fall from there, so that the peak sees
-    /// the value at its highest.
+    /// the value at its highest. `high` is an engine's peak since its last
+    /// publish, so at least `is`; it is below `was` only after the engine's
+    /// peaks were reset, and then the first step falls, which raises no peak.
     #[inline]
     fn move_through(&self, slot: usize, was: i64, high: i64, is: i64) {
-        let high = high.max(was).max(is);
+        debug_assert!(high >= is, "a peak below its value: {high} < {is}");
         if high != was {
             self.add(slot, high - was);
         }

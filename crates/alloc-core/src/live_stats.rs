@@ -467,16 +467,23 @@ impl LiveStats {
         for q in ORDER {
             let (i, l) = (q as usize, self.source(q));
             let now = self.counters.changing.0[l].current;
+            let was = self.published.pools[i];
             let mut high = self.counters.peaks[i];
             if l != i {
-                let leader = self.counters.peaks[l];
-                high.peak = [0, 1].map(|p| high.peak[p].max(leader.peak[p]));
+                let leader = &self.counters.peaks[l];
+                high.peak[0] = high.peak[0].max(leader.peak[0]);
+                high.peak[1] = high.peak[1].max(leader.peak[1]);
                 high.all_peak = high.all_peak.max(leader.all_peak);
             }
             let all = now[0] + now[1];
-            let was = self.published.pools[i];
-            if was == now && high.peak == now && high.all_peak == all {
-                continue; // not moved since the last publish: most of them
+            // One test for "not moved since the last publish" (most of them).
+            let moved = (was[0] ^ now[0])
+                | (was[1] ^ now[1])
+                | (high.peak[0] ^ now[0])
+                | (high.peak[1] ^ now[1])
+                | (high.all_peak ^ all);
+            if moved == 0 {
+                continue;
             }
             totals.move_array(i, was, [high.peak[0], high.peak[1], high.all_peak], now);
             self.published.pools[i] = now;

@@ -7,7 +7,8 @@
 #     engine: builds gpu_bench and liballoc_ffi.so and runs `gpu_bench
 #     --paths`. With --callgrind, also counts the instructions per alloc+free
 #     pair and per mixed operation of each path under valgrind
-#     (deterministic, unlike the clock on a shared machine).
+#     (deterministic, unlike the clock on a shared machine), and of the C
+#     library under engine_per_stream once a second stream has allocated.
 #   bash crates/alloc-cuda/null-driver/run.sh --tests
 #     The GPU-suite tests of stream registration that need no device work,
 #     the allocator parts' tests (null_driver_tests in alloc-cuda's modules),
@@ -56,15 +57,23 @@ if [ "${1:-}" = "--callgrind" ]; then
   echo
   echo "| path | instructions per alloc+free pair | per mixed op |"
   echo "|---|---:|---:|"
-  for only in cudarc raw c; do
-    out="$drv/callgrind.$only"
+  # count NAME ARGS...: instructions per pair and per mixed op of gpu_bench ARGS.
+  count() {
+    local name="$1" out="$drv/callgrind.${1// /_}"
+    shift
     valgrind --tool=callgrind --callgrind-out-file="$out" \
       --toggle-collect=gpu_bench::pair_ns --toggle-collect=gpu_bench::mixed_ns \
-      "$bench" --paths --quick --only "$only" 2>"$out.log" >/dev/null
+      "$bench" --paths --quick "$@" 2>"$out.log" >/dev/null
     inclusive() {
       callgrind_annotate --inclusive=yes --show-percs=no "$out" \
         | awk -v f="gpu_bench::$1 " '$0 ~ f { gsub(",", "", $1); print $1; exit }'
     }
-    echo "| $only | $(( $(inclusive pair_ns) / pairs )) | $(( $(inclusive mixed_ns) / ops )) |"
+    echo "| $name | $(( $(inclusive pair_ns) / pairs )) | $(( $(inclusive mixed_ns) / ops )) |"
+  }
+  for only in cudarc raw c; do
+    count "$only" --only "$only"
   done
+  # The C library with an engine per stream, once a second stream has
+  # allocated (every operation then publishes the device's statistics).
+  count "c, engine_per_stream" --c-config engine_per_stream:True
 fi

@@ -432,12 +432,12 @@ impl StreamEngines {
     /// The engine index that holds the live block at `ptr`; `take` also
     /// forgets it (a free).
     fn owner(&self, ptr: u64, take: bool) -> Result<u32, CudaError> {
-        let unknown = CudaError::Alloc(AllocError::UnknownPointer { addr: ptr });
+        let unknown = || CudaError::Alloc(AllocError::UnknownPointer { addr: ptr });
         if !self.inner.shared.load(Ordering::Acquire) {
             // One engine, or none yet: whatever was handed out is its.
             return match self.inner.shards[0].get() {
                 Some(_) => Ok(0),
-                None => Err(unknown),
+                None => Err(unknown()),
             };
         }
         let mut stripe = self.stripe(ptr)?;
@@ -446,7 +446,7 @@ impl StreamEngines {
         } else {
             stripe.get(&ptr).copied()
         };
-        found.ok_or(unknown)
+        found.ok_or_else(unknown)
     }
 
     /// Frees a block from [`StreamEngines::malloc`] into its stream's

@@ -8,7 +8,7 @@
 //! (`liballoc_ffi.so`, found as [`paths::find_library`] says), interleaved
 //! (see `paths.rs`): the cost each path adds to the engine.
 //!
-//! `gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH]` (needs a
+//! `gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH] [--c-config CONF]` (needs a
 //! GPU, or the null driver of `null-driver/` for `--paths`). `--paths`: only
 //! the comparison of the Rust and C paths; `--only`: of those, one path and
 //! no table (for a profiler's counts); `--so`: the C library to load.
@@ -294,6 +294,10 @@ struct Args {
     so: Option<String>,
     /// The one path to run (an index into `paths::PATH_NAMES`).
     only: Option<usize>,
+    /// `--c-config`: the C library alone under this configuration, after
+    /// a second stream has allocated once (so that a layout with an engine
+    /// per stream runs as it does once several streams are in use).
+    c_config: Option<String>,
 }
 
 impl Args {
@@ -303,6 +307,7 @@ impl Args {
             paths_only: false,
             so: None,
             only: None,
+            c_config: None,
         };
         let mut it = std::env::args().skip(1);
         while let Some(a) = it.next() {
@@ -316,10 +321,16 @@ impl Args {
                     args.only = Some(i.ok_or("--only takes cudarc, raw or c")?);
                     args.paths_only = true;
                 }
+                "--c-config" => {
+                    args.c_config = Some(it.next().ok_or("--c-config needs a configuration")?);
+                    args.only = Some(paths::C_PATH);
+                    args.paths_only = true;
+                }
                 other => {
                     return Err(format!(
                         "unknown argument {other}: \
-                         gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH]"
+                         gpu_bench [--quick] [--paths] [--only cudarc|raw|c] [--so PATH] \
+                         [--c-config CONF]"
                     )
                     .into())
                 }
@@ -346,18 +357,15 @@ fn compare_paths(
         println!("\nRust path / C library path: left out ({why})");
         return Ok(());
     };
-    let lib = paths::CLibrary::load(&path, PATHS_CONFIG)
+    let config = args.c_config.as_deref().unwrap_or(PATHS_CONFIG);
+    let lib = paths::CLibrary::load(&path, config)
         .map_err(|e| format!("loading {}: {e}", path.display()))?;
     println!("\nC library: {}", path.display());
+    if args.c_config.is_some() {
+        lib.use_stream_once(&ctx.new_stream()?)?;
+    }
     paths::compare(
-        args.only,
-        &lib,
-        PATHS_CONFIG,
-        ctx,
-        stream,
-        workloads,
-        scale,
-        rounds,
+        args.only, &lib, config, ctx, stream, workloads, scale, rounds,
     )
 }
 

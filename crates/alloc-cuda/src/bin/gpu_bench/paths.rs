@@ -65,6 +65,17 @@ impl CLibrary {
         Ok(self)
     }
 
+    /// One allocation and its free on `stream`: under `engine_per_stream`
+    /// the stream gets an engine, and the device publishes from then on.
+    pub fn use_stream_once(&self, stream: &Arc<CudaStream>) -> BoxResult<()> {
+        let mut other = CPath {
+            lib: self,
+            stream: stream.cu_stream().cast(),
+        };
+        let p = other.alloc(512)?;
+        other.release(p, 512)
+    }
+
     /// The calling thread's last error message of the library.
     fn error(&self) -> String {
         // SAFETY: NULL or a NUL-terminated string valid until the next call
@@ -142,6 +153,8 @@ const PATHS: [&str; 3] = [
 
 /// The names `--only` takes, in the order of [`PATHS`].
 pub const PATH_NAMES: [&str; 3] = ["cudarc", "raw", "c"];
+/// The C library's place in [`PATHS`].
+pub const C_PATH: usize = 2;
 
 /// One workload's figures: ns per path (median of the rounds) and the
 /// median over the rounds of each Rust path's time over the C path's.
@@ -166,7 +179,12 @@ pub fn compare(
     (pairs, mixed_ops): (u64, u64),
     rounds: usize,
 ) -> BoxResult<()> {
-    let alloc = CudaAllocator::with_config_str(0, config)?;
+    // The Rust paths' allocator, unless the C library runs alone (its
+    // configuration may be one CudaAllocator refuses: engine_per_stream).
+    let alloc = match only {
+        Some(C_PATH) => CudaAllocator::with_config_str(0, "")?,
+        _ => CudaAllocator::with_config_str(0, config)?,
+    };
     let mut cudarc = Ours {
         alloc: alloc.clone(),
         stream: stream.clone(),
