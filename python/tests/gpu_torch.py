@@ -494,8 +494,8 @@ def scenario_engine_per_stream():
     """engine_per_stream:True under PyTorch: four threads, each on its own stream, train a
     small model and free tensors the others made; the statistics are the device's (equal
     in PyTorch's view and ours, the peak of the sums), empty_cache reaches every engine,
-    a snapshot renders, and what needs one engine a device (a CUDA graph's private pool,
-    the memory fraction) fails with a message naming the setting."""
+    a snapshot renders, the memory fraction limits the streams together, and what needs
+    one engine a device (here a run-time setting) fails with a message naming it."""
     import threading
 
     gpu_alloc, torch = enabled("engine_per_stream:True")
@@ -548,13 +548,29 @@ def scenario_engine_per_stream():
     check(torch.cuda.memory_reserved() < reserved, "empty_cache reached the engines")
     snap = torch.cuda.memory_snapshot()
     check(isinstance(snap, list), "memory_snapshot renders")
+    # The memory fraction is one limit for every stream's engine.
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + 256 * MIB) / total)
+    side = torch.cuda.Stream()
+    a = torch.empty(160 * MIB, dtype=torch.uint8, device="cuda")
     try:
-        torch.cuda.set_per_process_memory_fraction(0.5)
-        raise AssertionError("the memory fraction was accepted under engine_per_stream")
-    except RuntimeError as e:
+        with torch.cuda.stream(side):
+            torch.empty(160 * MIB, dtype=torch.uint8, device="cuda")
+        raise AssertionError("two streams passed the memory fraction together")
+    except torch.cuda.OutOfMemoryError:
+        pass
+    del a
+    with torch.cuda.stream(side):
+        b = torch.empty(160 * MIB, dtype=torch.uint8, device="cuda")  # a's cache went back
+    del b
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    try:
+        gpu_alloc.update_settings("max_split_size_mb:64")
+        raise AssertionError("a run-time setting was accepted under engine_per_stream")
+    except gpu_alloc.GpuAllocError as e:
         check("engine_per_stream" in str(e), str(e))
     return "4 threads on their own streams trained and freed each other's tensors; " \
-        "peak %d MiB, stats equal, empty_cache and snapshot served, fraction refused" % (peak >> 20)
+        "peak %d MiB, stats equal, empty_cache, snapshot and the fraction served" % (peak >> 20)
 
 
 def scenario_late_enable():

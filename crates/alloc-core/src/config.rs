@@ -218,7 +218,7 @@ pub struct AllocatorConfig {
     /// each device through `alloc_cuda::StreamEngines`): threads allocating
     /// on their own streams do not queue on one lock. The settings whose
     /// decisions span streams ([`AllocatorConfig::spanning_streams`]) are
-    /// refused with it.
+    /// refused with it; the memory fraction is one limit the engines share.
     pub engine_per_stream: bool,
 }
 
@@ -512,9 +512,6 @@ impl AllocatorConfig {
         }
         if self.unmap_free_pages {
             return Some(("unmap_free_pages", "True".into()));
-        }
-        if let Some(f) = self.per_process_memory_fraction {
-            return Some(("per_process_memory_fraction", f.to_string()));
         }
         if let Some(t) = self.garbage_collection_threshold {
             return Some(("garbage_collection_threshold", t.to_string()));
@@ -851,10 +848,6 @@ mod tests {
                 "garbage_collection_threshold",
             ),
             (
-                "per_process_memory_fraction:0.5",
-                "per_process_memory_fraction",
-            ),
-            (
                 "expandable_segments:True,unmap_free_pages:True",
                 "unmap_free_pages",
             ),
@@ -873,8 +866,10 @@ mod tests {
                 "{e}"
             );
         }
-        // Expandable segments alone decide nothing across streams.
+        // Expandable segments alone decide nothing across streams; the memory
+        // fraction is one limit the engines share.
         AllocatorConfig::parse("engine_per_stream:True,expandable_segments:True").unwrap();
+        AllocatorConfig::parse("engine_per_stream:True,per_process_memory_fraction:0.5").unwrap();
     }
 
     #[test]

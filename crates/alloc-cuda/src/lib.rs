@@ -106,6 +106,7 @@ mod allocator;
 mod buffer;
 mod buffer_ranges;
 mod deferred_unmaps;
+mod device_limit;
 mod diagnostics;
 mod driver;
 mod error;

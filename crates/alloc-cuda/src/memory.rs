@@ -7,6 +7,7 @@ use cudarc::driver::CudaContext;
 use rustc_hash::FxHashMap;
 
 use crate::deferred_unmaps::UnmapFn;
+use crate::device_limit::DeviceLimit;
 use crate::driver;
 use crate::error::CudaError;
 use crate::observer::{ObserverSlot, SegmentAction, SegmentEvent};
@@ -39,6 +40,9 @@ pub struct CudaMemory {
     segments: FxHashMap<u64, u64>,
     vmm: VmmMappings,
     observer: ObserverSlot,
+    /// The limit shared with the device's other engines, if any
+    /// ([`CudaMemory::sharing_limit`]).
+    limit: Option<Arc<DeviceLimit>>,
 }
 
 impl CudaMemory {
@@ -89,7 +93,46 @@ impl CudaMemory {
             segments: FxHashMap::default(),
             vmm: VmmMappings::new(device, granularity, shareable, unmap),
             observer,
+            limit: None,
         })
+    }
+
+    /// This backend with its segments and mappings counted against `limit`,
+    /// shared with the device's other engines: growth that would pass it is
+    /// refused as the device being full.
+    pub(crate) fn sharing_limit(mut self, limit: Arc<DeviceLimit>) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Takes `size` bytes from the shared limit, if there is one.
+    fn take(&self, size: u64) -> Result<(), BackendError> {
+        match &self.limit {
+            Some(l) if !l.take(size) => Err(BackendError::OutOfMemory),
+            _ => Ok(()),
+        }
+    }
+
+    /// Gives `size` bytes back to the shared limit, if there is one.
+    fn give(&self, size: u64) {
+        if let Some(l) = &self.limit {
+            l.give(size);
+        }
+    }
+
+    /// `grow` with `size` bytes taken from the shared limit first, and
+    /// given back if it fails.
+    fn growing(
+        &mut self,
+        size: u64,
+        grow: impl FnOnce(&mut Self) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        self.take(size)?;
+        let grown = grow(self);
+        if grown.is_err() {
+            self.give(size);
+        }
+        grown
     }
 
     /// Reports a segment event after a successful driver call.
@@ -127,8 +170,12 @@ impl CudaMemory {
 
 impl MemoryBackend for CudaMemory {
     fn allocate(&mut self, size: u64) -> Result<u64, BackendError> {
-        driver::bind(&self.ctx)?;
-        let addr = driver::mem_alloc(size)?;
+        let mut addr = 0;
+        self.growing(size, |m| {
+            driver::bind(&m.ctx)?;
+            addr = driver::mem_alloc(size)?;
+            Ok(())
+        })?;
         self.segments.insert(addr, size);
         self.report(SegmentAction::Alloc, addr, size);
         Ok(addr)
@@ -143,6 +190,7 @@ impl MemoryBackend for CudaMemory {
         driver::bind(&self.ctx)?;
         driver::mem_free(addr)?;
         self.segments.remove(&addr);
+        self.give(size);
         self.report(SegmentAction::Free, addr, size);
         Ok(())
     }
@@ -154,8 +202,13 @@ impl MemoryBackend for CudaMemory {
     fn free_bytes(&self) -> u64 {
         // Read for reports, and before each mapping under a memory budget
         // (another process may have taken memory): a failing query reads as
-        // nothing free, so that free pages are reclaimed first.
-        self.mem_get_info().map(|(free, _)| free).unwrap_or(0)
+        // nothing free, so that free pages are reclaimed first. Under a
+        // shared limit, no more than the limit leaves.
+        let free = self.mem_get_info().map(|(free, _)| free).unwrap_or(0);
+        match self.limit.as_ref().and_then(|l| l.room()) {
+            Some(room) => free.min(room),
+            None => free,
+        }
     }
 
     fn virtual_memory(&mut self) -> Option<&mut dyn VirtualMemory> {
@@ -175,8 +228,10 @@ impl VirtualMemory for CudaMemory {
     }
 
     fn map(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        driver::bind(&self.ctx)?;
-        self.vmm.map(addr, size)?;
+        self.growing(size, |m| {
+            driver::bind(&m.ctx)?;
+            Ok(m.vmm.map(addr, size)?)
+        })?;
         self.report(SegmentAction::Map, addr, size);
         Ok(())
     }
@@ -184,6 +239,7 @@ impl VirtualMemory for CudaMemory {
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap(addr, size)?;
+        self.give(size);
         self.report(SegmentAction::Unmap, addr, size);
         Ok(())
     }
@@ -196,6 +252,7 @@ impl VirtualMemory for CudaMemory {
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_idle(addr, size)?;
+        self.give(size);
         self.report(SegmentAction::Unmap, addr, size);
         Ok(())
     }
@@ -222,6 +279,7 @@ impl DetachPages for CudaMemory {
     fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_detached(addr, size)?;
+        self.give(size);
         self.report(SegmentAction::Unmap, addr, size);
         Ok(())
     }

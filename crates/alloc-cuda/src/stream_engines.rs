@@ -12,9 +12,13 @@
 //! table is kept, so a program with one stream pays little for the design
 //! (docs/benchmarks.md, "Engines per stream in the library").
 //!
-//! Settings whose decisions span streams are refused for now:
-//! `stream_wait_reuse`, `unmap_free_pages` and the memory budget, the
-//! memory fraction and `garbage_collection_threshold` (which needs it).
+//! The memory fraction (`per_process_memory_fraction`,
+//! [`StreamEngines::set_memory_fraction`]) is one limit on the bytes all
+//! the engines reserve together, counted by their memory backends before
+//! each driver call that would grow them. Settings whose decisions span
+//! streams are refused for now: `stream_wait_reuse`, `unmap_free_pages`
+//! and the memory budget, and `garbage_collection_threshold` (which reads
+//! the device's reserved bytes on every allocation).
 //! Private pools, sleep tags, IPC and typed buffers are [`crate::CudaAllocator`]'s.
 //! The C library serves each device through this type under
 //! `engine_per_stream:True` ([`AllocatorConfig::engine_per_stream`]).
@@ -50,6 +54,7 @@ use alloc_policy::AnyPolicy;
 use cudarc::driver::CudaContext;
 
 use crate::allocator::malloc_registered;
+use crate::device_limit::DeviceLimit;
 use crate::error::{driver_error, CudaError};
 use crate::events::CudaStreams;
 use crate::lock::{lock_consistent, SpinParkGuard, SpinParkMutex};
@@ -153,6 +158,10 @@ struct Inner {
     by_stream: Mutex<HashMap<StreamId, u32>>,
     owners: Box<[Stripe]>,
     totals: DeviceTotals,
+    /// The memory fraction's limit on the engines' reserved bytes together.
+    limit: Arc<DeviceLimit>,
+    /// The device's memory (`cuMemGetInfo`'s total), which a fraction is of.
+    capacity: u64,
     /// Set when a second engine is made. Until then the one engine's
     /// statistics are the device's and nothing is published (a program
     /// with one stream pays nothing for the totals); then every engine
@@ -185,6 +194,11 @@ impl std::fmt::Debug for StreamEngines {
     }
 }
 
+/// `fraction` of `capacity` bytes, as PyTorch rounds it (down).
+fn fraction_of(capacity: u64, fraction: f64) -> u64 {
+    (capacity as f64 * fraction) as u64
+}
+
 /// Refuses the settings whose decisions span streams (module docs).
 fn check_config(config: &AllocatorConfig) -> Result<(), CudaError> {
     match config.spanning_streams() {
@@ -211,6 +225,14 @@ impl StreamEngines {
         }
         let ctx =
             CudaContext::new(ordinal).map_err(|e| driver_error("cuDevicePrimaryCtxRetain", e.0))?;
+        driver::bind(&ctx)?;
+        let (_, capacity) = driver::mem_get_info()?;
+        let limit = Arc::new(DeviceLimit::default());
+        limit.set(
+            config
+                .per_process_memory_fraction
+                .map(|f| fraction_of(capacity, f)),
+        );
         Ok(StreamEngines {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -222,6 +244,8 @@ impl StreamEngines {
                 by_stream: Mutex::new(HashMap::new()),
                 owners: (0..STRIPES).map(|_| Stripe::default()).collect(),
                 totals: DeviceTotals::new(),
+                limit,
+                capacity,
                 shared: AtomicBool::new(false),
                 retried_ooms: AtomicU64::new(0),
             }),
@@ -236,6 +260,27 @@ impl StreamEngines {
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.inner.ordinal
+    }
+
+    /// Limits the bytes all the engines reserve together to `fraction` of
+    /// the device's memory (PyTorch's `set_per_process_memory_fraction`;
+    /// 0: no new segment at all). An engine that would pass it empties its
+    /// cache and then the other engines' before it fails with out of
+    /// memory.
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), CudaError> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(CudaError::Alloc(AllocError::InvalidArgument(format!(
+                "memory fraction {fraction} must be in [0, 1]"
+            ))));
+        }
+        let inner = &self.inner;
+        inner.limit.set(Some(fraction_of(inner.capacity, fraction)));
+        Ok(())
+    }
+
+    /// The limit on reserved bytes that the memory fraction set, if any.
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.inner.limit.limit()
     }
 
     /// The configuration the engines were made with.
@@ -268,7 +313,8 @@ impl StreamEngines {
             inner.ctx.clone(),
             inner.observer.clone(),
             options.unmap_worker,
-        )?;
+        )?
+        .sharing_limit(inner.limit.clone());
         let engine = Engine::new(policy, memory, CudaStreams::new(inner.ctx.clone()), options);
         Ok(Shard(SpinParkMutex::new(ShardState { engine })))
     }
@@ -569,7 +615,6 @@ mod tests {
         for conf in [
             "stream_wait_reuse:True",
             "expandable_segments:True,unmap_free_pages:True",
-            "per_process_memory_fraction:0.5",
             "garbage_collection_threshold:0.8",
         ] {
             let e = StreamEngines::with_config_str(0, conf).unwrap_err();
@@ -601,6 +646,41 @@ mod null_driver_tests {
     use std::sync::Barrier;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn the_memory_fraction_limits_the_engines_together() {
+        // The null driver's device has 80 GiB: 1/1280 of it is 64 MiB.
+        let alloc =
+            StreamEngines::with_config_str(0, "per_process_memory_fraction:0.00078125").unwrap();
+        assert_eq!(alloc.memory_limit(), Some(64 * MIB));
+        let (a, b) = (
+            alloc.context().new_stream().unwrap(),
+            alloc.context().new_stream().unwrap(),
+        );
+        let x = alloc.malloc(40 * MIB, &a).unwrap();
+        // 40 + 40 passes 64 MiB, whichever engine asks.
+        let e = alloc.malloc(40 * MIB, &b).unwrap_err();
+        assert!(
+            matches!(e, CudaError::Alloc(AllocError::OutOfMemory(_))),
+            "{e}"
+        );
+        assert_eq!(alloc.stats().unwrap().num_ooms, 1);
+        // Freed into `a`'s cache, the 40 MiB go back when `b` needs them.
+        alloc.free(x).unwrap();
+        let y = alloc.malloc(40 * MIB, &b).unwrap();
+        let stats = alloc.stats().unwrap();
+        assert_eq!(stats.reserved_bytes.all.current as u64, 40 * MIB);
+        assert!(stats.reserved_bytes.all.peak as u64 <= 64 * MIB);
+        // A new fraction applies to growth from then on.
+        alloc.set_memory_fraction(0.0).unwrap();
+        assert!(
+            alloc.malloc(1 << 20, &a).is_err(),
+            "fraction 0: no new segment"
+        );
+        assert!(alloc.set_memory_fraction(1.5).is_err());
+        alloc.free(y).unwrap();
+    }
 
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]

@@ -39,6 +39,6 @@ pub(crate) fn decided_on() -> bool {
 /// engine per stream.
 pub(crate) const REFUSED: &str = "not available with engine_per_stream:True (an engine for \
      each stream serves malloc and free on the default pool, record_stream, empty_cache, \
-     statistics and snapshots; private pools and CUDA graphs, the memory fraction, sleep \
+     the memory fraction, statistics and snapshots; private pools and CUDA graphs, sleep \
      tags, IPC, checkpoints, segment callbacks and the allocation history need one engine \
      a device)";

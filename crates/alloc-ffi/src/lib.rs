@@ -37,9 +37,10 @@
 //!   message: running with settings other than those asked for would be worse.
 //!   With `engine_per_stream:True` each device is served by an
 //!   [`alloc_cuda::StreamEngines`] instead (an engine for each stream, for
-//!   threads allocating on their own streams); the calls that need one
-//!   engine a device (private pools, the memory fraction, sleep tags, IPC,
-//!   checkpoints, the allocation history) then fail naming the setting.
+//!   threads allocating on their own streams, under one memory fraction);
+//!   the calls that need one engine a device (private pools, sleep tags,
+//!   IPC, checkpoints, the allocation history) then fail naming the
+//!   setting.
 //! - No panic crosses the C ABI: every entry point runs inside
 //!   [`std::panic::catch_unwind`]. Failures return NULL or a negative
 //!   `GPUALLOC_ERR_*` code; the message is [`gpualloc_last_error`]
@@ -570,6 +571,9 @@ pub extern "C" fn gpualloc_set_memory_fraction(fraction: f64, device: c_int) -> 
             return Err(FfiError::invalid(format!(
                 "memory fraction {fraction} must be in [0, 1]"
             )));
+        }
+        if per_stream::on()? {
+            return Ok(per_stream::engines(device)?.set_memory_fraction(fraction)?);
         }
         Ok(state::allocator(device)?.set_memory_fraction(fraction)?)
     })

@@ -6,11 +6,11 @@
 //! The layout is decided once, when the configuration is sealed (the first
 //! use), and cannot change afterwards. Under it this module serves the
 //! calls PyTorch's allocator interface makes on every step: malloc and
-//! free on the default pool, `record_stream`, `empty_cache`, the
-//! statistics and their resets, and snapshots. The calls that need the
-//! device's single engine (private pools and CUDA graphs, the memory
-//! fraction, sleep tags, IPC, checkpoints, segment callbacks, recording
-//! the allocation history) fail with a message naming the setting
+//! free on the default pool, `record_stream`, `empty_cache`, the memory
+//! fraction, the statistics and their resets, and snapshots. The calls
+//! that need the device's single engine (private pools and CUDA graphs,
+//! sleep tags, IPC, checkpoints, segment callbacks, recording the
+//! allocation history) fail with a message naming the setting
 //! ([`state::allocator`] refuses them), as do the settings whose decisions
 //! span streams when the configuration is parsed.
 

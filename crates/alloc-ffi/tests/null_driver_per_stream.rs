@@ -2,8 +2,9 @@
 //! engine for each stream (`alloc_cuda::StreamEngines`), through the C
 //! entry points over the null driver (`crates/alloc-cuda/null-driver`):
 //! threads on their own streams freeing each other's blocks, the device's
-//! statistics (peaks of the sums), empty_cache, snapshots, and the calls
-//! that need one engine a device refused by name.
+//! statistics (peaks of the sums), the memory fraction as one limit,
+//! empty_cache, snapshots, and the calls that need one engine a device
+//! refused by name.
 //!
 //! `#[ignore]`d: it needs the null driver on the library path, as
 //! `bash crates/alloc-cuda/null-driver/run.sh --tests` (CI) sets it. Its own
@@ -137,6 +138,22 @@ fn an_engine_per_stream_serves_the_c_library() {
     unsafe { gpualloc_string_free(text) };
     assert!(snap.contains("segment"), "{snap}");
 
+    // The memory fraction is one limit for every engine: 1/1280 of the
+    // null driver's 80 GiB is 64 MiB, which two streams' 40 MiB pass.
+    assert_eq!(gpualloc_set_memory_fraction(0.00078125, 0), GPUALLOC_OK);
+    let p = gpualloc_malloc(40 * MIB, 0, null_mut());
+    assert!(!p.is_null(), "{}", common::last_error());
+    assert!(gpualloc_malloc(40 * MIB, 0, PER_THREAD).is_null());
+    assert_eq!(
+        gpualloc_last_error_code(),
+        alloc_ffi::api::GPUALLOC_ERR_OUT_OF_MEMORY
+    );
+    gpualloc_free(p, 0, 0, null_mut());
+    let q = gpualloc_malloc(40 * MIB, 0, PER_THREAD);
+    assert!(!q.is_null(), "the other engine's cache went back");
+    gpualloc_free(q, 0, 0, null_mut());
+    assert_eq!(gpualloc_set_memory_fraction(1.0, 0), GPUALLOC_OK);
+
     // empty_cache reaches every engine.
     assert_eq!(gpualloc_empty_cache(-1), GPUALLOC_OK);
     assert_eq!(common::stats(0)["reserved_bytes.all.current"], 0);
@@ -146,7 +163,6 @@ fn an_engine_per_stream_serves_the_c_library() {
     // What needs one engine a device is refused by name.
     assert!(gpualloc_malloc_in_pool(MIB, 0, null_mut(), 1, 2).is_null());
     refused(gpualloc_last_error_code());
-    refused(gpualloc_set_memory_fraction(0.5, 0));
     refused(gpualloc_record_history(1, 100));
     // SAFETY: a NUL-terminated string that outlives the call.
     refused(unsafe { gpualloc_update_settings(c"max_split_size_mb:64".as_ptr()) });
