@@ -113,6 +113,29 @@ pub struct Engine<P: Policy, M: MemoryBackend, S: StreamBackend> {
     caps: Capabilities,
 }
 
+/// The limit on reserved bytes that PyTorch's per-process memory fraction
+/// sets on a device of `capacity` bytes (`set_per_process_memory_fraction`;
+/// 0: no new segment at all), rounded down as PyTorch rounds it; a fraction
+/// outside `[0, 1]` is an error. One engine applies it to itself
+/// ([`Engine::set_memory_fraction`]); several engines of one device
+/// can share it.
+///
+/// ```
+/// use alloc_core::fraction_limit;
+///
+/// assert_eq!(fraction_limit(1000, 0.25)?, 250);
+/// assert!(fraction_limit(1000, 1.5).is_err());
+/// # Ok::<(), alloc_core::AllocError>(())
+/// ```
+pub fn fraction_limit(capacity: u64, fraction: f64) -> Result<u64, AllocError> {
+    if !(0.0..=1.0).contains(&fraction) {
+        return Err(AllocError::InvalidArgument(format!(
+            "memory fraction {fraction} must be in [0, 1]"
+        )));
+    }
+    Ok((capacity as f64 * fraction) as u64)
+}
+
 impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// A new, empty allocator.
     pub fn new(policy: P, mut memory: M, streams: S, options: EngineOptions) -> Self {
@@ -558,12 +581,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     /// Limits reserved memory to `fraction` of the device capacity (0: no
     /// new segment at all, as PyTorch allows).
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), AllocError> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(AllocError::InvalidArgument(format!(
-                "memory fraction {fraction} must be in [0, 1]"
-            )));
-        }
-        self.limit = Some((self.memory.capacity() as f64 * fraction) as u64);
+        self.limit = Some(fraction_limit(self.memory.capacity(), fraction)?);
         Ok(())
     }
 

@@ -42,7 +42,7 @@ pub use capture::{CaptureFrontier, CaptureGraph, GraphNode};
 pub use checkpoint::{BlockCheckpoint, PoolCheckpoint, RestoreOutcome, SegmentCheckpoint};
 pub use config::{AllocatorConfig, Config, ConfigError, PolicyConfig, SCALED_UNMAP_PAGES};
 pub use device_totals::{DeviceTotals, Levels};
-pub use engine::{Engine, EngineOptions, MAX_REQUEST};
+pub use engine::{fraction_limit, Engine, EngineOptions, MAX_REQUEST};
 pub use error::{AllocError, BackendError, OomReport};
 pub use heap::{coalesce, Block, Heap, Segment};
 pub use page_layout::{PageLayout, RangePages, DEFAULT_UNMAP_PAGE};

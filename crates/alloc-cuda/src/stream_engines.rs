@@ -47,8 +47,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use alloc_core::{
-    AllocError, AllocatorConfig, ConfigError, DeviceTotals, Engine, EngineOptions, Levels,
-    Snapshot, SnapshotState, Stats, StreamId,
+    fraction_limit, AllocError, AllocatorConfig, ConfigError, DeviceTotals, Engine, EngineOptions,
+    Levels, Snapshot, SnapshotState, Stats, StreamId,
 };
 use alloc_policy::AnyPolicy;
 use cudarc::driver::CudaContext;
@@ -194,11 +194,6 @@ impl std::fmt::Debug for StreamEngines {
     }
 }
 
-/// `fraction` of `capacity` bytes, as PyTorch rounds it (down).
-fn fraction_of(capacity: u64, fraction: f64) -> u64 {
-    (capacity as f64 * fraction) as u64
-}
-
 /// Refuses the settings whose decisions span streams (module docs).
 fn check_config(config: &AllocatorConfig) -> Result<(), CudaError> {
     match config.spanning_streams() {
@@ -228,11 +223,9 @@ impl StreamEngines {
         driver::bind(&ctx)?;
         let (_, capacity) = driver::mem_get_info()?;
         let limit = Arc::new(DeviceLimit::default());
-        limit.set(
-            config
-                .per_process_memory_fraction
-                .map(|f| fraction_of(capacity, f)),
-        );
+        if let Some(f) = config.per_process_memory_fraction {
+            limit.set(Some(fraction_limit(capacity, f)?));
+        }
         Ok(StreamEngines {
             inner: Arc::new(Inner {
                 id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -268,13 +261,10 @@ impl StreamEngines {
     /// cache and then the other engines' before it fails with out of
     /// memory.
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), CudaError> {
-        if !(0.0..=1.0).contains(&fraction) {
-            return Err(CudaError::Alloc(AllocError::InvalidArgument(format!(
-                "memory fraction {fraction} must be in [0, 1]"
-            ))));
-        }
         let inner = &self.inner;
-        inner.limit.set(Some(fraction_of(inner.capacity, fraction)));
+        inner
+            .limit
+            .set(Some(fraction_limit(inner.capacity, fraction)?));
         Ok(())
     }
 
@@ -643,21 +633,25 @@ mod tests {
 #[cfg(test)]
 mod null_driver_tests {
     use super::*;
+    use cudarc::driver::CudaStream;
     use std::sync::Barrier;
 
     const MIB: u64 = 1 << 20;
+
+    /// An allocator under `config` and two streams of its device.
+    pub(super) fn two_streams(config: &str) -> (StreamEngines, Arc<CudaStream>, Arc<CudaStream>) {
+        let alloc = StreamEngines::with_config_str(0, config).unwrap();
+        let new = || alloc.context().new_stream().unwrap();
+        let (a, b) = (new(), new());
+        (alloc, a, b)
+    }
 
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
     fn the_memory_fraction_limits_the_engines_together() {
         // The null driver's device has 80 GiB: 1/1280 of it is 64 MiB.
-        let alloc =
-            StreamEngines::with_config_str(0, "per_process_memory_fraction:0.00078125").unwrap();
+        let (alloc, a, b) = two_streams("per_process_memory_fraction:0.00078125");
         assert_eq!(alloc.memory_limit(), Some(64 * MIB));
-        let (a, b) = (
-            alloc.context().new_stream().unwrap(),
-            alloc.context().new_stream().unwrap(),
-        );
         let x = alloc.malloc(40 * MIB, &a).unwrap();
         // 40 + 40 passes 64 MiB, whichever engine asks.
         let e = alloc.malloc(40 * MIB, &b).unwrap_err();
@@ -685,11 +679,7 @@ mod null_driver_tests {
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
     fn streams_get_engines_and_the_peak_is_the_devices() {
-        let alloc = StreamEngines::with_config_str(0, "").unwrap();
-        let (a, b) = (
-            alloc.context().new_stream().unwrap(),
-            alloc.context().new_stream().unwrap(),
-        );
+        let (alloc, a, b) = two_streams("");
         // One engine: its statistics are the device's, nothing published.
         let big = alloc.malloc(6 * MIB, &a).unwrap();
         alloc.free(big).unwrap();
@@ -786,6 +776,7 @@ mod null_driver_tests {
 /// driver is the whole process's.
 #[cfg(test)]
 mod null_driver_fault_tests {
+    use super::null_driver_tests::two_streams;
     use super::*;
 
     const MIB: u64 = 1 << 20;
@@ -811,11 +802,7 @@ mod null_driver_fault_tests {
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
     fn out_of_memory_empties_the_other_engines_first() {
-        let alloc = StreamEngines::with_config_str(0, "").unwrap();
-        let (a, b) = (
-            alloc.context().new_stream().unwrap(),
-            alloc.context().new_stream().unwrap(),
-        );
+        let (alloc, a, b) = two_streams("");
         let x = alloc.malloc(64 * MIB, &a).unwrap();
         alloc.free(x).unwrap();
         assert_eq!(
