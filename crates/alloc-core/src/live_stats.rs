@@ -286,6 +286,29 @@ const LEADERS: [usize; 9] = {
     leaders
 };
 
+/// The order [`LiveStats::publish_to`] goes through the quantities in: the
+/// followers of [`FOLLOWS`] first (they read their leaders' peaks, which
+/// publishing starts again), then the others in storage order.
+const PUBLISH_ORDER: [Quantity; 9] = {
+    let mut order = Quantity::ALL;
+    let mut n = 0;
+    let mut followers = true;
+    loop {
+        let mut q = 0;
+        while q < order.len() {
+            if (LEADERS[q] != q) == followers {
+                order[n] = Quantity::ALL[q];
+                n += 1;
+            }
+            q += 1;
+        }
+        if !followers {
+            break order;
+        }
+        followers = false;
+    }
+};
+
 macro_rules! counter_accessors {
     ($($name:ident: $q:ident),* $(,)?) => {
         $(
@@ -415,14 +438,14 @@ impl LiveStats {
         true
     }
 
-    /// The counter that holds `q`'s values: its leader while `q` follows
-    /// one ([`FOLLOWS`]), else `q` itself.
+    /// The counter that holds the values of quantity `q` (its index): its
+    /// leader while it follows one ([`FOLLOWS`]), else `q` itself.
     #[inline]
-    fn source(&self, q: Quantity) -> usize {
+    fn source(&self, q: usize) -> usize {
         if self.apart {
-            q as usize
+            q
         } else {
-            LEADERS[q as usize]
+            LEADERS[q]
         }
     }
 
@@ -431,7 +454,7 @@ impl LiveStats {
     pub(crate) fn levels(&self) -> Levels {
         let changing = &self.counters.changing.0;
         Levels {
-            pools: Quantity::ALL.map(|q| changing[self.source(q)].current),
+            pools: Quantity::ALL.map(|q| changing[self.source(q as usize)].current),
             oversize: [
                 self.oversize_allocations.current,
                 self.oversize_segments.current,
@@ -449,23 +472,12 @@ impl LiveStats {
     /// totals'. The peaks keep doing that work, so an engine alone on its
     /// device, which never publishes, pays nothing for it.
     pub(crate) fn publish_to(&mut self, totals: &DeviceTotals) {
-        // Followers first: a follower's values are its leader's and its
-        // peaks the higher of its own and the leader's (as
-        // `Counter::followed` reads them), so the leaders' peaks start
-        // again only after the followers have read them.
-        const ORDER: [Quantity; 9] = [
-            Quantity::Active,
-            Quantity::ActiveBytes,
-            Quantity::Allocation,
-            Quantity::AllocatedBytes,
-            Quantity::RequestedBytes,
-            Quantity::InactiveSplit,
-            Quantity::InactiveSplitBytes,
-            Quantity::Segment,
-            Quantity::ReservedBytes,
-        ];
-        for q in ORDER {
-            let (i, l) = (q as usize, self.source(q));
+        // A follower's values are its leader's and its peaks the higher of
+        // its own and the leader's (as `Counter::followed` reads them), so
+        // the leaders' peaks start again only after the followers have read
+        // them (PUBLISH_ORDER).
+        for q in PUBLISH_ORDER {
+            let (i, l) = (q as usize, self.source(q as usize));
             let now = self.counters.changing.0[l].current;
             let was = self.published.pools[i];
             let mut high = self.counters.peaks[i];
@@ -585,6 +597,24 @@ mod tests {
             stats.allocated_bytes().apply(SMALL, small - now[0]);
             stats.allocated_bytes().apply(LARGE, large - now[1]);
             stats.publish_to(totals);
+        }
+
+        #[test]
+        fn followers_publish_before_their_leaders() {
+            assert_eq!(
+                PUBLISH_ORDER,
+                [
+                    Quantity::Active,
+                    Quantity::ActiveBytes,
+                    Quantity::Allocation,
+                    Quantity::AllocatedBytes,
+                    Quantity::RequestedBytes,
+                    Quantity::InactiveSplit,
+                    Quantity::InactiveSplitBytes,
+                    Quantity::Segment,
+                    Quantity::ReservedBytes,
+                ]
+            );
         }
 
         #[test]
