@@ -78,24 +78,26 @@ pub(crate) fn targets(device: i32) -> FfiResult<Vec<(usize, &'static StreamEngin
 #[inline]
 pub(crate) fn free(addr: u64, device: i32) -> FfiResult<()> {
     let d = state::slot(device)?;
-    if let Some(e) = ENGINES[d].get() {
-        match e.free(addr) {
-            Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => {}
-            other => return Ok(other?),
-        }
+    if let Some(freed) = ENGINES[d].get().and_then(|e| free_in(e, addr)) {
+        return freed;
     }
     free_elsewhere(addr, d)
+}
+
+/// Frees `addr` in `engines`; `None` if they do not hold it.
+#[inline]
+fn free_in(engines: &StreamEngines, addr: u64) -> Option<FfiResult<()>> {
+    match engines.free(addr) {
+        Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => None,
+        other => Some(other.map_err(FfiError::from)),
+    }
 }
 
 #[cold]
 fn free_elsewhere(addr: u64, device: usize) -> FfiResult<()> {
     for (d, e) in existing_all() {
-        if d == device {
-            continue;
-        }
-        match e.free(addr) {
-            Err(CudaError::Alloc(AllocError::UnknownPointer { .. })) => {}
-            other => return Ok(other?),
+        if let Some(freed) = (d != device).then(|| free_in(e, addr)).flatten() {
+            return freed;
         }
     }
     Err(FfiError::invalid(format!(
