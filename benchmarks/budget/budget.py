@@ -18,10 +18,13 @@ How one (workload, allocator) is measured, in a process of its own:
      budgets are A + s * (R - A) for each share s (--shares).
   2. For each budget, largest first, the fraction is set, the cache emptied and the peaks
      reset; then batches are tried from twice the reference batch downwards, each for
-     the workload's steps (20; 6 whole generations for gpt2_generate). The first step
+     the workload's steps (20; 6 whole generations for gpt2_generate); where twice the
+     reference runs, upwards from it in steps of a quarter of the reference until one
+     fails or CEILING (4) times the reference runs too (`capped`: the budget did not
+     bind). The first step
      takes the longest sequence of the run, so that a batch that cannot fit fails at
      once. An out-of-memory error frees the step's tensors, empties the cache and moves
-     to the next smaller batch. The first batch whose steps all
+     to the next smaller batch. The largest batch whose steps all
      run is the answer; its throughput is the work of the steps after the warm-up over
      their time (a mean, not a median: throughput follows the mean). ViT's steps run
      twice and the second pass is timed (cuDNN plans each new batch size once).
@@ -295,6 +298,44 @@ def batches_from(reference):
     return list(range(2 * reference, 0, -eighth))
 
 
+# How far above the reference batch the search goes when twice it fits: a budget that
+# every allocator meets at twice the reference would otherwise show the same batch for
+# all, whatever memory each leaves free.
+CEILING = 4
+
+
+def batches_above(reference):
+    """Above twice the reference batch up to CEILING times it, in steps of a quarter."""
+    quarter = max(1, reference // 4)
+    return list(range(2 * reference + quarter, CEILING * reference + 1, quarter))
+
+
+def largest_batch(reference, run):
+    """The largest batch that runs: `run(batch)` -> (ok, result) for batches from twice the
+    reference down (batches_from) until one runs; if the first one, twice the reference,
+    runs, then upward (batches_above) until one fails. Returns (batch, its result, the
+    batches tried as (batch, ok, result), capped): batch 0 and result None when none
+    ran; capped when CEILING times the reference ran too (the budget did not bind)."""
+    tried = []
+    for batch in batches_from(reference):
+        ok, result = run(batch)
+        tried.append((batch, ok, result))
+        if ok:
+            break
+    else:
+        return 0, None, tried, False
+    best, best_result = batch, result
+    if batch != 2 * reference:
+        return best, best_result, tried, False
+    for batch in batches_above(reference):
+        ok, result = run(batch)
+        tried.append((batch, ok, result))
+        if not ok:
+            return best, best_result, tried, False
+        best, best_result = batch, result
+    return best, best_result, tried, True
+
+
 def profile_steps(torch, step, batch, steps, n):
     """Runs `n` more steps of the schedule at `batch` under torch.profiler (CPU and CUDA
     activities) and returns the ops with the most self CPU time, per step: what a slower
@@ -392,15 +433,22 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
         torch.cuda.reset_peak_memory_stats()
-        tried = []
-        for batch in batches_from(reference):
+
+        def run(batch):
             ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup, passes,
                                                counters)
-            tried.append({"batch": batch, "ok": ok, "error": err})
-            if ok:
-                break
-        row = {"budget": budget, "batch": batch if ok else 0, "rate": rate,
-               "mean_step_ms": mean_ms, "tried": tried,
+            # The counters of the batch that ran last; kept with its result.
+            per_step = counters.per_step if ok and counters else None
+            return ok, {"rate": rate, "mean_step_ms": mean_ms, "error": err,
+                        "per_step": per_step}
+
+        batch, best, tried, capped = largest_batch(reference, run)
+        ok = best is not None
+        rate = best["rate"] if ok else None
+        mean_ms = best["mean_step_ms"] if ok else None
+        row = {"budget": budget, "batch": batch, "rate": rate, "mean_step_ms": mean_ms,
+               "tried": [{"batch": b, "ok": k, "error": r["error"]} for b, k, r in tried],
+               "capped": capped,
                "peak_reserved": torch.cuda.max_memory_reserved(),
                "peak_allocated": torch.cuda.max_memory_allocated()}
         if ok and profile:
@@ -415,7 +463,7 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
             row["page_moves"] = {k.split(".", 1)[1]: v for k, v in st.items()
                                  if k.startswith("page_moves.")}
             if ok:
-                row["moves_per_step"] = counters.per_step
+                row["moves_per_step"] = best["per_step"]
         out["budgets"].append(row)
         moved = row.get("moves_per_step") or {}
         print("%s %s budget %.2f GiB: batch %s, %s %s/s%s" % (
@@ -497,6 +545,7 @@ def summarize(results, ref="torch"):
             "workload": w, "budget": budget, "alloc": alloc,
             "unit": by_round[rounds[0]][0].get("unit", ""), "rounds": len(rounds),
             "batches": {k: by_round[k][1].get("batch") or 0 for k in rounds},
+            "capped": any(by_round[k][1].get("capped") for k in rounds),
             "rates": len(rates), "rate_mean": mean,
             "rate_min": min(rates.values()) if rates else None,
             "rate_max": max(rates.values()) if rates else None,
@@ -586,10 +635,14 @@ def make_table(results):
             r["workload"], r["budget"] / GIB, r["alloc"],
             r["rounds"] if r["rates"] == r["rounds"] else "%d (%d with a rate)" % (
                 r["rounds"], r["rates"]),
-            batch_text(r["batches"]), _fmt(r["rate_mean"], "%%.0f %s" % r["unit"]), spread,
+            batch_text(r["batches"]) + ("+" if r["capped"] else ""),
+            _fmt(r["rate_mean"], "%%.0f %s" % r["unit"]), spread,
             _fmt(r["ratio_of_means"], "%.2fx"), _fmt(r["mean_of_ratios"], "%.2fx"),
             r["peak_reserved"] / GIB, _fmt(r["pages_per_step"], "%.2f", ""),
             _fmt(r["host_waits_per_step"], "%.2f", "")))
+    if any(r["capped"] for r in rows):
+        lines += ["", "+: %d times the reference batch ran too, the largest tried: the budget "
+                  "did not bind." % CEILING]
     lines += [""] + workload_summary(rows)
     lines += host_call_lines(results)
     failed = ["- FAILED %s / %s / round %s: %s" % (

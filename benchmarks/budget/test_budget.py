@@ -56,6 +56,48 @@ class BudgetTests(unittest.TestCase):
         self.assertEqual((got[0], got[1], got[-1]), (128, 120, 8))
         self.assertEqual(budget.batches_from(1), [2, 1])
 
+    def test_the_largest_batch_that_runs_searched_down_then_up(self):
+        def runs_up_to(limit):
+            seen = []
+
+            def run(batch):
+                seen.append(batch)
+                return batch <= limit, {"rate": float(batch)}
+            return run, seen
+
+        # Below twice the reference: downwards by eighths, the first that runs.
+        run, seen = runs_up_to(13)
+        batch, res, tried, capped = budget.largest_batch(8, run)
+        self.assertEqual((batch, res["rate"], capped), (13, 13.0, False))
+        self.assertEqual(seen, [16, 15, 14, 13])
+        self.assertEqual([t[:2] for t in tried], [(16, False), (15, False), (14, False),
+                                                  (13, True)])
+        # Twice the reference runs: upwards by quarters until one fails; the result kept
+        # is the largest batch's that ran.
+        run, seen = runs_up_to(150)
+        batch, res, tried, capped = budget.largest_batch(64, run)
+        self.assertEqual((batch, res["rate"], capped), (144, 144.0, False))
+        self.assertEqual(seen, [128, 144, 160])
+        # Up to CEILING times the reference: the budget did not bind.
+        run, seen = runs_up_to(10**6)
+        batch, res, tried, capped = budget.largest_batch(8, run)
+        self.assertEqual((batch, capped), (budget.CEILING * 8, True))
+        self.assertEqual(seen, [16, 18, 20, 22, 24, 26, 28, 30, 32])
+        # None runs.
+        run, seen = runs_up_to(0)
+        self.assertEqual(budget.largest_batch(2, run), (0, None, [(4, False, {"rate": 4.0}),
+                         (3, False, {"rate": 3.0}), (2, False, {"rate": 2.0}),
+                         (1, False, {"rate": 1.0})], False))
+
+    def test_a_budget_that_did_not_bind_is_marked(self):
+        capped = result("gpualloc:budget", 32, 900.0, 9 * GIB)
+        capped["budgets"][0]["capped"] = True
+        table = budget.make_table([result("torch", 30, 800.0, 9 * GIB), capped])
+        self.assertIn("| gpualloc:budget | 1 | 32+ |", table)
+        self.assertIn("| torch | 1 | 30 |", table)
+        self.assertIn("+: 4 times the reference batch ran too", table)
+        self.assertNotIn("+: ", budget.make_table([result("torch", 30, 800.0, 9 * GIB)]))
+
     def test_old_json_without_rounds_still_renders(self):
         # A JSON of one pass, as written before rounds: no round field, cumulative page
         # moves only, and the calibration run without budgets.
