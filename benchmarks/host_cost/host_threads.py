@@ -161,16 +161,24 @@ def warm_calls(w):
     return 2000 if not w["mixed"] else max(20000, 20 * w["max_live"])
 
 
+def process_label(args, process):
+    """The process a cell ran in, as ratios tell same-process pairs apart: `process`, or
+    with --kinds (a run of --path-per-process) `process:kind+kind`."""
+    return process if args.kinds is None else "%s:%s" % (process, "+".join(args.kinds))
+
+
 def run_cells(args, process, timers, log=print):
     """Runs every cell of the plan, `args.repeats` times, the paths of `process` rotated
     from cell to cell; timers: kind -> function(w, streams, device_of_thread) -> dict."""
-    paths = [p for p in active_paths(args) if p[1] == process]
+    paths = [p for p in active_paths(args) if p[1] == process
+             and (args.kinds is None or p[2] in args.kinds)]
     out = []
     for rep in range(args.repeats):
         for i, (w, streams, devs) in enumerate(plan(args)):
             for name, _, kind, _ in rotate(paths, rep + i):
                 r = timers[kind](w, streams, devs)
-                cell = {"path": name, "process": process, "repeat": rep, "workload": w["label"],
+                cell = {"path": name, "process": process_label(args, process), "repeat": rep,
+                        "workload": w["label"],
                         "streams": streams, "threads": len(devs), "devices": len(set(devs))}
                 cell.update(r)
                 out.append(cell)
@@ -195,6 +203,25 @@ def processes(args):
     """The child processes of a GPU run, in the order they run: those of the active paths
     other than gpu_bench's."""
     return list(dict.fromkeys(p[1] for p in active_paths(args) if p[1] != "rust"))
+
+
+# PyTorch's C++ paths (raw_alloc, at::empty). In one process their cells run in two regimes
+# by their order: the first of them in a group of cells fast, the next slow, and every one
+# slow after the first repeat (docs/benchmarks.md, "PyTorch's path with many threads").
+# --path-per-process gives each of them a process of its own.
+TORCH_CXX_KINDS = ("torch", "empty")
+
+
+def child_runs(args, which):
+    """The runs of process `which`: one running all its paths ([None]), or with
+    --path-per-process one for each of its PyTorch C++ paths (TORCH_CXX_KINDS) and one
+    for the rest, each a list of the kinds it times."""
+    if not args.path_per_process:
+        return [None]
+    kinds = [p[2] for p in active_paths(args) if p[1] == which]
+    alone = [[k] for k in kinds if k in TORCH_CXX_KINDS]
+    rest = [k for k in kinds if k not in TORCH_CXX_KINDS]
+    return alone + ([rest] if rest else [])
 
 
 # ---------------------------------------------------------------- Python threads
@@ -371,7 +398,10 @@ def run_child(args, which, env=None, extra=()):
     if r.stderr.strip():
         print(r.stderr.strip()[-2000:], file=sys.stderr)
     got = json.loads(lines[-1][7:])
-    print("%s process: %d cells in %.0f s" % (which, len(got["cells"]), time.time() - t), flush=True)
+    label = which
+    if "--kinds" in extra:
+        label += " (%s)" % extra[list(extra).index("--kinds") + 1]
+    print("%s process: %d cells in %.0f s" % (label, len(got["cells"]), time.time() - t), flush=True)
     return got
 
 
@@ -771,12 +801,17 @@ def parse_args(argv=None):
                     "gpualloc)")
     ap.add_argument("--null-driver", action="store_true",
                     help="no GPU: C library and Rust paths over the null driver")
+    ap.add_argument("--path-per-process", action="store_true",
+                    help="each of PyTorch's C++ paths (raw_alloc, at::empty) in a process of "
+                    "its own, the other paths of its process in another")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--child", choices=("native", "bridge", "cpu") + tuple(PLUGGABLE),
                     help=argparse.SUPPRESS)
     ap.add_argument("--cpu-loops", help=argparse.SUPPRESS)
     ap.add_argument("--null-pluggable", help=argparse.SUPPRESS)
+    ap.add_argument("--kinds", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.kinds = args.kinds.split(",") if args.kinds else None
     args.threads = [int(t) for t in args.threads.split(",")]
     args.streams = args.streams.split(",")
     if any(s not in ("own", "shared") for s in args.streams):
@@ -832,12 +867,15 @@ def main(argv=None):
         if "pluggable-null" in processes(args):
             null_so = build_null_pluggable(args.out, largest_request(args.workloads))
         for which in processes(args):
-            extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
-            got = run_child(args, which, extra=extra)
-            cells += got["cells"]
-            info.update(got["info"])
-            # what is measured so far survives a run stopped before its end
-            save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
+            for kinds in child_runs(args, which):
+                extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
+                if kinds is not None:
+                    extra += ["--kinds", ",".join(kinds)]
+                got = run_child(args, which, extra=extra)
+                cells += got["cells"]
+                info.update(got["info"])
+                # what is measured so far survives a run stopped before its end
+                save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
         env = None
     if not args.no_rust:
         if os.path.isfile(args.gpu_bench):

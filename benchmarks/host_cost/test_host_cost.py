@@ -233,6 +233,32 @@ class PluggablePlanTest(unittest.TestCase):
         self.assertEqual({c["process"] for c in cells}, {"pluggable-null"})
         self.assertEqual(order[:6], ["empty", "async", "async", "empty", "empty", "async"])
 
+    def test_each_pytorch_cxx_path_can_run_in_a_process_of_its_own(self):
+        args = self.args("--no-pluggable", "--path-per-process")
+        self.assertEqual(ht.child_runs(args, "native"),
+                         [["torch"], ["empty"], ["async", "so", "null", "python"]])
+        self.assertEqual(ht.child_runs(args, "bridge"),
+                         [["empty"], ["torch"], ["python", "async"]])
+        self.assertEqual(ht.child_runs(self.args("--no-pluggable"), "native"), [None])
+        # A child given --kinds times those paths only, and labels its cells' process
+        # with them: the ratios then count the cells as another process's.
+        child = self.args("--no-pluggable", "--child", "native", "--kinds", "empty")
+        ran = []
+
+        def timer(kind):
+            def run(w, streams, devs):
+                ran.append(kind)
+                return {"calls": 10, "wall_ns": 1e6, "p50_ns": 1, "p99_ns": 2,
+                        "failed_threads": 0}
+            return run
+
+        cells = ht.run_cells(child, "native", {k: timer(k) for k in
+                                               ("torch", "async", "so", "null", "empty",
+                                                "python")})
+        self.assertEqual(set(ran), {"empty"})
+        self.assertEqual({c["process"] for c in cells}, {"native:empty"})
+        self.assertEqual({c["path"] for c in cells}, {ht.AT_EMPTY})
+
     def test_the_library_each_pluggable_process_loads(self):
         args = self.args("--child", "pluggable-null", "--null-pluggable", __file__)
         self.assertEqual(ht.pluggable_library(args),
@@ -361,6 +387,13 @@ class MainProcessesTest(unittest.TestCase):
         runs, out = self.run_main("--no-pluggable")
         self.assertEqual(runs, [("native", []), ("bridge", [])])
         self.assertFalse(os.path.exists(os.path.join(out, "libnull_pluggable.so")))
+        runs, out = self.run_main("--no-pluggable", "--no-python", "--path-per-process")
+        self.assertEqual(runs, [("native", ["--kinds", "torch"]),
+                                ("native", ["--kinds", "empty"]),
+                                ("native", ["--kinds", "async,so,null"]),
+                                ("bridge", ["--kinds", "empty"]),
+                                ("bridge", ["--kinds", "torch"]),
+                                ("bridge", ["--kinds", "async"])])
 
 
 class FloorTableTest(unittest.TestCase):
