@@ -698,12 +698,10 @@ fn stress_stream_engines(config: &str, memory_fraction: bool, layout: Layout) {
     assert_eq!(engines.stats().unwrap().segment.all.current, 0);
 }
 
-#[test]
-#[ignore = "needs a GPU: cargo xtask test-gpu"]
-fn sixteen_threads_free_each_others_blocks_in_every_configuration() {
-    let configs = stress_configs();
+/// Runs `stress` for each configuration, in both stream layouts.
+fn in_both_layouts(configs: &[(String, bool)], stress: fn(&str, bool, Layout)) {
     println!("{} configurations, two stream layouts each", configs.len());
-    for (config, memory_fraction) in &configs {
+    for (config, memory_fraction) in configs {
         for layout in [Layout::OwnStreams, Layout::OneStream] {
             stress(config, *memory_fraction, layout);
         }
@@ -712,12 +710,12 @@ fn sixteen_threads_free_each_others_blocks_in_every_configuration() {
 
 #[test]
 #[ignore = "needs a GPU: cargo xtask test-gpu"]
+fn sixteen_threads_free_each_others_blocks_in_every_configuration() {
+    in_both_layouts(&stress_configs(), stress);
+}
+
+#[test]
+#[ignore = "needs a GPU: cargo xtask test-gpu"]
 fn sixteen_threads_over_an_engine_per_stream_free_each_others_blocks() {
-    let configs = stream_engine_configs();
-    println!("{} configurations, two stream layouts each", configs.len());
-    for (config, memory_fraction) in &configs {
-        for layout in [Layout::OwnStreams, Layout::OneStream] {
-            stress_stream_engines(config, *memory_fraction, layout);
-        }
-    }
+    in_both_layouts(&stream_engine_configs(), stress_stream_engines);
 }
