@@ -485,13 +485,6 @@ def budgets_between(allocated, reserved, shares):
     return [int(allocated + s * (reserved - allocated)) for s in shares]
 
 
-def round_order(allocs, rnd):
-    """The allocators in the order round `rnd` (from 1) runs them: rotated left by rnd - 1,
-    so that a slow spell of the host falls on a different allocator in each round."""
-    k = (rnd - 1) % len(allocs)
-    return allocs[k:] + allocs[:k]
-
-
 def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
@@ -811,7 +804,7 @@ def main(argv=None):
             w, cal["peak_allocated"] / GIB, cal["peak_reserved"] / GIB, cal["batch"],
             ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
         for rnd in range(1, args.rounds + 1):
-            for a in round_order(allocs, rnd):
+            for a in cw.round_order(allocs, rnd):
                 res = run_child(w, a, budgets, args.steps, args.timeout, args.cpus,
                                 args.profile_steps)
                 res["round"] = rnd

@@ -189,12 +189,12 @@ class BudgetTests(unittest.TestCase):
 
     def test_rounds_rotate_the_allocators(self):
         allocs = ["torch", "torch-expandable", "gpualloc:budget"]
-        self.assertEqual(budget.round_order(allocs, 1), allocs)
-        self.assertEqual(budget.round_order(allocs, 2),
+        self.assertEqual(budget.cw.round_order(allocs, 1), allocs)
+        self.assertEqual(budget.cw.round_order(allocs, 2),
                          ["torch-expandable", "gpualloc:budget", "torch"])
-        self.assertEqual(budget.round_order(allocs, 3),
+        self.assertEqual(budget.cw.round_order(allocs, 3),
                          ["gpualloc:budget", "torch", "torch-expandable"])
-        self.assertEqual(budget.round_order(allocs, 4), allocs)
+        self.assertEqual(budget.cw.round_order(allocs, 4), allocs)
 
     def test_main_calibrates_once_then_runs_rounds_rotated_and_pinned(self):
         calls = []

@@ -449,14 +449,20 @@ def split_so(base):
     return base, so
 
 
+def round_order(allocs, rnd):
+    """The allocators in the order round `rnd` (from 1) runs them: rotated left by rnd - 1,
+    so that no setting always runs first and a slow spell of the host falls on a different
+    allocator in each round (a process that follows another may run faster or slower for
+    it)."""
+    k = (rnd - 1) % len(allocs)
+    return allocs[k:] + allocs[:k]
+
+
 def with_repeats(allocs, repeat):
     """The allocators run `repeat` times, interleaved: round 1 as given, round k tagged '#k'
-    and its order rotated by k - 1 places, so that no setting always runs first (a process
-    that follows another on the host may run faster or slower for it)."""
-    def rotated(k):
-        r = (k - 1) % len(allocs)
-        return allocs[r:] + allocs[:r]
-    return [a if k == 1 else "%s#%d" % (a, k) for k in range(1, repeat + 1) for a in rotated(k)]
+    in round_order."""
+    return [a if k == 1 else "%s#%d" % (a, k) for k in range(1, repeat + 1)
+            for a in round_order(allocs, k)]
 
 
 def ratio_interval(ratios):
