@@ -120,6 +120,14 @@ impl CudaMemory {
         }
     }
 
+    /// After a driver call gave `size` bytes at `addr` back (a segment freed
+    /// or pages unmapped): returns them to the shared limit and reports
+    /// `action`.
+    fn released(&self, action: SegmentAction, addr: u64, size: u64) {
+        self.give(size);
+        self.report(action, addr, size);
+    }
+
     /// `grow` with `size` bytes taken from the shared limit first, and
     /// given back if it fails.
     fn growing(
@@ -190,8 +198,7 @@ impl MemoryBackend for CudaMemory {
         driver::bind(&self.ctx)?;
         driver::mem_free(addr)?;
         self.segments.remove(&addr);
-        self.give(size);
-        self.report(SegmentAction::Free, addr, size);
+        self.released(SegmentAction::Free, addr, size);
         Ok(())
     }
 
@@ -239,8 +246,7 @@ impl VirtualMemory for CudaMemory {
     fn unmap(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap(addr, size)?;
-        self.give(size);
-        self.report(SegmentAction::Unmap, addr, size);
+        self.released(SegmentAction::Unmap, addr, size);
         Ok(())
     }
 
@@ -252,8 +258,7 @@ impl VirtualMemory for CudaMemory {
     fn unmap_idle(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_idle(addr, size)?;
-        self.give(size);
-        self.report(SegmentAction::Unmap, addr, size);
+        self.released(SegmentAction::Unmap, addr, size);
         Ok(())
     }
 
@@ -279,8 +284,7 @@ impl DetachPages for CudaMemory {
     fn unmap_detached(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
         driver::bind(&self.ctx)?;
         self.vmm.unmap_detached(addr, size)?;
-        self.give(size);
-        self.report(SegmentAction::Unmap, addr, size);
+        self.released(SegmentAction::Unmap, addr, size);
         Ok(())
     }
 }
