@@ -150,6 +150,8 @@ struct Inner {
     ordinal: usize,
     ctx: Arc<CudaContext>,
     config: AllocatorConfig,
+    /// The policy the engines run, as the configuration resolves it.
+    policy: String,
     observer: ObserverSlot,
     /// The engines, made on a stream's first allocation.
     shards: Box<[OnceLock<Shard>]>,
@@ -213,7 +215,7 @@ impl StreamEngines {
     /// streams are a [`CudaError::Config`].
     pub fn new(ordinal: usize, config: &AllocatorConfig) -> Result<Self, CudaError> {
         check_config(config)?;
-        AnyPolicy::typed(config)?;
+        let policy = AnyPolicy::typed(config)?.policy_name();
         let count = driver::device_count()?;
         if ordinal >= count {
             return Err(CudaError::InvalidDevice { ordinal, count });
@@ -232,6 +234,7 @@ impl StreamEngines {
                 ordinal,
                 ctx,
                 config: config.clone(),
+                policy,
                 observer: ObserverSlot::default(),
                 shards: (0..MAX_STREAM_ENGINES).map(|_| OnceLock::new()).collect(),
                 by_stream: Mutex::new(HashMap::new()),
@@ -276,6 +279,12 @@ impl StreamEngines {
     /// The configuration the engines were made with.
     pub fn config(&self) -> &AllocatorConfig {
         &self.inner.config
+    }
+
+    /// The name of the policy the engines run (`policy:` as the
+    /// configuration resolves it: the build's default where it names none).
+    pub fn policy_name(&self) -> &str {
+        &self.inner.policy
     }
 
     /// The device's primary context: create streams here.
@@ -644,6 +653,18 @@ mod null_driver_tests {
         let new = || alloc.context().new_stream().unwrap();
         let (a, b) = (new(), new());
         (alloc, a, b)
+    }
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn the_policy_is_named_as_the_configuration_resolves_it() {
+        let names = alloc_policy::policy_names();
+        for name in &names {
+            let alloc = StreamEngines::with_config_str(0, &format!("policy:{name}")).unwrap();
+            assert_eq!(alloc.policy_name(), name);
+        }
+        let default = StreamEngines::with_config_str(0, "").unwrap();
+        assert_eq!(default.policy_name(), names[0]);
     }
 
     #[test]

@@ -745,10 +745,13 @@ pub fn build_snapshot(device: c_int) -> FfiResult<snapshot::PySnapshot> {
     }
     let engines = per_stream::targets(device)?;
     for (d, e) in &engines {
-        let (snap, policy) = per_stream::snapshot(e)?;
-        segments.extend(snapshot::segments_of(*d, &snap));
+        segments.extend(snapshot::segments_of(*d, &e.snapshot()?));
         if settings.is_none() {
-            settings = Some(snapshot::settings_of(&conf_text, e.config(), &policy));
+            settings = Some(snapshot::settings_of(
+                &conf_text,
+                e.config(),
+                e.policy_name(),
+            ));
         }
     }
     let settings = match settings {

@@ -16,7 +16,7 @@
 
 use std::sync::OnceLock;
 
-use alloc_core::{AllocError, Snapshot, Stats};
+use alloc_core::{AllocError, Stats};
 use alloc_cuda::{CudaAllocator, CudaError, StreamEngines, MAX_DEVICES};
 
 use crate::layout;
@@ -113,14 +113,4 @@ pub(crate) fn stats(device: i32) -> FfiResult<Option<(Stats, u64)>> {
         Some(e) => Ok(Some((e.stats()?, e.config().max_split_size))),
         None => Ok(None),
     }
-}
-
-/// A device's snapshot and its policy's name.
-pub(crate) fn snapshot(e: &StreamEngines) -> FfiResult<(Snapshot, String)> {
-    let policy = e
-        .config()
-        .policy
-        .clone()
-        .unwrap_or_else(|| "pytorch-bfc".into());
-    Ok((e.snapshot()?, policy))
 }
