@@ -90,6 +90,17 @@ ENGINE_MODES = {
 }
 
 
+def engine_per_stream(config):
+    """Whether a GPUALLOC_CONF string asks for an engine per stream: the C library then
+    serves each device through StreamEngines, whose Rust path is --rust-engines' "stream"
+    (CudaAllocator, one engine a device, refuses the setting)."""
+    for item in (config or "").split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "engine_per_stream":
+            return value.strip().lower() in ("true", "1")
+    return False
+
+
 def engine_paths(args, reference):
     """The rust process's paths of --rust-engines' modes beyond "device"."""
     return [(ENGINE_MODES[m][0], "rust", "ours:" + m, reference)
@@ -191,12 +202,15 @@ def run_cells(args, process, timers, log=print):
 def active_paths(args):
     """The paths this run times (PATHS, less the Python threads with --no-python, the
     bridge process with --no-bridge and the pluggable processes with --no-pluggable; the
-    null driver's set with --null-driver)."""
-    if args.null_driver:
-        return NULL_DRIVER_PATHS + engine_paths(args, "gpualloc C library")
-    return [p for p in PATHS if not (args.no_python and p[2] == "python")
+    null driver's set with --null-driver; CudaAllocator's when --rust-engines leaves out
+    one engine a device)."""
+    one_engine = "device" in args.rust_engines
+    base = NULL_DRIVER_PATHS if args.null_driver else PATHS
+    kept = [p for p in base if not (args.no_python and p[2] == "python")
             and not (args.no_bridge and p[1] == "bridge")
-            and not (args.no_pluggable and p[1] in PLUGGABLE)] + engine_paths(args, TORCH_RAW)
+            and not (args.no_pluggable and p[1] in PLUGGABLE)
+            and not (not one_engine and p[1:3] == ("rust", "ours"))]
+    return kept + engine_paths(args, "gpualloc C library" if args.null_driver else TORCH_RAW)
 
 
 def processes(args):
@@ -821,6 +835,13 @@ def parse_args(argv=None):
     args.rust_engines = args.rust_engines.split(",")
     if any(m != "device" and m not in ENGINE_MODES for m in args.rust_engines):
         ap.error("--rust-engines takes device, %s" % ", ".join(ENGINE_MODES))
+    if engine_per_stream(args.config):
+        # the layout the C library runs under the setting, in place of one engine a device
+        if any(m.startswith("thread") for m in args.rust_engines):
+            ap.error("--config engine_per_stream:True runs an engine per stream; the thread "
+                     "layouts build one CudaAllocator each, which refuses it")
+        args.rust_engines = list(dict.fromkeys(
+            "stream" if m == "device" else m for m in args.rust_engines))
     if args.sample_every < 1 or args.repeats < 1 or args.window <= 0:
         ap.error("--sample-every and --repeats are at least 1, --window above 0")
     if args.so is None:

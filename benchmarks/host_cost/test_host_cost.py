@@ -125,6 +125,20 @@ class ThreadsPlanTest(unittest.TestCase):
         with self.assertRaises(SystemExit):
             ht.parse_args(["--so", __file__, "--rust-engines", "process"])
 
+    def test_an_engine_per_stream_runs_the_rust_path_of_that_layout(self):
+        args = ht.parse_args(["--so", __file__, "--null-driver",
+                              "--config", "policy:pytorch-bfc, engine_per_stream:True"])
+        self.assertEqual(args.rust_engines, ["stream"])
+        names = [p[0] for p in ht.active_paths(args)]
+        self.assertIn(ht.ENGINE_MODES["stream"][0], names)
+        self.assertNotIn("gpualloc CudaAllocator (Rust)", names)
+        args = ht.parse_args(["--so", __file__, "--null-driver",
+                              "--config", "engine_per_stream:false"])
+        self.assertEqual(args.rust_engines, ["device"])
+        with self.assertRaises(SystemExit):
+            ht.parse_args(["--so", __file__, "--config", "engine_per_stream:True",
+                           "--rust-engines", "device,thread"])
+
 
 class ThreadsReportTest(unittest.TestCase):
     def cells(self):

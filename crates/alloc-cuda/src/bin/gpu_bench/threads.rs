@@ -488,23 +488,30 @@ pub fn run(argv: &[String]) -> BoxResult<()> {
     };
     let mut devices = Vec::new();
     for d in 0..ndev {
-        let engines = if plan.engines == Engines::Thread {
-            per_device
-        } else {
-            1
+        // Under an engine per stream the device's allocator is its StreamEngines alone:
+        // a configuration may ask for that layout (engine_per_stream), which
+        // CudaAllocator refuses.
+        let engines = match plan.engines {
+            Engines::Thread => per_device,
+            Engines::Device => 1,
+            Engines::Stream => 0,
         };
         let allocs = (0..engines)
             .map(|_| CudaAllocator::with_config_str(d, &plan.config))
-            .collect::<Result<Vec<_>, _>>()?;
-        let ctx = allocs[0].context().clone();
-        keep_default_pool(&ctx, u64::MAX)?;
-        let streams = (0..per_device)
-            .map(|_| ctx.new_stream())
             .collect::<Result<Vec<_>, _>>()?;
         let stream_engines = match plan.engines {
             Engines::Stream => Some(StreamEngines::with_config_str(d, &plan.config)?),
             _ => None,
         };
+        let ctx = match (&stream_engines, allocs.first()) {
+            (Some(engines), _) => engines.context().clone(),
+            (None, Some(alloc)) => alloc.context().clone(),
+            (None, None) => return Err("no allocator for the device".into()),
+        };
+        keep_default_pool(&ctx, u64::MAX)?;
+        let streams = (0..per_device)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
         devices.push(Device {
             ctx,
             allocs,

@@ -1,0 +1,254 @@
+#!/usr/bin/env python3
+"""FSDP under every setting in interleaved rounds, on N GPUs or, with --fake, on one GPU
+as rank 0 of N over PyTorch's fake process group:
+
+    GPUALLOC_SO=$PWD/target/release/liballoc_ffi.so python3 benchmarks/fsdp/rounds.py \\
+        --out out/rounds --worlds 2 --fsdp fsdp2,fsdp1,fsdp1-limit \\
+        --settings torch,torch-expandable,ours-streamwait-unmap,ours-budget,ours-bound \\
+        --rounds 4 --steps 30 --bench-args "--varlen 256"
+
+On N GPUs each run is one process group of N ranks (started directly, with torchrun's
+variables, as `run_all.py --launcher direct` does). With --fake, FSDP shards the model N
+ways, gathers each unit's parameters into buffers allocated on its all-gather stream,
+reduces gradients on its reduce-scatter stream and frees across streams exactly as rank 0
+of N GPUs does; only the collectives move no data. So the allocator's part of a
+multi-GPU step (host waits on other streams' events, stream waits, page moves) is measured
+on one GPU, without the communication time that would hide some of it: an upper bound on
+what the allocator adds.
+
+Rounds are interleaved: round r runs every (world, fsdp, setting) once, the settings
+rotated by r (compare_workloads' round_order), so a slow spell of the machine falls on
+different settings. Each run is its own process (the allocator cannot be swapped inside
+one). Step times of multi-GPU runs move by 10-20% between rounds on the same machine, so
+a setting is compared with PyTorch's default of the same round, and the per-round ratios
+are summarised by their geometric mean and 95% interval.
+
+Output: OUT/r<R>/w<N>/runs/*.json (fsdp_bench's, one per rank), OUT/rounds.json (the
+summary) and a markdown table on stdout: per (world, fsdp, setting), the mean step over
+the rounds (each round's mean over its ranks of the mean over steps 3..N) and its
+spread, the ratio to PyTorch's default in each round and their interval with a verdict
+on the 1.02 target, peak reserved / peak allocated over ranks and rounds, and gpu_alloc's
+per-step counters (host waits and their time, stream waits, pages moved and their host
+time). Imports no torch.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+
+import compare_workloads as cw  # noqa: E402  (round order, ratio interval; no torch)
+import fsdp_bench  # noqa: E402  (no torch at import)
+import run_all  # noqa: E402  (the ranks' commands and environment, the launcher)
+
+BASELINE = fsdp_bench.BASELINE_SETTING
+COUNTERS = (("stream_ops.host_waits", "host waits"), ("stream_ops.host_wait_ns", "host wait us"),
+            ("stream_ops.stream_waits", "stream waits"),
+            ("page_moves.pages_unmapped", "pages unmapped"),
+            ("page_moves.pages_mapped", "pages mapped"), ("page_moves.host_ns", "move us"))
+
+
+def csv(text):
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--worlds", type=lambda t: [int(x) for x in csv(t)], default=[2],
+                   help="ranks per run: GPUs, or with --fake the fake world's size")
+    p.add_argument("--fake", action="store_true",
+                   help="one GPU: one process as rank 0 of each world over the fake process "
+                        "group")
+    p.add_argument("--fsdp", type=csv, default=["fsdp2"])
+    p.add_argument("--settings", type=csv, default=[BASELINE, "ours"])
+    p.add_argument("--shape", default="gpt2-medium", choices=sorted(fsdp_bench.SHAPES))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--bench-args", default="", help="more arguments for fsdp_bench.py")
+    p.add_argument("--run-timeout", type=float, default=180.0)
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for everything; runs that would start after it are skipped")
+    p.add_argument("--gpualloc-so", default=None,
+                   help="liballoc_ffi.so for the ours-* settings (default: $GPUALLOC_SO, else "
+                        "gpu_alloc's own search)")
+    p.add_argument("--report-only", action="store_true")
+    a = p.parse_args(argv)
+    bad = [s for s in a.settings if s not in fsdp_bench.SETTINGS]
+    bad += [f for f in a.fsdp if f not in fsdp_bench.FSDP_VARIANTS]
+    if bad:
+        p.error("unknown setting or fsdp variant: %s" % ",".join(bad))
+    if BASELINE not in a.settings:
+        p.error("--settings must include %s (the ratios' anchor)" % BASELINE)
+    if a.rounds < 1 or a.steps <= fsdp_bench.SKIP_STEPS:
+        p.error("--rounds must be >= 1 and --steps > %d" % fsdp_bench.SKIP_STEPS)
+    if a.fake and min(a.worlds) < 2:
+        p.error("--fake needs worlds of 2 or more ranks")
+    return a
+
+
+def run_dir(out, rnd, world):
+    return os.path.join(out, "r%d" % rnd, "w%d" % world)
+
+
+def ranks_written(args, world):
+    """The ranks whose results a run leaves: rank 0 alone in a fake world."""
+    return [0] if args.fake else list(range(world))
+
+
+def plan(args):
+    """(round, world, fsdp, setting) in run order: settings rotated by the round."""
+    order = []
+    for r in range(args.rounds):
+        settings = cw.round_order(args.settings, r + 1)
+        for world in args.worlds:
+            for fsdp in args.fsdp:
+                order.extend((r, world, fsdp, s) for s in settings)
+    return order
+
+
+def commands(args, world, fsdp, setting, out):
+    """[(argv, extra environment)]: one process for a fake world, one per rank otherwise."""
+    launch = argparse.Namespace(steps=args.steps, nproc=world, launcher="direct",
+                                python=sys.executable, torchrun=None,
+                                bench_args=args.bench_args + (
+                                    " --fake-world %d" % world if args.fake else ""))
+    cmds = run_all.commands(launch, setting, fsdp, args.shape, out, run_all.free_port())
+    if args.fake:  # no process group variables: fsdp_bench builds the fake one itself
+        cmds = [(argv, {}) for argv, _ in cmds[:1]]
+    return cmds
+
+
+def run(args, rnd, world, fsdp, setting, left):
+    out = run_dir(args.out, rnd, world)
+    for r in ranks_written(args, world):  # no stale result from an earlier invocation
+        try:
+            os.unlink(fsdp_bench.result_path(out, setting, fsdp, args.shape, r))
+        except FileNotFoundError:
+            pass
+    env = run_all.run_env(args, setting)
+    log = os.path.join(out, "logs", "%s__%s.log" % (setting, fsdp))
+    status, rc, wall, _ = run_all.launch(
+        commands(args, world, fsdp, setting, out), env, log, min(args.run_timeout, left),
+        lambda line: line.startswith(("Traceback", "torch.OutOfMemoryError")),
+        "%s %s" % (setting, fsdp))
+    print("[rounds] round %d world %d %s %s: %s (rc %s), %.0f s" % (
+        rnd + 1, world, fsdp, setting, status, rc, wall), flush=True)
+
+
+def load(args):
+    """{(world, fsdp, setting): [each round's rank summaries (all ranks ok) or None]}"""
+    runs = {}
+    for rnd, world, fsdp, setting in plan(args):
+        ranks = []
+        for r in ranks_written(args, world):
+            path = fsdp_bench.result_path(run_dir(args.out, rnd, world), setting, fsdp,
+                                          args.shape, r)
+            try:
+                with open(path) as f:
+                    s = json.load(f)
+            except (OSError, ValueError):
+                s = None
+            ranks.append(s if s and s.get("status") == "ok" else None)
+        got = ranks if all(ranks) else None
+        runs.setdefault((world, fsdp, setting), [None] * args.rounds)[rnd] = got
+    return runs
+
+
+def round_step(ranks):
+    """One round's step: the mean over ranks of each rank's mean step (the ranks wait for
+    each other in every collective, so they differ little)."""
+    return statistics.fmean(s["mean_step_ms"] for s in ranks)
+
+
+def summarize(runs, rounds):
+    """Rows of the table: one per (world, fsdp, setting) with a run in any round."""
+    rows = []
+    for (world, fsdp, setting), per_round in sorted(runs.items()):
+        ok = [(r, ranks) for r, ranks in enumerate(per_round) if ranks]
+        if not ok:
+            rows.append({"world": world, "fsdp": fsdp, "setting": setting, "runs": 0})
+            continue
+        base = runs.get((world, fsdp, BASELINE), [None] * rounds)
+        ratios = [round_step(ranks) / round_step(base[r]) for r, ranks in ok if base[r]]
+        means = [round_step(ranks) for _, ranks in ok]
+        summaries = [s for _, ranks in ok for s in ranks]
+        gaps = [s["reserved_over_allocated"] or 0 for s in summaries]
+        row = {
+            "world": world, "fsdp": fsdp, "setting": setting, "runs": len(ok),
+            "mean_step_ms": round(statistics.fmean(means), 2),
+            "mean_step_spread_ms": [round(min(means), 2), round(max(means), 2)],
+            "median_step_ms": round(statistics.fmean(s["median_step_ms"] for s in summaries), 2),
+            "ratio_mean_to_torch": [round(x, 3) for x in ratios],
+            "ratio_interval": cw.ratio_interval(ratios) if setting != BASELINE else None,
+            "verdict": cw.verdict(ratios) if setting != BASELINE else None,
+            "reserved_over_allocated": [min(gaps), max(gaps)],
+            "peak_reserved_gib": round(max(s["peak_reserved_bytes"] or 0 for s in summaries)
+                                       / 2**30, 3),
+        }
+        counted = [s["counters_per_step"] for s in summaries if s.get("counters_per_step")]
+        if counted:
+            row["counters_per_step"] = {k: round(statistics.fmean(c.get(k, 0) for c in counted), 2)
+                                        for k, _ in COUNTERS}
+        rows.append(row)
+    return rows
+
+
+def _interval(row):
+    iv = row.get("ratio_interval")
+    if not iv:
+        return "-"
+    return "%.3f (%.3f-%.3f) %s" % (iv[0], iv[1], iv[2], row.get("verdict") or "")
+
+
+def table(rows):
+    head = ["world", "fsdp", "setting", "mean step ms (spread)", "/ torch, per round",
+            "/ torch (95%)", "reserved / allocated"] + [name for _, name in COUNTERS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if not r["runs"]:
+            lines.append("| %d | %s | %s | failed |%s" % (r["world"], r["fsdp"], r["setting"],
+                                                          " |" * (len(head) - 3)))
+            continue
+        c = r.get("counters_per_step")
+        lo, hi = r["reserved_over_allocated"]
+        cells = [str(r["world"]), r["fsdp"], r["setting"],
+                 "%.1f (%.1f-%.1f)" % (r["mean_step_ms"], *r["mean_step_spread_ms"]),
+                 ", ".join("%.3f" % x for x in r["ratio_mean_to_torch"]),
+                 _interval(r),
+                 "%.3f" % hi if "%.3f" % lo == "%.3f" % hi else "%.3f-%.3f" % (lo, hi)]
+        for k, _ in COUNTERS:
+            v = c.get(k) if c else None
+            if v is not None and k.endswith("_ns"):
+                v = v / 1000.0
+            cells.append("-" if v is None else "%.1f" % v)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t0 = time.time()
+    if not args.report_only:
+        for rnd, world, fsdp, setting in plan(args):
+            left = (args.budget - (time.time() - t0)) if args.budget else args.run_timeout
+            if left < 1:
+                print("[rounds] budget spent: skipping the rest", flush=True)
+                break
+            run(args, rnd, world, fsdp, setting, left)
+    rows = summarize(load(args), args.rounds)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "rounds.json"), "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

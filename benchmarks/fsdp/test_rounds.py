@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""CPU tests of rounds.py's run order, commands, summary and table, with fake results (no
+torch):
+
+    python3 benchmarks/fsdp/test_rounds.py
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import rounds  # noqa: E402
+import fsdp_bench  # noqa: E402
+
+
+def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, rank=0,
+              gap=1.25):
+    path = fsdp_bench.result_path(rounds.run_dir(out, rnd, world), setting, fsdp,
+                                  "gpt2-medium", rank)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    summary = {"status": status, "mean_step_ms": mean, "median_step_ms": mean - 1,
+               "reserved_over_allocated": gap, "peak_reserved_bytes": 3 * 2**30}
+    if counters is not None:
+        summary["counters_per_step"] = counters
+    with open(path, "w") as f:
+        json.dump(summary, f)
+
+
+class FakeWorldTest(unittest.TestCase):
+    def args(self, out, extra=()):
+        return rounds.parse_args(["--out", out, "--settings", "torch,ours-budget",
+                                  "--worlds", "2,4", "--rounds", "2", "--fake", *extra])
+
+    def test_rounds_rotate_the_settings(self):
+        order = rounds.plan(self.args("/tmp/x"))
+        self.assertEqual(len(order), 2 * 2 * 2)
+        first = [s for r, w, f, s in order if r == 0 and w == 2]
+        second = [s for r, w, f, s in order if r == 1 and w == 2]
+        self.assertEqual(first, ["torch", "ours-budget"])
+        self.assertEqual(second, ["ours-budget", "torch"])
+
+    def test_the_anchor_is_required(self):
+        with self.assertRaises(SystemExit):
+            rounds.parse_args(["--out", "/tmp/x", "--settings", "ours"])
+
+    def test_ratios_are_to_torch_of_the_same_round(self):
+        with tempfile.TemporaryDirectory() as out:
+            args = self.args(out)
+            counters = {"stream_ops.host_waits": 1.0, "stream_ops.host_wait_ns": 2500.0,
+                        "stream_ops.stream_waits": 0.0, "page_moves.pages_unmapped": 3.0,
+                        "page_moves.pages_mapped": 3.0, "page_moves.host_ns": 1e6}
+            for rnd, base in ((0, 100.0), (1, 200.0)):
+                write_run(out, rnd, 2, "fsdp2", "torch", base)
+                write_run(out, rnd, 2, "fsdp2", "ours-budget", base * 1.1, counters=counters)
+            write_run(out, 0, 4, "fsdp2", "torch", 100.0)
+            write_run(out, 0, 4, "fsdp2", "ours-budget", 90.0, status="error")
+            rows = {(r["world"], r["setting"]): r
+                    for r in rounds.summarize(rounds.load(args), args.rounds)}
+            ours = rows[(2, "ours-budget")]
+            self.assertEqual(ours["ratio_mean_to_torch"], [1.1, 1.1])
+            self.assertEqual(ours["mean_step_spread_ms"], [110.0, 220.0])
+            self.assertEqual(ours["counters_per_step"]["page_moves.pages_unmapped"], 3.0)
+            self.assertEqual(rows[(4, "ours-budget")]["runs"], 0, "a failed run is no result")
+            self.assertEqual(rows[(4, "torch")]["runs"], 1)
+            text = rounds.table(list(rows.values()))
+            self.assertIn("| 2 | fsdp2 | ours-budget | 165.0 (110.0-220.0) | 1.100, 1.100 |", text)
+            self.assertIn("2.5", text, "host wait ns shown in microseconds")
+            self.assertIn("| 4 | fsdp2 | ours-budget | failed |", text)
+
+
+class GpusTest(unittest.TestCase):
+    def args(self, out):
+        return rounds.parse_args(["--out", out, "--settings", "torch,ours-bound", "--worlds",
+                                  "2", "--rounds", "2", "--steps", "30",
+                                  "--bench-args", "--varlen 256"])
+
+    def test_a_run_is_one_process_a_rank_and_a_fake_world_one_process(self):
+        args = self.args("/tmp/x")
+        cmds = rounds.commands(args, 2, "fsdp1", "ours-bound", "/tmp/x/r0/w2")
+        self.assertEqual([env["RANK"] for _, env in cmds], ["0", "1"])
+        self.assertTrue(all(env["WORLD_SIZE"] == "2" for _, env in cmds))
+        argv = cmds[0][0]
+        self.assertNotIn("--fake-world", argv)
+        self.assertEqual(argv[argv.index("--varlen") + 1], "256")
+        self.assertEqual(argv[argv.index("--steps") + 1], "30")
+        fake = rounds.parse_args(["--out", "/tmp/x", "--settings", "torch", "--worlds", "4",
+                                  "--fake"])
+        cmds = rounds.commands(fake, 4, "fsdp2", "torch", "/tmp/x/r0/w4")
+        self.assertEqual(len(cmds), 1)
+        self.assertEqual(cmds[0][1], {}, "the fake group needs no process group variables")
+        self.assertEqual(cmds[0][0][cmds[0][0].index("--fake-world") + 1], "4")
+
+    def test_every_rank_counts_and_a_missing_rank_is_no_result(self):
+        with tempfile.TemporaryDirectory() as out:
+            args = self.args(out)
+            for rnd in (0, 1):
+                write_run(out, rnd, 2, "fsdp2", "torch", 200.0, rank=0)
+                write_run(out, rnd, 2, "fsdp2", "torch", 220.0, rank=1)
+            write_run(out, 0, 2, "fsdp2", "ours-bound", 200.0, rank=0, gap=1.006)
+            write_run(out, 0, 2, "fsdp2", "ours-bound", 240.0, rank=1, gap=1.02)
+            write_run(out, 1, 2, "fsdp2", "ours-bound", 100.0, rank=0)  # rank 1 lost
+            rows = {r["setting"]: r for r in rounds.summarize(rounds.load(args), args.rounds)}
+            ours = rows["ours-bound"]
+            self.assertEqual(ours["runs"], 1)
+            self.assertEqual(ours["ratio_mean_to_torch"], [round(220.0 / 210.0, 3)])
+            self.assertEqual(ours["reserved_over_allocated"], [1.006, 1.02])
+            self.assertIsNone(ours["ratio_interval"], "one round gives no interval")
+            self.assertEqual(rows["torch"]["runs"], 2)
+            self.assertIn("| 1.006-1.020 |", rounds.table(list(rows.values())))
+
+    def test_the_interval_and_verdict_come_from_the_rounds(self):
+        with tempfile.TemporaryDirectory() as out:
+            args = rounds.parse_args(["--out", out, "--settings", "torch,ours-bound",
+                                      "--rounds", "3"])
+            for rnd, ratio in enumerate((1.30, 1.32, 1.31)):
+                for rank in (0, 1):
+                    write_run(out, rnd, 2, "fsdp2", "torch", 100.0, rank=rank)
+                    write_run(out, rnd, 2, "fsdp2", "ours-bound", 100.0 * ratio, rank=rank)
+            ours = next(r for r in rounds.summarize(rounds.load(args), 3)
+                        if r["setting"] == "ours-bound")
+            self.assertEqual(ours["verdict"], "above")
+            self.assertAlmostEqual(ours["ratio_interval"][0], 1.31, places=2)
+
+
+if __name__ == "__main__":
+    unittest.main()
