@@ -309,8 +309,11 @@ class AllocStats:
     """Reads the allocator's figures: torch.cuda.memory_stats() where it works, else
     gpu_alloc.memory_stats() (ours-* settings without the C++ bridge)."""
 
+    # active bytes: allocated, plus freed blocks still awaiting other streams' events
+    # (record_stream), which no allocator can hand out without a wait.
     KEYS = ("reserved_bytes.all.current", "reserved_bytes.all.peak",
             "allocated_bytes.all.current", "allocated_bytes.all.peak",
+            "active_bytes.all.peak",
             "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
     # gpu_alloc's cumulative counters of what stream ordering and page recycling cost:
     # host waits for the GPU, stream waits, events, page moves (ours-* settings).
@@ -383,7 +386,7 @@ class AllocStats:
 def summarize(per_step, skip=SKIP_STEPS):
     """Peaks, median step time and losses from the per-step records."""
     def peak(key, sub="primary"):
-        vals = [s[sub][key] for s in per_step if sub in s]
+        vals = [s[sub][key] for s in per_step if sub in s and s[sub].get(key) is not None]
         return max(vals) if vals else None
 
     times = [s["time_ms"] for s in per_step]
@@ -403,6 +406,11 @@ def summarize(per_step, skip=SKIP_STEPS):
         out["gpu_alloc_peak_allocated_bytes"] = peak("allocated_peak", "gpu_alloc")
     r, a = out["peak_reserved_bytes"], out["peak_allocated_bytes"]
     out["reserved_over_allocated"] = round(r / a, 4) if r and a else None
+    # Peak active over peak allocated: the part of the gap that is blocks awaiting other
+    # streams' events, the floor for an allocator that adds no waits.
+    act = peak("active_peak")
+    out["peak_active_bytes"] = act
+    out["active_over_allocated"] = round(act / a, 4) if act and a else None
     counted = [s["counters"] for s in per_step[skip:] if "counters" in s]
     if counted:  # per timed step: what stream ordering and page recycling cost
         out["counters_per_step"] = {k: round(statistics.fmean(c[k] for c in counted), 2)
@@ -426,6 +434,7 @@ def step_record(step, loss, time_ms, stats, before, device_used, previous=None):
             "reserved_peak": s["reserved_bytes.all.peak"],
             "allocated": s["allocated_bytes.all.current"],
             "allocated_peak": s["allocated_bytes.all.peak"],
+            "active_peak": s["active_bytes.all.peak"],
             "num_device_alloc": s["num_device_alloc"] - before[sub]["num_device_alloc"],
             "num_device_free": s["num_device_free"] - before[sub]["num_device_free"],
             "num_alloc_retries": s["num_alloc_retries"] - before[sub]["num_alloc_retries"],

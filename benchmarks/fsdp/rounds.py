@@ -27,8 +27,9 @@ Output: OUT/r<R>/w<N>/runs/*.json (fsdp_bench's, one per rank), OUT/rounds.json 
 summary) and a markdown table on stdout: per (world, fsdp, setting), the mean step over
 the rounds (each round's mean over its ranks of the mean over steps 3..N) and its
 spread, the ratio to PyTorch's default in each round and their interval with a verdict
-on the 1.02 target, peak reserved / peak allocated over ranks and rounds, and gpu_alloc's
-per-step counters (host waits and their time, stream waits, pages moved and their host
+on the 1.02 target, peak reserved / peak allocated over ranks and rounds, peak active /
+peak allocated (active bytes count freed blocks still awaiting other streams' events
+too: the floor for an allocator that adds no waits), and gpu_alloc's per-step counters (host waits and their time, stream waits, pages moved and their host
 time). Imports no torch.
 """
 import argparse
@@ -181,6 +182,8 @@ def summarize(runs, rounds):
         means = [round_step(ranks) for _, ranks in ok]
         summaries = [s for _, ranks in ok for s in ranks]
         gaps = [s["reserved_over_allocated"] or 0 for s in summaries]
+        floors = [s["active_over_allocated"] for s in summaries
+                  if s.get("active_over_allocated")]
         row = {
             "world": world, "fsdp": fsdp, "setting": setting, "runs": len(ok),
             "mean_step_ms": round(statistics.fmean(means), 2),
@@ -190,6 +193,7 @@ def summarize(runs, rounds):
             "ratio_interval": cw.ratio_interval(ratios) if setting != BASELINE else None,
             "verdict": cw.verdict(ratios) if setting != BASELINE else None,
             "reserved_over_allocated": [min(gaps), max(gaps)],
+            "active_over_allocated": [min(floors), max(floors)] if floors else None,
             "peak_reserved_gib": round(max(s["peak_reserved_bytes"] or 0 for s in summaries)
                                        / 2**30, 3),
         }
@@ -208,9 +212,18 @@ def _interval(row):
     return "%.3f (%.3f-%.3f) %s" % (iv[0], iv[1], iv[2], row.get("verdict") or "")
 
 
+def _span(pair):
+    """min-max of a ratio, one figure where they agree; "-" where not measured."""
+    if not pair:
+        return "-"
+    lo, hi = pair
+    return "%.3f" % hi if "%.3f" % lo == "%.3f" % hi else "%.3f-%.3f" % (lo, hi)
+
+
 def table(rows):
     head = ["world", "fsdp", "setting", "mean step ms (spread)", "/ torch, per round",
-            "/ torch (95%)", "reserved / allocated"] + [name for _, name in COUNTERS]
+            "/ torch (95%)", "reserved / allocated", "active / allocated"] + [
+                name for _, name in COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if not r["runs"]:
@@ -218,12 +231,11 @@ def table(rows):
                                                           " |" * (len(head) - 3)))
             continue
         c = r.get("counters_per_step")
-        lo, hi = r["reserved_over_allocated"]
         cells = [str(r["world"]), r["fsdp"], r["setting"],
                  "%.1f (%.1f-%.1f)" % (r["mean_step_ms"], *r["mean_step_spread_ms"]),
                  ", ".join("%.3f" % x for x in r["ratio_mean_to_torch"]),
-                 _interval(r),
-                 "%.3f" % hi if "%.3f" % lo == "%.3f" % hi else "%.3f-%.3f" % (lo, hi)]
+                 _interval(r), _span(r["reserved_over_allocated"]),
+                 _span(r.get("active_over_allocated"))]
         for k, _ in COUNTERS:
             v = c.get(k) if c else None
             if v is not None and k.endswith("_ns"):

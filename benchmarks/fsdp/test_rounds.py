@@ -18,7 +18,7 @@ import fsdp_bench  # noqa: E402
 
 
 def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, rank=0,
-              gap=1.25):
+              gap=1.25, active=None):
     path = fsdp_bench.result_path(rounds.run_dir(out, rnd, world), setting, fsdp,
                                   "gpt2-medium", rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -26,6 +26,8 @@ def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, 
                "reserved_over_allocated": gap, "peak_reserved_bytes": 3 * 2**30}
     if counters is not None:
         summary["counters_per_step"] = counters
+    if active is not None:
+        summary["active_over_allocated"] = active
     with open(path, "w") as f:
         json.dump(summary, f)
 
@@ -100,8 +102,8 @@ class GpusTest(unittest.TestCase):
             for rnd in (0, 1):
                 write_run(out, rnd, 2, "fsdp2", "torch", 200.0, rank=0)
                 write_run(out, rnd, 2, "fsdp2", "torch", 220.0, rank=1)
-            write_run(out, 0, 2, "fsdp2", "ours-bound", 200.0, rank=0, gap=1.006)
-            write_run(out, 0, 2, "fsdp2", "ours-bound", 240.0, rank=1, gap=1.02)
+            write_run(out, 0, 2, "fsdp2", "ours-bound", 200.0, rank=0, gap=1.006, active=1.004)
+            write_run(out, 0, 2, "fsdp2", "ours-bound", 240.0, rank=1, gap=1.02, active=1.012)
             write_run(out, 1, 2, "fsdp2", "ours-bound", 100.0, rank=0)  # rank 1 lost
             rows = {r["setting"]: r for r in rounds.summarize(rounds.load(args), args.rounds)}
             ours = rows["ours-bound"]
@@ -110,7 +112,11 @@ class GpusTest(unittest.TestCase):
             self.assertEqual(ours["reserved_over_allocated"], [1.006, 1.02])
             self.assertIsNone(ours["ratio_interval"], "one round gives no interval")
             self.assertEqual(rows["torch"]["runs"], 2)
-            self.assertIn("| 1.006-1.020 |", rounds.table(list(rows.values())))
+            self.assertEqual(ours["active_over_allocated"], [1.004, 1.012])
+            self.assertIsNone(rows["torch"]["active_over_allocated"], "not in older results")
+            text = rounds.table(list(rows.values()))
+            self.assertIn("| 1.006-1.020 | 1.004-1.012 |", text)
+            self.assertIn("| 1.250 | - |", text)
 
     def test_the_interval_and_verdict_come_from_the_rounds(self):
         with tempfile.TemporaryDirectory() as out:
@@ -124,6 +130,27 @@ class GpusTest(unittest.TestCase):
                         if r["setting"] == "ours-bound")
             self.assertEqual(ours["verdict"], "above")
             self.assertAlmostEqual(ours["ratio_interval"][0], 1.31, places=2)
+
+
+class ActiveBytesTest(unittest.TestCase):
+    def stats(self, reserved, allocated, active):
+        keys = dict.fromkeys(fsdp_bench.AllocStats.KEYS, 0)
+        keys.update({"reserved_bytes.all.peak": reserved, "allocated_bytes.all.peak": allocated,
+                     "active_bytes.all.peak": active})
+        return {"primary": keys}
+
+    def test_the_peak_of_blocks_awaiting_events_is_recorded_and_summarised(self):
+        before = self.stats(0, 0, 0)
+        steps = [fsdp_bench.step_record(i, 1.0, 100.0, self.stats(*peaks), before, 0)
+                 for i, peaks in enumerate([(110, 100, 100), (130, 100, 120), (120, 110, 111)])]
+        self.assertEqual([s["primary"]["active_peak"] for s in steps], [100, 120, 111])
+        out = fsdp_bench.summarize(steps, skip=0)
+        self.assertEqual(out["peak_active_bytes"], 120)
+        self.assertEqual(out["active_over_allocated"], round(120 / 110, 4))
+        self.assertEqual(out["reserved_over_allocated"], round(130 / 110, 4))
+        for s in steps:  # results written before active bytes were read
+            del s["primary"]["active_peak"]
+        self.assertIsNone(fsdp_bench.summarize(steps, skip=0)["active_over_allocated"])
 
 
 if __name__ == "__main__":
