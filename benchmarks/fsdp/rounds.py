@@ -138,7 +138,7 @@ def run(args, rnd, world, fsdp, setting, left):
     log = os.path.join(out, "logs", "%s__%s.log" % (setting, fsdp))
     status, rc, wall, _ = run_all.launch(
         commands(args, world, fsdp, setting, out), env, log, min(args.run_timeout, left),
-        lambda line: line.startswith(("Traceback", "torch.OutOfMemoryError")),
+        lambda line: line.startswith("Traceback") or "Error" in line,
         "%s %s" % (setting, fsdp))
     print("[rounds] round %d world %d %s %s: %s (rc %s), %.0f s" % (
         rnd + 1, world, fsdp, setting, status, rc, wall), flush=True)
