@@ -27,7 +27,10 @@ Output: OUT/r<R>/w<N>/runs/*.json (fsdp_bench's, one per rank), OUT/rounds.json 
 summary) and a markdown table on stdout: per (world, fsdp, setting), the mean step over
 the rounds (each round's mean over its ranks of the mean over steps 3..N) and its
 spread, the ratio to PyTorch's default in each round and their interval with a verdict
-on the 1.02 target, peak reserved / peak allocated over ranks and rounds, peak active /
+on the 1.02 target, each timed step over PyTorch default's same step (the same sequence
+lengths; same round and rank) split by whether it moved pages (medians: the steps without
+moves show the runs' difference with no move at all), peak reserved / peak allocated over
+ranks and rounds, peak active /
 peak allocated (active bytes count freed blocks still awaiting other streams' events
 too: the floor for an allocator that adds no waits), and gpu_alloc's per-step counters (host waits and their time, stream waits, pages moved and their host
 time). Imports no torch.
@@ -169,6 +172,28 @@ def round_step(ranks):
     return statistics.fmean(s["mean_step_ms"] for s in ranks)
 
 
+def step_ratios(ranks, base_ranks):
+    """Each timed step of each rank over PyTorch default's same step of the same round and
+    rank (the same sequence lengths), split by whether the step moved pages (gpu_alloc's
+    per-step counters): (ratios of steps with moves, ratios of steps without). The steps
+    without moves show how far two runs differ with no move at all."""
+    with_moves, without = [], []
+    for mine, theirs in zip(ranks, base_ranks):
+        ref = {s["step"]: s["time_ms"]
+               for s in (theirs.get("per_step") or [])[fsdp_bench.SKIP_STEPS:]}
+        for s in (mine.get("per_step") or [])[fsdp_bench.SKIP_STEPS:]:
+            if s["step"] not in ref or "counters" not in s or not ref[s["step"]]:
+                continue
+            c = s["counters"]
+            moved = c.get("page_moves.pages_unmapped", 0) or c.get("page_moves.pages_mapped", 0)
+            (with_moves if moved else without).append(s["time_ms"] / ref[s["step"]])
+    return with_moves, without
+
+
+def _median_of(ratios):
+    return [round(statistics.median(ratios), 3), len(ratios)] if ratios else None
+
+
 def summarize(runs, rounds):
     """Rows of the table: one per (world, fsdp, setting) with a run in any round."""
     rows = []
@@ -197,6 +222,10 @@ def summarize(runs, rounds):
             "peak_reserved_gib": round(max(s["peak_reserved_bytes"] or 0 for s in summaries)
                                        / 2**30, 3),
         }
+        if setting != BASELINE:
+            split = [step_ratios(ranks, base[r]) for r, ranks in ok if base[r]]
+            row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
+            row["step_ratio_without_moves"] = _median_of([x for _, n in split for x in n])
         counted = [s["counters_per_step"] for s in summaries if s.get("counters_per_step")]
         if counted:
             row["counters_per_step"] = {k: round(statistics.fmean(c.get(k, 0) for c in counted), 2)
@@ -212,6 +241,14 @@ def _interval(row):
     return "%.3f (%.3f-%.3f) %s" % (iv[0], iv[1], iv[2], row.get("verdict") or "")
 
 
+def _by_moves(row):
+    """The median step ratio with and without page moves, with the number of steps."""
+    parts = [row.get("step_ratio_with_moves"), row.get("step_ratio_without_moves")]
+    if not any(parts):
+        return "-"
+    return "; ".join("%.3f (%d)" % tuple(p) if p else "-" for p in parts)
+
+
 def _span(pair):
     """min-max of a ratio, one figure where they agree; "-" where not measured."""
     if not pair:
@@ -222,7 +259,8 @@ def _span(pair):
 
 def table(rows):
     head = ["world", "fsdp", "setting", "mean step ms (spread)", "/ torch, per round",
-            "/ torch (95%)", "reserved / allocated", "active / allocated"] + [
+            "/ torch (95%)", "by step, moved pages: yes; no (steps)", "reserved / allocated",
+            "active / allocated"] + [
                 name for _, name in COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -234,7 +272,7 @@ def table(rows):
         cells = [str(r["world"]), r["fsdp"], r["setting"],
                  "%.1f (%.1f-%.1f)" % (r["mean_step_ms"], *r["mean_step_spread_ms"]),
                  ", ".join("%.3f" % x for x in r["ratio_mean_to_torch"]),
-                 _interval(r), _span(r["reserved_over_allocated"]),
+                 _interval(r), _by_moves(r), _span(r["reserved_over_allocated"]),
                  _span(r.get("active_over_allocated"))]
         for k, _ in COUNTERS:
             v = c.get(k) if c else None

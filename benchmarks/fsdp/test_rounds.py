@@ -153,5 +153,40 @@ class ActiveBytesTest(unittest.TestCase):
         self.assertIsNone(fsdp_bench.summarize(steps, skip=0)["active_over_allocated"])
 
 
+class StepRatiosTest(unittest.TestCase):
+    @staticmethod
+    def steps(times, moved=()):
+        out = []
+        for i, t in enumerate(times, start=1):
+            rec = {"step": i, "time_ms": t}
+            if moved is not None:
+                rec["counters"] = {"page_moves.pages_unmapped": 2} if i in moved else {}
+            out.append(rec)
+        return out
+
+    def test_each_step_is_paired_with_the_same_step_and_split_by_moves(self):
+        torch = [{"per_step": self.steps([900, 900, 100, 200, 100, 400], moved=None)},
+                 {"per_step": self.steps([900, 900, 100, 100, 100, 100], moved=None)}]
+        ours = [{"per_step": self.steps([5, 5, 110, 200, 120, 400], moved={3, 5})},
+                {"per_step": self.steps([5, 5, 100, 150, 100, 100], moved={4})}]
+        with_moves, without = rounds.step_ratios(ours, torch)
+        # the first SKIP_STEPS steps are left out, as in the step means
+        self.assertEqual(sorted(with_moves), [1.1, 1.2, 1.5])
+        self.assertEqual(sorted(without), [1.0, 1.0, 1.0, 1.0, 1.0])
+        self.assertEqual(rounds._median_of(with_moves), [1.2, 3])
+        no_counters = [{"per_step": self.steps([1, 1, 1, 1], moved=None)}]
+        self.assertEqual(rounds.step_ratios(no_counters, torch[:1]), ([], []))
+
+    def test_the_table_shows_both_medians(self):
+        row = {"world": 2, "fsdp": "fsdp1", "setting": "ours-bound", "runs": 2,
+               "mean_step_ms": 100.0, "mean_step_spread_ms": [90.0, 110.0],
+               "ratio_mean_to_torch": [1.0, 1.1], "ratio_interval": None,
+               "reserved_over_allocated": [1.0, 1.0],
+               "step_ratio_with_moves": [1.126, 161], "step_ratio_without_moves": [1.091, 63]}
+        self.assertIn("| 1.126 (161); 1.091 (63) |", rounds.table([row]))
+        row["step_ratio_with_moves"] = None
+        self.assertIn("| -; 1.091 (63) |", rounds.table([row]))
+
+
 if __name__ == "__main__":
     unittest.main()
