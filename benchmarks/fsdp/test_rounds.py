@@ -188,5 +188,43 @@ class StepRatiosTest(unittest.TestCase):
         self.assertIn("| -; 1.091 (63) |", rounds.table([row]))
 
 
+class MainTest(unittest.TestCase):
+    def test_rounds_run_every_rank_and_summarise_them(self):
+        """rounds.main with the launcher replaced: each run's ranks write their results
+        where fsdp_bench would, and the summary reads them back."""
+        launched = []
+
+        def fake_launch(cmds, env, log, timeout, echo, tag):
+            for argv, extra in cmds:
+                out = argv[argv.index("--out") + 1]
+                setting = argv[argv.index("--setting") + 1]
+                fsdp = argv[argv.index("--fsdp") + 1]
+                rank = int(extra.get("RANK", 0))
+                launched.append((setting, fsdp, rank, env.get("GPUALLOC_SO")))
+                rnd = int(os.path.basename(os.path.dirname(out))[1:])
+                mean = 100.0 * (1 + rnd) * (1.1 if setting != "torch" else 1.0)
+                write_run(os.path.dirname(os.path.dirname(out)), rnd, 2, fsdp, setting, mean,
+                          rank=rank)
+            return "ok", 0, 1.0, []
+
+        real = rounds.run_all.launch
+        rounds.run_all.launch = fake_launch
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                so = os.path.join(out, "lib.so")
+                rounds.main(["--out", out, "--settings", "torch,ours-bound", "--rounds", "2",
+                             "--fsdp", "fsdp1", "--gpualloc-so", so])
+                with open(os.path.join(out, "rounds.json")) as f:
+                    rows = {r["setting"]: r for r in json.load(f)["rows"]}
+        finally:
+            rounds.run_all.launch = real
+        self.assertEqual([(s, r) for s, _, r, _ in launched],
+                         [("torch", 0), ("torch", 1), ("ours-bound", 0), ("ours-bound", 1),
+                          ("ours-bound", 0), ("ours-bound", 1), ("torch", 0), ("torch", 1)])
+        self.assertTrue(all(so_path == so for _, _, _, so_path in launched))
+        self.assertEqual(rows["ours-bound"]["ratio_mean_to_torch"], [1.1, 1.1])
+        self.assertEqual(rows["ours-bound"]["runs"], 2)
+
+
 if __name__ == "__main__":
     unittest.main()
