@@ -58,6 +58,9 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import step_profile  # noqa: E402  (no torch at import)
 
 # Variables each setting controls: value to set, or None to clear.
 CONTROLLED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_AVOID_RECORD_STREAMS", "GPUALLOC_CONF")
@@ -127,6 +130,10 @@ def parse_args(argv=None):
                         "but no collective moves data (the gathered parameters hold whatever "
                         "the buffer held, so the loss is not checked). Measures the "
                         "allocator's part of the multi-stream pattern on one GPU")
+    p.add_argument("--profile", type=step_profile.parse_steps, default=None, metavar="N",
+                   help="after the timed steps, N more under torch.profiler (CPU and CUDA): "
+                        "OUT/profiles/<run>__rank<r>.txt and the summary's 'profile' (per "
+                        "operator and step: calls, self CPU, self device time)")
     for k in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                        help="override the shape's %s (tests)" % k)
@@ -557,8 +564,10 @@ def main(argv=None):
 
         sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         amp_device = device.type
-        for step in range(args.steps):
-            batch = data[step].to(device)
+
+        def train_step(tokens):
+            """One step on `tokens`: (loss, milliseconds between two synchronizations)."""
+            batch = tokens.to(device)
             inp, tgt = batch[:, :-1], batch[:, 1:]
             sync()
             t0 = time.perf_counter()
@@ -571,8 +580,10 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             sync()
             dt = (time.perf_counter() - t0) * 1000.0
-            lv = float(loss.item())
-            del logits, loss, batch, inp, tgt
+            return float(loss.item()), dt
+
+        for step in range(args.steps):
+            lv, dt = train_step(data[step])
             reading = stats.read()
             rec = step_record(step + 1, lv, dt, reading, before, stats.device_used(),
                               previous)
@@ -587,6 +598,19 @@ def main(argv=None):
                                                  p["allocated_peak"] / 2**30))
             if not math.isfinite(lv) and not args.fake_world:
                 raise RuntimeError("loss is %r at step %d" % (lv, step + 1))
+        if args.profile:  # after the timed steps: the profiler's overhead is in none of them
+            path = os.path.join(args.out, "profiles", "%s__rank%d.txt" % (
+                run_name(args.setting, args.fsdp, args.shape), rank))
+            try:
+                with step_profile.StepProfile(torch, args.profile, path) as prof:
+                    for k in range(args.profile):
+                        train_step(data[k % len(data)])
+                summary["profile"] = prof.result
+                log(rank, "profile of %d steps: %s (allocator %.0f us a step)" % (
+                    args.profile, path, prof.result["allocator_self_cpu_us"]))
+            except Exception as e:  # the timed steps stand without it
+                summary["profile_error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
+                traceback.print_exc()
     except Exception as e:
         status, error = "error", "%s: %s" % (type(e).__name__, e)
         traceback.print_exc()
@@ -605,7 +629,7 @@ def main(argv=None):
         summary["error"] = error[:2000]
     summary["wall_s"] = round(time.time() - t_start, 2)
     write_json(path, dict(summary, per_step=per_step))
-    brief = {k: v for k, v in summary.items() if k not in ("setup", "after_setup")}
+    brief = {k: v for k, v in summary.items() if k not in ("setup", "after_setup", "profile")}
     # One write (atomic on a pipe up to 4 KiB): the ranks share torchrun's stdout.
     sys.stdout.write("RESULT " + json.dumps(brief, separators=(",", ":")) + "\n")
     sys.stdout.flush()
