@@ -226,6 +226,11 @@ def summarize(runs, rounds):
             split = [step_ratios(ranks, base[r]) for r, ranks in ok if base[r]]
             row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
             row["step_ratio_without_moves"] = _median_of([x for _, n in split for x in n])
+        profiled = [s["profile"] for s in summaries if s.get("profile")]
+        if profiled:  # fsdp_bench --profile: the profiled steps' allocator and CUDA calls
+            row["profile_us_per_step"] = {
+                k: round(statistics.fmean(p[k + "_self_cpu_us"] for p in profiled), 1)
+                for k in ("allocator", "watched_cuda")}
         counted = [s["counters_per_step"] for s in summaries if s.get("counters_per_step")]
         if counted:
             row["counters_per_step"] = {k: round(statistics.fmean(c.get(k, 0) for c in counted), 2)

@@ -18,7 +18,7 @@ import fsdp_bench  # noqa: E402
 
 
 def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, rank=0,
-              gap=1.25, active=None):
+              gap=1.25, active=None, profile=None):
     path = fsdp_bench.result_path(rounds.run_dir(out, rnd, world), setting, fsdp,
                                   "gpt2-medium", rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -28,6 +28,9 @@ def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, 
         summary["counters_per_step"] = counters
     if active is not None:
         summary["active_over_allocated"] = active
+    if profile is not None:
+        summary["profile"] = {"allocator_self_cpu_us": profile[0],
+                              "watched_cuda_self_cpu_us": profile[1]}
     with open(path, "w") as f:
         json.dump(summary, f)
 
@@ -113,6 +116,7 @@ class GpusTest(unittest.TestCase):
             self.assertIsNone(ours["ratio_interval"], "one round gives no interval")
             self.assertEqual(rows["torch"]["runs"], 2)
             self.assertEqual(ours["active_over_allocated"], [1.004, 1.012])
+            self.assertNotIn("profile_us_per_step", ours, "no run was profiled")
             self.assertIsNone(rows["torch"]["active_over_allocated"], "not in older results")
             text = rounds.table(list(rows.values()))
             self.assertIn("| 1.006-1.020 | 1.004-1.012 |", text)
@@ -125,10 +129,13 @@ class GpusTest(unittest.TestCase):
             for rnd, ratio in enumerate((1.30, 1.32, 1.31)):
                 for rank in (0, 1):
                     write_run(out, rnd, 2, "fsdp2", "torch", 100.0, rank=rank)
-                    write_run(out, rnd, 2, "fsdp2", "ours-bound", 100.0 * ratio, rank=rank)
+                    write_run(out, rnd, 2, "fsdp2", "ours-bound", 100.0 * ratio, rank=rank,
+                              profile=(1000.0 + 100 * rank, 50.0))
             ours = next(r for r in rounds.summarize(rounds.load(args), 3)
                         if r["setting"] == "ours-bound")
             self.assertEqual(ours["verdict"], "above")
+            self.assertEqual(ours["profile_us_per_step"],
+                             {"allocator": 1050.0, "watched_cuda": 50.0})
             self.assertAlmostEqual(ours["ratio_interval"][0], 1.31, places=2)
 
 
