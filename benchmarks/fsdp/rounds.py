@@ -75,6 +75,10 @@ def parse_args(argv=None):
     p.add_argument("--settings", type=csv, default=[BASELINE, "ours"])
     p.add_argument("--shape", default="gpt2-medium", choices=sorted(fsdp_bench.SHAPES))
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--first-round", type=int, default=1,
+                   help="number of the first round to run (from 1): a later command adds "
+                        "rounds to the same OUT; --report-only reads rounds FIRST..FIRST+"
+                        "ROUNDS-1 (give 1 and the total to summarise all)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--bench-args", default="", help="more arguments for fsdp_bench.py")
     p.add_argument("--run-timeout", type=float, default=180.0)
@@ -91,8 +95,9 @@ def parse_args(argv=None):
         p.error("unknown setting or fsdp variant: %s" % ",".join(bad))
     if BASELINE not in a.settings:
         p.error("--settings must include %s (the ratios' anchor)" % BASELINE)
-    if a.rounds < 1 or a.steps <= fsdp_bench.SKIP_STEPS:
-        p.error("--rounds must be >= 1 and --steps > %d" % fsdp_bench.SKIP_STEPS)
+    if a.rounds < 1 or a.first_round < 1 or a.steps <= fsdp_bench.SKIP_STEPS:
+        p.error("--rounds and --first-round must be >= 1 and --steps > %d"
+                % fsdp_bench.SKIP_STEPS)
     if a.fake and min(a.worlds) < 2:
         p.error("--fake needs worlds of 2 or more ranks")
     return a
@@ -107,10 +112,15 @@ def ranks_written(args, world):
     return [0] if args.fake else list(range(world))
 
 
+def last_round(args):
+    """The number of the last round this invocation runs or reads (from 1)."""
+    return args.first_round - 1 + args.rounds
+
+
 def plan(args):
     """(round, world, fsdp, setting) in run order: settings rotated by the round."""
     order = []
-    for r in range(args.rounds):
+    for r in range(args.first_round - 1, last_round(args)):
         settings = cw.round_order(args.settings, r + 1)
         for world in args.worlds:
             for fsdp in args.fsdp:
@@ -162,7 +172,7 @@ def load(args):
                 s = None
             ranks.append(s if s and s.get("status") == "ok" else None)
         got = ranks if all(ranks) else None
-        runs.setdefault((world, fsdp, setting), [None] * args.rounds)[rnd] = got
+        runs.setdefault((world, fsdp, setting), [None] * last_round(args))[rnd] = got
     return runs
 
 
@@ -298,7 +308,7 @@ def main(argv=None):
                 print("[rounds] budget spent: skipping the rest", flush=True)
                 break
             run(args, rnd, world, fsdp, setting, left)
-    rows = summarize(load(args), args.rounds)
+    rows = summarize(load(args), last_round(args))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rounds.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)

@@ -233,5 +233,35 @@ class MainTest(unittest.TestCase):
         self.assertEqual(rows["ours-bound"]["runs"], 2)
 
 
+class LaterRoundsTest(unittest.TestCase):
+    def test_a_later_command_runs_the_next_rounds_rotated_on(self):
+        first = rounds.parse_args(["--out", "/tmp/x", "--settings", "torch,ours,ours-bound",
+                                   "--rounds", "2"])
+        later = rounds.parse_args(["--out", "/tmp/x", "--settings", "torch,ours,ours-bound",
+                                   "--rounds", "2", "--first-round", "3"])
+        self.assertEqual(sorted({r for r, _, _, _ in rounds.plan(first)}), [0, 1])
+        self.assertEqual(sorted({r for r, _, _, _ in rounds.plan(later)}), [2, 3])
+        third = [s for r, _, _, s in rounds.plan(later) if r == 2]
+        self.assertEqual(third, ["ours-bound", "torch", "ours"])
+        with self.assertRaises(SystemExit):
+            rounds.parse_args(["--out", "/tmp/x", "--first-round", "0"])
+
+    def test_the_report_reads_every_round_of_the_out_folder(self):
+        with tempfile.TemporaryDirectory() as out:
+            for rnd in range(4):
+                write_run(out, rnd, 2, "fsdp2", "torch", 100.0)
+                write_run(out, rnd, 2, "fsdp2", "ours", 110.0)
+            args = rounds.parse_args(["--out", out, "--settings", "torch,ours", "--rounds",
+                                      "4", "--fake"])
+            rows = {r["setting"]: r for r in rounds.summarize(rounds.load(args),
+                                                                 rounds.last_round(args))}
+            self.assertEqual(rows["ours"]["runs"], 4)
+            args = rounds.parse_args(["--out", out, "--settings", "torch,ours", "--rounds",
+                                      "2", "--first-round", "3", "--fake"])
+            rows = {r["setting"]: r for r in rounds.summarize(rounds.load(args),
+                                                                 rounds.last_round(args))}
+            self.assertEqual(rows["ours"]["runs"], 2, "rounds 3 and 4 only")
+
+
 if __name__ == "__main__":
     unittest.main()
