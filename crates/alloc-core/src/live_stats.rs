@@ -476,34 +476,12 @@ impl LiveStats {
         // its own and the leader's (as `Counter::followed` reads them), so
         // the leaders' peaks start again only after the followers have read
         // them (PUBLISH_ORDER).
-        for q in PUBLISH_ORDER {
-            let (i, l) = (q as usize, self.source(q as usize));
-            let now = self.counters.changing.0[l].current;
-            let was = self.published.pools[i];
-            let mut high = self.counters.peaks[i];
-            if l != i {
-                let leader = &self.counters.peaks[l];
-                high.peak[0] = high.peak[0].max(leader.peak[0]);
-                high.peak[1] = high.peak[1].max(leader.peak[1]);
-                high.all_peak = high.all_peak.max(leader.all_peak);
-            }
-            let all = now[0] + now[1];
-            // One test for "not moved since the last publish" (most of them).
-            let moved = (was[0] ^ now[0])
-                | (was[1] ^ now[1])
-                | (high.peak[0] ^ now[0])
-                | (high.peak[1] ^ now[1])
-                | (high.all_peak ^ all);
-            if moved == 0 {
-                continue;
-            }
-            totals.move_array(i, was, [high.peak[0], high.peak[1], high.all_peak], now);
-            self.published.pools[i] = now;
-            self.counters.peaks[i] = Peaks {
-                peak: now,
-                all_peak: all,
-            };
+        // Unrolled: each quantity's index is a constant, so its leader and
+        // the bounds of every array it reads are known where it is inlined.
+        macro_rules! publish_each {
+            ($($n:literal)*) => { $(self.publish_quantity(PUBLISH_ORDER[$n] as usize, totals);)* };
         }
+        publish_each!(0 1 2 3 4 5 6 7 8);
         for (k, stat) in [&mut self.oversize_allocations, &mut self.oversize_segments]
             .into_iter()
             .enumerate()
@@ -514,6 +492,37 @@ impl LiveStats {
                 stat.reset_peak();
             }
         }
+    }
+
+    /// Publishes quantity `i` (see [`LiveStats::publish_to`]).
+    #[inline(always)]
+    fn publish_quantity(&mut self, i: usize, totals: &DeviceTotals) {
+        let l = self.source(i);
+        let now = self.counters.changing.0[l].current;
+        let was = self.published.pools[i];
+        let mut high = self.counters.peaks[i];
+        if l != i {
+            let leader = &self.counters.peaks[l];
+            high.peak[0] = high.peak[0].max(leader.peak[0]);
+            high.peak[1] = high.peak[1].max(leader.peak[1]);
+            high.all_peak = high.all_peak.max(leader.all_peak);
+        }
+        let all = now[0] + now[1];
+        // One test for "not moved since the last publish" (most of them).
+        let moved = (was[0] ^ now[0])
+            | (was[1] ^ now[1])
+            | (high.peak[0] ^ now[0])
+            | (high.peak[1] ^ now[1])
+            | (high.all_peak ^ all);
+        if moved == 0 {
+            return;
+        }
+        totals.move_array(i, was, [high.peak[0], high.peak[1], high.all_peak], now);
+        self.published.pools[i] = now;
+        self.counters.peaks[i] = Peaks {
+            peak: now,
+            all_peak: all,
+        };
     }
 
     /// The statistics in PyTorch's model.
