@@ -341,7 +341,8 @@ def profile_steps(torch, step, batch, steps, n):
     activities) and returns the ops with the most self CPU time, per step: what a slower
     step spends its host time on (`--profile-steps`), and the GPU time of its kernels,
     copies and fills per step (a slower step with the same kernel time waited on the host). The profiler slows every op, so these
-    steps are not timed for the rate."""
+    steps are not timed for the rate. benchmarks/fsdp's `fsdp_bench.py --profile` uses it
+    too."""
     activity = torch.profiler.ProfilerActivity
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[activity.CPU, activity.CUDA]) as prof:

@@ -58,9 +58,6 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-
-import step_profile  # noqa: E402  (no torch at import)
 
 # Variables each setting controls: value to set, or None to clear.
 CONTROLLED_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "TORCH_NCCL_AVOID_RECORD_STREAMS", "GPUALLOC_CONF")
@@ -130,16 +127,19 @@ def parse_args(argv=None):
                         "but no collective moves data (the gathered parameters hold whatever "
                         "the buffer held, so the loss is not checked). Measures the "
                         "allocator's part of the multi-stream pattern on one GPU")
-    p.add_argument("--profile", type=step_profile.parse_steps, default=None, metavar="N",
-                   help="after the timed steps, N more under torch.profiler (CPU and CUDA): "
-                        "OUT/profiles/<run>__rank<r>.txt and the summary's 'profile' (per "
-                        "operator and step: calls, self CPU, self device time)")
+    p.add_argument("--profile", type=int, default=None, metavar="N",
+                   help="after the timed steps, N more under torch.profiler (CPU and CUDA), "
+                        "summarised by benchmarks/budget's profile_steps into the summary's "
+                        "'profile' (per step: wall and kernel time, the allocator's calls, "
+                        "the operators with the most host time)")
     for k in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                        help="override the shape's %s (tests)" % k)
     a = p.parse_args(argv)
     if a.steps < 1:
         p.error("--steps must be >= 1")
+    if a.profile is not None and a.profile < 1:
+        p.error("--profile takes a number of steps, at least 1")
     if a.fake_world is not None and a.fake_world < 2:
         p.error("--fake-world must be >= 2")
     if a.device == "cpu" and is_ours(a.setting):
@@ -599,15 +599,14 @@ def main(argv=None):
             if not math.isfinite(lv) and not args.fake_world:
                 raise RuntimeError("loss is %r at step %d" % (lv, step + 1))
         if args.profile:  # after the timed steps: the profiler's overhead is in none of them
-            path = os.path.join(args.out, "profiles", "%s__rank%d.txt" % (
-                run_name(args.setting, args.fsdp, args.shape), rank))
+            sys.path.insert(0, os.path.join(REPO, "benchmarks", "budget"))
+            import budget  # its profile_steps, which budget.py's --profile-steps uses too
             try:
-                with step_profile.StepProfile(torch, args.profile, path) as prof:
-                    for k in range(args.profile):
-                        train_step(data[k % len(data)])
-                summary["profile"] = prof.result
-                log(rank, "profile of %d steps: %s (allocator %.0f us a step)" % (
-                    args.profile, path, prof.result["allocator_self_cpu_us"]))
+                prof = budget.profile_steps(torch, lambda _, i: train_step(data[i]), None,
+                                            len(data), args.profile)
+                summary["profile"] = prof
+                log(rank, "profile of %d steps: %.1f ms a step, of which kernels %.1f" % (
+                    args.profile, prof["wall_ms_per_step"], prof["kernel_ms_per_step"]))
             except Exception as e:  # the timed steps stand without it
                 summary["profile_error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
                 traceback.print_exc()

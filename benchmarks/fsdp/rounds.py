@@ -237,10 +237,15 @@ def summarize(runs, rounds):
             row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
             row["step_ratio_without_moves"] = _median_of([x for _, n in split for x in n])
         profiled = [s["profile"] for s in summaries if s.get("profile")]
-        if profiled:  # fsdp_bench --profile: the profiled steps' allocator and CUDA calls
-            row["profile_us_per_step"] = {
-                k: round(statistics.fmean(p[k + "_self_cpu_us"] for p in profiled), 1)
-                for k in ("allocator", "watched_cuda")}
+        if profiled:  # fsdp_bench --profile: the profiled steps' time and allocator calls
+            row["profile_per_step"] = {
+                "wall_ms": round(statistics.fmean(p["wall_ms_per_step"] for p in profiled), 2),
+                "kernel_ms": round(statistics.fmean(p["kernel_ms_per_step"] for p in profiled),
+                                   2),
+                "allocator_us": round(statistics.fmean(
+                    sum(c["total_us"] for c in p["allocator_calls"].values()) / p["steps"]
+                    for p in profiled), 1),
+            }
         counted = [s["counters_per_step"] for s in summaries if s.get("counters_per_step")]
         if counted:
             row["counters_per_step"] = {k: round(statistics.fmean(c.get(k, 0) for c in counted), 2)

@@ -28,9 +28,11 @@ def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, 
         summary["counters_per_step"] = counters
     if active is not None:
         summary["active_over_allocated"] = active
-    if profile is not None:
-        summary["profile"] = {"allocator_self_cpu_us": profile[0],
-                              "watched_cuda_self_cpu_us": profile[1]}
+    if profile is not None:  # as budget.profile_steps gives it, over 2 steps
+        summary["profile"] = {"steps": 2, "wall_ms_per_step": profile[1],
+                              "kernel_ms_per_step": profile[1] / 2,
+                              "allocator_calls": {"gpualloc::malloc": {"total_us": profile[0]},
+                                                  "gpualloc::free": {"total_us": profile[0]}}}
     with open(path, "w") as f:
         json.dump(summary, f)
 
@@ -116,7 +118,7 @@ class GpusTest(unittest.TestCase):
             self.assertIsNone(ours["ratio_interval"], "one round gives no interval")
             self.assertEqual(rows["torch"]["runs"], 2)
             self.assertEqual(ours["active_over_allocated"], [1.004, 1.012])
-            self.assertNotIn("profile_us_per_step", ours, "no run was profiled")
+            self.assertNotIn("profile_per_step", ours, "no run was profiled")
             self.assertIsNone(rows["torch"]["active_over_allocated"], "not in older results")
             text = rounds.table(list(rows.values()))
             self.assertIn("| 1.006-1.020 | 1.004-1.012 |", text)
@@ -134,8 +136,8 @@ class GpusTest(unittest.TestCase):
             ours = next(r for r in rounds.summarize(rounds.load(args), 3)
                         if r["setting"] == "ours-bound")
             self.assertEqual(ours["verdict"], "above")
-            self.assertEqual(ours["profile_us_per_step"],
-                             {"allocator": 1050.0, "watched_cuda": 50.0})
+            self.assertEqual(ours["profile_per_step"],
+                             {"allocator_us": 1050.0, "wall_ms": 50.0, "kernel_ms": 25.0})
             self.assertAlmostEqual(ours["ratio_interval"][0], 1.31, places=2)
 
 
