@@ -20,16 +20,6 @@ use alloc_cuda::{CudaAllocator, DeviceBuffer, StreamEngines};
 use alloc_policy::{policy_names, AnyPolicy};
 use common::{allocator, assert_drained, new_stream, under_sanitizer};
 
-/// Reads `buf` back (on its stream) and checks every byte is `value`.
-fn check(buf: &DeviceBuffer<u8>, value: u8, what: &str) {
-    assert_bytes(
-        &buf.copy_to_host().unwrap(),
-        buf.device_address(),
-        value,
-        what,
-    );
-}
-
 /// Checks every byte of `back`, read back from the block at `address`, is
 /// `value`.
 fn assert_bytes(back: &[u8], address: u64, value: u8, what: &str) {
@@ -65,7 +55,7 @@ fn blocks_freed_on_another_thread_go_back_to_the_cache() {
         });
         scope.spawn(|| {
             for (buf, value) in received {
-                check(&buf, value, "a buffer received from another thread");
+                check_block(&buf, value, "a buffer received from another thread");
                 drop(buf); // freed here, allocated there
             }
             for p in pointers_received {
@@ -84,7 +74,7 @@ fn blocks_freed_on_another_thread_go_back_to_the_cache() {
             for i in 0..BLOCKS {
                 let mut buf = alloc.alloc::<u8>(size(i), &stream).unwrap();
                 buf.fill_bytes(0xEE).unwrap();
-                check(&buf, 0xEE, "a block reused on a third thread");
+                check_block(&buf, 0xEE, "a block reused on a third thread");
             }
         });
     });
