@@ -96,7 +96,10 @@ fn free_in(engines: &StreamEngines, addr: u64) -> Option<FfiResult<()>> {
 #[cold]
 fn free_elsewhere(addr: u64, device: usize) -> FfiResult<()> {
     for (d, e) in existing_all() {
-        if let Some(freed) = (d != device).then(|| free_in(e, addr)).flatten() {
+        if d == device {
+            continue; // asked already
+        }
+        if let Some(freed) = free_in(e, addr) {
             return freed;
         }
     }
