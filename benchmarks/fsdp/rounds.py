@@ -87,6 +87,12 @@ def parse_args(argv=None):
     p.add_argument("--gpualloc-so", default=None,
                    help="liballoc_ffi.so for the ours-* settings (default: $GPUALLOC_SO, else "
                         "gpu_alloc's own search)")
+    p.add_argument("--rank-cpus", type=lambda t: [x.strip() for x in t.split(";") if x.strip()],
+                   default=[],
+                   help="one CPU list a rank, separated by ';' (e.g. '4-11;20-27'): rank r runs "
+                        "under `taskset -c` of the r-th, so the ranks' host threads neither "
+                        "migrate nor share cores (a multi-GPU step is host-bound enough for "
+                        "that to move it by 10-20%%)")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args(argv)
     bad = [s for s in a.settings if s not in fsdp_bench.SETTINGS]
@@ -95,6 +101,9 @@ def parse_args(argv=None):
         p.error("unknown setting or fsdp variant: %s" % ",".join(bad))
     if BASELINE not in a.settings:
         p.error("--settings must include %s (the ratios' anchor)" % BASELINE)
+    if a.rank_cpus and len(a.rank_cpus) < max(1 if a.fake else w for w in a.worlds):
+        p.error("--rank-cpus names %d CPU lists, fewer than the ranks of a run"
+                % len(a.rank_cpus))
     if a.rounds < 1 or a.first_round < 1 or a.steps <= fsdp_bench.SKIP_STEPS:
         p.error("--rounds and --first-round must be >= 1 and --steps > %d"
                 % fsdp_bench.SKIP_STEPS)
@@ -137,6 +146,9 @@ def commands(args, world, fsdp, setting, out):
     cmds = run_all.commands(launch, setting, fsdp, args.shape, out, run_all.free_port())
     if args.fake:  # no process group variables: fsdp_bench builds the fake one itself
         cmds = [(argv, {}) for argv, _ in cmds[:1]]
+    if args.rank_cpus:
+        cmds = [(["taskset", "-c", args.rank_cpus[r]] + argv, env)
+                for r, (argv, env) in enumerate(cmds)]
     return cmds
 
 

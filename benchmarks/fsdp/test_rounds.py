@@ -4,6 +4,8 @@ torch):
 
     python3 benchmarks/fsdp/test_rounds.py
 """
+import contextlib
+import io
 import json
 import os
 import sys
@@ -100,6 +102,20 @@ class GpusTest(unittest.TestCase):
         self.assertEqual(len(cmds), 1)
         self.assertEqual(cmds[0][1], {}, "the fake group needs no process group variables")
         self.assertEqual(cmds[0][0][cmds[0][0].index("--fake-world") + 1], "4")
+
+    def test_each_rank_runs_on_its_own_cpus_when_asked(self):
+        args = rounds.parse_args(["--out", "/tmp/x", "--settings", "torch", "--worlds", "2",
+                                  "--rank-cpus", "4-11; 20-27"])
+        cmds = rounds.commands(args, 2, "fsdp2", "torch", "/tmp/x/r0/w2")
+        self.assertEqual([argv[:3] for argv, _ in cmds],
+                         [["taskset", "-c", "4-11"], ["taskset", "-c", "20-27"]])
+        self.assertEqual([env["RANK"] for _, env in cmds], ["0", "1"])
+        unpinned = rounds.commands(self.args("/tmp/x"), 2, "fsdp2", "torch", "/tmp/x/r0/w2")
+        self.assertNotIn("taskset", unpinned[0][0])
+        with self.assertRaises(SystemExit):  # two ranks, one CPU list
+            with contextlib.redirect_stderr(io.StringIO()):
+                rounds.parse_args(["--out", "/tmp/x", "--settings", "torch", "--worlds", "2",
+                                   "--rank-cpus", "4-11"])
 
     def test_every_rank_counts_and_a_missing_rank_is_no_result(self):
         with tempfile.TemporaryDirectory() as out:
