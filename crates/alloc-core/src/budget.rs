@@ -3,7 +3,11 @@
 //! by mapping new pages, with no unmaps and no page moves, and at which free
 //! pages are unmapped and reused before the heap passes it. Without a budget
 //! that level is the reserved peak (least memory at every moment: pages move
-//! whenever the heap would pass its own earlier peak).
+//! whenever the heap would pass its own earlier peak). Between the two,
+//! `memory_budget_over_allocated` sets the level at a multiple of the most
+//! ever allocated, never below the reserved peak: a heap a few percent above
+//! what it holds grows without moving a page, and pages move only where the
+//! peak rule alone would have grown it further.
 
 /// A memory budget as configured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,17 +17,42 @@ pub enum MemoryBudget {
     /// A fraction of the device's capacity, in `(0, 1]`
     /// (`memory_budget_fraction`).
     Fraction(f64),
+    /// A multiple, at least 1, of the allocated peak
+    /// (`memory_budget_over_allocated`). Not a shortage: the level never
+    /// falls below the reserved peak, the host never waits for streams to
+    /// reach it, and the device is not asked for its free memory (a mapping
+    /// the device refuses reclaims as under any setting).
+    OverAllocated(f64),
 }
 
 impl MemoryBudget {
-    /// The budget in bytes on a device of `capacity` bytes (never more than
-    /// the device).
-    pub fn bytes(&self, capacity: u64) -> u64 {
+    /// The budget in bytes on a device of `capacity` bytes that has held at
+    /// most `allocated_peak` bytes allocated (never more than the device).
+    pub fn bytes(&self, capacity: u64, allocated_peak: u64) -> u64 {
+        // `as` saturates: a fraction of 1 of a 2^64-byte device stays in
+        // range.
+        let scaled = |bytes: u64, f: f64| (bytes as f64 * f) as u64;
         match *self {
             MemoryBudget::Bytes(bytes) => bytes.min(capacity),
-            // `as` saturates: a fraction of 1 of a 2^64-byte device stays
-            // in range.
-            MemoryBudget::Fraction(f) => ((capacity as f64 * f) as u64).min(capacity),
+            MemoryBudget::Fraction(f) => scaled(capacity, f).min(capacity),
+            MemoryBudget::OverAllocated(f) => scaled(allocated_peak, f).min(capacity),
+        }
+    }
+
+    /// Whether reaching the budget means memory is short: the host then
+    /// waits for streams whose free pages the GPU may still use rather than
+    /// pass it, and the device's free memory counts as a budget too. A
+    /// multiple of the allocated peak is a bound on waste, not a shortage.
+    pub fn is_shortage(&self) -> bool {
+        !matches!(self, MemoryBudget::OverAllocated(_))
+    }
+
+    /// The configuration key and value that set this budget.
+    pub fn key_value(&self) -> (&'static str, String) {
+        match *self {
+            MemoryBudget::Bytes(bytes) => ("memory_budget_mb", (bytes >> 20).to_string()),
+            MemoryBudget::Fraction(f) => ("memory_budget_fraction", f.to_string()),
+            MemoryBudget::OverAllocated(f) => ("memory_budget_over_allocated", f.to_string()),
         }
     }
 }
@@ -38,6 +67,8 @@ pub(crate) struct ReclaimInputs {
     pub capacity: u64,
     /// The reserved peak.
     pub peak: u64,
+    /// The allocated peak.
+    pub allocated_peak: u64,
     /// Reserved bytes now.
     pub reserved: u64,
     /// The reserved-bytes limit of the memory fraction, if one is set.
@@ -49,15 +80,21 @@ impl ReclaimInputs {
     /// Without a budget: the peak. With one: the lowest of the budget, the
     /// memory-fraction limit (PyTorch's per-process fraction counts as a
     /// budget: past it nothing maps at all) and what the device can still
-    /// give (`device_free`, asked only with a budget: another process may
-    /// have taken memory since).
+    /// give (`device_free`, asked only with a budget that is a shortage:
+    /// another process may have taken memory since). A multiple of the
+    /// allocated peak: the higher of it and the reserved peak, under the
+    /// limit.
     pub fn level(&self, device_free: impl FnOnce() -> u64) -> u64 {
         let Some(budget) = self.budget else {
             return self.peak;
         };
-        budget
-            .bytes(self.capacity)
-            .min(self.limit.unwrap_or(u64::MAX))
+        let limit = self.limit.unwrap_or(u64::MAX);
+        let bytes = budget.bytes(self.capacity, self.allocated_peak);
+        if !budget.is_shortage() {
+            return bytes.max(self.peak).min(limit);
+        }
+        bytes
+            .min(limit)
             .min(self.reserved.saturating_add(device_free()))
     }
 
@@ -87,6 +124,7 @@ mod tests {
             budget,
             capacity: 80 * GIB,
             peak: 10 * GIB,
+            allocated_peak: 9 * GIB,
             reserved: 8 * GIB,
             limit,
         }
@@ -106,6 +144,7 @@ mod tests {
             None,
             Some(MemoryBudget::Bytes(9 * GIB)),
             Some(MemoryBudget::Bytes(GIB)),
+            Some(MemoryBudget::OverAllocated(1.02)),
         ] {
             for limit in [None, Some(7 * GIB)] {
                 let i = inputs(budget, limit);
@@ -119,7 +158,7 @@ mod tests {
                 let d = i.deficit(512 * MIB, free(256 * MIB));
                 assert_eq!(
                     asked.get(),
-                    u32::from(budget.is_some()),
+                    u32::from(budget.is_some_and(|b| b.is_shortage())),
                     "{budget:?} {limit:?}"
                 );
                 assert_eq!(
@@ -136,10 +175,42 @@ mod tests {
 
     #[test]
     fn budgets_resolve_against_the_device() {
-        assert_eq!(MemoryBudget::Bytes(512 * MIB).bytes(GIB), 512 * MIB);
-        assert_eq!(MemoryBudget::Bytes(2 * GIB).bytes(GIB), GIB);
-        assert_eq!(MemoryBudget::Fraction(0.5).bytes(GIB), GIB / 2);
-        assert_eq!(MemoryBudget::Fraction(1.0).bytes(u64::MAX), u64::MAX);
+        assert_eq!(MemoryBudget::Bytes(512 * MIB).bytes(GIB, 0), 512 * MIB);
+        assert_eq!(MemoryBudget::Bytes(2 * GIB).bytes(GIB, 0), GIB);
+        assert_eq!(MemoryBudget::Fraction(0.5).bytes(GIB, 0), GIB / 2);
+        assert_eq!(MemoryBudget::Fraction(1.0).bytes(u64::MAX, 0), u64::MAX);
+        let over = MemoryBudget::OverAllocated(1.25);
+        assert_eq!(over.bytes(GIB, 512 * MIB), 640 * MIB);
+        assert_eq!(over.bytes(GIB, GIB), GIB, "never more than the device");
+    }
+
+    #[test]
+    fn over_the_allocated_peak_the_level_never_falls_below_the_reserved_peak() {
+        let asked = std::cell::Cell::new(false);
+        let device = || {
+            asked.set(true);
+            0
+        };
+        // 1.25 x 9 GiB allocated = 11.25 GiB, above the 10 GiB reserved peak.
+        let over = Some(MemoryBudget::OverAllocated(1.25));
+        assert_eq!(inputs(over, None).level(device), 11 * GIB + GIB / 4);
+        // 1.02 x 9 GiB is below the reserved peak: the peak rule stands, so
+        // the budget never moves more pages than no budget would.
+        let tight = Some(MemoryBudget::OverAllocated(1.02));
+        assert_eq!(inputs(tight, None).level(device), 10 * GIB);
+        // The memory fraction still caps it.
+        assert_eq!(inputs(over, Some(7 * GIB)).level(device), 7 * GIB);
+        assert!(!asked.get(), "not a shortage: the device is not asked");
+        // Below the level the heap grows with nothing unmapped.
+        assert_eq!(inputs(over, None).deficit(3 * GIB, device), 0);
+        assert_eq!(
+            inputs(over, None).deficit(4 * GIB, device),
+            12 * GIB - (11 * GIB + GIB / 4)
+        );
+        assert_eq!(
+            MemoryBudget::OverAllocated(1.02).key_value(),
+            ("memory_budget_over_allocated", "1.02".to_string())
+        );
     }
 
     #[test]

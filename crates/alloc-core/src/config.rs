@@ -210,8 +210,10 @@ pub struct AllocatorConfig {
     /// grows by mapping new pages, with no unmaps and no page moves; at it
     /// free pages are unmapped and reused before the heap passes it; the
     /// memory-fraction limit and the device's free memory count as budgets
-    /// too. `None` (the default): pages move whenever reserved memory would
-    /// pass its earlier peak ([`crate::budget`]).
+    /// too. Or `memory_budget_over_allocated`, a multiple of the allocated
+    /// peak (never below the reserved peak, no host waits). `None` (the
+    /// default): pages move whenever reserved memory would pass its earlier
+    /// peak ([`crate::budget`]).
     pub memory_budget: Option<MemoryBudget>,
     /// An engine for each stream instead of one for the device
     /// (`engine_per_stream`, ours; read by the C library, which then serves
@@ -479,6 +481,15 @@ impl AllocatorConfig {
                     .ok_or_else(|| invalid(&key, &v, "expected a number above 0.0, up to 1.0"))?;
                 cfg.memory_budget = Some(MemoryBudget::Fraction(f));
             }
+            "memory_budget_over_allocated" => {
+                let v = p.value(&key)?;
+                let f = v
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|f| (1.0..=16.0).contains(f))
+                    .ok_or_else(|| invalid(&key, &v, "expected a number from 1.0 to 16.0"))?;
+                cfg.memory_budget = Some(MemoryBudget::OverAllocated(f));
+            }
             _ => {
                 return Err(ConfigError::UnknownKey {
                     suggestion: closest(
@@ -516,11 +527,7 @@ impl AllocatorConfig {
         if let Some(t) = self.garbage_collection_threshold {
             return Some(("garbage_collection_threshold", t.to_string()));
         }
-        match self.memory_budget {
-            Some(MemoryBudget::Bytes(b)) => Some(("memory_budget_mb", (b >> 20).to_string())),
-            Some(MemoryBudget::Fraction(f)) => Some(("memory_budget_fraction", f.to_string())),
-            None => None,
-        }
+        self.memory_budget.map(|b| b.key_value())
     }
 
     /// Checks the options together: those that need another.
@@ -568,10 +575,7 @@ impl AllocatorConfig {
             ));
         }
         if let (Some(budget), false) = (cfg.memory_budget, cfg.unmap_free_pages) {
-            let (key, value) = match budget {
-                MemoryBudget::Bytes(bytes) => ("memory_budget_mb", (bytes >> 20).to_string()),
-                MemoryBudget::Fraction(f) => ("memory_budget_fraction", f.to_string()),
-            };
+            let (key, value) = budget.key_value();
             return Err(invalid(
                 key,
                 &value,
@@ -880,6 +884,20 @@ mod tests {
         let c = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:0.5")).unwrap();
         assert_eq!(c.memory_budget, Some(MemoryBudget::Fraction(0.5)));
         assert_eq!(AllocatorConfig::default().memory_budget, None);
+        let c =
+            AllocatorConfig::parse(&format!("{base},memory_budget_over_allocated:1.02")).unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::OverAllocated(1.02)));
+        // After the `budget` setting, it takes the budget's place.
+        let c = AllocatorConfig::parse("budget,memory_budget_over_allocated:1.05").unwrap();
+        assert_eq!(c.memory_budget, Some(MemoryBudget::OverAllocated(1.05)));
+        for bad in ["0.99", "17", "x", "nan"] {
+            let e = AllocatorConfig::parse(&format!("{base},memory_budget_over_allocated:{bad}"))
+                .unwrap_err();
+            assert!(e.to_string().contains("from 1.0 to 16.0"), "{e}");
+        }
+        let e = AllocatorConfig::parse("expandable_segments:True,memory_budget_over_allocated:1.1")
+            .unwrap_err();
+        assert!(e.to_string().contains("needs unmap_free_pages"), "{e}");
         for bad in ["0", "1.5", "-1", "half", "NaN"] {
             let e = AllocatorConfig::parse(&format!("{base},memory_budget_fraction:{bad}"))
                 .unwrap_err();

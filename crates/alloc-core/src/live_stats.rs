@@ -365,6 +365,16 @@ impl LiveStats {
         self.reserved_mark
     }
 
+    /// The most bytes allocated (both pools) since creation or the last
+    /// [`LiveStats::reset_peaks`]: what `memory_budget_over_allocated`
+    /// scales. Only an engine alone on its device keeps it (one that
+    /// publishes starts its peaks again at every publish), and only such an
+    /// engine moves pages.
+    #[inline]
+    pub(crate) fn allocated_mark(&self) -> i64 {
+        self.counters.peaks[Quantity::AllocatedBytes as usize].all_peak
+    }
+
     /// The present value of both pools of `q` together.
     #[inline]
     pub(crate) fn all_current(&self, q: Quantity) -> i64 {

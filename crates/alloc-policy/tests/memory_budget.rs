@@ -237,3 +237,66 @@ fn at_the_budget_the_device_is_asked_only_before_a_mapping() {
     );
     common::drain(&mut e, live.iter().map(|&(addr, _)| addr));
 }
+
+/// Random mallocs and frees of whole pages on one stream, whose work the
+/// GPU keeps up with, so that every free page can move; returns the largest
+/// request.
+fn random_steps(e: &mut SimEngine, ops: usize, live_cap: u64) -> u64 {
+    let mut rng = Lcg(11);
+    let (mut live, mut live_bytes, mut largest) = (Vec::<(u64, u64)>::new(), 0, 0);
+    for _ in 0..ops {
+        let size = (1 + rng.below(24)) * 2 * MIB;
+        if live_bytes + size <= live_cap && rng.below(3) > 0 {
+            let a = e.malloc(size, StreamId(0)).unwrap();
+            live.push((a.addr, a.size));
+            live_bytes += a.size;
+            largest = largest.max(a.size);
+        } else if !live.is_empty() {
+            let (addr, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+            e.free(addr).unwrap();
+            live_bytes -= size;
+        }
+    }
+    e.assert_valid();
+    common::drain(e, live.iter().map(|&(addr, _)| addr));
+    largest
+}
+
+#[test]
+fn over_the_allocated_peak_fewer_pages_move_and_the_heap_stays_near_it() {
+    let mut peak_based = engine(UNMAP, 8 * GIB);
+    random_steps(&mut peak_based, 4000, 512 * MIB);
+    let at_peak = peak_based.stats();
+    for factor in [1.1, 1.5] {
+        let mut e = engine(
+            &with_budget(&format!("memory_budget_over_allocated:{factor}")),
+            8 * GIB,
+        );
+        let largest = random_steps(&mut e, 4000, 512 * MIB);
+        let s = e.stats();
+        let (reserved, allocated) = (
+            s.reserved_bytes.all.peak as u64,
+            s.allocated_bytes.all.peak as u64,
+        );
+        assert!(
+            s.page_moves.pages_unmapped < at_peak.page_moves.pages_unmapped,
+            "x{factor}: {:?} against {:?}",
+            s.page_moves,
+            at_peak.page_moves
+        );
+        // Past the level a mapping unmaps free pages first (all of them
+        // movable here), so the heap passes it by less than a request.
+        assert!(
+            reserved as f64 <= allocated as f64 * factor + largest as f64,
+            "x{factor}: reserved {reserved}, allocated {allocated}"
+        );
+        // Not a shortage: no wait of its own (a remapped address whose old
+        // mapping the GPU may still use waits under either rule).
+        assert!(
+            s.page_moves.stream_waits <= at_peak.page_moves.stream_waits,
+            "x{factor}: {} waits against {}",
+            s.page_moves.stream_waits,
+            at_peak.page_moves.stream_waits
+        );
+    }
+}

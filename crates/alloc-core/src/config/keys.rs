@@ -122,6 +122,7 @@ pub const OUR_KEYS: &[&str] = &[
     "idle_slab_limit_mb",
     "memory_budget_mb",
     "memory_budget_fraction",
+    "memory_budget_over_allocated",
     "engine_per_stream",
 ];
 

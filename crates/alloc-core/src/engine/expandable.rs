@@ -297,6 +297,7 @@ impl<E> GrowableSegments<E> {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
             peak,
+            allocated_peak: cx.heap.ledger.stats.allocated_mark() as u64,
             reserved,
             limit: cx.limit,
         }
@@ -304,9 +305,10 @@ impl<E> GrowableSegments<E> {
         if deficit == 0 {
             return Ok(false);
         }
-        // At a budget the host waits for streams whose free pages the GPU
-        // may still use rather than pass it; at the peak it never waits.
-        let wait = cx.budget.is_some();
+        // At a budget that is a shortage the host waits for streams whose
+        // free pages the GPU may still use rather than pass it; at the peak
+        // (or a multiple of the allocated peak) it never waits.
+        let wait = cx.budget.is_some_and(|b| b.is_shortage());
         let mut detached =
             self.unmap_free_pages(cx, keep, &mut deficit, Some(mover), true, wait)?;
         if deficit > 0 && self.keeps_pages_mapped(cx) {
