@@ -461,33 +461,18 @@ impl AllocatorConfig {
                 cfg.graph_capture_record_stream_reuse = p.boolean(&key)?
             }
             "per_process_memory_fraction" => {
-                let v = p.value(&key)?;
-                let f = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|f| (0.0..=1.0).contains(f))
-                    .ok_or_else(|| invalid(&key, &v, "expected a number from 0.0 to 1.0"))?;
+                let f = p.number(&key, |f| (0.0..=1.0).contains(&f), "from 0.0 to 1.0")?;
                 cfg.per_process_memory_fraction = Some(f);
             }
             "memory_budget_mb" => {
                 cfg.memory_budget = Some(MemoryBudget::Bytes(p.mebibytes(&key)?));
             }
             "memory_budget_fraction" => {
-                let v = p.value(&key)?;
-                let f = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|f| *f > 0.0 && *f <= 1.0)
-                    .ok_or_else(|| invalid(&key, &v, "expected a number above 0.0, up to 1.0"))?;
+                let f = p.number(&key, |f| f > 0.0 && f <= 1.0, "above 0.0, up to 1.0")?;
                 cfg.memory_budget = Some(MemoryBudget::Fraction(f));
             }
             "memory_budget_over_allocated" => {
-                let v = p.value(&key)?;
-                let f = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|f| (1.0..=16.0).contains(f))
-                    .ok_or_else(|| invalid(&key, &v, "expected a number from 1.0 to 16.0"))?;
+                let f = p.number(&key, |f| (1.0..=16.0).contains(&f), "from 1.0 to 16.0")?;
                 cfg.memory_budget = Some(MemoryBudget::OverAllocated(f));
             }
             _ => {
@@ -732,6 +717,21 @@ impl Parser {
             return Err(invalid(key, &v, "must be at least 20 (MiB)"));
         }
         Ok(mb)
+    }
+
+    /// A number for which `ok` holds; `range` says which in the error
+    /// ("expected a number {range}").
+    fn number(
+        &mut self,
+        key: &str,
+        ok: impl Fn(f64) -> bool,
+        range: &str,
+    ) -> Result<f64, ConfigError> {
+        let v = self.value(key)?;
+        v.parse::<f64>()
+            .ok()
+            .filter(|&f| ok(f))
+            .ok_or_else(|| invalid(key, &v, &format!("expected a number {range}")))
     }
 
     /// A size in whole MiB, zero included.
