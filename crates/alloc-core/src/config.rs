@@ -222,6 +222,17 @@ pub struct AllocatorConfig {
     /// decisions span streams ([`AllocatorConfig::spanning_streams`]) are
     /// refused with it; the memory fraction is one limit the engines share.
     pub engine_per_stream: bool,
+    /// With `engine_per_stream`: an engine for each stream and thread
+    /// (`engine_per_thread`, ours), so that threads allocating on one
+    /// stream do not queue on one lock either. A block is still reused on
+    /// its own stream only, now by the thread that allocated it: a free on
+    /// another thread goes back to the allocating thread's engine, and what
+    /// one thread's engine caches serves another only after an
+    /// out-of-memory error emptied it. That costs memory where one thread
+    /// frees what another then allocates (PyTorch's backward runs on an
+    /// autograd thread of its own); it pays where each thread runs work of
+    /// its own.
+    pub engine_per_thread: bool,
 }
 
 /// Why a setting is refused beside `engine_per_stream`.
@@ -248,6 +259,7 @@ impl Default for AllocatorConfig {
             per_process_memory_fraction: None,
             memory_budget: None,
             engine_per_stream: false,
+            engine_per_thread: false,
         }
     }
 }
@@ -392,6 +404,7 @@ impl AllocatorConfig {
             "expandable_segments" => cfg.expandable_segments = p.boolean(&key)?,
             "stream_wait_reuse" => cfg.stream_wait_reuse = p.boolean(&key)?,
             "engine_per_stream" => cfg.engine_per_stream = p.boolean(&key)?,
+            "engine_per_thread" => cfg.engine_per_thread = p.boolean(&key)?,
             "unmap_free_pages" => cfg.unmap_free_pages = p.boolean(&key)?,
             "unmap_page_mb" => {
                 set.page = true;
@@ -520,6 +533,13 @@ impl AllocatorConfig {
         let cfg = self;
         if let (true, Some((key, value))) = (cfg.engine_per_stream, cfg.spanning_streams()) {
             return Err(invalid(key, &value, SPANS_STREAMS));
+        }
+        if cfg.engine_per_thread && !cfg.engine_per_stream {
+            return Err(invalid(
+                "engine_per_thread",
+                "true",
+                "needs engine_per_stream:True (it splits the engines per stream by thread too)",
+            ));
         }
         if cfg.unmap_free_pages && !cfg.expandable_segments {
             return Err(invalid(
@@ -874,6 +894,11 @@ mod tests {
         // fraction is one limit the engines share.
         AllocatorConfig::parse("engine_per_stream:True,expandable_segments:True").unwrap();
         AllocatorConfig::parse("engine_per_stream:True,per_process_memory_fraction:0.5").unwrap();
+        let c = AllocatorConfig::parse("engine_per_stream:True,engine_per_thread:True").unwrap();
+        assert!(c.engine_per_stream && c.engine_per_thread);
+        assert!(!AllocatorConfig::default().engine_per_thread);
+        let e = AllocatorConfig::parse("engine_per_thread:True").unwrap_err();
+        assert!(e.to_string().contains("needs engine_per_stream"), "{e}");
     }
 
     #[test]

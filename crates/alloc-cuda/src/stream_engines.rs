@@ -21,7 +21,10 @@
 //! the device's reserved bytes on every allocation).
 //! Private pools, sleep tags, IPC and typed buffers are [`crate::CudaAllocator`]'s.
 //! The C library serves each device through this type under
-//! `engine_per_stream:True` ([`AllocatorConfig::engine_per_stream`]).
+//! `engine_per_stream:True` ([`AllocatorConfig::engine_per_stream`]). With
+//! `engine_per_thread:True` too ([`AllocatorConfig::engine_per_thread`])
+//! each stream has an engine for each thread that allocates on it, so that
+//! threads sharing a stream do not queue on one lock either.
 //! An engine holds the cudarc streams it served until the allocator is
 //! dropped (so no new stream takes a live one's handle value).
 //!
@@ -134,7 +137,13 @@ fn stripe_of(addr: u64) -> usize {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Numbers threads for `engine_per_thread` (0: no thread of its own).
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
 thread_local! {
+    /// This thread's number under `engine_per_thread`, taken on its first
+    /// new stream there.
+    static THREAD: Cell<u64> = const { Cell::new(0) };
     /// The engines this thread used last: (allocator, stream, engine).
     static RECENT: RefCell<Vec<(u64, StreamId, u32)>> = const { RefCell::new(Vec::new()) };
     /// The one it used last of all, read first (allocator ids start at 1).
@@ -155,9 +164,9 @@ struct Inner {
     observer: ObserverSlot,
     /// The engines, made on a stream's first allocation.
     shards: Box<[OnceLock<Shard>]>,
-    /// Which engine serves each stream (read on a thread's first use of a
-    /// stream only).
-    by_stream: Mutex<HashMap<StreamId, u32>>,
+    /// Which engine serves each stream, and under `engine_per_thread` each
+    /// stream and thread (read on a thread's first use of a stream only).
+    by_stream: Mutex<HashMap<(StreamId, u64), u32>>,
     owners: Box<[Stripe]>,
     totals: DeviceTotals,
     /// The memory fraction's limit on the engines' reserved bytes together.
@@ -357,11 +366,13 @@ impl StreamEngines {
         Ok((index, self.shard(index)))
     }
 
-    /// The engine index of `stream`, a new engine for a new stream.
+    /// The engine index of `stream` (and of the calling thread under
+    /// `engine_per_thread`), a new engine for a new one.
     #[cold]
     fn index_of(&self, stream: StreamId) -> Result<u32, CudaError> {
+        let key = (stream, self.thread_key());
         let mut by_stream = lock_consistent(&self.inner.by_stream);
-        if let Some(&i) = by_stream.get(&stream) {
+        if let Some(&i) = by_stream.get(&key) {
             return Ok(i);
         }
         let next = self.engine_count();
@@ -373,8 +384,22 @@ impl StreamEngines {
             }
             let _ = self.inner.shards[index].set(shard);
         }
-        by_stream.insert(stream, index as u32);
+        by_stream.insert(key, index as u32);
         Ok(index as u32)
+    }
+
+    /// The calling thread's number under `engine_per_thread`, else 0 (the
+    /// engines are the streams').
+    fn thread_key(&self) -> u64 {
+        if !self.inner.config.engine_per_thread {
+            return 0;
+        }
+        THREAD.with(|t| {
+            if t.get() == 0 {
+                t.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+            }
+            t.get()
+        })
     }
 
     /// The device gets its second engine: under the first engine's lock
@@ -746,15 +771,43 @@ mod null_driver_tests {
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
     fn threads_on_their_own_streams_free_each_others_blocks() {
-        const THREADS: usize = 8;
         let alloc = StreamEngines::with_config_str(0, "").unwrap();
+        threads_free_each_others_blocks(&alloc, None);
+        assert_eq!(alloc.engine_count(), THREADS);
+    }
+
+    #[test]
+    #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
+    fn threads_on_one_stream_get_engines_of_their_own_under_engine_per_thread() {
+        let per_thread =
+            StreamEngines::with_config_str(0, "engine_per_stream:True,engine_per_thread:True")
+                .unwrap();
+        let stream = per_thread.context().new_stream().unwrap();
+        threads_free_each_others_blocks(&per_thread, Some(&stream));
+        assert_eq!(per_thread.engine_count(), THREADS);
+        // The same threads without it share the stream's one engine.
+        let per_stream = StreamEngines::with_config_str(0, "engine_per_stream:True").unwrap();
+        let stream = per_stream.context().new_stream().unwrap();
+        threads_free_each_others_blocks(&per_stream, Some(&stream));
+        assert_eq!(per_stream.engine_count(), 1);
+    }
+
+    const THREADS: usize = 8;
+
+    /// `THREADS` threads allocate 2,000 blocks each, on `one` stream or a
+    /// stream each, freeing some as they go; each frees the rest of
+    /// another's; then the device's statistics add up and the cache empties.
+    fn threads_free_each_others_blocks(alloc: &StreamEngines, one: Option<&Arc<CudaStream>>) {
         let barrier = Barrier::new(THREADS);
         let handed: Vec<Mutex<Vec<u64>>> = (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
         std::thread::scope(|s| {
             for t in 0..THREADS {
-                let (alloc, barrier, handed) = (&alloc, &barrier, &handed);
+                let (barrier, handed) = (&barrier, &handed);
                 s.spawn(move || {
-                    let stream = alloc.context().new_stream().unwrap();
+                    let stream = match one {
+                        Some(s) => s.clone(),
+                        None => alloc.context().new_stream().unwrap(),
+                    };
                     let mut live = Vec::new();
                     for k in 0..2000u64 {
                         let size = 512 << ((k * 7 + t as u64) % 12);
@@ -774,7 +827,6 @@ mod null_driver_tests {
                 });
             }
         });
-        assert_eq!(alloc.engine_count(), THREADS);
         let stats = alloc.stats().unwrap();
         assert_eq!(stats.allocated_bytes.all.current, 0);
         assert_eq!(stats.allocation.all.allocated, stats.allocation.all.freed);

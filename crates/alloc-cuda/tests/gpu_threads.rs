@@ -163,6 +163,12 @@ fn stream_engine_configs() -> Vec<(String, bool)> {
                 false,
             ));
         }
+        // An engine for each stream and thread: the one-stream layout too
+        // has an engine a thread.
+        out.push((
+            format!("{base},engine_per_stream:True,engine_per_thread:True"),
+            false,
+        ));
     }
     out
 }
@@ -674,9 +680,10 @@ fn stress_stream_engines(config: &str, memory_fraction: bool, layout: Layout) {
             stats.reserved_bytes.all.peak
         );
     }
+    let per_thread = engines.config().engine_per_thread;
     let expected_engines = match layout {
-        Layout::OwnStreams => THREADS,
-        Layout::OneStream => 1,
+        Layout::OneStream if !per_thread => 1,
+        _ => THREADS,
     };
     assert_eq!(engines.engine_count(), expected_engines);
     engines.empty_cache().unwrap();

@@ -124,6 +124,7 @@ pub const OUR_KEYS: &[&str] = &[
     "memory_budget_fraction",
     "memory_budget_over_allocated",
     "engine_per_stream",
+    "engine_per_thread",
 ];
 
 /// PyTorch's limit on `pinned_num_register_threads`.
