@@ -496,15 +496,31 @@ def scenario_engine_per_stream():
     in PyTorch's view and ours, the peak of the sums), empty_cache reaches every engine,
     a snapshot renders, the memory fraction limits the streams together, and what needs
     one engine a device (here a run-time setting) fails with a message naming it."""
+    return threads_train_and_free("engine_per_stream:True", own_streams=True)
+
+
+def scenario_engine_per_thread():
+    """engine_per_thread:True beside engine_per_stream:True: the same four threads all on
+    one stream, so that each thread's allocations on it have an engine of their own (and
+    backward's, on autograd's thread, another); the same checks."""
+    return threads_train_and_free("engine_per_stream:True,engine_per_thread:True",
+                                  own_streams=False)
+
+
+def threads_train_and_free(config, own_streams):
+    """Four threads train a small model on their own streams (or all on one) under
+    `config` and free tensors the others made; then the checks of
+    scenario_engine_per_stream."""
     import threading
 
-    gpu_alloc, torch = enabled("engine_per_stream:True")
+    gpu_alloc, torch = enabled(config)
     handed, errors, lock = [], [], threading.Lock()
     start = threading.Barrier(4)
+    shared = None if own_streams else torch.cuda.Stream()
 
     def work(seed):
         try:
-            s = torch.cuda.Stream()
+            s = torch.cuda.Stream() if own_streams else shared
             with torch.cuda.stream(s):
                 torch.manual_seed(seed)
                 model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(),
@@ -569,8 +585,9 @@ def scenario_engine_per_stream():
         raise AssertionError("a run-time setting was accepted under engine_per_stream")
     except ValueError as e:  # the library's invalid-argument error, as for any bad setting
         check("engine_per_stream" in str(e), str(e))
-    return "4 threads on their own streams trained and freed each other's tensors; " \
-        "peak %d MiB, stats equal, empty_cache, snapshot and the fraction served" % (peak >> 20)
+    return "4 threads on %s trained and freed each other's tensors; " \
+        "peak %d MiB, stats equal, empty_cache, snapshot and the fraction served" % (
+            "their own streams" if own_streams else "one stream", peak >> 20)
 
 
 def scenario_late_enable():
