@@ -14,8 +14,9 @@
 #     the allocator parts' tests (null_driver_tests in alloc-cuda's modules),
 #     and the C library's tests that fail each driver call in turn
 #     (null_driver_faults.rs), the C library's call times
-#     (null_driver_call_times.rs) and its engine per stream
-#     (null_driver_per_stream.rs) (.ci/run runs them).
+#     (null_driver_call_times.rs) and its engines per stream
+#     (null_driver_per_stream.rs) and per stream and thread
+#     (null_driver_per_thread.rs) (.ci/run runs them).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -40,6 +41,7 @@ if [ "${1:-}" = "--tests" ]; then
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_faults -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_call_times -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_per_stream -- --ignored
+  GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_per_thread -- --ignored
   exit 0
 fi
 

@@ -1,0 +1,100 @@
+//! `engine_per_stream:True,engine_per_thread:True`: the C library serving
+//! each device with an engine for each stream and thread, through the C
+//! entry points over the null driver (`crates/alloc-cuda/null-driver`):
+//! two threads on one stream get engines of their own (one's cached block
+//! is not the other's), free each other's blocks, and the device's
+//! statistics stay exact.
+//!
+//! `#[ignore]`d: it needs the null driver on the library path, as
+//! `bash crates/alloc-cuda/null-driver/run.sh --tests` (CI) sets it. Its own
+//! test binary: the layout is decided once a process, at the first use.
+
+mod common;
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::Barrier;
+
+use alloc_ffi::api::GPUALLOC_OK;
+use alloc_ffi::*;
+
+const MIB: isize = 1 << 20;
+
+/// Addresses as integers, to hand blocks between threads.
+fn addr(p: *mut c_void) -> usize {
+    assert!(!p.is_null(), "{}", common::last_error());
+    p as usize
+}
+
+/// Reserved bytes of device 0.
+fn reserved() -> i64 {
+    common::stats(0)["reserved_bytes.all.current"]
+}
+
+#[test]
+#[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
+fn threads_on_one_stream_get_engines_of_their_own() {
+    if !common::driver_loaded() {
+        return;
+    }
+    // SAFETY: a NUL-terminated string that outlives the call.
+    let alone = unsafe { gpualloc_configure(c"engine_per_thread:True".as_ptr()) };
+    assert_ne!(
+        alone, GPUALLOC_OK,
+        "engine_per_thread needs engine_per_stream"
+    );
+    assert!(common::last_error().contains("needs engine_per_stream"));
+    // SAFETY: as above.
+    let ok =
+        unsafe { gpualloc_configure(c"engine_per_stream:True,engine_per_thread:True".as_ptr()) };
+    assert_eq!(ok, GPUALLOC_OK, "{}", common::last_error());
+
+    // A block one thread freed on the default stream is not another
+    // thread's to reuse on it: the second thread's engine reserves anew.
+    std::thread::scope(|s| {
+        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()));
+    });
+    let one = reserved();
+    assert!(one > 0);
+    std::thread::scope(|s| {
+        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()));
+    });
+    assert_eq!(reserved(), 2 * one, "a second thread, a second engine");
+
+    // Two threads on the one stream, each freeing the other's blocks.
+    let barrier = Barrier::new(2);
+    let (mine, theirs): (Vec<usize>, Vec<usize>) = std::thread::scope(|s| {
+        let run = |size: isize| {
+            let barrier = &barrier;
+            s.spawn(move || {
+                let blocks: Vec<usize> = (0..4)
+                    .map(|_| addr(gpualloc_malloc(size, 0, null_mut())))
+                    .collect();
+                barrier.wait(); // both threads' blocks live at once
+                blocks
+            })
+        };
+        let a = run(3 * MIB);
+        let b = run(5 * MIB);
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let live = (4 * 3 * MIB + 4 * 5 * MIB) as i64;
+    assert_eq!(common::stats(0)["allocated_bytes.all.current"], live);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            theirs
+                .iter()
+                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
+        });
+        s.spawn(|| {
+            mine.iter()
+                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
+        });
+    });
+    let st = common::stats(0);
+    assert_eq!(st["allocated_bytes.all.current"], 0, "{st:?}");
+    assert_eq!(st["allocated_bytes.all.peak"], live, "the device's peak");
+    assert_eq!(st["allocation.all.allocated"], st["allocation.all.freed"]);
+    assert_eq!(gpualloc_empty_cache(-1), GPUALLOC_OK);
+    assert_eq!(reserved(), 0, "empty_cache reaches every thread's engine");
+}
