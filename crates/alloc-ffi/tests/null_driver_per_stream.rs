@@ -14,7 +14,6 @@ mod common;
 
 use std::ffi::{c_void, CStr};
 use std::ptr::null_mut;
-use std::sync::Barrier;
 
 use alloc_ffi::api::{GPUALLOC_ERR_INVALID, GPUALLOC_OK};
 use alloc_ffi::*;
@@ -35,12 +34,6 @@ extern "C" {
 /// `CU_STREAM_PER_THREAD`: a second stream besides the legacy default (0),
 /// so a second engine.
 const PER_THREAD: CudaStream = 2 as CudaStream;
-
-/// Addresses as integers, to hand blocks between threads.
-fn addr(p: *mut c_void) -> usize {
-    assert!(!p.is_null(), "{}", common::last_error());
-    p as usize
-}
 
 fn refused(code: i32) {
     assert_eq!(code, GPUALLOC_ERR_INVALID);
@@ -66,39 +59,15 @@ fn an_engine_per_stream_serves_the_c_library() {
     assert_eq!(ok, GPUALLOC_OK, "{}", common::last_error());
 
     // Two threads, each on its own stream, each freeing the other's blocks.
-    let barrier = Barrier::new(2);
-    let (mine, theirs): (Vec<usize>, Vec<usize>) = std::thread::scope(|s| {
-        let run = |stream: usize, size: isize| {
-            let barrier = &barrier;
-            s.spawn(move || {
-                let blocks: Vec<usize> = (0..4)
-                    .map(|_| addr(gpualloc_malloc(size, 0, stream as CudaStream)))
-                    .collect();
-                barrier.wait(); // both threads' blocks live at once
-                blocks
-            })
-        };
-        let a = run(0, 3 * MIB);
-        let b = run(PER_THREAD as usize, 5 * MIB);
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    let (mine, theirs) =
+        common::four_blocks_on_two_threads((3 * MIB, 0), (5 * MIB, PER_THREAD as usize));
     let s = common::stats(0);
     assert_eq!(
         s["allocated_bytes.all.current"],
         (4 * 3 * MIB + 4 * 5 * MIB) as i64
     );
     assert_eq!(s["allocation.all.current"], 8);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            theirs
-                .iter()
-                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
-        });
-        s.spawn(|| {
-            mine.iter()
-                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
-        });
-    });
+    common::free_on_two_threads(&theirs, &mine);
     let s = common::stats(0);
     assert_eq!(s["allocated_bytes.all.current"], 0, "{s:?}");
     // The device's peak: both threads' blocks at once, not either engine's.

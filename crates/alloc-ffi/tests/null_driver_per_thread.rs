@@ -11,20 +11,12 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::ptr::null_mut;
-use std::sync::Barrier;
 
 use alloc_ffi::api::GPUALLOC_OK;
 use alloc_ffi::*;
 
 const MIB: isize = 1 << 20;
-
-/// Addresses as integers, to hand blocks between threads.
-fn addr(p: *mut c_void) -> usize {
-    assert!(!p.is_null(), "{}", common::last_error());
-    p as usize
-}
 
 /// Reserved bytes of device 0.
 fn reserved() -> i64 {
@@ -62,35 +54,10 @@ fn threads_on_one_stream_get_engines_of_their_own() {
     assert_eq!(reserved(), 2 * one, "a second thread, a second engine");
 
     // Two threads on the one stream, each freeing the other's blocks.
-    let barrier = Barrier::new(2);
-    let (mine, theirs): (Vec<usize>, Vec<usize>) = std::thread::scope(|s| {
-        let run = |size: isize| {
-            let barrier = &barrier;
-            s.spawn(move || {
-                let blocks: Vec<usize> = (0..4)
-                    .map(|_| addr(gpualloc_malloc(size, 0, null_mut())))
-                    .collect();
-                barrier.wait(); // both threads' blocks live at once
-                blocks
-            })
-        };
-        let a = run(3 * MIB);
-        let b = run(5 * MIB);
-        (a.join().unwrap(), b.join().unwrap())
-    });
+    let (mine, theirs) = common::four_blocks_on_two_threads((3 * MIB, 0), (5 * MIB, 0));
     let live = (4 * 3 * MIB + 4 * 5 * MIB) as i64;
     assert_eq!(common::stats(0)["allocated_bytes.all.current"], live);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            theirs
-                .iter()
-                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
-        });
-        s.spawn(|| {
-            mine.iter()
-                .for_each(|&p| gpualloc_free(p as _, 0, 0, null_mut()))
-        });
-    });
+    common::free_on_two_threads(&theirs, &mine);
     let st = common::stats(0);
     assert_eq!(st["allocated_bytes.all.current"], 0, "{st:?}");
     assert_eq!(st["allocated_bytes.all.peak"], live, "the device's peak");

@@ -47,3 +47,46 @@ pub fn stats(device: i32) -> std::collections::BTreeMap<String, i64> {
     unsafe { alloc_ffi::gpualloc_string_free(p) };
     serde_json::from_str(&json).unwrap()
 }
+
+/// Two threads at once, each allocating four blocks on device 0 (a size
+/// and a stream, given as an integer, each): all eight are live together.
+/// Returns each thread's addresses.
+pub fn four_blocks_on_two_threads(
+    first: (isize, usize),
+    second: (isize, usize),
+) -> (Vec<usize>, Vec<usize>) {
+    let barrier = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let run = |(size, stream): (isize, usize)| {
+            let barrier = &barrier;
+            s.spawn(move || {
+                let blocks: Vec<usize> = (0..4)
+                    .map(|_| {
+                        let p = alloc_ffi::gpualloc_malloc(size, 0, stream as _);
+                        assert!(!p.is_null(), "{}", last_error());
+                        p as usize
+                    })
+                    .collect();
+                barrier.wait(); // both threads' blocks live at once
+                blocks
+            })
+        };
+        let a = run(first);
+        let b = run(second);
+        (a.join().unwrap(), b.join().unwrap())
+    })
+}
+
+/// Frees the blocks of `a` on one thread and those of `b` on another, at
+/// once.
+pub fn free_on_two_threads(a: &[usize], b: &[usize]) {
+    let free = |blocks: &[usize]| {
+        for &p in blocks {
+            alloc_ffi::gpualloc_free(p as _, 0, 0, std::ptr::null_mut());
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| free(a));
+        s.spawn(|| free(b));
+    });
+}
