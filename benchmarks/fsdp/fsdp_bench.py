@@ -34,6 +34,9 @@ set-up's figures are kept in the JSON: "setup", "after_setup"). Each step
 is timed between two torch.cuda.synchronize(); after it the script reads the allocator's
 figures (peaks per step: the peaks are reset after each reading) and the device's memory in
 use (torch.cuda.mem_get_info: includes the CUDA context, NCCL buffers and cuBLAS workspaces).
+Before the first step and after the last, `host_probe_us` times a small `torch.add(...,
+out=)` (no allocation): the host's dispatch speed, which moves between runs of the same
+setting, so that rounds.py can set each run's step beside its host's speed.
 
 The allocator's figures come from torch.cuda.memory_stats() where it works; under a
 pluggable allocator (no C++ bridge) it raises, and then gpu_alloc.memory_stats()
@@ -453,6 +456,25 @@ def step_record(step, loss, time_ms, stats, before, device_used, previous=None):
     return rec
 
 
+def host_probe(torch, device, sync, ops=2000, repeats=5):
+    """Microseconds one `torch.add(x, y, out=z)` of small tensors on `device` takes, as the
+    median of `repeats` timings of `ops` calls and a synchronization: the host's speed at
+    dispatching and launching, with no allocation at all (`out=`), taken before and after
+    the timed steps so that a run's step can be set beside the speed of its host."""
+    x = torch.ones(256, device=device)
+    y = torch.ones(256, device=device)
+    z = torch.empty_like(x)
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            torch.add(x, y, out=z)
+        sync()
+        times.append((time.perf_counter() - t0) * 1e6 / ops)
+    return round(statistics.median(times), 3)
+
+
 def write_json(path, data):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp"
@@ -586,6 +608,7 @@ def main(argv=None):
             dt = (time.perf_counter() - t0) * 1000.0
             return float(loss.item()), dt
 
+        probes = [host_probe(torch, device, sync)]
         for step in range(args.steps):
             lv, dt = train_step(data[step])
             reading = stats.read()
@@ -602,6 +625,8 @@ def main(argv=None):
                                                  p["allocated_peak"] / 2**30))
             if not math.isfinite(lv) and not args.fake_world:
                 raise RuntimeError("loss is %r at step %d" % (lv, step + 1))
+        probes.append(host_probe(torch, device, sync))
+        summary["host_probe_us"] = probes
         if args.profile:  # after the timed steps: the profiler's overhead is in none of them
             sys.path.insert(0, os.path.join(REPO, "benchmarks", "budget"))
             import budget  # its profile_steps, which budget.py's --profile-steps uses too

@@ -212,6 +212,15 @@ def step_ratios(ranks, base_ranks):
     return with_moves, without
 
 
+def probe_us(ranks):
+    """A run's host probe (fsdp_bench's `host_probe_us`, before and after its steps): the mean
+    over ranks and the two timings; None where a rank has none."""
+    probes = [s.get("host_probe_us") for s in ranks]
+    if not all(probes):
+        return None
+    return statistics.fmean(statistics.fmean(p) for p in probes)
+
+
 def _median_of(ratios):
     return [round(statistics.median(ratios), 3), len(ratios)] if ratios else None
 
@@ -244,6 +253,16 @@ def summarize(runs, rounds):
             "peak_reserved_gib": round(max(s["peak_reserved_bytes"] or 0 for s in summaries)
                                        / 2**30, 3),
         }
+        probed = [(ranks, base[r]) for r, ranks in ok
+                  if base[r] and probe_us(ranks) and probe_us(base[r])]
+        if probed and len(probed) == len(ratios):
+            # Each run's step over its host's probe, over PyTorch default's of the round.
+            row["host_probe_us"] = round(statistics.fmean(probe_us(k) for k, _ in probed), 3)
+            normal = [(round_step(k) / probe_us(k)) / (round_step(b) / probe_us(b))
+                      for k, b in probed]
+            row["ratio_host_normalized"] = [round(x, 3) for x in normal]
+            if setting != BASELINE:
+                row["host_normalized_interval"] = cw.ratio_interval(normal)
         if setting != BASELINE:
             split = [step_ratios(ranks, base[r]) for r, ranks in ok if base[r]]
             row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
@@ -273,6 +292,14 @@ def _interval(row):
     return "%.3f (%.3f-%.3f) %s" % (iv[0], iv[1], iv[2], row.get("verdict") or "")
 
 
+def _host_normalized(row):
+    """The ratio of steps over host probes: its interval, else the per-round values."""
+    iv = row.get("host_normalized_interval")
+    if iv:
+        return "%.3f (%.3f-%.3f)" % tuple(iv)
+    return ", ".join("%.3f" % x for x in row.get("ratio_host_normalized") or []) or "-"
+
+
 def _by_moves(row):
     """The median step ratio with and without page moves, with the number of steps."""
     parts = [row.get("step_ratio_with_moves"), row.get("step_ratio_without_moves")]
@@ -291,7 +318,8 @@ def _span(pair):
 
 def table(rows):
     head = ["world", "fsdp", "setting", "mean step ms (spread)", "/ torch, per round",
-            "/ torch (95%)", "by step, moved pages: yes; no (steps)", "reserved / allocated",
+            "/ torch (95%)", "/ torch over host probe (95%)",
+            "by step, moved pages: yes; no (steps)", "reserved / allocated",
             "active / allocated"] + [
                 name for _, name in COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -304,7 +332,8 @@ def table(rows):
         cells = [str(r["world"]), r["fsdp"], r["setting"],
                  "%.1f (%.1f-%.1f)" % (r["mean_step_ms"], *r["mean_step_spread_ms"]),
                  ", ".join("%.3f" % x for x in r["ratio_mean_to_torch"]),
-                 _interval(r), _by_moves(r), _span(r["reserved_over_allocated"]),
+                 _interval(r), _host_normalized(r), _by_moves(r),
+                 _span(r["reserved_over_allocated"]),
                  _span(r.get("active_over_allocated"))]
         for k, _ in COUNTERS:
             v = c.get(k) if c else None

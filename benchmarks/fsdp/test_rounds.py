@@ -20,7 +20,7 @@ import fsdp_bench  # noqa: E402
 
 
 def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, rank=0,
-              gap=1.25, active=None, profile=None):
+              gap=1.25, active=None, profile=None, probe=None):
     path = fsdp_bench.result_path(rounds.run_dir(out, rnd, world), setting, fsdp,
                                   "gpt2-medium", rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -30,6 +30,8 @@ def write_run(out, rnd, world, fsdp, setting, mean, status="ok", counters=None, 
         summary["counters_per_step"] = counters
     if active is not None:
         summary["active_over_allocated"] = active
+    if probe is not None:  # fsdp_bench's host probe, before and after the steps
+        summary["host_probe_us"] = probe
     if profile is not None:  # as budget.profile_steps gives it, over 2 steps
         summary["profile"] = {"steps": 2, "wall_ms_per_step": profile[1],
                               "kernel_ms_per_step": profile[1] / 2,
@@ -116,6 +118,57 @@ class GpusTest(unittest.TestCase):
             with contextlib.redirect_stderr(io.StringIO()):
                 rounds.parse_args(["--out", "/tmp/x", "--settings", "torch", "--worlds", "2",
                                    "--rank-cpus", "4-11"])
+
+    def test_steps_over_the_host_probe_take_the_hosts_speed_out(self):
+        with tempfile.TemporaryDirectory() as out:
+            args = rounds.parse_args(["--out", out, "--settings", "torch,ours-bound",
+                                      "--rounds", "2"])
+            # Round 2's host is twice as slow for ours: the raw ratio doubles, the one over
+            # the probe does not.
+            for rnd, (slow, ours_probe) in enumerate(((1.0, [5.0, 5.0]), (2.0, [9.0, 11.0]))):
+                for rank in (0, 1):
+                    write_run(out, rnd, 2, "fsdp2", "torch", 100.0, rank=rank,
+                              probe=[5.0, 5.0])
+                    write_run(out, rnd, 2, "fsdp2", "ours-bound", 101.0 * slow, rank=rank,
+                              probe=ours_probe)
+            rows = {r["setting"]: r for r in rounds.summarize(rounds.load(args), 2)}
+            ours = rows["ours-bound"]
+            self.assertEqual(ours["ratio_mean_to_torch"], [1.01, 2.02])
+            self.assertEqual(ours["ratio_host_normalized"], [1.01, 1.01])
+            self.assertAlmostEqual(ours["host_normalized_interval"][0], 1.01)
+            self.assertEqual(ours["host_probe_us"], 7.5)
+            self.assertEqual(rows["torch"]["ratio_host_normalized"], [1.0, 1.0])
+            self.assertIn("| 1.010 (1.010-1.010) |", rounds.table(list(rows.values())))
+            # A run without a probe (older results): no normalized ratio at all.
+            write_run(out, 1, 2, "fsdp2", "ours-bound", 202.0, rank=1)
+            ours = next(r for r in rounds.summarize(rounds.load(args), 2)
+                        if r["setting"] == "ours-bound")
+            self.assertNotIn("ratio_host_normalized", ours)
+
+    def test_the_host_probe_times_adds_into_a_tensor_it_made_before(self):
+        calls = {"add": 0, "sync": 0, "made": 0}
+
+        class FakeTorch:
+            @staticmethod
+            def ones(n, device):
+                calls["made"] += 1
+                return [1.0] * n
+
+            @staticmethod
+            def empty_like(x):
+                calls["made"] += 1
+                return list(x)
+
+            @staticmethod
+            def add(x, y, out):
+                calls["add"] += 1
+                out[0] = x[0] + y[0]
+
+        us = fsdp_bench.host_probe(FakeTorch, "cpu", lambda: calls.__setitem__(
+            "sync", calls["sync"] + 1), ops=10, repeats=3)
+        self.assertGreater(us, 0)
+        self.assertEqual(calls, {"add": 30, "sync": 4, "made": 3},
+                         "three tensors made once, then only adds into one of them")
 
     def test_every_rank_counts_and_a_missing_rank_is_no_result(self):
         with tempfile.TemporaryDirectory() as out:
