@@ -399,7 +399,9 @@ def enable(config=None, so_path=None, bridge=None):
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
         ``unmap_worker``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``,
-        ``engine_per_stream`` for threads allocating on their own streams);
+        ``memory_budget_mb``, ``memory_budget_fraction``, ``memory_budget_over_allocated``,
+        ``engine_per_stream`` for threads allocating on their own streams, with
+        ``engine_per_thread`` for threads sharing one);
         or a setting's name, alone or followed by options that override it
         (``"bound"``, ``"unmap8,max_split_size_mb:64"``; docs/policies.md, "Settings by
         name"); None keeps $GPUALLOC_CONF (if set). For memory at the bound: ``"bound"``
