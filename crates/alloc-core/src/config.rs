@@ -228,7 +228,8 @@ pub struct AllocatorConfig {
     /// its own stream only, now by the thread that allocated it: a free on
     /// another thread goes back to the allocating thread's engine, and what
     /// one thread's engine caches serves another only after an
-    /// out-of-memory error emptied it. That costs memory where one thread
+    /// out-of-memory error emptied it (or the thread ended: the next thread
+    /// to start takes its engines over). That costs memory where one thread
     /// frees what another then allocates (PyTorch's backward runs on an
     /// autograd thread of its own); it pays where each thread runs work of
     /// its own.

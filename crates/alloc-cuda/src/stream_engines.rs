@@ -140,10 +140,41 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Numbers threads for `engine_per_thread` (0: no thread of its own).
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
+/// The numbers of threads that ended, which new threads take first: a new
+/// thread takes over an ended thread's engines and what they cache, so a
+/// pool whose threads come and go keeps as many engines as it has threads
+/// at once.
+static ENDED_THREADS: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// A thread's number under `engine_per_thread`, given back when the thread
+/// ends.
+struct ThreadNumber(Cell<u64>);
+
+impl ThreadNumber {
+    /// The number, taken on first use: an ended thread's, else a new one.
+    fn get(&self) -> u64 {
+        if self.0.get() == 0 {
+            let ended = lock_consistent(&ENDED_THREADS).pop();
+            self.0
+                .set(ended.unwrap_or_else(|| NEXT_THREAD.fetch_add(1, Ordering::Relaxed)));
+        }
+        self.0.get()
+    }
+}
+
+impl Drop for ThreadNumber {
+    fn drop(&mut self) {
+        let n = self.0.get();
+        if n != 0 {
+            lock_consistent(&ENDED_THREADS).push(n);
+        }
+    }
+}
+
 thread_local! {
     /// This thread's number under `engine_per_thread`, taken on its first
     /// new stream there.
-    static THREAD: Cell<u64> = const { Cell::new(0) };
+    static THREAD: ThreadNumber = const { ThreadNumber(Cell::new(0)) };
     /// The engines this thread used last: (allocator, stream, engine).
     static RECENT: RefCell<Vec<(u64, StreamId, u32)>> = const { RefCell::new(Vec::new()) };
     /// The one it used last of all, read first (allocator ids start at 1).
@@ -394,12 +425,9 @@ impl StreamEngines {
         if !self.inner.config.engine_per_thread {
             return 0;
         }
-        THREAD.with(|t| {
-            if t.get() == 0 {
-                t.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
-            }
-            t.get()
-        })
+        // A thread whose number is already given back (an allocation in
+        // another thread-local's destructor) shares the stream's engine 0.
+        THREAD.try_with(ThreadNumber::get).unwrap_or(0)
     }
 
     /// The device gets its second engine: under the first engine's lock
@@ -782,6 +810,33 @@ mod null_driver_tests {
         let per_thread =
             StreamEngines::with_config_str(0, "engine_per_stream:True,engine_per_thread:True")
                 .unwrap();
+        // A thread that ends leaves its engine, and what it caches, to the
+        // next thread: one after another, three threads share one engine
+        // (of an allocator of their own, so that the threads at once below
+        // count alone).
+        let taken_over =
+            StreamEngines::with_config_str(0, "engine_per_stream:True,engine_per_thread:True")
+                .unwrap();
+        let other = taken_over.context().new_stream().unwrap();
+        let one_after_another = |alloc: &StreamEngines| {
+            // Joined: a join returns once the thread's destructors ran.
+            std::thread::scope(|s| {
+                s.spawn(|| alloc.free(alloc.malloc(3 * MIB, &other).unwrap()).unwrap())
+                    .join()
+                    .unwrap();
+            });
+        };
+        one_after_another(&taken_over);
+        let reserved = taken_over.reserved_bytes().unwrap();
+        one_after_another(&taken_over);
+        one_after_another(&taken_over);
+        assert_eq!(taken_over.engine_count(), 1);
+        assert_eq!(
+            taken_over.reserved_bytes().unwrap(),
+            reserved,
+            "the cache taken over"
+        );
+        // Threads at once on one stream: an engine each.
         let stream = per_thread.context().new_stream().unwrap();
         threads_free_each_others_blocks(&per_thread, Some(&stream));
         assert_eq!(per_thread.engine_count(), THREADS);

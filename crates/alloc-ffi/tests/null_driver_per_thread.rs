@@ -2,8 +2,9 @@
 //! each device with an engine for each stream and thread, through the C
 //! entry points over the null driver (`crates/alloc-cuda/null-driver`):
 //! two threads on one stream get engines of their own (one's cached block
-//! is not the other's), free each other's blocks, and the device's
-//! statistics stay exact.
+//! is not the other's), a thread started after they ended takes one over,
+//! threads free each other's blocks, and the device's statistics stay
+//! exact.
 //!
 //! `#[ignore]`d: it needs the null driver on the library path, as
 //! `bash crates/alloc-cuda/null-driver/run.sh --tests` (CI) sets it. Its own
@@ -12,6 +13,7 @@
 mod common;
 
 use std::ptr::null_mut;
+use std::sync::Barrier;
 
 use alloc_ffi::api::GPUALLOC_OK;
 use alloc_ffi::*;
@@ -42,16 +44,32 @@ fn threads_on_one_stream_get_engines_of_their_own() {
     assert_eq!(ok, GPUALLOC_OK, "{}", common::last_error());
 
     // A block one thread freed on the default stream is not another
-    // thread's to reuse on it: the second thread's engine reserves anew.
+    // live thread's to reuse on it: the second thread's engine reserves
+    // anew.
+    let both_freed = Barrier::new(2);
     std::thread::scope(|s| {
-        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()));
+        let run = || {
+            s.spawn(|| {
+                gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut());
+                both_freed.wait(); // neither ends before both freed
+            })
+        };
+        // Joined: a join returns once the thread's destructors ran (which
+        // give its engine back for the next thread).
+        let (a, b) = (run(), run());
+        a.join().unwrap();
+        b.join().unwrap();
     });
-    let one = reserved();
-    assert!(one > 0);
+    let two = reserved();
+    assert!(two > 0);
+    // Once they ended, a new thread takes over an engine and its cache:
+    // nothing more is reserved.
     std::thread::scope(|s| {
-        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()));
+        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()))
+            .join()
+            .unwrap();
     });
-    assert_eq!(reserved(), 2 * one, "a second thread, a second engine");
+    assert_eq!(reserved(), two, "an ended thread's engine taken over");
 
     // Two threads on the one stream, each freeing the other's blocks.
     let (mine, theirs) = common::four_blocks_on_two_threads((3 * MIB, 0), (5 * MIB, 0));
