@@ -234,7 +234,9 @@ def summarize(runs, rounds):
             rows.append({"world": world, "fsdp": fsdp, "setting": setting, "runs": 0})
             continue
         base = runs.get((world, fsdp, BASELINE), [None] * rounds)
-        ratios = [round_step(ranks) / round_step(base[r]) for r, ranks in ok if base[r]]
+        # (this setting's ranks, PyTorch default's) in each round that has both
+        paired = [(ranks, base[r]) for r, ranks in ok if base[r]]
+        ratios = [round_step(mine) / round_step(theirs) for mine, theirs in paired]
         means = [round_step(ranks) for _, ranks in ok]
         summaries = [s for _, ranks in ok for s in ranks]
         gaps = [s["reserved_over_allocated"] or 0 for s in summaries]
@@ -253,18 +255,17 @@ def summarize(runs, rounds):
             "peak_reserved_gib": round(max(s["peak_reserved_bytes"] or 0 for s in summaries)
                                        / 2**30, 3),
         }
-        probed = [(ranks, base[r]) for r, ranks in ok
-                  if base[r] and probe_us(ranks) and probe_us(base[r])]
-        if probed and len(probed) == len(ratios):
-            # Each run's step over its host's probe, over PyTorch default's of the round.
-            row["host_probe_us"] = round(statistics.fmean(probe_us(k) for k, _ in probed), 3)
-            normal = [(round_step(k) / probe_us(k)) / (round_step(b) / probe_us(b))
-                      for k, b in probed]
+        probes = [(probe_us(mine), probe_us(theirs)) for mine, theirs in paired]
+        if probes and all(p and q for p, q in probes):
+            # Each run's step over its host's probe, over PyTorch default's of the round:
+            # (step / probe) / (step' / probe') is the plain ratio times probe' / probe.
+            row["host_probe_us"] = round(statistics.fmean(p for p, _ in probes), 3)
+            normal = [ratio * q / p for ratio, (p, q) in zip(ratios, probes)]
             row["ratio_host_normalized"] = [round(x, 3) for x in normal]
             if setting != BASELINE:
                 row["host_normalized_interval"] = cw.ratio_interval(normal)
         if setting != BASELINE:
-            split = [step_ratios(ranks, base[r]) for r, ranks in ok if base[r]]
+            split = [step_ratios(mine, theirs) for mine, theirs in paired]
             row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
             row["step_ratio_without_moves"] = _median_of([x for _, n in split for x in n])
         profiled = [s["profile"] for s in summaries if s.get("profile")]
