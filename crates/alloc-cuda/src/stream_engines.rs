@@ -818,18 +818,22 @@ mod null_driver_tests {
             StreamEngines::with_config_str(0, "engine_per_stream:True,engine_per_thread:True")
                 .unwrap();
         let other = taken_over.context().new_stream().unwrap();
-        let one_after_another = |alloc: &StreamEngines| {
+        let one_after_another = || {
             // Joined: a join returns once the thread's destructors ran.
             std::thread::scope(|s| {
-                s.spawn(|| alloc.free(alloc.malloc(3 * MIB, &other).unwrap()).unwrap())
-                    .join()
-                    .unwrap();
+                s.spawn(|| {
+                    taken_over
+                        .free(taken_over.malloc(3 * MIB, &other).unwrap())
+                        .unwrap()
+                })
+                .join()
+                .unwrap();
             });
         };
-        one_after_another(&taken_over);
+        one_after_another();
         let reserved = taken_over.reserved_bytes().unwrap();
-        one_after_another(&taken_over);
-        one_after_another(&taken_over);
+        one_after_another();
+        one_after_another();
         assert_eq!(taken_over.engine_count(), 1);
         assert_eq!(
             taken_over.reserved_bytes().unwrap(),

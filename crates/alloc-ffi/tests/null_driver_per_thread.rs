@@ -25,6 +25,13 @@ fn reserved() -> i64 {
     common::stats(0)["reserved_bytes.all.current"]
 }
 
+/// A 3 MiB block on device 0's default stream, freed at once.
+fn malloc_and_free() {
+    let p = gpualloc_malloc(3 * MIB, 0, null_mut());
+    assert!(!p.is_null(), "{}", common::last_error());
+    gpualloc_free(p, 0, 0, null_mut());
+}
+
 #[test]
 #[ignore = "needs the null driver: bash crates/alloc-cuda/null-driver/run.sh --tests"]
 fn threads_on_one_stream_get_engines_of_their_own() {
@@ -50,7 +57,7 @@ fn threads_on_one_stream_get_engines_of_their_own() {
     std::thread::scope(|s| {
         let run = || {
             s.spawn(|| {
-                gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut());
+                malloc_and_free();
                 both_freed.wait(); // neither ends before both freed
             })
         };
@@ -65,9 +72,7 @@ fn threads_on_one_stream_get_engines_of_their_own() {
     // Once they ended, a new thread takes over an engine and its cache:
     // nothing more is reserved.
     std::thread::scope(|s| {
-        s.spawn(|| gpualloc_free(gpualloc_malloc(3 * MIB, 0, null_mut()), 0, 0, null_mut()))
-            .join()
-            .unwrap();
+        s.spawn(malloc_and_free).join().unwrap();
     });
     assert_eq!(reserved(), two, "an ended thread's engine taken over");
 
