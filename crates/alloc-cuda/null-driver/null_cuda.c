@@ -48,7 +48,7 @@ typedef unsigned long long CUdeviceptr;
     X(cuMemFreeHost) X(cuMemHostRegister_v2) X(cuMemHostUnregister) \
     X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
-    X(cuEventQuery) X(cuEventSynchronize)
+    X(cuEventQuery) X(cuEventSynchronize) X(cuDeviceTotalMem_v2)
 
 #define NULL_CUDA_ENUM(f) F_##f,
 enum { NULL_CUDA_FUNCTIONS(NULL_CUDA_ENUM) F_COUNT };
@@ -224,6 +224,13 @@ CUresult cuCtxSynchronize(void) {
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     FAULT(cuMemGetInfo_v2);
     *free_bytes = DEVICE_BYTES;
+    *total = DEVICE_BYTES;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceTotalMem_v2(size_t *total, CUdevice d) {
+    FAULT(cuDeviceTotalMem_v2);
+    (void)d;
     *total = DEVICE_BYTES;
     return CUDA_SUCCESS;
 }

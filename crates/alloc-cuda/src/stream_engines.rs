@@ -723,9 +723,17 @@ mod null_driver_tests {
     #[test]
     #[ignore = "needs a driver: crates/alloc-cuda/null-driver/run.sh --tests"]
     fn the_memory_fraction_limits_the_engines_together() {
-        // The null driver's device has 80 GiB: 1/1280 of it is 64 MiB.
-        let (alloc, a, b) = two_streams("per_process_memory_fraction:0.00078125");
-        assert_eq!(alloc.memory_limit(), Some(64 * MIB));
+        // 64 MiB of the device, whatever its size (80 GiB under the null
+        // driver); a power-of-two total makes the fraction exact.
+        let total = StreamEngines::with_config_str(0, "")
+            .unwrap()
+            .context()
+            .total_mem()
+            .unwrap() as u64;
+        let fraction = (64 * MIB) as f64 / total as f64;
+        let (alloc, a, b) = two_streams(&format!("per_process_memory_fraction:{fraction}"));
+        let limit = alloc.memory_limit().unwrap();
+        assert!(limit.abs_diff(64 * MIB) < MIB, "{limit}");
         let x = alloc.malloc(40 * MIB, &a).unwrap();
         // 40 + 40 passes 64 MiB, whichever engine asks.
         let e = alloc.malloc(40 * MIB, &b).unwrap_err();
@@ -739,7 +747,7 @@ mod null_driver_tests {
         let y = alloc.malloc(40 * MIB, &b).unwrap();
         let stats = alloc.stats().unwrap();
         assert_eq!(stats.reserved_bytes.all.current as u64, 40 * MIB);
-        assert!(stats.reserved_bytes.all.peak as u64 <= 64 * MIB);
+        assert!(stats.reserved_bytes.all.peak as u64 <= limit);
         // A new fraction applies to growth from then on.
         alloc.set_memory_fraction(0.0).unwrap();
         assert!(

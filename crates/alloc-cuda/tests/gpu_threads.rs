@@ -382,6 +382,10 @@ struct Shared<'a, P: Pool> {
     mailbox: Mutex<Vec<Filled<P::Block>>>,
     /// Blocks handed to another thread, which used them on its stream.
     handed: AtomicUsize,
+    /// Threads that allocated on another thread's stream too (the copies
+    /// of `record_stream`): under `engine_per_thread` each such thread has
+    /// an engine on that stream as well.
+    allocated_elsewhere: AtomicUsize,
 }
 
 /// Most blocks in the mailbox at once.
@@ -485,6 +489,7 @@ fn stress_thread<P: Pool>(
     let layout = shared.layout;
     let what = |how: &str| format!("[{config}, {layout:?}] thread {t}: {how}");
     let mut received = 0;
+    let mut elsewhere = false;
     for i in 0..iters {
         let size = rng.size();
         let value = ((t * 37 + i) % 251) as u8 + 1;
@@ -496,6 +501,10 @@ fn stress_thread<P: Pool>(
                 // its memory must not be reused before the copy has run.
                 after(other, mine); // the copy comes after the fill
                 block.record_stream(other);
+                if !elsewhere && !Arc::ptr_eq(mine, other) {
+                    elsewhere = true;
+                    shared.allocated_elsewhere.fetch_add(1, Ordering::Relaxed);
+                }
                 let mut copy = alloc.alloc(size, other);
                 block.copy_into(&mut copy, other);
                 drop(block);
@@ -555,15 +564,14 @@ fn stress_iters() -> usize {
 }
 
 /// [`THREADS`] threads of `alloc` in configuration `config` on `streams`,
-/// every byte read back as written; returns the seconds taken and the
-/// blocks handed to another thread (at least one). The caller checks the
-/// allocator afterwards.
+/// every byte read back as written; returns what [`Ran`] holds. The caller
+/// checks the allocator afterwards.
 fn run_stress<P: Pool>(
     alloc: &P,
     config: &str,
     layout: Layout,
     streams: &[Arc<CudaStream>],
-) -> (f64, usize) {
+) -> Ran {
     let shared = Shared {
         config,
         layout,
@@ -571,6 +579,7 @@ fn run_stress<P: Pool>(
         streams,
         mailbox: Mutex::new(Vec::new()),
         handed: AtomicUsize::new(0),
+        allocated_elsewhere: AtomicUsize::new(0),
     };
     let (senders, inboxes): (Vec<_>, Vec<_>) = (0..THREADS).map(|_| mpsc::channel()).unzip();
     let t0 = Instant::now();
@@ -594,7 +603,21 @@ fn run_stress<P: Pool>(
     }
     let handed = shared.handed.into_inner();
     assert!(handed > 0, "no block was handed to another thread");
-    (t0.elapsed().as_secs_f64(), handed)
+    Ran {
+        secs: t0.elapsed().as_secs_f64(),
+        handed,
+        allocated_elsewhere: shared.allocated_elsewhere.into_inner(),
+    }
+}
+
+/// What one run of the stress did.
+struct Ran {
+    /// Seconds it took.
+    secs: f64,
+    /// Blocks handed to another thread (at least one).
+    handed: usize,
+    /// Threads that allocated on another thread's stream as well as their own.
+    allocated_elsewhere: usize,
 }
 
 /// How many streams `layout` asks for.
@@ -606,7 +629,8 @@ fn stream_count(layout: Layout) -> usize {
 }
 
 /// The line the stress prints for a configuration.
-fn report(config: &str, layout: Layout, (secs, handed): (f64, usize), stats: &Stats) -> String {
+fn report(config: &str, layout: Layout, ran: &Ran, stats: &Stats) -> String {
+    let Ran { secs, handed, .. } = ran;
     format!(
         "[{config}, {layout:?}] {THREADS} threads x {} in {secs:.2} s, {handed} handed to \
          another thread: peak allocated {}, peak reserved {}, {} device allocs, {} device frees, \
@@ -637,7 +661,7 @@ fn stress(config: &str, memory_fraction: bool, layout: Layout) {
     let stats = alloc.stats().unwrap();
     println!(
         "{}, events {:?}",
-        report(config, layout, ran, &stats),
+        report(config, layout, &ran, &stats),
         alloc.diagnostics().event_stats().unwrap(),
     );
     assert_drained(&alloc);
@@ -664,7 +688,7 @@ fn stress_stream_engines(config: &str, memory_fraction: bool, layout: Layout) {
     let stats = engines.stats().unwrap();
     println!(
         "{}, {} engines",
-        report(config, layout, ran, &stats),
+        report(config, layout, &ran, &stats),
         engines.engine_count()
     );
     assert_eq!(
@@ -680,10 +704,12 @@ fn stress_stream_engines(config: &str, memory_fraction: bool, layout: Layout) {
             stats.reserved_bytes.all.peak
         );
     }
-    let per_thread = engines.config().engine_per_thread;
-    let expected_engines = match layout {
-        Layout::OneStream if !per_thread => 1,
-        _ => THREADS,
+    // An engine a stream, or under engine_per_thread one for each stream a
+    // thread allocated on: its own, and another's for the copies it made.
+    let expected_engines = match (layout, engines.config().engine_per_thread) {
+        (Layout::OneStream, false) => 1,
+        (Layout::OwnStreams, false) | (Layout::OneStream, true) => THREADS,
+        (Layout::OwnStreams, true) => THREADS + ran.allocated_elsewhere,
     };
     assert_eq!(engines.engine_count(), expected_engines);
     engines.empty_cache().unwrap();
