@@ -326,8 +326,9 @@ def table(rows):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if not r["runs"]:
-            lines.append("| %d | %s | %s | failed |%s" % (r["world"], r["fsdp"], r["setting"],
-                                                          " |" * (len(head) - 3)))
+            # Failed, stopped by --budget or never started: the logs say which.
+            lines.append("| %d | %s | %s | no complete run |%s" % (
+                r["world"], r["fsdp"], r["setting"], " |" * (len(head) - 3)))
             continue
         c = r.get("counters_per_step")
         cells = [str(r["world"]), r["fsdp"], r["setting"],
