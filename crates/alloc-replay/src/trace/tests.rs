@@ -279,6 +279,91 @@ mod pickles {
     }
 
     #[test]
+    fn a_free_waiting_for_other_streams_frees_at_its_completion() {
+        // A block used on another stream (record_stream): its free completes
+        // after a later allocation, which therefore could not reuse it.
+        let t = parse_pickle(
+            "p",
+            &snapshot(&[
+                entry("alloc", 4096, 10),
+                entry("free_requested", 4096, 10),
+                entry("alloc", 8192, 10),
+                entry("free_completed", 4096, 10),
+                entry("alloc", 4096, 10),
+                entry("free_requested", 8192, 10),
+                entry("free_completed", 8192, 10),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            t.events,
+            vec![
+                alloc(0, 10, 0),
+                alloc(1, 10, 0),
+                free(0, 0),
+                alloc(2, 10, 0),
+                free(1, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn frees_never_completed_free_where_they_were_requested_in_order() {
+        // The snapshot was taken while two frees waited; a third completed.
+        let t = parse_pickle(
+            "p",
+            &snapshot(&[
+                entry("alloc", 4096, 10),
+                entry("alloc", 8192, 20),
+                entry("alloc", 16384, 30),
+                entry("free_requested", 8192, 20),
+                entry("free_requested", 4096, 10),
+                entry("free_requested", 16384, 30),
+                entry("alloc", 32768, 40),
+                entry("free_completed", 16384, 30),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            t.events,
+            vec![
+                alloc(0, 10, 0),
+                alloc(1, 20, 0),
+                alloc(2, 30, 0),
+                free(1, 0),
+                free(0, 0),
+                alloc(3, 40, 0),
+                free(2, 0),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_free_completed_before_the_history_frees_a_block_allocated_before_it() {
+        let t = parse_pickle(
+            "p",
+            &snapshot(&[entry("alloc", 4096, 10), entry("free_completed", 8192, 30)]),
+        )
+        .unwrap();
+        assert_eq!(t.events, vec![alloc(1, 30, 0), alloc(0, 10, 0), free(1, 0)]);
+    }
+
+    #[test]
+    fn an_address_reused_before_its_free_completed_is_an_error() {
+        let e = snapshot_err(&snapshot(&[
+            entry("alloc", 4096, 10),
+            entry("free_requested", 4096, 10),
+            entry("alloc", 4096, 10),
+        ]));
+        assert!(e.contains("has not completed"), "{e}");
+        let e = snapshot_err(&snapshot(&[
+            entry("alloc", 4096, 10),
+            entry("free_completed", 4096, 10),
+        ]));
+        assert!(e.contains("had no free_requested"), "{e}");
+    }
+
+    #[test]
     fn undecodable_pickle() {
         assert!(matches!(
             parse_pickle("p", &[0x80, 2, b'}']),
