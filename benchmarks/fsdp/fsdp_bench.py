@@ -108,6 +108,33 @@ def result_path(out_dir, setting, fsdp, shape, rank):
     return os.path.join(out_dir, "runs", "%s__rank%d.json" % (run_name(setting, fsdp, shape), rank))
 
 
+def snapshot_path(out_dir, setting, fsdp, shape, rank):
+    return os.path.join(out_dir, "snapshots", "%s__rank%d.pickle" % (
+        run_name(setting, fsdp, shape), rank))
+
+
+def record_history(torch, step, n_data, steps, path):
+    """`steps` more steps (cycling through the `n_data` batches) with PyTorch's memory
+    history on, without stacks (a snapshot of FSDP's steps stays a few MB); dumps it to
+    `path` where given (rank 0) and returns what was recorded: steps, entries and the
+    actions' counts on the current device."""
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python")
+    try:
+        for i in range(steps):
+            step(i % n_data)
+        snap = torch.cuda.memory._snapshot()
+        if path:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            torch.cuda.memory._dump_snapshot(path)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][torch.cuda.current_device()]
+    actions = {}
+    for e in trace:
+        actions[e["action"]] = actions.get(e["action"], 0) + 1
+    return {"steps": steps, "entries": len(trace), "actions": actions, "path": path}
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setting", required=True, choices=sorted(SETTINGS))
@@ -139,6 +166,12 @@ def parse_args(argv=None):
                         "summarised by benchmarks/budget's profile_steps into the summary's "
                         "'profile' (per step: wall and kernel time, the allocator's calls, "
                         "the operators with the most host time)")
+    p.add_argument("--memory-history", type=int, default=None, metavar="N",
+                   help="after the timed (and profiled) steps, N more with PyTorch's memory "
+                        "history on (torch.cuda.memory._record_memory_history, no stacks), "
+                        "dumped by rank 0 to OUT/snapshots/<run>__rank0.pickle: FSDP's "
+                        "allocations, streams and cross-stream frees for `cargo xtask "
+                        "replay` and `advise`")
     for k in ("layers", "d_model", "heads", "vocab", "seq", "batch"):
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,
                        help="override the shape's %s (tests)" % k)
@@ -147,6 +180,10 @@ def parse_args(argv=None):
         p.error("--steps must be >= 1")
     if a.profile is not None and a.profile < 1:
         p.error("--profile takes a number of steps, at least 1")
+    if a.memory_history is not None and a.memory_history < 1:
+        p.error("--memory-history takes a number of steps, at least 1")
+    if a.memory_history and a.device == "cpu":
+        p.error("--memory-history records the CUDA allocator's history: it needs a GPU")
     if a.fake_world is not None and a.fake_world < 2:
         p.error("--fake-world must be >= 2")
     if a.device == "cpu" and is_ours(a.setting):
@@ -639,6 +676,13 @@ def main(argv=None):
             except Exception as e:  # the timed steps stand without it
                 summary["profile_error"] = "%s: %s" % (type(e).__name__, str(e)[:500])
                 traceback.print_exc()
+        if args.memory_history:  # after the timed steps too: recording costs host time
+            snap = snapshot_path(args.out, args.setting, args.fsdp, args.shape, rank)
+            summary["memory_history"] = record_history(
+                torch, lambda i: train_step(data[i]), len(data), args.memory_history,
+                snap if rank == 0 else None)
+            if rank == 0:
+                log(rank, "memory history of %d steps: %s" % (args.memory_history, snap))
     except Exception as e:
         status, error = "error", "%s: %s" % (type(e).__name__, e)
         traceback.print_exc()
