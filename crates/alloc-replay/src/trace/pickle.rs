@@ -51,8 +51,9 @@ const NO_EVENTS: &str = "the snapshot has no allocation events: call \
 ///   request. When the address is unknown (allocated before the first recorded event:
 ///   the history wrapped, or started late), an [`TraceEvent::Alloc`] of the entry's
 ///   `size` for a fresh id is placed before all recorded events;
-/// * blocks allocated in the snapshot's `segments` of `device` that no event of the trace
-///   allocated or freed are allocated first too, so the replay starts from the state
+/// * blocks allocated in the snapshot's `segments` of `device` (or freed and waiting for
+///   other streams there: `active_pending_free`) that no event of the trace allocated or
+///   freed are allocated first too, so the replay starts from the state
 ///   the snapshot describes; a header line says how many such blocks there were;
 /// * `segment_alloc` appends its `size` to [`Trace::segment_allocs`];
 /// * every other action (`segment_free`, `segment_map`, `segment_unmap`,
@@ -325,9 +326,11 @@ impl Builder {
                 Some(v) => to_u64(v, "address")?,
                 None => addr,
             };
+            // A block whose free waits for other streams holds its memory
+            // as an allocated one does.
             let allocated = matches!(
                 field(b, "state"),
-                Some(Value::String(s)) if s == "active_allocated"
+                Some(Value::String(s)) if s == "active_allocated" || s == "active_pending_free"
             );
             if allocated && !self.seen.contains(&here) {
                 let requested = match field(b, "requested_size") {

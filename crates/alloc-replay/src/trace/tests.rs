@@ -482,6 +482,27 @@ mod pickles {
     }
 
     #[test]
+    fn a_block_whose_free_waits_at_the_snapshot_holds_its_memory() {
+        // Allocated and freed before the history began, its free still
+        // waiting for another stream when the snapshot was taken.
+        let bytes = pickle(&dict(&[
+            (
+                s("device_traces"),
+                list(&[list(&[entry("alloc", 16384, 40)])]),
+            ),
+            (
+                s("segments"),
+                list(&[segment(
+                    4096,
+                    &[(4096, "active_pending_free"), (8192, "inactive")],
+                )]),
+            ),
+        ]));
+        let t = parse_pickle("p", &bytes).unwrap();
+        assert_eq!(t.events, vec![alloc(1, 4096, 0), alloc(0, 40, 0)]);
+    }
+
+    #[test]
     fn bad_entries() {
         let m = snapshot_err(&snapshot(&[int(1)]));
         assert!(m.contains("device_traces[0][0]: entry is an int"), "{m}");
