@@ -248,6 +248,7 @@ fn normalized(trace: &Trace) -> Vec<Normalized> {
         .map(|e| match *e {
             TraceEvent::Alloc { id, size, stream } => (true, id_of(id), size, stream),
             TraceEvent::Free { id, stream } => (false, id_of(id), 0, stream),
+            TraceEvent::FreeCompleted { id } => (false, id_of(id), u64::MAX, u64::MAX),
         })
         .collect();
     out.extend(

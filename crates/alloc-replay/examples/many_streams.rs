@@ -120,6 +120,7 @@ fn text(trace: &Trace) -> String {
         out += &match *e {
             TraceEvent::Alloc { id, size, stream } => format!("a {id} {size} {stream}\n"),
             TraceEvent::Free { id, stream } => format!("f {id} {stream}\n"),
+            TraceEvent::FreeCompleted { id } => format!("c {id}\n"),
         };
     }
     out
@@ -158,6 +159,8 @@ fn measure(trace: &Trace, config: &str, lag: Option<u64>) -> Result<Measured, St
                     .free(addr)
                     .map_err(|e| format!("{config}: free: {e}"))?;
             }
+            // The traces made here complete every free at once.
+            TraceEvent::FreeCompleted { .. } => {}
         }
         if lag.is_some() {
             engine.streams_mut().tick();

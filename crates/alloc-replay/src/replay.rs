@@ -214,6 +214,81 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
     })
 }
 
+/// The frees of a trace that completed later ([`TraceEvent::FreeCompleted`]):
+/// each such block is used, as far as the engine knows, by a stream of its
+/// own (`record_stream`) whose work completes at the completion, so that it
+/// awaits events as the recording allocator's block did, and a setting that
+/// reuses blocks with a stream wait (`stream_wait_reuse`) may do so.
+struct AwaitingFrees {
+    /// Index of an awaiting free -> index of its completion.
+    completion_of: FxHashMap<usize, usize>,
+    /// Index of a completion -> the stream its free's use was recorded on.
+    stream_at: FxHashMap<usize, StreamId>,
+    /// Streams whose use completed, for the next awaiting free.
+    spare: Vec<StreamId>,
+    /// Streams made so far.
+    made: u64,
+}
+
+impl AwaitingFrees {
+    /// The first stream number of the frees' own streams: above any a
+    /// trace numbers (small integers from 0).
+    const FIRST_STREAM: u64 = 1 << 48;
+
+    /// The awaiting frees of `trace`: each completion belongs to the last
+    /// free of its id before it.
+    fn of(trace: &Trace) -> Self {
+        let mut last_free: FxHashMap<u64, usize> = FxHashMap::default();
+        let mut completion_of = FxHashMap::default();
+        for (index, event) in trace.events.iter().enumerate() {
+            match *event {
+                TraceEvent::Free { id, .. } => {
+                    last_free.insert(id, index);
+                }
+                TraceEvent::FreeCompleted { id } => {
+                    if let Some(free) = last_free.remove(&id) {
+                        completion_of.insert(free, index);
+                    }
+                }
+                TraceEvent::Alloc { .. } => {}
+            }
+        }
+        AwaitingFrees {
+            completion_of,
+            stream_at: FxHashMap::default(),
+            spare: Vec::new(),
+            made: 0,
+        }
+    }
+
+    /// Before the free at `index` of the block at `addr`: when that free
+    /// completes later, a use of the block by a stream of its own.
+    fn record_use<P: Policy>(
+        &mut self,
+        index: usize,
+        addr: u64,
+        engine: &mut Engine<P, SimMemory, SimStreams>,
+    ) -> Result<(), AllocError> {
+        let Some(&completion) = self.completion_of.get(&index) else {
+            return Ok(());
+        };
+        let stream = self.spare.pop().unwrap_or_else(|| {
+            self.made += 1;
+            StreamId(Self::FIRST_STREAM + self.made)
+        });
+        self.stream_at.insert(completion, stream);
+        engine.record_stream(addr, stream)
+    }
+
+    /// At the completion at `index`: the use's stream ran its work.
+    fn complete(&mut self, index: usize, streams: &mut SimStreams) {
+        if let Some(stream) = self.stream_at.remove(&index) {
+            streams.complete_stream(stream);
+            self.spare.push(stream);
+        }
+    }
+}
+
 /// Runs every event through a fresh engine. Frees of ids never allocated
 /// (made before recording began) are skipped; an allocation that runs out of
 /// memory is counted and its later free skipped.
@@ -239,6 +314,7 @@ fn run_events(
     }
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     live.reserve(1024);
+    let mut awaiting = AwaitingFrees::of(trace);
     let mut last = (0, 0);
     for (index, event) in trace.events.iter().enumerate() {
         let result = match *event {
@@ -253,9 +329,15 @@ fn run_events(
                 }
             }
             TraceEvent::Free { id, .. } => match live.remove(&id) {
-                Some(addr) => engine.free(addr),
+                Some(addr) => awaiting
+                    .record_use(index, addr, &mut engine)
+                    .and_then(|()| engine.free(addr)),
                 None => Ok(()),
             },
+            TraceEvent::FreeCompleted { .. } => {
+                awaiting.complete(index, engine.streams_mut());
+                Ok(())
+            }
         };
         if opts.gpu_lag.is_some() {
             engine.streams_mut().tick();

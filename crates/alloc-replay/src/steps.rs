@@ -93,6 +93,8 @@ fn lifetimes(trace: &Trace) -> Vec<u64> {
                     out[slot] = (index - born) as u64;
                 }
             }
+            // A lifetime ends at its free, as the program saw it.
+            TraceEvent::FreeCompleted { .. } => {}
         }
     }
     out

@@ -8,6 +8,7 @@
 //!   # <comment>                         header line; '# segment_alloc <bytes> [<addr>]' marks a cudaMalloc
 //!   a <id> <requested_bytes> <stream>   allocation request; id is unique among live allocations
 //!   f <id> <stream>                     free request of allocation <id>
+//!   c <id>                              the free of <id> completed later (other streams used it)
 //!   ```
 //!
 //! * a **PyTorch memory snapshot pickle** as written by
@@ -218,9 +219,19 @@ pub fn parse_text(name: &str, text: &str) -> Result<Trace, TraceError> {
                 live.remove(&id);
                 trace.events.push(TraceEvent::Free { id, stream });
             }
+            "c" => {
+                expect_fields(&fields, 2, "c <id>").map_err(err)?;
+                let id = parse_u64(fields[1], "id").map_err(err)?;
+                if live.contains(&id) {
+                    return Err(err(format!(
+                        "allocation id {id} completes a free while it is live"
+                    )));
+                }
+                trace.events.push(TraceEvent::FreeCompleted { id });
+            }
             op => {
                 return Err(err(format!(
-                    "unknown operation {} (expected 'a', 'f' or a '#' comment)",
+                    "unknown operation {} (expected 'a', 'f', 'c' or a '#' comment)",
                     quoted(op)
                 )))
             }

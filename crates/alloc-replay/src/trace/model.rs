@@ -30,6 +30,15 @@ pub enum TraceEvent {
         /// Stream id (0 = the default stream).
         stream: u64,
     },
+    /// The free of allocation `id` (its last [`TraceEvent::Free`]) has completed: the
+    /// block's uses on other streams are done, and only now could the recording
+    /// allocator reuse it. Present only where that came later than the free (PyTorch's
+    /// `record_stream`, FSDP's and other multi-stream code's frees); a free without one
+    /// completes at once.
+    FreeCompleted {
+        /// Identifier of the allocation whose free completed.
+        id: u64,
+    },
 }
 
 /// A whole allocation trace: the request sequence plus the metadata recorded with it.
@@ -76,6 +85,7 @@ impl Trace {
             let _ = match *ev {
                 TraceEvent::Alloc { id, size, stream } => writeln!(out, "a {id} {size} {stream}"),
                 TraceEvent::Free { id, stream } => writeln!(out, "f {id} {stream}"),
+                TraceEvent::FreeCompleted { id } => writeln!(out, "c {id}"),
             };
         }
         out
@@ -95,7 +105,7 @@ impl Trace {
             .iter()
             .filter_map(|e| match *e {
                 TraceEvent::Alloc { stream, .. } => Some(stream),
-                TraceEvent::Free { .. } => None,
+                TraceEvent::Free { .. } | TraceEvent::FreeCompleted { .. } => None,
             })
             .collect::<HashSet<u64>>()
             .len()

@@ -42,15 +42,15 @@ const NO_EVENTS: &str = "the snapshot has no allocation events: call \
 /// Mapping of `device_traces[device]` entries:
 /// * `alloc` becomes [`TraceEvent::Alloc`] with a fresh id for the address, of
 ///   `requested_size` bytes when that field is present and nonzero, else `size` bytes;
-/// * `free_requested` and the `free_completed` of the same address become one
-///   [`TraceEvent::Free`] of the id live at that address, placed where the block went
-///   back to the pool: at `free_completed`. PyTorch records the two together unless the
-///   block was used on other streams (`record_stream`), when the completion waits for
-///   those streams' events and later allocations cannot reuse the block in between.
-///   A request never completed (the snapshot was taken while it waited) frees at the
-///   request. When the address is unknown (allocated before the first recorded event:
-///   the history wrapped, or started late), an [`TraceEvent::Alloc`] of the entry's
-///   `size` for a fresh id is placed before all recorded events;
+/// * `free_requested` becomes [`TraceEvent::Free`] of the id live at that address; when
+///   the address is unknown (allocated before the first recorded event: the history
+///   wrapped, or started late), an [`TraceEvent::Alloc`] of the entry's `size` for a fresh
+///   id is placed before all recorded events;
+/// * `free_completed` becomes [`TraceEvent::FreeCompleted`] of that id where other entries
+///   came between it and the request: PyTorch records the two together unless the block
+///   was used on other streams (`record_stream`), when the block waits for those streams'
+///   events and no allocation in between can reuse it (a request never completed, the
+///   snapshot taken while it waited, completes at once);
 /// * blocks allocated in the snapshot's `segments` of `device` (or freed and waiting for
 ///   other streams there: `active_pending_free`) that no event of the trace allocated or
 ///   freed are allocated first too, so the replay starts from the state
@@ -138,7 +138,6 @@ fn build(
             .entry(entry)
             .map_err(|m| snap(format!("device_traces[{device}][{i}]: {m}")))?;
     }
-    builder.free_at_request_what_never_completed();
     let orphans = builder.prelude.len();
     if let Some(segments) = field(root, "segments") {
         let segments = as_seq(segments).map_err(|m| snap(format!("'segments': {m}")))?;
@@ -179,12 +178,9 @@ struct Builder {
     prelude: Vec<TraceEvent>,
     /// Addresses allocated or freed in the trace.
     seen: HashSet<u64>,
-    /// Frees requested and not yet completed: address -> the free, and
-    /// where in the events it was requested (its index then, and the
-    /// request's number, which orders requests made at one index).
-    pending: HashMap<u64, (TraceEvent, usize, u64)>,
-    /// Frees requested so far.
-    requests: u64,
+    /// Frees requested and not yet completed: address -> the id freed, and
+    /// the index of its [`TraceEvent::Free`].
+    pending: HashMap<u64, (u64, usize)>,
 }
 
 impl Builder {
@@ -240,24 +236,25 @@ impl Builder {
                     }
                 };
                 self.seen.insert(addr);
-                let at = self.trace.events.len();
-                self.requests += 1;
-                self.pending
-                    .insert(addr, (TraceEvent::Free { id, stream }, at, self.requests));
+                self.pending.insert(addr, (id, self.trace.events.len()));
+                self.trace.events.push(TraceEvent::Free { id, stream });
             }
             "free_completed" => {
                 let addr = uint(map, "addr")?;
                 match self.pending.remove(&addr) {
-                    Some((free, _, _)) => self.trace.events.push(free),
+                    // Right after its request: the free completed at once.
+                    Some((_, at)) if at + 1 == self.trace.events.len() => {}
+                    Some((id, _)) => self.trace.events.push(TraceEvent::FreeCompleted { id }),
                     // Requested before the first recorded event: the block
-                    // was allocated before it too.
+                    // was allocated before it too, and waited until now.
                     None if !self.live.contains_key(&addr) => {
                         let stream = self.stream(map)?;
                         let id = self.fresh_id();
                         let size = uint(map, "size")?.max(1);
                         self.prelude.push(TraceEvent::Alloc { id, size, stream });
+                        self.prelude.push(TraceEvent::Free { id, stream });
                         self.seen.insert(addr);
-                        self.trace.events.push(TraceEvent::Free { id, stream });
+                        self.trace.events.push(TraceEvent::FreeCompleted { id });
                     }
                     None => {
                         return Err(format!(
@@ -275,28 +272,6 @@ impl Builder {
             _ => {}
         }
         Ok(())
-    }
-
-    /// The frees still waiting for their `free_completed` at the end of
-    /// the trace, placed where they were requested.
-    fn free_at_request_what_never_completed(&mut self) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let mut waiting: Vec<_> = self.pending.drain().map(|(_, f)| f).collect();
-        waiting.sort_by_key(|&(_, at, n)| (at, n));
-        // One merge, whatever the number of frees left waiting.
-        let recorded = std::mem::take(&mut self.trace.events);
-        let mut events = Vec::with_capacity(recorded.len() + waiting.len());
-        let mut waiting = waiting.into_iter().peekable();
-        for (i, event) in recorded.into_iter().enumerate() {
-            while let Some((free, _, _)) = waiting.next_if(|&(_, at, _)| at == i) {
-                events.push(free);
-            }
-            events.push(event);
-        }
-        events.extend(waiting.map(|(free, _, _)| free));
-        self.trace.events = events;
     }
 
     /// Blocks of `seg` (a snapshot segment of `device`) allocated at the

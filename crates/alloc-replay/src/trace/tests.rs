@@ -5,6 +5,10 @@ fn alloc(id: u64, size: u64, stream: u64) -> TraceEvent {
     TraceEvent::Alloc { id, size, stream }
 }
 
+fn completed(id: u64) -> TraceEvent {
+    TraceEvent::FreeCompleted { id }
+}
+
 fn free(id: u64, stream: u64) -> TraceEvent {
     TraceEvent::Free { id, stream }
 }
@@ -279,9 +283,10 @@ mod pickles {
     }
 
     #[test]
-    fn a_free_waiting_for_other_streams_frees_at_its_completion() {
+    fn a_free_waiting_for_other_streams_completes_where_pytorch_completed_it() {
         // A block used on another stream (record_stream): its free completes
-        // after a later allocation, which therefore could not reuse it.
+        // after a later allocation, which therefore could not reuse it. A
+        // free completed at once adds nothing.
         let t = parse_pickle(
             "p",
             &snapshot(&[
@@ -299,28 +304,28 @@ mod pickles {
             t.events,
             vec![
                 alloc(0, 10, 0),
-                alloc(1, 10, 0),
                 free(0, 0),
+                alloc(1, 10, 0),
+                completed(0),
                 alloc(2, 10, 0),
                 free(1, 0)
             ]
         );
+        // The text format carries the completion.
+        assert_eq!(parse_text("p", &t.to_text()).unwrap().events, t.events);
     }
 
     #[test]
-    fn frees_never_completed_free_where_they_were_requested_in_order() {
+    fn frees_never_completed_complete_at_once() {
         // The snapshot was taken while two frees waited; a third completed.
         let t = parse_pickle(
             "p",
             &snapshot(&[
                 entry("alloc", 4096, 10),
                 entry("alloc", 8192, 20),
-                entry("alloc", 16384, 30),
                 entry("free_requested", 8192, 20),
                 entry("free_requested", 4096, 10),
-                entry("free_requested", 16384, 30),
                 entry("alloc", 32768, 40),
-                entry("free_completed", 16384, 30),
             ]),
         )
         .unwrap();
@@ -329,23 +334,24 @@ mod pickles {
             vec![
                 alloc(0, 10, 0),
                 alloc(1, 20, 0),
-                alloc(2, 30, 0),
                 free(1, 0),
                 free(0, 0),
-                alloc(3, 40, 0),
-                free(2, 0),
+                alloc(2, 40, 0),
             ]
         );
     }
 
     #[test]
-    fn a_free_completed_before_the_history_frees_a_block_allocated_before_it() {
+    fn a_free_completed_of_a_block_from_before_the_history_waits_until_then() {
         let t = parse_pickle(
             "p",
             &snapshot(&[entry("alloc", 4096, 10), entry("free_completed", 8192, 30)]),
         )
         .unwrap();
-        assert_eq!(t.events, vec![alloc(1, 30, 0), alloc(0, 10, 0), free(1, 0)]);
+        assert_eq!(
+            t.events,
+            vec![alloc(1, 30, 0), free(1, 0), alloc(0, 10, 0), completed(1)]
+        );
     }
 
     #[test]
@@ -541,6 +547,22 @@ mod pickles {
         .unwrap();
         assert_eq!(t.events, vec![alloc(0, 3, 0)]);
     }
+}
+
+#[test]
+fn a_completion_of_a_live_allocation_is_an_error() {
+    let t = parse_text("t", "a 1 10 0\nf 1 0\nc 1\nc 7\n").unwrap();
+    assert_eq!(
+        t.events,
+        vec![alloc(1, 10, 0), free(1, 0), completed(1), completed(7)]
+    );
+    match parse_text("t", "a 1 10 0\nc 1\n") {
+        Err(TraceError::Parse { line: 2, reason }) => {
+            assert!(reason.contains("while it is live"), "{reason}")
+        }
+        other => panic!("expected a parse error, got {other:?}"),
+    }
+    assert!(parse_text("t", "c\n").is_err());
 }
 
 #[test]

@@ -7,17 +7,16 @@ Device 0 trace, in order (streams: 0 = default, 0x7f3a00001000 and 0x55c0ffee000
   segment_alloc 2 MiB                          -> segment_allocs [2097152]
   alloc A @0x7f3a12000000 size 1024 req 1000   -> Alloc id0 size 1000 stream 0
   alloc B @0x7f3a12000400 size 512 (no req)    -> Alloc id1 size 512  stream 0
-  free_requested A                             (waits for its completion)
-  free_completed A                             -> Free id0
+  free_requested A                             -> Free id0
+  free_completed A                             (right after its request: nothing)
   segment_alloc 20 MiB on side stream 1        -> segment_allocs [.., 20971520]
   alloc C @0x7f3a14000000 size 4096 req 0, side stream 0x7f3a00001000 -> Alloc id2 size 4096 stream 1
   alloc D @0x7f3a12000000 size 2048 req 2000, stream 0x55c0ffee0000 -> Alloc id3 size 2000 stream 2 (address reused)
-  free_requested @0x100000 (never allocated)   -> Free id4 stream 0 (never completed: freed
-                                                  at the request), and Alloc id4 size 256
+  free_requested @0x100000 (never allocated)   -> Free id4 stream 0, and Alloc id4 size 256
                                                   placed first (allocated before the trace)
   snapshot, oom (no addr)                      (ignored)
-  free_requested C on its stream               (waits for its completion)
-  free_completed C                             -> Free id2 stream 1
+  free_requested C on its stream               -> Free id2 stream 1
+  free_completed C                             (right after its request: nothing)
   segment_free 20 MiB                          (ignored)
 Device 1 trace: alloc + free_requested of one block.
 """
