@@ -31,6 +31,8 @@ Trace format (same as /work/shared/traces/README.md, one event a line):
     # segment_free <bytes>         PyTorch called cudaFree here (empty_cache / OOM retry)
     a <id> <requested_bytes> <stream>
     f <id> <stream>
+    c <id>                         the free of <id> completed here, after other
+                                   entries (other streams used the block)
 
 The size of an 'alloc' entry in the snapshot trace is the caller's requested
 size (orig_size, before rounding); the stream is the raw cudaStream_t, which is
@@ -368,7 +370,8 @@ def convert_trace(entries, header):
     unknown_frees = 0
     cur_req = peak_req = 0
     deferred = 0         # free_requested not followed at once by its free_completed
-    pending = None
+    pending = None       # the address of the free requested by the entry before
+    awaiting = {}        # addr -> id of a free requested and not yet completed
 
     def sid(raw):
         raw = int(raw)
@@ -379,8 +382,9 @@ def convert_trace(entries, header):
     for e in entries:
         act = e["action"]
         counts[act] = counts.get(act, 0) + 1
+        at_once = act == "free_completed" and e.get("addr") == pending
         if pending is not None:
-            if not (act == "free_completed" and e.get("addr") == pending):
+            if not at_once:
                 deferred += 1
             pending = None
         if act == "alloc":
@@ -397,7 +401,14 @@ def convert_trace(entries, header):
                 unknown_frees += 1
                 continue
             lines.append(f"f {hit[0]} {sid(e['stream'])}")
+            awaiting[e["addr"]] = hit[0]
             cur_req -= hit[1]
+        elif act == "free_completed":
+            # Completed later than requested (other streams used the block):
+            # the replay keeps it out of reuse until here.
+            freed = awaiting.pop(e["addr"], None)
+            if freed is not None and not at_once:
+                lines.append(f"c {freed}")
         elif act == "segment_alloc":
             # The device address lets a replay reproduce the driver's address
             # order, which best fit's lowest-address tie-breaks depend on.
