@@ -174,12 +174,13 @@ pub fn enable_call_of(config: &str) -> String {
 }
 
 /// The settings that apply to `trace`: stream-wait reuse only where the
-/// trace uses more than one stream (on one stream it is `unmap16`).
+/// trace uses more than one stream, by allocating on several or by frees
+/// that waited for other streams' use (otherwise it is `unmap16`).
 pub fn settings_for(trace: &Trace) -> Vec<&'static Setting> {
-    let streams = trace.stream_count();
+    let several = trace.stream_count() > 1 || trace.late_completions() > 0;
     SETTINGS
         .iter()
-        .filter(|s| !s.multi_stream || streams > 1)
+        .filter(|s| !s.multi_stream || several)
         .collect()
 }
 
@@ -239,7 +240,7 @@ mod tests {
     }
 
     #[test]
-    fn stream_wait_reuse_applies_to_traces_with_several_streams() {
+    fn stream_wait_reuse_applies_to_traces_with_several_streams_or_late_frees() {
         let alloc = |id, stream| TraceEvent::Alloc {
             id,
             size: 1 << 20,
@@ -253,9 +254,21 @@ mod tests {
             events: vec![alloc(1, 0), alloc(2, 1)],
             ..Trace::default()
         };
+        // One stream allocates, but a free waited for another stream's use.
+        let used_elsewhere = Trace {
+            events: vec![
+                alloc(1, 0),
+                TraceEvent::Free { id: 1, stream: 0 },
+                alloc(2, 0),
+                TraceEvent::FreeCompleted { id: 1 },
+            ],
+            ..Trace::default()
+        };
         let names = |t: &Trace| settings_for(t).iter().map(|s| s.name).collect::<Vec<_>>();
         assert!(!names(&one).contains(&"stream-wait"));
         assert!(names(&two).contains(&"stream-wait"));
         assert_eq!(names(&two).len(), SETTINGS.len());
+        assert_eq!(used_elsewhere.late_completions(), 1);
+        assert!(names(&used_elsewhere).contains(&"stream-wait"));
     }
 }

@@ -99,6 +99,15 @@ impl Trace {
             .count()
     }
 
+    /// Number of frees that completed after other events
+    /// ([`TraceEvent::FreeCompleted`]): blocks other streams used.
+    pub fn late_completions(&self) -> usize {
+        self.events
+            .iter()
+            .filter(|e| matches!(e, TraceEvent::FreeCompleted { .. }))
+            .count()
+    }
+
     /// Number of distinct streams that allocate.
     pub fn stream_count(&self) -> usize {
         self.events
