@@ -41,6 +41,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,6 +94,9 @@ def parse_args(argv=None):
                         "under `taskset -c` of the r-th, so the ranks' host threads neither "
                         "migrate nor share cores (a multi-GPU step is host-bound enough for "
                         "that to move it by 10-20%%)")
+    p.add_argument("--pack", default=None, metavar="FILE.tar.gz",
+                   help="after every run, OUT packed into this one file (written whole, then "
+                        "renamed): a command stopped midway leaves every finished run in it")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args(argv)
     bad = [s for s in a.settings if s not in fsdp_bench.SETTINGS]
@@ -346,6 +350,14 @@ def table(rows):
     return "\n".join(lines)
 
 
+def pack(out, path):
+    """OUT as a gzip'd tar at `path`, replaced only once whole."""
+    part = path + ".part"
+    with tarfile.open(part, "w:gz") as tar:
+        tar.add(out, arcname=os.path.basename(os.path.normpath(out)))
+    os.replace(part, path)
+
+
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.time()
@@ -356,11 +368,15 @@ def main(argv=None):
                 print("[rounds] budget spent: skipping the rest", flush=True)
                 break
             run(args, rnd, world, fsdp, setting, left)
+            if args.pack:
+                pack(args.out, args.pack)
     rows = summarize(load(args), last_round(args))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "rounds.json"), "w") as f:
         json.dump({"args": vars(args), "rows": rows}, f, indent=1)
     print(table(rows))
+    if args.pack:
+        pack(args.out, args.pack)
 
 
 if __name__ == "__main__":

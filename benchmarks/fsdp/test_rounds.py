@@ -9,6 +9,7 @@ import io
 import json
 import os
 import sys
+import tarfile
 import tempfile
 import unittest
 
@@ -302,6 +303,39 @@ class MainTest(unittest.TestCase):
         self.assertTrue(all(so_path == so for _, _, _, so_path in launched))
         self.assertEqual(rows["ours-bound"]["ratio_mean_to_torch"], [1.1, 1.1])
         self.assertEqual(rows["ours-bound"]["runs"], 2)
+
+
+class PackTest(unittest.TestCase):
+    def test_a_command_stopped_midway_leaves_its_finished_runs_packed(self):
+        runs = []
+
+        def fake_launch(cmds, env, log, timeout, echo, tag):
+            if len(runs) == 2:
+                raise KeyboardInterrupt  # the command is stopped in its third run
+            for argv, extra in cmds:
+                out = argv[argv.index("--out") + 1]
+                setting = argv[argv.index("--setting") + 1]
+                rnd = int(os.path.basename(os.path.dirname(out))[1:])
+                write_run(os.path.dirname(os.path.dirname(out)), rnd, 2, "fsdp1", setting,
+                          100.0, rank=int(extra.get("RANK", 0)))
+            runs.append(tag)
+            return "ok", 0, 1.0, []
+
+        real = rounds.run_all.launch
+        rounds.run_all.launch = fake_launch
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                out, packed = os.path.join(tmp, "fsdp"), os.path.join(tmp, "fsdp.tar.gz")
+                with self.assertRaises(KeyboardInterrupt):
+                    rounds.main(["--out", out, "--settings", "torch,ours-bound", "--rounds",
+                                 "2", "--fsdp", "fsdp1", "--pack", packed])
+                with tarfile.open(packed) as tar:
+                    names = sorted(n for n in tar.getnames() if n.endswith(".json"))
+                self.assertFalse(os.path.exists(packed + ".part"))
+        finally:
+            rounds.run_all.launch = real
+        self.assertEqual(len(names), 4, names)  # two runs, two ranks each
+        self.assertTrue(all(n.startswith("fsdp/r0/w2/runs/") for n in names), names)
 
 
 class LaterRoundsTest(unittest.TestCase):
