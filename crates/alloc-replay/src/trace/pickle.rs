@@ -50,7 +50,8 @@ const NO_EVENTS: &str = "the snapshot has no allocation events: call \
 ///   came between it and the request: PyTorch records the two together unless the block
 ///   was used on other streams (`record_stream`), when the block waits for those streams'
 ///   events and no allocation in between can reuse it (a request never completed, the
-///   snapshot taken while it waited, completes at once);
+///   snapshot taken while it waited, or whose address was handed out again without a
+///   completion, completes at once; a completion without a request is ignored);
 /// * blocks allocated in the snapshot's `segments` of `device` (or freed and waiting for
 ///   other streams there: `active_pending_free`) that no event of the trace allocated or
 ///   freed are allocated first too, so the replay starts from the state
@@ -207,11 +208,9 @@ impl Builder {
                 let stream = self.stream(map)?;
                 let id = self.fresh_id();
                 self.seen.insert(addr);
-                if self.pending.contains_key(&addr) {
-                    return Err(format!(
-                        "alloc at address {addr:#x}, whose free_requested has not completed"
-                    ));
-                }
+                // An address handed out again without its free's completion
+                // recorded: that free completed at once.
+                self.pending.remove(&addr);
                 match self.live.entry(addr) {
                     Entry::Occupied(_) => {
                         return Err(format!("alloc at address {addr:#x}, which is still live"))
@@ -256,12 +255,9 @@ impl Builder {
                         self.seen.insert(addr);
                         self.trace.events.push(TraceEvent::FreeCompleted { id });
                     }
-                    None => {
-                        return Err(format!(
-                            "free_completed at address {addr:#x}, whose block is live and \
-                             had no free_requested"
-                        ))
-                    }
+                    // A live block's completion without a request: nothing
+                    // was freed (the free the allocator recorded is the request).
+                    None => {}
                 }
             }
             "segment_alloc" => {
