@@ -18,7 +18,11 @@ what the allocator adds.
 
 Rounds are interleaved: round r runs every (world, fsdp, setting) once, the settings
 rotated by r (compare_workloads' round_order), so a slow spell of the machine falls on
-different settings. Each run is its own process (the allocator cannot be swapped inside
+different settings. With --fake and --side-by-side, the settings of one (round, world,
+fsdp) run at the same time instead, each on a GPU of its own (the i-th of the rotated
+order on GPU i, so each setting changes GPU from round to round, and on the i-th CPU
+list of --rank-cpus): a slow spell of the host then falls on PyTorch's run and its
+pair alike, and the ratio of the two is what remains. Each run is its own process (the allocator cannot be swapped inside
 one). Step times of multi-GPU runs move by 10-20% between rounds on the same machine, so
 a setting is compared with PyTorch's default of the same round, and the per-round ratios
 are summarised by their geometric mean and 95% interval.
@@ -42,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -97,6 +102,10 @@ def parse_args(argv=None):
     p.add_argument("--pack", default=None, metavar="FILE.tar.gz",
                    help="after every run, OUT packed into this one file (written whole, then "
                         "renamed): a command stopped midway leaves every finished run in it")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="with --fake: the settings of a round run at the same time, the i-th "
+                        "(rotated each round) on GPU i and the i-th CPU list of --rank-cpus; "
+                        "needs a GPU a setting")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args(argv)
     bad = [s for s in a.settings if s not in fsdp_bench.SETTINGS]
@@ -113,6 +122,11 @@ def parse_args(argv=None):
                 % fsdp_bench.SKIP_STEPS)
     if a.fake and min(a.worlds) < 2:
         p.error("--fake needs worlds of 2 or more ranks")
+    if a.side_by_side and not a.fake:
+        p.error("--side-by-side runs one process a setting: it needs --fake")
+    if a.side_by_side and a.rank_cpus and len(a.rank_cpus) < len(a.settings):
+        p.error("--side-by-side with --rank-cpus needs a CPU list a setting (%d given for "
+                "%d settings)" % (len(a.rank_cpus), len(a.settings)))
     return a
 
 
@@ -141,8 +155,21 @@ def plan(args):
     return order
 
 
-def commands(args, world, fsdp, setting, out):
-    """[(argv, extra environment)]: one process for a fake world, one per rank otherwise."""
+def side_by_side_groups(args):
+    """The plan in groups that run at the same time: with --side-by-side one group a
+    (round, world, fsdp), its settings in their rotated order (the i-th on GPU i);
+    otherwise one run a group."""
+    if not args.side_by_side:
+        return [[run] for run in plan(args)]
+    groups = {}
+    for rnd, world, fsdp, setting in plan(args):
+        groups.setdefault((rnd, world, fsdp), []).append((rnd, world, fsdp, setting))
+    return list(groups.values())
+
+
+def commands(args, world, fsdp, setting, out, slot=None):
+    """[(argv, extra environment)]: one process for a fake world, one per rank otherwise.
+    `slot` (--side-by-side): the process's GPU and CPU list, by its place in the group."""
     launch = argparse.Namespace(steps=args.steps, nproc=world, launcher="direct",
                                 python=sys.executable, torchrun=None,
                                 bench_args=args.bench_args + (
@@ -150,13 +177,29 @@ def commands(args, world, fsdp, setting, out):
     cmds = run_all.commands(launch, setting, fsdp, args.shape, out, run_all.free_port())
     if args.fake:  # no process group variables: fsdp_bench builds the fake one itself
         cmds = [(argv, {}) for argv, _ in cmds[:1]]
+    if slot is not None:
+        cmds = [(argv, dict(env, CUDA_VISIBLE_DEVICES=str(slot))) for argv, env in cmds]
     if args.rank_cpus:
-        cmds = [(["taskset", "-c", args.rank_cpus[r]] + argv, env)
+        cmds = [(["taskset", "-c", args.rank_cpus[r if slot is None else slot]] + argv, env)
                 for r, (argv, env) in enumerate(cmds)]
     return cmds
 
 
-def run(args, rnd, world, fsdp, setting, left):
+def run_group(args, group, left):
+    """Runs one group of side_by_side_groups: alone, or its runs at the same time, each
+    in a thread of its own (each waits on its processes)."""
+    if not args.side_by_side:
+        run(args, *group[0], left)
+        return
+    threads = [threading.Thread(target=run, args=(args, *g, left), kwargs={"slot": i})
+               for i, g in enumerate(group)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def run(args, rnd, world, fsdp, setting, left, slot=None):
     out = run_dir(args.out, rnd, world)
     for r in ranks_written(args, world):  # no stale result from an earlier invocation
         try:
@@ -166,7 +209,7 @@ def run(args, rnd, world, fsdp, setting, left):
     env = run_all.run_env(args, setting)
     log = os.path.join(out, "logs", "%s__%s.log" % (setting, fsdp))
     status, rc, wall, _ = run_all.launch(
-        commands(args, world, fsdp, setting, out), env, log, min(args.run_timeout, left),
+        commands(args, world, fsdp, setting, out, slot), env, log, min(args.run_timeout, left),
         lambda line: line.startswith("Traceback") or "Error" in line,
         "%s %s" % (setting, fsdp))
     print("[rounds] round %d world %d %s %s: %s (rc %s), %.0f s" % (
@@ -362,12 +405,12 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.time()
     if not args.report_only:
-        for rnd, world, fsdp, setting in plan(args):
+        for group in side_by_side_groups(args):
             left = (args.budget - (time.time() - t0)) if args.budget else args.run_timeout
             if left < 1:
                 print("[rounds] budget spent: skipping the rest", flush=True)
                 break
-            run(args, rnd, world, fsdp, setting, left)
+            run_group(args, group, left)
             if args.pack:
                 pack(args.out, args.pack)
     rows = summarize(load(args), last_round(args))

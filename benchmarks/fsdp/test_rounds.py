@@ -11,6 +11,7 @@ import os
 import sys
 import tarfile
 import tempfile
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -303,6 +304,58 @@ class MainTest(unittest.TestCase):
         self.assertTrue(all(so_path == so for _, _, _, so_path in launched))
         self.assertEqual(rows["ours-bound"]["ratio_mean_to_torch"], [1.1, 1.1])
         self.assertEqual(rows["ours-bound"]["runs"], 2)
+
+
+class SideBySideTest(unittest.TestCase):
+    def test_it_needs_the_fake_world_and_a_cpu_list_a_setting(self):
+        with contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(SystemExit):
+                rounds.parse_args(["--out", "/tmp/x", "--side-by-side"])
+            with self.assertRaises(SystemExit):
+                rounds.parse_args(["--out", "/tmp/x", "--fake", "--side-by-side",
+                                   "--settings", "torch,ours,ours-bound",
+                                   "--rank-cpus", "0-3;4-7"])
+
+    def test_a_rounds_settings_run_at_once_each_on_a_gpu_that_rotates(self):
+        """main with the launcher replaced: the runs of a group must meet at a barrier
+        (they run at the same time), each sees its own GPU and CPU list, and the setting
+        on GPU 0 changes from round to round."""
+        seen, lock = [], threading.Lock()
+        meet = threading.Barrier(2, timeout=10)
+
+        def fake_launch(cmds, env, log, timeout, echo, tag):
+            (argv, extra), = cmds  # a fake world: one process
+            meet.wait()  # a BrokenBarrierError here: the pair did not run at once
+            out = argv[argv.index("--out") + 1]
+            setting = argv[argv.index("--setting") + 1]
+            rnd = int(os.path.basename(os.path.dirname(out))[1:])
+            with lock:
+                seen.append((rnd, setting, extra["CUDA_VISIBLE_DEVICES"],
+                             argv[argv.index("taskset") + 2]))
+            write_run(os.path.dirname(os.path.dirname(out)), rnd, 2, "fsdp2", setting,
+                      110.0 if setting != "torch" else 100.0)
+            return "ok", 0, 1.0, []
+
+        real = rounds.run_all.launch
+        rounds.run_all.launch = fake_launch
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    rounds.main(["--out", out, "--fake", "--side-by-side", "--settings",
+                                 "torch,ours-bound", "--rounds", "2", "--rank-cpus",
+                                 "2-9;18-25"])
+                with open(os.path.join(out, "rounds.json")) as f:
+                    rows = {r["setting"]: r for r in json.load(f)["rows"]}
+        finally:
+            rounds.run_all.launch = real
+        by_round = {}
+        for rnd, setting, gpu, cpus in seen:
+            by_round.setdefault(rnd, {})[gpu] = setting
+            self.assertEqual(cpus, ["2-9", "18-25"][int(gpu)])
+        self.assertEqual(sorted(by_round), [0, 1])
+        self.assertEqual(sorted(by_round[0].values()), ["ours-bound", "torch"])
+        self.assertNotEqual(by_round[0]["0"], by_round[1]["0"])
+        self.assertEqual(rows["ours-bound"]["ratio_mean_to_torch"], [1.1, 1.1])
 
 
 class PackTest(unittest.TestCase):
