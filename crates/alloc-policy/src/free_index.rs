@@ -4,6 +4,13 @@
 //! 32 KiB) whose bins are short doubly linked lists through the blocks'
 //! ids, searched by a scan.
 //!
+//! One bin a key may be long: whole free segments of one size after a
+//! varied workload, from which each request takes the lowest and puts it
+//! back (split, freed, merged). That bin is remembered (`Memo`) with a
+//! floor no block of it is below and, while known, its smallest block, so
+//! that the pattern reads one node where a scan visited every block on
+//! every request.
+//!
 //! It answers the same query as PyTorch's `std::set` ordered by (stream,
 //! size, address) — the smallest block of the stream with size >= n, lowest
 //! address first — but without per-operation node allocation: the bitmap
@@ -25,6 +32,11 @@ pub struct Entry {
     /// The block.
     pub id: BlockId,
 }
+
+/// Blocks in a bin from which its smallest block, found by a scan, is
+/// remembered ([`Memo`]): shorter bins cost less to scan again than to
+/// remember.
+const LONG_BIN: u32 = 8;
 
 /// Keys with bins below which a new key never prunes the empty ones.
 pub(crate) const PRUNE_AT: usize = 16;
@@ -148,15 +160,17 @@ impl Nodes {
     }
 
     /// The smallest (size, address) entry of the list starting at `head`
-    /// with size >= `size`. Lists are short, so a scan costs less than
-    /// keeping them sorted; it has no data-dependent branch but the running
-    /// minimum.
+    /// with size >= `size`, and the list's length. Lists are short, so a
+    /// scan costs less than keeping them sorted; it has no data-dependent
+    /// branch but the running minimum.
     #[inline]
-    fn min_in(&self, head: Option<BlockId>, size: u64) -> Option<BlockId> {
+    fn min_in(&self, head: Option<BlockId>, size: u64) -> (Option<BlockId>, u32) {
         let mut best = u128::MAX;
         let mut at = None;
+        let mut len = 0u32;
         let mut cur = head;
         while let Some(id) = cur {
+            len += 1;
             let n = self.get(id);
             // u128::MAX for a block too small: a mask of its comparison,
             // not a select, which became a branch.
@@ -168,7 +182,7 @@ impl Nodes {
             }
             cur = n.next;
         }
-        at
+        (at, len)
     }
 }
 
@@ -184,7 +198,30 @@ struct Bins {
     /// The first block of each bin's list (in no particular order), and
     /// a scratch head at index [`BINS`] for writes that change nothing.
     heads: Box<[Option<BlockId>; BINS + 1]>,
+    /// The bin whose smallest block the last scan of a whole bin found.
+    memo: Memo,
     len: usize,
+}
+
+/// What [`Bins`] knows of one bin's order: no block of bin `bin` has a
+/// (size, address) key below `floor`, and `least`, where known, is its
+/// block at the floor (its smallest). Kept exact by every insertion and
+/// removal in that bin: a block put in at or below the floor is the new
+/// least; the least taken out leaves the floor standing below the rest.
+#[derive(Debug, Clone, Copy)]
+struct Memo {
+    /// The bin, [`BINS`] for none.
+    bin: usize,
+    floor: u128,
+    least: Option<BlockId>,
+}
+
+impl Memo {
+    const NONE: Memo = Memo {
+        bin: BINS,
+        floor: 0,
+        least: None,
+    };
 }
 
 impl Bins {
@@ -193,8 +230,51 @@ impl Bins {
             first: 0,
             second: [0; LEVELS + 1],
             heads: Box::new([None; BINS + 1]),
+            memo: Memo::NONE,
             len: 0,
         }
+    }
+
+    /// The smallest (size, address) block of `bin` with size >= `size`:
+    /// the memo's least where known and large enough, else a scan (`true`
+    /// with `size` 0 over at least [`LONG_BIN`] blocks: the block is the
+    /// bin's smallest, worth [remembering](Bins::remember)). `None` also
+    /// where the memo's floor is at or above `bound()`, the key of a block
+    /// that then beats every block of the bin (the recent slot's, read
+    /// only here).
+    #[inline(always)]
+    fn min_in_bin(
+        &self,
+        nodes: &Nodes,
+        bin: usize,
+        size: u64,
+        bound: impl Fn() -> u128,
+    ) -> Option<(BlockId, bool)> {
+        let head = self.heads[bin]?;
+        if self.memo.bin == bin {
+            if let Some(least) = self.memo.least {
+                if nodes.get(least).size >= size {
+                    return Some((least, false));
+                }
+            }
+            if self.memo.floor >= bound() {
+                return None;
+            }
+        }
+        let (found, len) = nodes.min_in(Some(head), size);
+        found.map(|id| (id, size == 0 && len >= LONG_BIN))
+    }
+
+    /// Records `least` as the smallest block of `bin`.
+    #[cold]
+    #[inline(never)]
+    fn remember(&mut self, nodes: &Nodes, bin: usize, least: BlockId) {
+        let n = nodes.get(least);
+        self.memo = Memo {
+            bin,
+            floor: rank_key(n.size, n.addr),
+            least: Some(least),
+        };
     }
 
     /// First non-empty bin at or after `bin`.
@@ -240,6 +320,14 @@ impl Bins {
         self.first |= 1 << fl;
         self.heads[bin] = Some(e.id);
         self.len += 1;
+        if self.memo.bin == bin {
+            let key = rank_key(e.size, e.addr);
+            if key <= self.memo.floor {
+                // Below every other block of the bin.
+                self.memo.floor = key;
+                self.memo.least = Some(e.id);
+            }
+        }
     }
 
     /// The block with this (size, address), found by a scan of its bin.
@@ -251,18 +339,27 @@ impl Bins {
             .map(|e| e.id)
     }
 
-    /// Smallest (size, address) block with size >= `size`, and its bin.
+    /// Smallest (size, address) block with size >= `size`, its bin, and
+    /// whether a scan found it to be its bin's smallest; `None` also where
+    /// a block of key `bound()` (the recent slot's) beats every block the
+    /// bins could give ([`Bins::min_in_bin`]).
     // Always inline, as `unlink`: out of line, each call saved and restored
     // six registers its caller (the policy's `take_free`) had spare.
     #[inline(always)]
-    fn lower_bound(&self, nodes: &Nodes, size: u64) -> Option<(BlockId, usize)> {
+    fn lower_bound(
+        &self,
+        nodes: &Nodes,
+        size: u64,
+        bound: impl Fn() -> u128,
+    ) -> Option<(BlockId, usize, bool)> {
         let bin = bin_of(size);
-        if let Some(id) = nodes.min_in(self.heads[bin], size) {
-            return Some((id, bin));
+        if let Some((id, scanned)) = self.min_in_bin(nodes, bin, size, &bound) {
+            return Some((id, bin, scanned));
         }
         let bin = self.next_nonempty(bin + 1)?;
         // Every entry of a later bin is large enough.
-        nodes.min_in(self.heads[bin], 0).map(|id| (id, bin))
+        self.min_in_bin(nodes, bin, 0, bound)
+            .map(|(id, scanned)| (id, bin, scanned))
     }
 
     /// The block of lowest address with size >= `size` that `accept`
@@ -317,10 +414,39 @@ impl Bins {
         self.second[fl] &= !(SubMask::from(self.heads[bin].is_none()) << sl);
         self.first &= !(u64::from(self.second[fl] == 0) << fl);
         self.len -= 1;
+        if self.memo.least == Some(id) {
+            // The rest stay above its key: the floor stands.
+            self.memo.least = None;
+        }
         Entry {
             size: n.size,
             addr: n.addr,
             id,
+        }
+    }
+
+    /// Checks the memo: no block of its bin below its floor, and its
+    /// least, where known, in that bin at the floor.
+    #[cfg(test)]
+    fn check_memo(&self, nodes: &Nodes) {
+        let m = self.memo;
+        if m.bin == BINS {
+            assert!(m.least.is_none());
+            return;
+        }
+        let keys: Vec<(u128, BlockId)> = nodes
+            .list(self.heads[m.bin])
+            .map(|e| (rank_key(e.size, e.addr), e.id))
+            .collect();
+        assert!(
+            keys.iter().all(|&(k, _)| k >= m.floor),
+            "a block below the floor"
+        );
+        if let Some(least) = m.least {
+            assert!(
+                keys.contains(&(m.floor, least)),
+                "the least is not at the floor"
+            );
         }
     }
 
@@ -402,6 +528,14 @@ impl Recent {
     #[inline(always)]
     fn clear(&mut self) {
         self.id = None;
+    }
+
+    /// The (size, address) key of [`Recent::fit`]'s block; above every
+    /// key where there is none.
+    #[inline(always)]
+    fn bound(&self, key: CacheKey, size: u64) -> u128 {
+        self.fit(key, size)
+            .map_or(u128::MAX, |r| rank_key(r.size, r.addr))
     }
 
     /// The cached block if it belongs to `key` and has at least `size`
@@ -570,8 +704,8 @@ impl FreeIndex {
         let binned = self
             .keys
             .get(key)
-            .and_then(|b| b.lower_bound(&self.nodes, size))
-            .map(|(id, _)| self.nodes.entry(id));
+            .and_then(|b| b.lower_bound(&self.nodes, size, || self.recent.bound(key, size)))
+            .map(|(id, _, _)| self.nodes.entry(id));
         match (binned, self.recent.fit(key, size)) {
             (Some(b), Some(r)) => Some(if rank(&r) < rank(&b) { r } else { b }),
             (b, r) => b.or(r),
@@ -587,8 +721,13 @@ impl FreeIndex {
         size: u64,
         accept: impl FnOnce(&Entry) -> bool,
     ) -> Option<Entry> {
+        // A remembered bin whose floor is at or above the recent slot's
+        // block is not scanned: that block beats all of it.
+        let recent = &self.recent;
         let found = match self.keys.get_mut(key) {
-            Some(bins) => bins.lower_bound(&self.nodes, size).map(|at| (bins, at)),
+            Some(bins) => bins
+                .lower_bound(&self.nodes, size, || recent.bound(key, size))
+                .map(|at| (bins, at)),
             None => None,
         };
         // The recent slot is read after the search, not before: held in
@@ -596,7 +735,7 @@ impl FreeIndex {
         // and reloaded around them.
         let recent = self.recent.fit(key, size);
         match (found, recent) {
-            (Some((bins, (id, bin))), r) => {
+            (Some((bins, (id, bin, scanned))), r) => {
                 let e = self.nodes.entry(id);
                 match r {
                     Some(r) if rank(&r) < rank(&e) => {
@@ -609,6 +748,10 @@ impl FreeIndex {
                     _ => {
                         if !accept(&e) {
                             return None;
+                        }
+                        if scanned {
+                            // Taken next: what stays of the bin is above it.
+                            bins.remember(&self.nodes, bin, id);
                         }
                         Some(bins.unlink_from(&mut self.nodes, id, bin))
                     }
@@ -791,6 +934,56 @@ mod tests {
     }
 
     #[test]
+    fn the_lowest_of_many_equal_blocks_taken_and_put_back_is_remembered() {
+        // 64 whole free segments of 2 MiB (a varied workload drained; the
+        // recent slot holds another stream's block), then a request's
+        // pattern: the lowest segment taken, split, the remainder freed and
+        // merged back, the segment put back.
+        let mut index = FreeIndex::default();
+        index.insert(k(1), 512, 1 << 40, id(100));
+        let seg = 2 << 20;
+        for n in 0..64u64 {
+            index.insert(k(0), seg, n * seg, id(n as usize + 1));
+        }
+        let bin = bin_of(seg);
+        let memo = |index: &FreeIndex| {
+            let bins = index.keys.get(k(0)).expect("bins");
+            bins.check_memo(&index.nodes);
+            bins.memo
+        };
+        for _ in 0..3 {
+            let lowest = index
+                .take_lower_bound(k(0), 8192, |_| true)
+                .expect("a segment");
+            assert_eq!((lowest.size, lowest.addr), (seg, 0));
+            let m = memo(&index);
+            assert_eq!((m.bin, m.floor, m.least), (bin, rank_key(seg, 0), None));
+            index.insert(k(0), seg - 8192, 8192, id(200));
+            assert!(index.remove_block(k(0), id(200)).is_some());
+            index.insert(k(0), seg, 0, lowest.id);
+            assert_eq!(memo(&index).least, Some(lowest.id), "put back at its floor");
+        }
+        // With the recent slot free the segment put back waits there, and
+        // the floor answers for the bin; the answers stay an ordered set's.
+        assert!(index.remove_block(k(1), id(100)).is_some());
+        let lowest = index
+            .take_lower_bound(k(0), 8192, |_| true)
+            .expect("a segment");
+        index.insert(k(0), seg, 0, lowest.id);
+        assert_eq!(memo(&index).least, None);
+        assert_eq!(index.lower_bound(k(0), 8192).map(|e| e.addr), Some(0));
+        let again = index
+            .take_lower_bound(k(0), 8192, |_| true)
+            .expect("a segment");
+        assert_eq!((again.addr, again.id), (0, lowest.id));
+        let next = index
+            .take_lower_bound(k(0), 8192, |_| true)
+            .expect("a segment");
+        assert_eq!(next.addr, seg);
+        memo(&index);
+    }
+
+    #[test]
     fn keys_without_free_blocks_are_forgotten() {
         let mut index = FreeIndex::default();
         // A stream per use: each frees two blocks (the second goes to its
@@ -924,6 +1117,9 @@ mod tests {
             }
             prop_assert_eq!(index.len(), model.len());
             prop_assert_eq!(index.is_empty(), model.is_empty());
+            for (_, bins) in index.keys.iter() {
+                bins.check_memo(&index.nodes);
+            }
         }
         let all: Vec<_> = index
             .iter()
