@@ -3,7 +3,9 @@
 //! captures whose forks and joins the test drives (`SimCapture`).
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 mod capture;
 pub mod data;
@@ -391,9 +393,13 @@ struct StreamDone {
 #[derive(Debug, Clone, Default)]
 pub struct SimStreams {
     next: u64,
-    events: HashMap<u64, SimEventState>,
+    /// The events recorded and not released. Fx-hashed: a replay with many
+    /// streams (a pseudo stream for each free that completes late) queries
+    /// one event a stream on every operation, and SipHash was half its time.
+    /// Nothing iterates these maps, so their order decides nothing.
+    events: FxHashMap<u64, SimEventState>,
     /// Per stream with events outstanding (forgotten with its last event).
-    done: HashMap<StreamId, StreamDone>,
+    done: FxHashMap<StreamId, StreamDone>,
     /// Every event up to this id is complete ([`SimStreams::complete_all`]).
     all_through: u64,
     /// Every wait the engine asked for, in order: `(waiting stream, event,
