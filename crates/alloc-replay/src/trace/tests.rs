@@ -262,6 +262,11 @@ mod pickles {
         ])
     }
 
+    /// The trace of a snapshot of these entries, which must parse.
+    fn parsed(entries: &[Vec<u8>]) -> Trace {
+        parse_pickle("p", &snapshot(entries)).unwrap()
+    }
+
     fn snapshot_err(bytes: &[u8]) -> String {
         match parse_pickle("p", bytes) {
             Err(TraceError::Snapshot(m)) => m,
@@ -271,11 +276,7 @@ mod pickles {
 
     #[test]
     fn minimal_snapshot_parses() {
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[entry("alloc", 4096, 10), entry("free_requested", 4096, 10)]),
-        )
-        .unwrap();
+        let t = parsed(&[entry("alloc", 4096, 10), entry("free_requested", 4096, 10)]);
         assert_eq!(t.events, vec![alloc(0, 10, 0), free(0, 0)]);
         // Dispatch on content works for pickles too, and through gzip.
         let bytes = snapshot(&[entry("alloc", 4096, 10)]);
@@ -287,19 +288,15 @@ mod pickles {
         // A block used on another stream (record_stream): its free completes
         // after a later allocation, which therefore could not reuse it. A
         // free completed at once adds nothing.
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[
-                entry("alloc", 4096, 10),
-                entry("free_requested", 4096, 10),
-                entry("alloc", 8192, 10),
-                entry("free_completed", 4096, 10),
-                entry("alloc", 4096, 10),
-                entry("free_requested", 8192, 10),
-                entry("free_completed", 8192, 10),
-            ]),
-        )
-        .unwrap();
+        let t = parsed(&[
+            entry("alloc", 4096, 10),
+            entry("free_requested", 4096, 10),
+            entry("alloc", 8192, 10),
+            entry("free_completed", 4096, 10),
+            entry("alloc", 4096, 10),
+            entry("free_requested", 8192, 10),
+            entry("free_completed", 8192, 10),
+        ]);
         assert_eq!(
             t.events,
             vec![
@@ -317,18 +314,15 @@ mod pickles {
 
     #[test]
     fn frees_never_completed_complete_at_once() {
-        // The snapshot was taken while two frees waited; a third completed.
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[
-                entry("alloc", 4096, 10),
-                entry("alloc", 8192, 20),
-                entry("free_requested", 8192, 20),
-                entry("free_requested", 4096, 10),
-                entry("alloc", 32768, 40),
-            ]),
-        )
-        .unwrap();
+        // The snapshot was taken while both frees waited: neither completion
+        // is recorded.
+        let t = parsed(&[
+            entry("alloc", 4096, 10),
+            entry("alloc", 8192, 20),
+            entry("free_requested", 8192, 20),
+            entry("free_requested", 4096, 10),
+            entry("alloc", 32768, 40),
+        ]);
         assert_eq!(
             t.events,
             vec![
@@ -343,11 +337,7 @@ mod pickles {
 
     #[test]
     fn a_free_completed_of_a_block_from_before_the_history_waits_until_then() {
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[entry("alloc", 4096, 10), entry("free_completed", 8192, 30)]),
-        )
-        .unwrap();
+        let t = parsed(&[entry("alloc", 4096, 10), entry("free_completed", 8192, 30)]);
         assert_eq!(
             t.events,
             vec![alloc(1, 30, 0), free(1, 0), alloc(0, 10, 0), completed(1)]
@@ -358,18 +348,14 @@ mod pickles {
     fn completions_missing_or_without_a_request_change_nothing() {
         // The address handed out again with no completion recorded: the
         // free completed at once. A completion of a live block: ignored.
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[
-                entry("alloc", 4096, 10),
-                entry("free_requested", 4096, 10),
-                entry("alloc", 8192, 10),
-                entry("alloc", 4096, 10),
-                entry("free_completed", 4096, 10),
-                entry("free_completed", 8192, 10),
-            ]),
-        )
-        .unwrap();
+        let t = parsed(&[
+            entry("alloc", 4096, 10),
+            entry("free_requested", 4096, 10),
+            entry("alloc", 8192, 10),
+            entry("alloc", 4096, 10),
+            entry("free_completed", 4096, 10),
+            entry("free_completed", 8192, 10),
+        ]);
         assert_eq!(
             t.events,
             vec![
@@ -552,11 +538,7 @@ mod pickles {
             (s("addr"), int(8)),
             (s("size"), int(3)),
         ]);
-        let t = parse_pickle(
-            "p",
-            &snapshot(&[entry("some_future_action", 1, 1), no_stream]),
-        )
-        .unwrap();
+        let t = parsed(&[entry("some_future_action", 1, 1), no_stream]);
         assert_eq!(t.events, vec![alloc(0, 3, 0)]);
     }
 }
