@@ -49,6 +49,7 @@ records and set-up figures). Exit status 1 if the run failed (the JSON then has 
 Does not import torch before the arguments are parsed (--help and run_all.py stay fast).
 """
 import argparse
+import collections
 import gc
 import inspect
 import json
@@ -104,13 +105,18 @@ def run_name(setting, fsdp, shape):
     return "%s__%s__%s" % (setting, fsdp, shape)
 
 
+def rank_file(out_dir, folder, ext, setting, fsdp, shape, rank):
+    """OUT/<folder>/<run>__rank<r>.<ext>: one rank's file of a run."""
+    return os.path.join(out_dir, folder, "%s__rank%d.%s" % (run_name(setting, fsdp, shape),
+                                                            rank, ext))
+
+
 def result_path(out_dir, setting, fsdp, shape, rank):
-    return os.path.join(out_dir, "runs", "%s__rank%d.json" % (run_name(setting, fsdp, shape), rank))
+    return rank_file(out_dir, "runs", "json", setting, fsdp, shape, rank)
 
 
 def snapshot_path(out_dir, setting, fsdp, shape, rank):
-    return os.path.join(out_dir, "snapshots", "%s__rank%d.pickle" % (
-        run_name(setting, fsdp, shape), rank))
+    return rank_file(out_dir, "snapshots", "pickle", setting, fsdp, shape, rank)
 
 
 def record_history(torch, step, n_data, steps, path):
@@ -129,9 +135,7 @@ def record_history(torch, step, n_data, steps, path):
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     trace = snap["device_traces"][torch.cuda.current_device()]
-    actions = {}
-    for e in trace:
-        actions[e["action"]] = actions.get(e["action"], 0) + 1
+    actions = dict(collections.Counter(e["action"] for e in trace))
     return {"steps": steps, "entries": len(trace), "actions": actions, "path": path}
 
 

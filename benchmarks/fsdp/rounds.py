@@ -22,10 +22,11 @@ different settings. With --fake and --side-by-side, the settings of one (round, 
 fsdp) run at the same time instead, each on a GPU of its own (the i-th of the rotated
 order on GPU i, so each setting changes GPU from round to round, and on the i-th CPU
 list of --rank-cpus): a slow spell of the host then falls on PyTorch's run and its
-pair alike, and the ratio of the two is what remains. Each run is its own process (the allocator cannot be swapped inside
-one). Step times of multi-GPU runs move by 10-20% between rounds on the same machine, so
-a setting is compared with PyTorch's default of the same round, and the per-round ratios
-are summarised by their geometric mean and 95% interval.
+pair alike, and the ratio of the two is what remains. Each run is its own process (the
+allocator cannot be swapped inside one). Step times of multi-GPU runs move by 10-20%
+between rounds on the same machine, so a setting is compared with PyTorch's default of
+the same round, and the per-round ratios are summarised by their geometric mean and 95%
+interval.
 
 Output: OUT/r<R>/w<N>/runs/*.json (fsdp_bench's, one per rank), OUT/rounds.json (the
 summary) and a markdown table on stdout: per (world, fsdp, setting), the mean step over
