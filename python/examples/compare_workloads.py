@@ -3,7 +3,7 @@ process per (workload, allocator), same seeds (run on a machine with a GPU):
 
     GPUALLOC_SO=target/release/liballoc_ffi.so python3 python/examples/compare_workloads.py \
         [WORKLOADS|all] [ALLOCATORS|all] [--timeout S] [--out DIR] [--deterministic] [--repeat N]
-        [--steps N]
+        [--steps N] [--cpus LIST[;LIST...]] [--side-by-side]
 
 WORKLOADS (comma list; default: the four below; shapes as in shared/device/traces.py):
   resnet50_train      torchvision ResNet-50, 64 x 3 x 224 x 224, SGD momentum; 20 steps
@@ -56,6 +56,13 @@ Writes $OUT/compare_workloads.json and $OUT/compare_workloads.md (--out override
 default /tmp) after every run, so that a cut-off matrix keeps what it finished.
 `--from-json FILE` only re-renders the table of an earlier JSON (no torch needed).
 
+--side-by-side (a machine with a GPU an allocator): the allocators of one round run at the
+same time, the i-th of the round's rotated order on GPU i and pinned to the i-th of
+--cpus's ';'-separated lists, so a round's runs see the same host, whose slow spells make
+whole processes run 10-30% apart when they run one after another; the rotation moves each
+allocator from GPU to GPU, round by round, so a faster GPU favours none. Each run's JSON
+records its `gpu` and `started_s`.
+
 Exact equality of losses needs deterministic kernels: GPT-2's backward (attention) uses
 atomics, so its later losses can differ in the last digits between two runs of the same
 allocator; the PyTorch rows (and torch#2) show that noise. --deterministic asks PyTorch for
@@ -70,6 +77,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,6 +110,7 @@ DEFAULT_ALLOCS = [
     "gpualloc:expandable_segments:True,unmap_free_pages:True",
 ]
 REF_ALLOC = "torch"
+T_START = time.perf_counter()  # runs' start times (started_s) are given from here
 # The headroom target of the mean step (issue "The memory win without paying for it in
 # step time"): within 1.02x of PyTorch default's. The repeated-settings table says, per
 # setting, whether its rounds put the ratio within it, above it, or cannot tell yet.
@@ -1102,11 +1111,107 @@ def parse_cpus(text):
     return sorted(cpus)
 
 
+def parse_cpu_lists(text):
+    """CPU lists separated by ';', such as '2-9;18-25' (argparse type for --cpus): one for
+    every child, or with --side-by-side the i-th for the i-th run of a round."""
+    return [parse_cpus(part) for part in text.split(";")]
+
+
 def pinned_to(cpus):
     """A preexec_fn that pins the child to `cpus` (None: no pinning)."""
     if not cpus:
         return None
     return lambda: os.sched_setaffinity(0, cpus)
+
+
+def run_groups(allocs, side_by_side):
+    """The runs of one workload in groups that run at the same time: with side_by_side one
+    group a round (its allocators in the round's rotated order, the i-th on GPU i), otherwise
+    one run a group."""
+    if not side_by_side:
+        return [[a] for a in allocs]
+    groups = {}
+    for a in allocs:
+        groups.setdefault(split_tag(a)[1], []).append(a)
+    return list(groups.values())
+
+
+def run_group(workload, group, args):
+    """The results of one group of run_groups, in the group's order: alone on the default
+    GPU and --cpus, or (--side-by-side) every run at once, the i-th on GPU i and the i-th
+    CPU list, so that the host's slow spells fall on all of the round's runs alike."""
+    if not args.side_by_side:
+        return [run_child(workload, group[0], args, None, args.cpus[0] if args.cpus else None)]
+    results = [None] * len(group)
+
+    def one(i):
+        cpus = args.cpus[i] if args.cpus else None
+        results[i] = run_child(workload, group[i], args, i, cpus)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(group))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results
+
+
+def run_child(workload, alloc, args, gpu, cpus):
+    """One run's child process: its RESULT line, or the error it ended with. `gpu`: the
+    device it sees as its only one (CUDA_VISIBLE_DEVICES; None leaves the variable)."""
+    cmd = child_command(workload, alloc, args.deterministic, args.steps, args.kernel_time)
+    env = child_env(alloc, args.deterministic)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+                           preexec_fn=pinned_to(cpus))
+        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        if p.returncode == 0 and lines:
+            res = json.loads(lines[-1][7:])
+        else:
+            res = {"workload": workload, "alloc": alloc, "rc": p.returncode,
+                   "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
+    except subprocess.TimeoutExpired:  # run() killed the child
+        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % args.timeout}
+    res["proc_s"] = round(time.perf_counter() - t0, 2)
+    res["started_s"] = round(t0 - T_START, 2)
+    if cpus:
+        res["cpus"] = cpus
+    if gpu is not None:
+        res["gpu"] = gpu
+    return res
+
+
+def report_run(res):
+    """One line (or three) of a finished run on stdout."""
+    w, a = res["workload"], res["alloc"]
+    if _failed(res):
+        print("FAILED %-20s %-36s %s" % (w, a, res["error"][-600:]), flush=True)
+        return
+    print("%-20s %-36s median %8s ms  reserved %s GiB (%s)  allocated %s GiB  "
+          "dev allocs %s  cuMemGetInfo d %s GiB  %.1f s%s" % (
+              w, a, _ms(res.get("median_step_ms")), _gib(res["peak_reserved"]),
+              res["reserved_source"], _gib(res["peak_allocated"]),
+              res["num_device_alloc"], _gib(res["device_used_delta"]), res["proc_s"],
+              "  GPU %d" % res["gpu"] if "gpu" in res else ""),
+          flush=True)
+    moves = res.get("page_moves") or {}
+    if moves.get("rounds"):
+        print("%-20s %-36s page moves: %s rounds, %s unmapped (%s while busy), "
+              "%s mapped, %s waits, %.1f ms host"
+              % (w, a, moves["rounds"], moves.get("pages_unmapped"),
+                 moves.get("busy_pages_reused"), moves.get("pages_mapped"),
+                 moves.get("stream_waits"), (moves.get("host_ns") or 0) / 1e6),
+              flush=True)
+    plan = res.get("plan_layout") or {}
+    if plan:
+        print("%-20s %-36s plan_layout: %s plans (%s dropped), period %s, %s placed, "
+              "%s conflicts, %s mismatches"
+              % (w, a, plan.get("plans"), plan.get("dropped"), plan.get("period"),
+                 plan.get("placed"), plan.get("conflicts"), plan.get("mismatches")),
+              flush=True)
 
 
 def write_outputs(results, out_dir):
@@ -1138,9 +1243,14 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=1, metavar="N",
                     help="run every allocator N times, interleaved (round k tagged '#k'); the "
                          "report adds each round's ratio to the reference run of that round")
-    ap.add_argument("--cpus", type=parse_cpus, metavar="LIST",
+    ap.add_argument("--cpus", type=parse_cpu_lists, metavar="LIST",
                     help="pin every child to these CPUs (e.g. '2-5' or '2,3'): a host-bound step "
-                         "then moves less between runs")
+                         "then moves less between runs; with --side-by-side one list a run of "
+                         "the round, separated by ';' (e.g. '2-9;18-25')")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="the allocators of a round run at the same time, the i-th of the "
+                         "round's rotated order on GPU i (needs a GPU an allocator): slow "
+                         "spells of the host then fall on every run of the round alike")
     ap.add_argument("--steps", type=int, metavar="N",
                     help="steps per run instead of each workload's default (rounds for "
                          "gpt2_generate, batches for vit_varbatch_infer); the warm-up steps "
@@ -1177,6 +1287,11 @@ def main(argv=None):
             parse_alloc(a)
         except ValueError as e:
             ap.error(str(e))
+    per_round = len(allocs) // args.repeat
+    if args.cpus and len(args.cpus) != (per_round if args.side_by_side else 1):
+        ap.error("--cpus needs %s (%d given)" % (
+            "one CPU list an allocator of the round with --side-by-side (%d)" % per_round
+            if args.side_by_side else "one CPU list without --side-by-side", len(args.cpus)))
     if args.so:
         os.environ["GPUALLOC_SO"] = os.path.abspath(args.so)
     if args.time_calls:
@@ -1185,49 +1300,10 @@ def main(argv=None):
     if any(parse_alloc(a)[0] == "gpualloc" for a in allocs):
         prebuild_bridge(max(args.timeout, 300))
     for w in workloads:
-        for a in allocs:
-            cmd = child_command(w, a, args.deterministic, args.steps, args.kernel_time)
-            t0 = time.perf_counter()
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
-                                   env=child_env(a, args.deterministic),
-                                   preexec_fn=pinned_to(args.cpus))
-                lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-                if p.returncode == 0 and lines:
-                    res = json.loads(lines[-1][7:])
-                else:
-                    res = {"workload": w, "alloc": a, "rc": p.returncode,
-                           "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
-            except subprocess.TimeoutExpired:  # run() killed the child
-                res = {"workload": w, "alloc": a, "error": "timeout after %g s" % args.timeout}
-            res["proc_s"] = round(time.perf_counter() - t0, 2)
-            if args.cpus:
-                res["cpus"] = args.cpus
-            results.append(res)
-            if _failed(res):
-                print("FAILED %-20s %-36s %s" % (w, a, res["error"][-600:]), flush=True)
-            else:
-                print("%-20s %-36s median %8s ms  reserved %s GiB (%s)  allocated %s GiB  "
-                      "dev allocs %s  cuMemGetInfo d %s GiB  %.1f s" % (
-                          w, a, _ms(res.get("median_step_ms")), _gib(res["peak_reserved"]),
-                          res["reserved_source"], _gib(res["peak_allocated"]),
-                          res["num_device_alloc"], _gib(res["device_used_delta"]), res["proc_s"]),
-                      flush=True)
-                moves = res.get("page_moves") or {}
-                if moves.get("rounds"):
-                    print("%-20s %-36s page moves: %s rounds, %s unmapped (%s while busy), "
-                          "%s mapped, %s waits, %.1f ms host"
-                          % (w, a, moves["rounds"], moves.get("pages_unmapped"),
-                             moves.get("busy_pages_reused"), moves.get("pages_mapped"),
-                             moves.get("stream_waits"), (moves.get("host_ns") or 0) / 1e6),
-                          flush=True)
-                plan = res.get("plan_layout") or {}
-                if plan:
-                    print("%-20s %-36s plan_layout: %s plans (%s dropped), period %s, %s placed, "
-                          "%s conflicts, %s mismatches"
-                          % (w, a, plan.get("plans"), plan.get("dropped"), plan.get("period"),
-                             plan.get("placed"), plan.get("conflicts"), plan.get("mismatches")),
-                          flush=True)
+        for group in run_groups(allocs, args.side_by_side):
+            for res in run_group(w, group, args):
+                results.append(res)
+                report_run(res)
             write_outputs(results, args.out)
     print("\n%d runs in %.0f s; wrote %s/compare_workloads.{json,md}\n" % (
         len(results), time.perf_counter() - t_all, args.out))

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import math
+import types
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -466,6 +467,90 @@ class PickTest(unittest.TestCase):
                            capture_output=True, text=True, preexec_fn=cw.pinned_to([cpu]), check=True)
         self.assertEqual(p.stdout.strip(), str([cpu]))
 
+
+    def test_cpu_lists_a_run_of_the_round(self):
+        self.assertEqual(cw.parse_cpu_lists("2-3;5"), [[2, 3], [5]])
+        self.assertEqual(cw.parse_cpu_lists("1"), [[1]])
+        with self.assertRaises(Exception):
+            cw.parse_cpu_lists("2-3;")
+
+
+# A child that stands in for a workload's: it sleeps, then prints the RESULT line with what
+# it saw (its GPU variable, its CPUs, when it ran).
+FAKE_CHILD = """
+import json, os, sys, time
+t0 = time.time()
+time.sleep(0.4)
+print("RESULT " + json.dumps({"workload": sys.argv[1], "alloc": sys.argv[2],
+    "seen_gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "seen_cpus": sorted(os.sched_getaffinity(0)), "t0": t0, "t1": time.time()}))
+"""
+
+
+class SideBySideTest(unittest.TestCase):
+    def test_a_round_is_one_group_in_its_rotated_order(self):
+        allocs = cw.with_repeats(["torch", "gpualloc:budget"], 3)
+        self.assertEqual(cw.run_groups(allocs, True),
+                         [["torch", "gpualloc:budget"], ["gpualloc:budget#2", "torch#2"],
+                          ["torch#3", "gpualloc:budget#3"]])
+        self.assertEqual(cw.run_groups(allocs, False), [[a] for a in allocs])
+
+    def test_the_runs_of_a_round_overlap_each_on_its_gpu_and_cpus(self):
+        cpus = sorted(os.sched_getaffinity(0))
+        lists = [[cpus[0]], [cpus[-1]]]
+        args = argparse_namespace(side_by_side=True, cpus=lists)
+        with fake_child():
+            got = cw.run_group("w1", ["torch#2", "gpualloc#2"], args)
+        self.assertEqual([r["alloc"] for r in got], ["torch#2", "gpualloc#2"])
+        self.assertEqual([r["seen_gpu"] for r in got], ["0", "1"])
+        self.assertEqual([r["gpu"] for r in got], [0, 1])
+        self.assertEqual([r["seen_cpus"] for r in got], lists)
+        # at the same time: each started before the other ended
+        self.assertLess(got[0]["t0"], got[1]["t1"])
+        self.assertLess(got[1]["t0"], got[0]["t1"])
+
+    def test_alone_a_run_keeps_the_gpu_it_was_given(self):
+        args = argparse_namespace(side_by_side=False, cpus=None)
+        with fake_child(), mock_env("CUDA_VISIBLE_DEVICES", "7"):
+            got = cw.run_group("w1", ["torch"], args)
+        self.assertEqual(got[0]["seen_gpu"], "7")
+        self.assertNotIn("gpu", got[0])
+
+    def test_cpus_must_match_the_round(self):
+        with self.assertRaises(SystemExit):
+            cw.main(["vit_varbatch_infer", "torch,gpualloc", "--side-by-side", "--cpus", "1-2"])
+        with self.assertRaises(SystemExit):
+            cw.main(["vit_varbatch_infer", "torch,gpualloc", "--cpus", "1;2"])
+
+
+def argparse_namespace(**kw):
+    base = dict(deterministic=False, steps=None, kernel_time=False, timeout=30)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+@contextlib.contextmanager
+def mock_env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
+def fake_child():
+    """run_child starts FAKE_CHILD instead of a workload's child."""
+    real = cw.child_command
+    cw.child_command = lambda w, a, *rest: [sys.executable, "-c", FAKE_CHILD, w, a]
+    try:
+        yield
+    finally:
+        cw.child_command = real
 
 
 class ChildCommandTest(unittest.TestCase):
