@@ -56,6 +56,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
 
 import compare_workloads as cw  # noqa: E402  (round order, ratio interval; no torch)
+import cpu_cores  # noqa: E402  (CPU lists apart)
 import fsdp_bench  # noqa: E402  (no torch at import)
 import run_all  # noqa: E402  (the ranks' commands and environment, the launcher)
 
@@ -68,6 +69,15 @@ COUNTERS = (("stream_ops.host_waits", "host waits"), ("stream_ops.host_wait_ns",
 
 def csv(text):
     return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def rank_cpus(text):
+    """--rank-cpus: CPU lists separated by ';', or cpu_cores.Apart for 'apart:N'."""
+    try:
+        apart = cpu_cores.parse_apart(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return apart or [x.strip() for x in text.split(";") if x.strip()]
 
 
 def parse_args(argv=None):
@@ -94,12 +104,12 @@ def parse_args(argv=None):
     p.add_argument("--gpualloc-so", default=None,
                    help="liballoc_ffi.so for the ours-* settings (default: $GPUALLOC_SO, else "
                         "gpu_alloc's own search)")
-    p.add_argument("--rank-cpus", type=lambda t: [x.strip() for x in t.split(";") if x.strip()],
-                   default=[],
+    p.add_argument("--rank-cpus", type=rank_cpus, default=[],
                    help="one CPU list a rank, separated by ';' (e.g. '4-11;20-27'): rank r runs "
                         "under `taskset -c` of the r-th, so the ranks' host threads neither "
                         "migrate nor share cores (a multi-GPU step is host-bound enough for "
-                        "that to move it by 10-20%%)")
+                        "that to move it by 10-20%%); 'apart:N': lists of N physical cores "
+                        "that share no core, one a rank (a setting with --side-by-side)")
     p.add_argument("--pack", default=None, metavar="FILE.tar.gz",
                    help="after every run, OUT packed into this one file (written whole, then "
                         "renamed): a command stopped midway leaves every finished run in it")
@@ -109,6 +119,13 @@ def parse_args(argv=None):
                         "needs a GPU a setting")
     p.add_argument("--report-only", action="store_true")
     a = p.parse_args(argv)
+    if isinstance(a.rank_cpus, cpu_cores.Apart):
+        lists = len(a.settings) if a.side_by_side else max(1 if a.fake else w for w in a.worlds)
+        try:
+            a.rank_cpus = [cpu_cores.format_cpus(c)
+                           for c in cpu_cores.cores_apart(lists, a.rank_cpus.per)]
+        except ValueError as e:
+            p.error(str(e))
     bad = [s for s in a.settings if s not in fsdp_bench.SETTINGS]
     bad += [f for f in a.fsdp if f not in fsdp_bench.FSDP_VARIANTS]
     if bad:

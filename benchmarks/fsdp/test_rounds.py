@@ -358,6 +358,36 @@ class SideBySideTest(unittest.TestCase):
         self.assertEqual(rows["ours-bound"]["ratio_mean_to_torch"], [1.1, 1.1])
 
 
+class CoresApartTest(unittest.TestCase):
+    def test_apart_gives_a_list_of_cores_a_setting_side_by_side_and_a_rank_otherwise(self):
+        real = rounds.cpu_cores.cores_apart
+        asked = []
+
+        def fake(count, per):
+            asked.append((count, per))
+            return [[10 * i + j for j in range(per)] for i in range(count)]
+
+        rounds.cpu_cores.cores_apart = fake
+        try:
+            a = rounds.parse_args(["--out", "/tmp/x", "--fake", "--side-by-side", "--settings",
+                                   "torch,ours", "--rank-cpus", "apart:3"])
+            b = rounds.parse_args(["--out", "/tmp/x", "--worlds", "2,4", "--rank-cpus",
+                                   "apart:2"])
+        finally:
+            rounds.cpu_cores.cores_apart = real
+        self.assertEqual(asked, [(2, 3), (4, 2)])
+        self.assertEqual(a.rank_cpus, ["0,1,2", "10,11,12"])
+        self.assertEqual(b.rank_cpus, ["0,1", "10,11", "20,21", "30,31"])
+
+    def test_too_few_cores_is_an_error_that_says_so(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            with self.assertRaises(SystemExit):
+                rounds.parse_args(["--out", "/tmp/x", "--worlds", "2",
+                                   "--rank-cpus", "apart:100000"])
+        self.assertIn("physical cores", err.getvalue())
+
+
 class PackTest(unittest.TestCase):
     def test_a_command_stopped_midway_leaves_its_finished_runs_packed(self):
         runs = []

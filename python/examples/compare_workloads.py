@@ -61,7 +61,9 @@ same time, the i-th of the round's rotated order on GPU i and pinned to the i-th
 --cpus's ';'-separated lists, so a round's runs see the same host, whose slow spells make
 whole processes run 10-30% apart when they run one after another; the rotation moves each
 allocator from GPU to GPU, round by round, so a faster GPU favours none. Each run's JSON
-records its `gpu` and `started_s`.
+records its `gpu` and `started_s`. `--cpus apart:N` builds the lists from the host's
+topology (cpu_cores.py): N physical cores each, none shared (hyperthread siblings of one
+core in two lists would slow both runs).
 
 Exact equality of losses needs deterministic kernels: GPT-2's backward (attention) uses
 atomics, so its later losses can differ in the last digits between two runs of the same
@@ -79,6 +81,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpu_cores  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYROOT = os.path.dirname(HERE)
@@ -1113,8 +1118,14 @@ def parse_cpus(text):
 
 def parse_cpu_lists(text):
     """CPU lists separated by ';', such as '2-9;18-25' (argparse type for --cpus): one for
-    every child, or with --side-by-side the i-th for the i-th run of a round."""
-    return [parse_cpus(part) for part in text.split(";")]
+    every child, or with --side-by-side the i-th for the i-th run of a round; or 'apart:N'
+    (cpu_cores.Apart), lists of N physical cores that share none, made once their number
+    is known."""
+    try:
+        apart = cpu_cores.parse_apart(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+    return apart or [parse_cpus(part) for part in text.split(";")]
 
 
 def pinned_to(cpus):
@@ -1246,7 +1257,8 @@ def main(argv=None):
     ap.add_argument("--cpus", type=parse_cpu_lists, metavar="LIST",
                     help="pin every child to these CPUs (e.g. '2-5' or '2,3'): a host-bound step "
                          "then moves less between runs; with --side-by-side one list a run of "
-                         "the round, separated by ';' (e.g. '2-9;18-25')")
+                         "the round, separated by ';' (e.g. '2-9;18-25'); 'apart:N': lists "
+                         "of N physical cores that share no core (cpu_cores.py)")
     ap.add_argument("--side-by-side", action="store_true",
                     help="the allocators of a round run at the same time, the i-th of the "
                          "round's rotated order on GPU i (needs a GPU an allocator): slow "
@@ -1288,6 +1300,14 @@ def main(argv=None):
         except ValueError as e:
             ap.error(str(e))
     per_round = len(allocs) // args.repeat
+    if isinstance(args.cpus, cpu_cores.Apart):
+        try:
+            args.cpus = cpu_cores.cores_apart(per_round if args.side_by_side else 1,
+                                              args.cpus.per)
+        except ValueError as e:
+            ap.error(str(e))
+        print("CPU lists, no core shared: %s" % " ; ".join(
+            cpu_cores.format_cpus(c) for c in args.cpus), flush=True)
     if args.cpus and len(args.cpus) != (per_round if args.side_by_side else 1):
         ap.error("--cpus needs %s (%d given)" % (
             "one CPU list an allocator of the round with --side-by-side (%d)" % per_round
