@@ -41,10 +41,15 @@ result has round 0). Each result carries its `round`. The table gives, per workl
 budget and allocator, the mean rate over rounds and its spread, and the ratio to PyTorch
 default's both as the ratio of the means and as the mean of each round's ratio (PyTorch's
 rate in the same round, at the same budget). --cpus LIST pins every process to those CPUs.
+--side-by-side (a GPU an allocator) runs the allocators of a round at the same time, the
+i-th of the round's order on GPU i and the i-th of --cpus's ';'-separated lists (or
+`apart:N`, lists of N physical cores that share none), so that the rates of one round
+see the same host; each result records its `gpu`.
 
 Writes DIR/budget.json and DIR/budget.md (default $OUT or /tmp); --from-json re-renders.
 """
 import argparse
+import functools
 import gc
 import json
 import os
@@ -703,18 +708,23 @@ def profile_tables(results, shown=PROFILE_SHOWN):
     return out
 
 
-def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0, snapshot=None):
+def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0, snapshot=None,
+              gpu=None):
     """One (workload, allocator) process, pinned to `cpus` (None: not pinned): its result,
     or a dict with `error`. `profile`: steps to profile after each budget's batch;
-    `snapshot`: (steps, path) of a snapshot recorded after the calibration's batch."""
+    `snapshot`: (steps, path) of a snapshot recorded after the calibration's batch; `gpu`:
+    the device it sees as its only one (None: CUDA_VISIBLE_DEVICES left as it is)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--child", workload, alloc,
            json.dumps(budgets), str(steps), str(profile)]
     if snapshot:
         cmd += [str(snapshot[0]), snapshot[1]]
+    env = cw.child_env(alloc, False)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env=cw.child_env(alloc, False), preexec_fn=cw.pinned_to(cpus))
+                           env=env, preexec_fn=cw.pinned_to(cpus))
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         if p.returncode == 0 and lines:
             res = json.loads(lines[-1][7:])
@@ -726,7 +736,24 @@ def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0, sn
     res["proc_s"] = round(time.perf_counter() - t0, 1)
     if cpus:
         res["cpus"] = cpus
+    if gpu is not None:
+        res["gpu"] = gpu
     return res
+
+
+def run_round(workload, allocs, rnd, budgets, args):
+    """The results of round `rnd` of one workload, in the round's rotated order: one run
+    after another, or (--side-by-side) all at once, the i-th on GPU i and the i-th CPU
+    list, so that a slow spell of the host falls on the whole round."""
+    order = cw.round_order(allocs, rnd)
+    if not args.side_by_side:
+        cpus = args.cpus[0] if args.cpus else None
+        return [run_child(workload, a, budgets, args.steps, args.timeout, cpus,
+                          args.profile_steps) for a in order]
+    return cw.at_once([functools.partial(run_child, workload, a, budgets, args.steps,
+                                         args.timeout, args.cpus[i] if args.cpus else None,
+                                         args.profile_steps, gpu=i)
+                       for i, a in enumerate(order)])
 
 
 def write_outputs(results, out_dir):
@@ -750,8 +777,14 @@ def main(argv=None):
                     help="run every (workload, allocator) R times, interleaved, the "
                          "allocators rotated from round to round (the calibration once; 0: "
                          "the calibration alone)")
-    ap.add_argument("--cpus", type=cw.parse_cpus, metavar="LIST",
-                    help="pin every child to these CPUs (e.g. '2-9')")
+    ap.add_argument("--cpus", type=cw.parse_cpu_lists, metavar="LIST",
+                    help="pin every child to these CPUs (e.g. '2-9'); with --side-by-side one "
+                         "list an allocator, separated by ';'; 'apart:N': lists of N physical "
+                         "cores that share no core")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="the allocators of a round run at the same time, the i-th of the "
+                         "round's rotated order on GPU i (needs a GPU an allocator); the "
+                         "calibration runs alone on GPU 0")
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--profile-steps", type=int, default=0, metavar="N",
                     help="after each budget's batch, N more steps under torch.profiler: the "
@@ -785,6 +818,16 @@ def main(argv=None):
             cw.parse_alloc(a)
         except ValueError as e:
             ap.error(str(e))
+    if isinstance(args.cpus, cw.cpu_cores.Apart):
+        try:
+            args.cpus = cw.cpu_cores.cores_apart(len(allocs) if args.side_by_side else 1,
+                                                 args.cpus.per)
+        except ValueError as e:
+            ap.error(str(e))
+    if args.cpus and len(args.cpus) != (len(allocs) if args.side_by_side else 1):
+        ap.error("--cpus needs %s (%d given)" % (
+            "a CPU list an allocator with --side-by-side (%d)" % len(allocs)
+            if args.side_by_side else "one CPU list without --side-by-side", len(args.cpus)))
     if any(cw.parse_alloc(a)[0] == "gpualloc" for a in allocs):
         cw.prebuild_bridge(300)
     results = []
@@ -794,7 +837,9 @@ def main(argv=None):
         if args.snapshot_steps:
             snapshot = (args.snapshot_steps,
                         os.path.join(os.path.abspath(args.out), w + ".snapshot.pickle"))
-        cal = run_child(w, "torch", [], args.steps, args.timeout, args.cpus, snapshot=snapshot)
+        cal = run_child(w, "torch", [], args.steps, args.timeout,
+                        args.cpus[0] if args.cpus else None, snapshot=snapshot,
+                        gpu=0 if args.side_by_side else None)
         cal.update(round=0, calibration=True)
         results.append(cal)
         if cal.get("error") or not cal.get("ok"):
@@ -805,15 +850,13 @@ def main(argv=None):
             w, cal["peak_allocated"] / GIB, cal["peak_reserved"] / GIB, cal["batch"],
             ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
         for rnd in range(1, args.rounds + 1):
-            for a in cw.round_order(allocs, rnd):
-                res = run_child(w, a, budgets, args.steps, args.timeout, args.cpus,
-                                args.profile_steps)
+            for res in run_round(w, allocs, rnd, budgets, args):
                 res["round"] = rnd
                 results.append(res)
                 if res.get("error"):
-                    print("FAILED %s %s round %d: %s" % (w, a, rnd, res["error"][-800:]),
-                          flush=True)
-                write_outputs(results, args.out)
+                    print("FAILED %s %s round %d: %s" % (w, res["alloc"], rnd,
+                                                        res["error"][-800:]), flush=True)
+            write_outputs(results, args.out)
     sys.stdout.write(make_table(results))
     return 0
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import types
 import unittest
 from unittest import mock
@@ -200,7 +201,7 @@ class BudgetTests(unittest.TestCase):
         calls = []
 
         def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
-                       snapshot=None):
+                       snapshot=None, gpu=None):
             calls.append((workload, alloc, tuple(budgets), cpus))
             self.assertEqual(profile, 0)
             self.assertIsNone(snapshot)
@@ -232,11 +233,56 @@ class BudgetTests(unittest.TestCase):
             ("torch", 2)])
         self.assertTrue(saved_results[0]["calibration"])
 
+    def test_side_by_side_runs_a_round_at_once_each_on_its_gpu_and_cpus(self):
+        calls, lock = [], threading.Lock()
+        meet = threading.Barrier(2, timeout=10)
+
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
+                       snapshot=None, gpu=None):
+            if not budgets:  # the calibration: alone, on GPU 0
+                with lock:
+                    calls.append((0, alloc, gpu, cpus))
+                return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
+                        "peak_allocated": GIB, "peak_reserved": 3 * GIB}
+            meet.wait()  # a BrokenBarrierError here: the round did not run at once
+            with lock:
+                calls.append((1, alloc, gpu, cpus))
+            return {"workload": workload, "alloc": alloc, "unit": "images", "budgets": [
+                {"budget": b, "batch": 8, "rate": 10.0, "peak_reserved": b} for b in budgets]}
+
+        saved = budget.run_child, budget.cw.prebuild_bridge
+        budget.run_child, budget.cw.prebuild_bridge = fake_child, lambda timeout: None
+        try:
+            with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2",
+                             "--side-by-side", "--cpus", "2-3;4-5", "--shares", "0.5",
+                             "--out", d])
+                with open(os.path.join(d, "budget.json")) as f:
+                    saved_results = json.load(f)
+        finally:
+            budget.run_child, budget.cw.prebuild_bridge = saved
+        self.assertEqual(calls[0], (0, "torch", 0, [2, 3]))
+        by_gpu = {(a, g): c for _, a, g, c in calls[1:]}
+        # round 1: torch on GPU 0, round 2 rotated: gpualloc on GPU 0
+        self.assertEqual(by_gpu, {("torch", 0): [2, 3], ("gpualloc:budget", 1): [4, 5],
+                                  ("gpualloc:budget", 0): [2, 3], ("torch", 1): [4, 5]})
+        self.assertEqual([(r["alloc"], r["round"]) for r in saved_results], [
+            ("torch", 0), ("torch", 1), ("gpualloc:budget", 1), ("gpualloc:budget", 2),
+            ("torch", 2)])
+
+    def test_side_by_side_needs_a_cpu_list_an_allocator(self):
+        with contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(SystemExit):
+                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--side-by-side",
+                             "--cpus", "2-3"])
+            with self.assertRaises(SystemExit):
+                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--cpus", "2;3"])
+
     def test_snapshot_steps_reach_the_calibration_alone(self):
         calls = []
 
         def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
-                       snapshot=None):
+                       snapshot=None, gpu=None):
             calls.append((alloc, tuple(budgets), snapshot))
             return {"workload": workload, "alloc": alloc, "ok": True, "batch": 8,
                     "peak_allocated": GIB, "peak_reserved": 2 * GIB}

@@ -71,6 +71,7 @@ allocator; the PyTorch rows (and torch#2) show that noise. --deterministic asks 
 deterministic algorithms (slower, other kernels) to make the comparison strict.
 """
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -1153,13 +1154,20 @@ def run_group(workload, group, args):
     CPU list, so that the host's slow spells fall on all of the round's runs alike."""
     if not args.side_by_side:
         return [run_child(workload, group[0], args, None, args.cpus[0] if args.cpus else None)]
-    results = [None] * len(group)
+    return at_once([functools.partial(run_child, workload, alloc, args, i,
+                                      args.cpus[i] if args.cpus else None)
+                    for i, alloc in enumerate(group)])
+
+
+def at_once(calls):
+    """Runs the functions `calls` (no arguments) at the same time, each in a thread of its
+    own, and returns their results in order (--side-by-side: a round's runs)."""
+    results = [None] * len(calls)
 
     def one(i):
-        cpus = args.cpus[i] if args.cpus else None
-        results[i] = run_child(workload, group[i], args, i, cpus)
+        results[i] = calls[i]()
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(group))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
     for th in threads:
         th.start()
     for th in threads:
