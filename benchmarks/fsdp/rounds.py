@@ -41,13 +41,13 @@ too: the floor for an allocator that adds no waits), and gpu_alloc's per-step co
 time). Imports no torch.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -209,12 +209,7 @@ def run_group(args, group, left):
     if not args.side_by_side:
         run(args, *group[0], left)
         return
-    threads = [threading.Thread(target=run, args=(args, *g, left), kwargs={"slot": i})
-               for i, g in enumerate(group)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    cw.at_once([functools.partial(run, args, *g, left, slot=i) for i, g in enumerate(group)])
 
 
 def run(args, rnd, world, fsdp, setting, left, slot=None):
