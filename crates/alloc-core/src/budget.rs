@@ -5,7 +5,8 @@
 //! that level is the reserved peak (least memory at every moment: pages move
 //! whenever the heap would pass its own earlier peak). Between the two,
 //! `memory_budget_over_allocated` sets the level at a multiple of the most
-//! ever allocated, never below the reserved peak: a heap a few percent above
+//! ever allocated (the allocation being served included), never below the
+//! reserved peak: a heap a few percent above
 //! what it holds grows without moving a page, and pages move only where the
 //! peak rule alone would have grown it further.
 
@@ -67,7 +68,8 @@ pub(crate) struct ReclaimInputs {
     pub capacity: u64,
     /// The reserved peak.
     pub peak: u64,
-    /// The allocated peak.
+    /// The allocated peak, counting the allocation being served (a level
+    /// over it rises with an allocation that raises it).
     pub allocated_peak: u64,
     /// Reserved bytes now.
     pub reserved: u64,

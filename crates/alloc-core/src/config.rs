@@ -211,7 +211,8 @@ pub struct AllocatorConfig {
     /// free pages are unmapped and reused before the heap passes it; the
     /// memory-fraction limit and the device's free memory count as budgets
     /// too. Or `memory_budget_over_allocated`, a multiple of the allocated
-    /// peak (never below the reserved peak, no host waits). `None` (the
+    /// peak counting the allocation being served (never below the reserved
+    /// peak, no host waits). `None` (the
     /// default): pages move whenever reserved memory would pass its earlier
     /// peak ([`crate::budget`]).
     pub memory_budget: Option<MemoryBudget>,

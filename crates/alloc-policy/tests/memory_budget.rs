@@ -300,3 +300,38 @@ fn over_the_allocated_peak_fewer_pages_move_and_the_heap_stays_near_it() {
         );
     }
 }
+
+#[test]
+fn an_allocation_that_raises_the_allocated_peak_raises_the_level_with_it() {
+    // 40 MiB freed in front of a 20 MiB block that stays (allocated peak 60
+    // MiB, reserved 60 MiB), then 80 MiB: counted with the allocation it
+    // serves, the level is 1.5 x 100 MiB = 150 MiB and the heap grows to
+    // 140 MiB with the 40 free MiB left mapped. Against the allocated peak
+    // before it (1.5 x 60 MiB = 90 MiB) the mapping first unmapped those 40
+    // MiB (20 pages moved) for a heap that the new peak allows anyway.
+    for (budget, moved) in [("memory_budget_over_allocated:1.5", 0), ("", 20)] {
+        let config = if budget.is_empty() {
+            UNMAP.to_string()
+        } else {
+            with_budget(budget)
+        };
+        let mut e = engine(&config, 8 * GIB);
+        let a = e.malloc(40 * MIB, StreamId(0)).unwrap();
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        let b = e.malloc(80 * MIB, StreamId(0)).unwrap();
+        let s = e.stats();
+        assert_eq!(
+            s.page_moves.pages_unmapped, moved,
+            "{budget}: {:?}",
+            s.page_moves
+        );
+        if moved == 0 {
+            assert_eq!(s.page_moves.rounds, 0, "{:?}", s.page_moves);
+            assert_eq!(s.reserved_bytes.all.current as u64, 140 * MIB);
+            assert!(s.reserved_bytes.all.peak as f64 <= 1.5 * s.allocated_bytes.all.peak as f64);
+        }
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, b.addr]);
+    }
+}

@@ -162,7 +162,7 @@ impl<E> GrowableSegments<E> {
         let free_tail = tail.is_some_and(|b| cx.heap.block(b).state == BlockState::Free);
         let mapped = grown.map_or(0, |(segment, _)| cx.heap.segment(segment).size);
         let mover = (req.key.stream, pages.size_at(mapped));
-        let reused_busy = self.make_room(cx, extra, tail, mover)?;
+        let reused_busy = self.make_room(cx, extra, tail, mover, req.size)?;
         if cx.would_pass_limit(extra) {
             return Ok(None);
         }
@@ -279,7 +279,8 @@ impl<E> GrowableSegments<E> {
     /// once its growth allowance
     /// ([`GrowableSegments::kept_allowance`]) is spent. `mover`
     /// is the real stream and page size of the mapping to come (the size of
-    /// its first page). Returns whether busy pages were detached for it
+    /// its first page); `adds` the bytes the allocation it serves adds to
+    /// allocated memory. Returns whether busy pages were detached for it
     /// ([`GrowableSegments::unmap_free_pages`]).
     pub(super) fn make_room(
         &mut self,
@@ -287,17 +288,25 @@ impl<E> GrowableSegments<E> {
         needed: u64,
         keep: Option<BlockId>,
         mover: (StreamId, u64),
+        adds: u64,
     ) -> Result<bool, AllocError> {
         if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(false);
         }
         let peak = cx.heap.ledger.stats.reserved_mark() as u64;
         let reserved = cx.reserved_bytes();
+        // The allocated peak once this allocation is counted: a level over
+        // the allocated peak rises with an allocation that raises the peak,
+        // so the heap grows with it instead of first moving the pages of its
+        // allowance (reserved stays within the level of the peak it reaches).
+        let stats = &cx.heap.ledger.stats;
+        let allocated_now = stats.all_current(Quantity::AllocatedBytes) as u64;
+        let allocated_peak = (stats.allocated_mark() as u64).max(allocated_now + adds);
         let mut deficit = ReclaimInputs {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
             peak,
-            allocated_peak: cx.heap.ledger.stats.allocated_mark() as u64,
+            allocated_peak,
             reserved,
             limit: cx.limit,
         }
@@ -820,7 +829,8 @@ impl<E> GrowableSegments<E> {
             self.settle_detached(cx, &key, lo, hi)?;
         }
         let mover = (key.0.stream, plan.first_page());
-        let reused_busy = self.make_room(cx, plan.bytes(), Some(block), mover)?;
+        let adds = cx.heap.block(block).size;
+        let reused_busy = self.make_room(cx, plan.bytes(), Some(block), mover, adds)?;
         for (start, bytes) in plan.runs {
             if cx.would_pass_limit(bytes) {
                 return Ok(false);
