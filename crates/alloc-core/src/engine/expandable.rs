@@ -300,8 +300,9 @@ impl<E> GrowableSegments<E> {
         // so the heap grows with it instead of first moving the pages of its
         // allowance (reserved stays within the level of the peak it reaches).
         let stats = &cx.heap.ledger.stats;
-        let allocated_now = stats.all_current(Quantity::AllocatedBytes) as u64;
-        let allocated_peak = (stats.allocated_mark() as u64).max(allocated_now + adds);
+        let allocated_now = stats.all_current(Quantity::AllocatedBytes).max(0) as u64;
+        let allocated_peak =
+            (stats.allocated_mark() as u64).max(allocated_now.saturating_add(adds));
         let mut deficit = ReclaimInputs {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
