@@ -272,6 +272,49 @@ def step_ratios(ranks, base_ranks):
     return with_moves, without
 
 
+# Steady steps: from this step on (1-based), those that raise the allocated peak in
+# neither run. Early steps and new highs are where any heap grows (and where the settings
+# past a level move most of their pages); a training run of thousands of steps has the
+# same few of them, so the steady steps' mean is what its throughput follows.
+STEADY_FROM = 11
+
+
+def steady_steps(mine, theirs):
+    """The steps (numbers) of one rank's run and PyTorch default's of the same round and
+    rank that are steady in both: at least STEADY_FROM, and the allocated peak
+    (`primary.allocated_peak`) no higher than at the step before."""
+    def steady(per_step):
+        out, last = set(), None
+        for s in per_step or []:
+            peak = (s.get("primary") or {}).get("allocated_peak")
+            if peak is None:
+                return set()
+            if last is not None and peak <= last and s["step"] >= STEADY_FROM:
+                out.add(s["step"])
+            last = peak if last is None else max(last, peak)
+        return out
+    return sorted(steady(mine.get("per_step")) & steady(theirs.get("per_step")))
+
+
+def steady_ratio(ranks, base_ranks):
+    """One round's steady mean step over PyTorch default's (the steps steady in both, their
+    times summed over ranks), and this run's pages unmapped per steady step; None where a
+    rank has no steady step or no per-step record."""
+    mine_ms = theirs_ms = unmapped = count = 0
+    for mine, theirs in zip(ranks, base_ranks):
+        steps = steady_steps(mine, theirs)
+        if not steps:
+            return None
+        by_step = {s["step"]: s for s in mine["per_step"]}
+        ref = {s["step"]: s["time_ms"] for s in theirs["per_step"]}
+        for n in steps:
+            mine_ms += by_step[n]["time_ms"]
+            theirs_ms += ref[n]
+            unmapped += (by_step[n].get("counters") or {}).get("page_moves.pages_unmapped", 0)
+            count += 1
+    return mine_ms / theirs_ms, unmapped / count
+
+
 def probe_us(ranks):
     """A run's host probe (fsdp_bench's `host_probe_us`, before and after its steps): the mean
     over ranks and the two timings; None where a rank has none."""
@@ -328,6 +371,12 @@ def summarize(runs, rounds):
             split = [step_ratios(mine, theirs) for mine, theirs in paired]
             row["step_ratio_with_moves"] = _median_of([x for w, _ in split for x in w])
             row["step_ratio_without_moves"] = _median_of([x for _, n in split for x in n])
+            steady = [steady_ratio(mine, theirs) for mine, theirs in paired]
+            if steady and all(steady):
+                ratios_steady = [r for r, _ in steady]
+                row["steady_ratio_to_torch"] = [round(x, 3) for x in ratios_steady]
+                row["steady_interval"] = cw.ratio_interval(ratios_steady)
+                row["steady_pages_unmapped"] = round(statistics.fmean(u for _, u in steady), 2)
         profiled = [s["profile"] for s in summaries if s.get("profile")]
         if profiled:  # fsdp_bench --profile: the profiled steps' time and allocator calls
             row["profile_per_step"] = {
@@ -369,6 +418,17 @@ def _by_moves(row):
     return "; ".join("%.3f (%d)" % tuple(p) if p else "-" for p in parts)
 
 
+def _steady(row):
+    """The steady steps' ratio (95% interval) and pages unmapped a steady step."""
+    iv = row.get("steady_interval")
+    if iv:
+        return "%.3f (%.3f-%.3f); %.1f" % (*iv, row["steady_pages_unmapped"])
+    ratios = row.get("steady_ratio_to_torch")
+    if ratios:
+        return "%s; %.1f" % (", ".join("%.3f" % x for x in ratios), row["steady_pages_unmapped"])
+    return "-"
+
+
 def _span(pair):
     """min-max of a ratio, one figure where they agree; "-" where not measured."""
     if not pair:
@@ -380,7 +440,8 @@ def _span(pair):
 def table(rows):
     head = ["world", "fsdp", "setting", "mean step ms (spread)", "/ torch, per round",
             "/ torch (95%)", "/ torch over host probe (95%)",
-            "by step, moved pages: yes; no (steps)", "reserved / allocated",
+            "by step, moved pages: yes; no (steps)",
+            "steady steps: / torch (95%); pages unmapped a step", "reserved / allocated",
             "active / allocated"] + [
                 name for _, name in COUNTERS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -394,7 +455,7 @@ def table(rows):
         cells = [str(r["world"]), r["fsdp"], r["setting"],
                  "%.1f (%.1f-%.1f)" % (r["mean_step_ms"], *r["mean_step_spread_ms"]),
                  ", ".join("%.3f" % x for x in r["ratio_mean_to_torch"]),
-                 _interval(r), _host_normalized(r), _by_moves(r),
+                 _interval(r), _host_normalized(r), _by_moves(r), _steady(r),
                  _span(r["reserved_over_allocated"]),
                  _span(r.get("active_over_allocated"))]
         for k, _ in COUNTERS:

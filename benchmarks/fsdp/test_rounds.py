@@ -268,6 +268,50 @@ class StepRatiosTest(unittest.TestCase):
         self.assertIn("| -; 1.091 (63) |", rounds.table([row]))
 
 
+class SteadyStepsTest(unittest.TestCase):
+    @staticmethod
+    def record(times, peaks, unmapped=None):
+        return {"per_step": [
+            {"step": i, "time_ms": t, "primary": {"allocated_peak": p},
+             "counters": {"page_moves.pages_unmapped": (unmapped or {}).get(i, 0)}}
+            for i, (t, p) in enumerate(zip(times, peaks), start=1)]}
+
+    def test_steady_steps_are_late_and_raise_no_peak_in_either_run(self):
+        n = rounds.STEADY_FROM + 4
+        peaks = [10] * n
+        peaks[rounds.STEADY_FROM] = 12  # step STEADY_FROM + 1 raises the peak
+        theirs = self.record([100] * n, peaks)
+        mine_peaks = list(peaks)
+        mine_peaks[rounds.STEADY_FROM + 2] = 13  # a step that raises only ours
+        mine = self.record([110] * n, mine_peaks)
+        first = rounds.STEADY_FROM
+        self.assertEqual(rounds.steady_steps(mine, theirs), [first, first + 2, first + 4])
+        self.assertEqual(rounds.steady_steps({"per_step": [{"step": 12, "time_ms": 1}]}, theirs),
+                         [])
+
+    def test_the_steady_ratio_sums_the_steady_steps_of_every_rank(self):
+        n = rounds.STEADY_FROM + 1  # steps STEADY_FROM and STEADY_FROM + 1 are steady
+        flat = [5] * n
+        base = [self.record([100] * n, flat), self.record([200] * n, flat)]
+        # rank 0: steady steps 110 and 130 against 100 and 100; rank 1: 200 and 260
+        # against 200 and 200; the early steps (slow, moving pages) are left out
+        t0 = [900] * (n - 2) + [110, 130]
+        t1 = [900] * (n - 2) + [200, 260]
+        mine = [self.record(t0, flat, {n - 1: 4, 3: 50}), self.record(t1, flat, {n: 2})]
+        ratio, unmapped = rounds.steady_ratio(mine, base)
+        self.assertAlmostEqual(ratio, (110 + 130 + 200 + 260) / 600)
+        self.assertAlmostEqual(unmapped, (4 + 2) / 4)
+        self.assertIsNone(rounds.steady_ratio([self.record([1] * 5, [1] * 5)], base[:1]))
+
+    def test_the_table_shows_the_steady_interval(self):
+        row = {"world": 2, "fsdp": "fsdp1", "setting": "ours-bound", "runs": 2,
+               "mean_step_ms": 100.0, "mean_step_spread_ms": [90.0, 110.0],
+               "ratio_mean_to_torch": [1.0, 1.1], "ratio_interval": None,
+               "reserved_over_allocated": [1.0, 1.0],
+               "steady_interval": [0.998, 0.981, 1.015], "steady_pages_unmapped": 5.1}
+        self.assertIn("| 0.998 (0.981-1.015); 5.1 |", rounds.table([row]))
+
+
 class MainTest(unittest.TestCase):
     def test_rounds_run_every_rank_and_summarise_them(self):
         """rounds.main with the launcher replaced: each run's ranks write their results
