@@ -47,6 +47,29 @@ def line_of(table, alloc, budget_gib=None):
             and (budget_gib is None or ("| %.2f |" % budget_gib) in l)][0]
 
 
+def child_result(workload, alloc, budgets, allocated):
+    """What a child reports: the calibration's peaks (no budgets), else batch 8 at every
+    budget."""
+    if not budgets:
+        return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
+                "peak_allocated": allocated, "peak_reserved": 3 * GIB}
+    return {"workload": workload, "alloc": alloc, "unit": "images", "budgets": [
+        {"budget": b, "batch": 8, "rate": 10.0, "peak_reserved": b} for b in budgets]}
+
+
+def main_with(fake_child, argv):
+    """budget.main(argv) with its children replaced by `fake_child`: the results it wrote."""
+    saved = budget.run_child, budget.cw.prebuild_bridge
+    budget.run_child, budget.cw.prebuild_bridge = fake_child, lambda timeout: None
+    try:
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+            budget.main(argv + ["--out", d])
+            with open(os.path.join(d, "budget.json")) as f:
+                return json.load(f)
+    finally:
+        budget.run_child, budget.cw.prebuild_bridge = saved
+
+
 class BudgetTests(unittest.TestCase):
     def test_budgets_lie_between_allocated_and_reserved(self):
         self.assertEqual(budget.budgets_between(100, 200, [0.25, 0.5, 0.75]), [125, 150, 175])
@@ -205,22 +228,11 @@ class BudgetTests(unittest.TestCase):
             calls.append((workload, alloc, tuple(budgets), cpus))
             self.assertEqual(profile, 0)
             self.assertIsNone(snapshot)
-            if not budgets:
-                return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
-                        "peak_allocated": 100 * GIB // 100, "peak_reserved": 3 * GIB}
-            return {"workload": workload, "alloc": alloc, "unit": "images", "budgets": [
-                {"budget": b, "batch": 8, "rate": 10.0, "peak_reserved": b} for b in budgets]}
+            return child_result(workload, alloc, budgets, GIB)
 
-        saved = budget.run_child, budget.cw.prebuild_bridge
-        budget.run_child, budget.cw.prebuild_bridge = fake_child, lambda timeout: None
-        try:
-            with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
-                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2",
-                             "--cpus", "2-3,5", "--shares", "0.5", "--out", d])
-                with open(os.path.join(d, "budget.json")) as f:
-                    saved_results = json.load(f)
-        finally:
-            budget.run_child, budget.cw.prebuild_bridge = saved
+        saved_results = main_with(fake_child, [
+            "vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2", "--cpus", "2-3,5",
+            "--shares", "0.5"])
         two = (2 * GIB,)
         self.assertEqual(calls, [
             ("vit_varbatch_infer", "torch", (), [2, 3, 5]),
@@ -239,28 +251,15 @@ class BudgetTests(unittest.TestCase):
 
         def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
                        snapshot=None, gpu=None):
-            if not budgets:  # the calibration: alone, on GPU 0
-                with lock:
-                    calls.append((0, alloc, gpu, cpus))
-                return {"workload": workload, "alloc": alloc, "ok": True, "batch": 64,
-                        "peak_allocated": GIB, "peak_reserved": 3 * GIB}
-            meet.wait()  # a BrokenBarrierError here: the round did not run at once
+            if budgets:  # not the calibration, which runs alone on GPU 0
+                meet.wait()  # a BrokenBarrierError here: the round did not run at once
             with lock:
-                calls.append((1, alloc, gpu, cpus))
-            return {"workload": workload, "alloc": alloc, "unit": "images", "budgets": [
-                {"budget": b, "batch": 8, "rate": 10.0, "peak_reserved": b} for b in budgets]}
+                calls.append((int(bool(budgets)), alloc, gpu, cpus))
+            return child_result(workload, alloc, budgets, GIB)
 
-        saved = budget.run_child, budget.cw.prebuild_bridge
-        budget.run_child, budget.cw.prebuild_bridge = fake_child, lambda timeout: None
-        try:
-            with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
-                budget.main(["vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2",
-                             "--side-by-side", "--cpus", "2-3;4-5", "--shares", "0.5",
-                             "--out", d])
-                with open(os.path.join(d, "budget.json")) as f:
-                    saved_results = json.load(f)
-        finally:
-            budget.run_child, budget.cw.prebuild_bridge = saved
+        saved_results = main_with(fake_child, [
+            "vit_varbatch_infer", "torch,gpualloc:budget", "--rounds", "2", "--side-by-side",
+            "--cpus", "2-3;4-5", "--shares", "0.5"])
         self.assertEqual(calls[0], (0, "torch", 0, [2, 3]))
         by_gpu = {(a, g): c for _, a, g, c in calls[1:]}
         # round 1: torch on GPU 0, round 2 rotated: gpualloc on GPU 0
