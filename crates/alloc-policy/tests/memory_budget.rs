@@ -306,9 +306,10 @@ fn an_allocation_that_raises_the_allocated_peak_raises_the_level_with_it() {
     // 40 MiB freed in front of a 20 MiB block that stays (allocated peak 60
     // MiB, reserved 60 MiB), then 80 MiB: counted with the allocation it
     // serves, the level is 1.5 x 100 MiB = 150 MiB and the heap grows to
-    // 140 MiB with the 40 free MiB left mapped. Against the allocated peak
-    // before it (1.5 x 60 MiB = 90 MiB) the mapping first unmapped those 40
-    // MiB (20 pages moved) for a heap that the new peak allows anyway.
+    // 140 MiB with the 40 free MiB left mapped. The peak rule (no budget)
+    // unmaps those 40 MiB first (20 pages moved), and so did this level
+    // while it was taken before the allocation it serves (1.5 x 60 MiB = 90
+    // MiB), for a heap that the new peak allows anyway.
     for (budget, moved) in [("memory_budget_over_allocated:1.5", 0), ("", 20)] {
         let config = if budget.is_empty() {
             UNMAP.to_string()
