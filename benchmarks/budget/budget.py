@@ -54,7 +54,6 @@ import gc
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
@@ -718,27 +717,8 @@ def run_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0, sn
            json.dumps(budgets), str(steps), str(profile)]
     if snapshot:
         cmd += [str(snapshot[0]), snapshot[1]]
-    env = cw.child_env(alloc, False)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env=env, preexec_fn=cw.pinned_to(cpus))
-        lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
-        if p.returncode == 0 and lines:
-            res = json.loads(lines[-1][7:])
-        else:
-            res = {"workload": workload, "alloc": alloc,
-                   "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
-    except subprocess.TimeoutExpired:
-        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
-    res["proc_s"] = round(time.perf_counter() - t0, 1)
-    if cpus:
-        res["cpus"] = cpus
-    if gpu is not None:
-        res["gpu"] = gpu
-    return res
+    return cw.child_result(cmd, cw.child_env(alloc, False), timeout, workload, alloc, cpus,
+                           gpu)
 
 
 def run_round(workload, allocs, rnd, budgets, args):
@@ -818,16 +798,10 @@ def main(argv=None):
             cw.parse_alloc(a)
         except ValueError as e:
             ap.error(str(e))
-    if isinstance(args.cpus, cw.cpu_cores.Apart):
-        try:
-            args.cpus = cw.cpu_cores.cores_apart(len(allocs) if args.side_by_side else 1,
-                                                 args.cpus.per)
-        except ValueError as e:
-            ap.error(str(e))
-    if args.cpus and len(args.cpus) != (len(allocs) if args.side_by_side else 1):
-        ap.error("--cpus needs %s (%d given)" % (
-            "a CPU list an allocator with --side-by-side (%d)" % len(allocs)
-            if args.side_by_side else "one CPU list without --side-by-side", len(args.cpus)))
+    try:
+        args.cpus = cw.resolve_cpu_lists(args.cpus, len(allocs), args.side_by_side)
+    except ValueError as e:
+        ap.error(str(e))
     if any(cw.parse_alloc(a)[0] == "gpualloc" for a in allocs):
         cw.prebuild_bridge(300)
     results = []

@@ -296,7 +296,7 @@ class BudgetTests(unittest.TestCase):
         finally:
             budget.run_child = saved
         self.assertEqual(calls, [("torch", (), (4, path))])
-        with mock.patch.object(budget.subprocess, "run") as run:
+        with mock.patch.object(budget.cw.subprocess, "run") as run:
             run.return_value = types.SimpleNamespace(returncode=1, stdout="", stderr="x")
             budget.run_child("w", "torch", [], 0, 5, snapshot=(4, "/o/w.pickle"))
         self.assertEqual(run.call_args[0][0][-4:], ["0", "0", "4", "/o/w.pickle"])

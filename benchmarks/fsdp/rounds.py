@@ -45,7 +45,6 @@ import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tarfile
 import time

@@ -1129,6 +1129,22 @@ def parse_cpu_lists(text):
     return apart or [parse_cpus(part) for part in text.split(";")]
 
 
+def resolve_cpu_lists(cpus, per_round, side_by_side):
+    """--cpus as parse_cpu_lists gave it, for a round of `per_round` runs at once
+    (side_by_side) or one run at a time: 'apart:N' made into that many lists (printed);
+    ValueError unless there is one list a run of the round (one without side_by_side)."""
+    wanted = per_round if side_by_side else 1
+    if isinstance(cpus, cpu_cores.Apart):
+        cpus = cpu_cores.cores_apart(wanted, cpus.per)
+        print("CPU lists, no core shared: %s" % " ; ".join(
+            cpu_cores.format_cpus(c) for c in cpus), flush=True)
+    if cpus and len(cpus) != wanted:
+        raise ValueError("--cpus needs %s (%d given)" % (
+            "one CPU list a run of the round with --side-by-side (%d)" % wanted
+            if side_by_side else "one CPU list without --side-by-side", len(cpus)))
+    return cpus
+
+
 def pinned_to(cpus):
     """A preexec_fn that pins the child to `cpus` (None: no pinning)."""
     if not cpus:
@@ -1179,12 +1195,22 @@ def run_child(workload, alloc, args, gpu, cpus):
     """One run's child process: its RESULT line, or the error it ended with. `gpu`: the
     device it sees as its only one (CUDA_VISIBLE_DEVICES; None leaves the variable)."""
     cmd = child_command(workload, alloc, args.deterministic, args.steps, args.kernel_time)
-    env = child_env(alloc, args.deterministic)
+    started = round(time.perf_counter() - T_START, 2)
+    res = child_result(cmd, child_env(alloc, args.deterministic), args.timeout,
+                       workload, alloc, cpus, gpu)
+    res["started_s"] = started
+    return res
+
+
+def child_result(cmd, env, timeout, workload, alloc, cpus=None, gpu=None):
+    """Runs a child that ends its output with a `RESULT <json>` line, pinned to `cpus` and
+    seeing only GPU `gpu` (None: neither changed): that JSON, or a dict whose `error` says
+    how the child ended; with its `proc_s`, and its `cpus` and `gpu` where given."""
     if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env = dict(env, CUDA_VISIBLE_DEVICES=str(gpu))
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env,
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                            preexec_fn=pinned_to(cpus))
         lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
         if p.returncode == 0 and lines:
@@ -1193,9 +1219,8 @@ def run_child(workload, alloc, args, gpu, cpus):
             res = {"workload": workload, "alloc": alloc, "rc": p.returncode,
                    "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
     except subprocess.TimeoutExpired:  # run() killed the child
-        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % args.timeout}
+        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
     res["proc_s"] = round(time.perf_counter() - t0, 2)
-    res["started_s"] = round(t0 - T_START, 2)
     if cpus:
         res["cpus"] = cpus
     if gpu is not None:
@@ -1308,18 +1333,10 @@ def main(argv=None):
         except ValueError as e:
             ap.error(str(e))
     per_round = len(allocs) // args.repeat
-    if isinstance(args.cpus, cpu_cores.Apart):
-        try:
-            args.cpus = cpu_cores.cores_apart(per_round if args.side_by_side else 1,
-                                              args.cpus.per)
-        except ValueError as e:
-            ap.error(str(e))
-        print("CPU lists, no core shared: %s" % " ; ".join(
-            cpu_cores.format_cpus(c) for c in args.cpus), flush=True)
-    if args.cpus and len(args.cpus) != (per_round if args.side_by_side else 1):
-        ap.error("--cpus needs %s (%d given)" % (
-            "one CPU list an allocator of the round with --side-by-side (%d)" % per_round
-            if args.side_by_side else "one CPU list without --side-by-side", len(args.cpus)))
+    try:
+        args.cpus = resolve_cpu_lists(args.cpus, per_round, args.side_by_side)
+    except ValueError as e:
+        ap.error(str(e))
     if args.so:
         os.environ["GPUALLOC_SO"] = os.path.abspath(args.so)
     if args.time_calls:

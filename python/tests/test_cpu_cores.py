@@ -2,6 +2,8 @@
 
     python3 python/tests/test_cpu_cores.py
 """
+import contextlib
+import io
 import os
 import sys
 import tempfile
@@ -68,6 +70,31 @@ class CoresApartTest(unittest.TestCase):
                 cpu_cores.parse_apart(bad)
         self.assertEqual(cw.parse_cpu_lists("apart:4"), cpu_cores.Apart(4))
         self.assertEqual(cpu_cores.format_cpus([2, 3, 9]), "2,3,9")
+
+
+class ResolveTest(unittest.TestCase):
+    def test_a_list_a_run_of_the_round_side_by_side_and_one_otherwise(self):
+        self.assertEqual(cw.resolve_cpu_lists([[2], [3]], 2, True), [[2], [3]])
+        self.assertEqual(cw.resolve_cpu_lists([[2, 3]], 2, False), [[2, 3]])
+        self.assertIsNone(cw.resolve_cpu_lists(None, 2, True))
+        with self.assertRaisesRegex(ValueError, "one CPU list a run of the round"):
+            cw.resolve_cpu_lists([[2]], 2, True)
+        with self.assertRaisesRegex(ValueError, "one CPU list without --side-by-side"):
+            cw.resolve_cpu_lists([[2], [3]], 2, False)
+
+    def test_apart_makes_as_many_lists_as_runs_at_once(self):
+        real, asked = cpu_cores.cores_apart, []
+        cpu_cores.cores_apart = lambda count, per: asked.append((count, per)) or [
+            [10 * i + j for j in range(per)] for i in range(count)]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                both = cw.resolve_cpu_lists(cpu_cores.Apart(2), 3, True)
+                one = cw.resolve_cpu_lists(cpu_cores.Apart(2), 3, False)
+        finally:
+            cpu_cores.cores_apart = real
+        self.assertEqual(asked, [(3, 2), (1, 2)])
+        self.assertEqual(both, [[0, 1], [10, 11], [20, 21]])
+        self.assertEqual(one, [[0, 1]])
 
 
 if __name__ == "__main__":
