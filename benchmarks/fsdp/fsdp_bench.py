@@ -83,9 +83,11 @@ SETTINGS = {
     # The same, with pages moved only past 1.03x the allocated peak (the multi-stream target).
     "ours-streamwait-over": ({}, "stream_wait_reuse:true,expandable_segments:True,"
                                  "unmap_free_pages:true,memory_budget_over_allocated:1.03"),
-    # The named settings: the least memory at every moment, and pages moved only at the
-    # memory budget (the device's memory by default).
+    # The named settings: the least memory at every moment, the multi-stream setting (the
+    # one above by its name), and pages moved only at the memory budget (the device's memory
+    # by default).
     "ours-bound": ({}, "bound"),
+    "ours-multi-stream": ({}, "multi-stream"),
     "ours-budget": ({}, "budget"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")

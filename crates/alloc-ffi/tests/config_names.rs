@@ -30,6 +30,7 @@ fn names_are_configurations() {
         "default",
         "size-class",
         "stream-wait",
+        "multi-stream",
         "bound,max_split_size_mb:64",
         "unmap8, garbage_collection_threshold:0.7",
         "policy:buddy",

@@ -121,6 +121,14 @@ pub const SETTINGS: &[Setting] = &[
         page_mb: Some(16),
         multi_stream: true,
     },
+    Setting {
+        name: named::MULTI_STREAM.name,
+        label: "stream-wait, pages moved past 1.03x alloc.",
+        config: named::MULTI_STREAM.config,
+        pytorch: false,
+        page_mb: Some(16),
+        multi_stream: true,
+    },
     BUDGET,
 ];
 
@@ -266,7 +274,9 @@ mod tests {
         };
         let names = |t: &Trace| settings_for(t).iter().map(|s| s.name).collect::<Vec<_>>();
         assert!(!names(&one).contains(&"stream-wait"));
+        assert!(!names(&one).contains(&"multi-stream"));
         assert!(names(&two).contains(&"stream-wait"));
+        assert!(names(&two).contains(&"multi-stream"));
         assert_eq!(names(&two).len(), SETTINGS.len());
         assert_eq!(used_elsewhere.late_completions(), 1);
         assert!(names(&used_elsewhere).contains(&"stream-wait"));

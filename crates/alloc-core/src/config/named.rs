@@ -66,6 +66,18 @@ pub const STREAM_WAIT: NamedSetting = NamedSetting {
         "as unmap16, and out of room a stream waits on another's events to reuse its freed blocks",
 };
 
+/// Stream-wait reuse with free pages moved only past 1.03x the allocated
+/// peak: the multi-stream setting for FSDP-style training, at most 3% over
+/// the bytes the program holds with fewer page moves than `stream-wait`
+/// (docs/policies.md, "A budget over the allocated peak").
+pub const MULTI_STREAM: NamedSetting = NamedSetting {
+    name: "multi-stream",
+    config: "stream_wait_reuse:True,expandable_segments:True,unmap_free_pages:True,\
+             memory_budget_over_allocated:1.03",
+    cost: "as stream-wait, but pages move only once reserved memory passes 1.03x the allocated \
+           peak",
+};
+
 /// Expandable segments whose free pages are unmapped and reused only once
 /// reserved memory reaches a budget: by default the device's memory (or
 /// PyTorch's per-process memory fraction, where set), so pages move only
@@ -86,6 +98,7 @@ pub const NAMED_SETTINGS: &[NamedSetting] = &[
     BOUND,
     SIZE_CLASS,
     STREAM_WAIT,
+    MULTI_STREAM,
     BUDGET,
 ];
 
