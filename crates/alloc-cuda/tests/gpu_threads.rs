@@ -114,9 +114,11 @@ impl Rng {
 /// The configurations the stress runs: every compiled-in policy alone,
 /// with stream-wait reuse, and with garbage collection under a memory
 /// fraction; for policies that grow segments also expandable segments,
-/// with `unmap_free_pages`, with `max_split_size_mb`, and the setting
-/// recommended for FSDP (stream-wait reuse, expandable segments, unmapped
-/// free pages). Each with whether a memory fraction applies.
+/// with `unmap_free_pages`, with `max_split_size_mb`, the peak rule for
+/// FSDP (stream-wait reuse, expandable segments, unmapped free pages) and
+/// the named settings that move pages at a level (`multi-stream`, past
+/// 1.03x the allocated peak; `budget`, at the device's memory, and under a
+/// memory fraction at it). Each with whether a memory fraction applies.
 fn stress_configs() -> Vec<(String, bool)> {
     let mut out = Vec::new();
     for name in policy_names() {
@@ -140,6 +142,8 @@ fn stress_configs() -> Vec<(String, bool)> {
                 ),
                 false,
             ));
+            out.push((format!("multi-stream,{base}"), false));
+            out.push((format!("budget,{base}"), true));
         }
     }
     out
