@@ -303,11 +303,20 @@ impl PytorchBfc {
                     .take_lowest_fit(req.key, req.size, accept)
                     .map(|e| e.id);
             }
-            if let Some(best) = free.lower_bound(req.key, req.size) {
-                if is_growable_tail(heap, best.id) {
-                    return take_sparing_tail(free, req, best, accept);
+            // One search: the best fit is taken unless it is a growable
+            // tail, which is then spared if another block fits.
+            let mut tail = None;
+            let taken = free.take_lower_bound(req.key, req.size, |e| {
+                if is_growable_tail(heap, e.id) {
+                    tail = Some(*e);
+                    return false;
                 }
-            }
+                accept(e)
+            });
+            return match tail {
+                Some(best) => take_sparing_tail(free, req, best, accept),
+                None => taken.map(|e| e.id),
+            };
         }
         self.take_best_fit(req)
     }
