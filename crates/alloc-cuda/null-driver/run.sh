@@ -78,4 +78,9 @@ if [ "${1:-}" = "--callgrind" ]; then
   # The C library with an engine per stream, once a second stream has
   # allocated (every operation then publishes the device's statistics).
   count "c, engine_per_stream" --c-config engine_per_stream:True
+  # The C library under the setting recommended for memory and the one for
+  # multi-stream training (expandable segments beneath both), with the
+  # same second stream.
+  count "c, budget" --c-config budget
+  count "c, multi-stream" --c-config multi-stream
 fi
