@@ -88,6 +88,8 @@ SETTINGS = {
     # by default).
     "ours-bound": ({}, "bound"),
     "ours-multi-stream": ({}, "multi-stream"),
+    # The same level held by host waits at the allocations that raise the allocated peak.
+    "ours-multi-stream-held": ({}, "multi-stream,memory_budget_over_allocated_held:1.03"),
     "ours-budget": ({}, "budget"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")
