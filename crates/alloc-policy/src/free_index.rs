@@ -581,14 +581,36 @@ impl FreeIndex {
         }
     }
 
-    /// Adds a free block to the bins of `key`.
+    /// Adds a free block to the bins of `key`, the recent slot being taken.
     // Without a call where the key has the first bins and the node table
     // holds the id: the rest is out of line, so this path saves no
     // registers.
     #[inline(never)]
     fn insert_binned(&mut self, key: CacheKey, e: Entry) {
+        if self.recent.key.stream == key.stream && self.nodes.holds(e.id) {
+            if let Some(bins) = self.keys.first_or_hot_mut(key) {
+                return bins.insert(&mut self.nodes, e);
+            }
+        }
+        self.insert_binned_other(key, e);
+    }
+
+    /// [`FreeIndex::insert_binned`] past its common case. If the recent
+    /// slot holds another stream's block, that block goes to the bins and
+    /// this one takes the slot: a block of a stream that allocates no more
+    /// would otherwise keep the slot, and every pair of the stream at work
+    /// would go through the bins. A key past the first is found by a search.
+    #[inline(never)]
+    fn insert_binned_other(&mut self, key: CacheKey, e: Entry) {
+        let (key, e) = match self.recent.get() {
+            Some((old_key, old)) if old_key.stream != key.stream => {
+                self.recent.set(key, e.size, e.addr, e.id);
+                (old_key, old)
+            }
+            _ => (key, e),
+        };
         if self.nodes.holds(e.id) {
-            if let Some(bins) = self.keys.first_mut(key) {
+            if let Some(bins) = self.keys.get_mut(key) {
                 return bins.insert(&mut self.nodes, e);
             }
         }
@@ -682,7 +704,7 @@ impl FreeIndex {
         if !self.nodes.is_binned(id) {
             return None;
         }
-        match self.keys.first_mut(key) {
+        match self.keys.first_or_hot_mut(key) {
             Some(bins) => Some(bins.unlink(&mut self.nodes, id)),
             None => self.remove_searched(key, id),
         }
@@ -892,6 +914,34 @@ mod tests {
     }
 
     #[test]
+    fn a_block_of_another_stream_does_not_keep_the_recent_slot() {
+        // A stream that freed a block and allocates no more, then a pair on
+        // the stream at work: its block waits in the slot, the other moves
+        // to the bins, and the pair's take and put back stay on the slot.
+        let mut index = FreeIndex::default();
+        index.insert(k(1), 512, 1 << 40, id(1));
+        index.insert(k(0), 4096, 0x1000, id(2));
+        assert_eq!(
+            index.recent.get().map(|(s, e)| (s, e.id)),
+            Some((k(0), id(2)))
+        );
+        assert!(index.keys.get(k(1)).is_some_and(|b| b.len == 1));
+        let taken = index
+            .take_lower_bound(k(0), 4096, |_| true)
+            .expect("the block");
+        assert_eq!(taken.id, id(2));
+        assert!(!index.recent.is_some(), "taken from the slot");
+        index.insert(k(0), 4096, 0x1000, id(2));
+        assert_eq!(index.recent.get().map(|(_, e)| e.id), Some(id(2)));
+        assert!(
+            index.keys.get(k(0)).is_none_or(|b| b.len == 0),
+            "never binned"
+        );
+        assert_eq!(index.len(), 2);
+        assert_eq!(index.lower_bound(k(1), 1).map(|e| e.id), Some(id(1)));
+    }
+
+    #[test]
     fn recent_entry_competes_with_the_bins() {
         let mut index = FreeIndex::default();
         index.insert(k(0), 4096, 0x1000, id(1));
@@ -936,11 +986,11 @@ mod tests {
     #[test]
     fn the_lowest_of_many_equal_blocks_taken_and_put_back_is_remembered() {
         // 64 whole free segments of 2 MiB (a varied workload drained; the
-        // recent slot holds another stream's block), then a request's
-        // pattern: the lowest segment taken, split, the remainder freed and
-        // merged back, the segment put back.
+        // recent slot holds a small block of the same stream), then a
+        // request's pattern: the lowest segment taken, split, the remainder
+        // freed and merged back, the segment put back.
         let mut index = FreeIndex::default();
-        index.insert(k(1), 512, 1 << 40, id(100));
+        index.insert(k(0), 512, 1 << 40, id(100));
         let seg = 2 << 20;
         for n in 0..64u64 {
             index.insert(k(0), seg, n * seg, id(n as usize + 1));
@@ -965,7 +1015,7 @@ mod tests {
         }
         // With the recent slot free the segment put back waits there, and
         // the floor answers for the bin; the answers stay an ordered set's.
-        assert!(index.remove_block(k(1), id(100)).is_some());
+        assert!(index.remove_block(k(0), id(100)).is_some());
         let lowest = index
             .take_lower_bound(k(0), 8192, |_| true)
             .expect("a segment");

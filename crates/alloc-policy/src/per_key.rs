@@ -6,18 +6,26 @@
 //! entry's position stays valid until the next insertion or removal (a
 //! policy may look a key up once per operation and use the position).
 
+use std::cell::Cell;
+
 use alloc_core::CacheKey;
 
 /// State of type `T` per cache key, in key order.
 #[derive(Debug, Clone)]
 pub struct PerKey<T> {
     entries: Vec<(CacheKey, T)>,
+    /// The position a search past the first entry found last, checked
+    /// before searching again: which key sorts first is the streams' order,
+    /// not their use, and the stream a program works on may sort after one
+    /// that is idle.
+    hot: Cell<usize>,
 }
 
 impl<T> Default for PerKey<T> {
     fn default() -> Self {
         PerKey {
             entries: Vec::new(),
+            hot: Cell::new(0),
         }
     }
 }
@@ -29,8 +37,26 @@ impl<T> PerKey<T> {
         match self.entries.first() {
             // One stream in most processes: no search at all.
             Some((first, _)) if *first == key => Ok(0),
-            _ => self.entries.binary_search_by(|(k, _)| k.cmp(&key)),
+            None => Err(0),
+            _ => self.search_past_first(key),
         }
+    }
+
+    /// [`PerKey::search`] past the first entry: the entry found last, else
+    /// a binary search (whose hit becomes the one found last).
+    #[inline(never)]
+    fn search_past_first(&self, key: CacheKey) -> Result<usize, usize> {
+        let hot = self.hot.get();
+        if let Some((k, _)) = self.entries.get(hot) {
+            if *k == key {
+                return Ok(hot);
+            }
+        }
+        let found = self.entries.binary_search_by(|(k, _)| k.cmp(&key));
+        if let Ok(i) = found {
+            self.hot.set(i);
+        }
+        found
     }
 
     /// The position of `key`'s entry, if it has one.
@@ -49,6 +75,19 @@ impl<T> PerKey<T> {
     #[inline(always)]
     pub fn first_mut(&mut self, key: CacheKey) -> Option<&mut T> {
         match self.entries.first_mut() {
+            Some((k, v)) if *k == key => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The entry of `key` if it is the first entry or the one a search
+    /// found last, without a search.
+    #[inline(always)]
+    pub fn first_or_hot_mut(&mut self, key: CacheKey) -> Option<&mut T> {
+        if self.is_first(key) {
+            return self.entries.first_mut().map(|(_, v)| v);
+        }
+        match self.entries.get_mut(self.hot.get()) {
             Some((k, v)) if *k == key => Some(v),
             _ => None,
         }
@@ -129,6 +168,8 @@ impl<T> PerKey<T> {
     /// Keeps the entries for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         self.entries.retain(|(_, v)| keep(v));
+        // Positions moved: the hot one is checked again by key anyway.
+        self.hot.set(0);
     }
 
     /// Number of keys with an entry.
@@ -180,6 +221,27 @@ mod tests {
         m.retain(|&v| v != 10);
         assert_eq!(m.len(), 1);
         assert!(m.get_mut(key(1)).is_none());
+    }
+
+    #[test]
+    fn a_key_past_the_first_is_found_again_without_a_search() {
+        let mut m: PerKey<u32> = PerKey::default();
+        for i in 0..4 {
+            m.get_or_insert_with(key(i), || u32::from(i));
+        }
+        assert_eq!(m.hot.get(), 0, "an insertion moves nothing");
+        assert_eq!(m.get(key(2)), Some(&2));
+        let at = m.position(key(2)).unwrap();
+        assert_eq!(m.hot.get(), at, "the search's hit is remembered");
+        *m.first_or_hot_mut(key(2)).expect("hot") += 10;
+        assert_eq!(m.get(key(2)), Some(&12));
+        assert!(
+            m.first_or_hot_mut(key(3)).is_none(),
+            "neither first nor hot"
+        );
+        assert!(m.first_or_hot_mut(key(0)).is_some(), "the first");
+        m.retain(|&v| v != 12);
+        assert!(m.get(key(2)).is_none() && m.first_or_hot_mut(key(2)).is_none());
     }
 
     proptest! {
