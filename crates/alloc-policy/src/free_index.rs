@@ -465,8 +465,9 @@ impl Bins {
 /// Free blocks of one pool, per cache key, in PyTorch's (stream, size, address)
 /// order.
 ///
-/// The block inserted last waits in a one-entry cache, `recent`, until the
-/// next insertion moves it into the bins: the two index updates of the
+/// A freed block waits in a one-entry cache, `recent`, while the slot is
+/// empty (later blocks of its stream go to the bins; a block of another
+/// stream takes the slot and sends it there): the two index updates of the
 /// commonest patterns (a block freed and taken again by the next request of
 /// its size; a split remainder merged back when its neighbour is freed) then
 /// never touch the bins. Every query looks at both, so answers are exactly

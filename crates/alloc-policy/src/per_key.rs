@@ -2,9 +2,10 @@
 //! stream's free blocks, device-wide or in one private pool), found by key.
 //!
 //! A process has one or a few streams, so the entries are a vector sorted
-//! by key: the first entry is checked before a binary search, and an
-//! entry's position stays valid until the next insertion or removal (a
-//! policy may look a key up once per operation and use the position).
+//! by key: the first entry, then the one a search found last, are checked
+//! before a binary search, and an entry's position stays valid until the
+//! next insertion or removal (a policy may look a key up once per operation
+//! and use the position).
 
 use std::cell::Cell;
 
