@@ -83,11 +83,11 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cpu_cores  # noqa: E402
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYROOT = os.path.dirname(HERE)
+
+sys.path.insert(0, HERE)
+import cpu_cores  # noqa: E402
 
 # name -> (steps, warm-up steps excluded from the median). gpt2_generate: rounds, and the
 # whole first round is warm-up (its steps are the decoded tokens).

@@ -488,13 +488,13 @@ impl AllocatorConfig {
                 let f = p.number(&key, |f| f > 0.0 && f <= 1.0, "above 0.0, up to 1.0")?;
                 cfg.memory_budget = Some(MemoryBudget::Fraction(f));
             }
-            "memory_budget_over_allocated" => {
+            "memory_budget_over_allocated" | "memory_budget_over_allocated_held" => {
                 let f = p.number(&key, |f| (1.0..=16.0).contains(&f), "from 1.0 to 16.0")?;
-                cfg.memory_budget = Some(MemoryBudget::OverAllocated(f));
-            }
-            "memory_budget_over_allocated_held" => {
-                let f = p.number(&key, |f| (1.0..=16.0).contains(&f), "from 1.0 to 16.0")?;
-                cfg.memory_budget = Some(MemoryBudget::OverAllocatedHeld(f));
+                cfg.memory_budget = Some(if key == "memory_budget_over_allocated" {
+                    MemoryBudget::OverAllocated(f)
+                } else {
+                    MemoryBudget::OverAllocatedHeld(f)
+                });
             }
             _ => {
                 return Err(ConfigError::UnknownKey {

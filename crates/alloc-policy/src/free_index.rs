@@ -583,8 +583,9 @@ impl FreeIndex {
     }
 
     /// Adds a free block to the bins of `key`, the recent slot being taken.
-    // Without a call where the key has the first bins and the node table
-    // holds the id: the rest is out of line, so this path saves no
+    // Without a call where the slot holds a block of the same stream, the
+    // key has the first bins (or those a search found last) and the node
+    // table holds the id: the rest is out of line, so this path saves no
     // registers.
     #[inline(never)]
     fn insert_binned(&mut self, key: CacheKey, e: Entry) {
@@ -712,7 +713,7 @@ impl FreeIndex {
     }
 
     /// [`FreeIndex::remove_binned`] for a binned block of a key other than
-    /// the first.
+    /// the first and the one a search found last.
     #[cold]
     #[inline(never)]
     fn remove_searched(&mut self, key: CacheKey, id: BlockId) -> Option<Entry> {

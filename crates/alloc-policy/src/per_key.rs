@@ -72,15 +72,6 @@ impl<T> PerKey<T> {
         self.entries.first().is_some_and(|(k, _)| *k == key)
     }
 
-    /// The entry of `key` if it is the first entry, without a search.
-    #[inline(always)]
-    pub fn first_mut(&mut self, key: CacheKey) -> Option<&mut T> {
-        match self.entries.first_mut() {
-            Some((k, v)) if *k == key => Some(v),
-            _ => None,
-        }
-    }
-
     /// The entry of `key` if it is the first entry or the one a search
     /// found last, without a search.
     #[inline(always)]
@@ -168,9 +159,8 @@ impl<T> PerKey<T> {
 
     /// Keeps the entries for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        // Positions move; the hot one is always checked by its key.
         self.entries.retain(|(_, v)| keep(v));
-        // Positions moved: the hot one is checked again by key anyway.
-        self.hot.set(0);
     }
 
     /// Number of keys with an entry.

@@ -301,8 +301,8 @@ impl<E> GrowableSegments<E> {
         // allowance (reserved stays within the level of the peak it reaches).
         let stats = &cx.heap.ledger.stats;
         let allocated_now = stats.all_current(Quantity::AllocatedBytes).max(0) as u64;
-        let allocated_peak =
-            (stats.allocated_mark() as u64).max(allocated_now.saturating_add(adds));
+        let allocated_mark = stats.allocated_mark() as u64;
+        let allocated_peak = allocated_mark.max(allocated_now.saturating_add(adds));
         let mut deficit = ReclaimInputs {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
@@ -319,7 +319,7 @@ impl<E> GrowableSegments<E> {
         // free pages the GPU may still use rather than pass it; at a held
         // level over the allocated peak, only for an allocation that raises
         // that peak; otherwise it never waits.
-        let raises = allocated_now.saturating_add(adds) > stats.allocated_mark() as u64;
+        let raises = allocated_peak > allocated_mark;
         let wait = cx
             .budget
             .is_some_and(|b| b.is_shortage() || (b.holds_at_new_peak() && raises));
