@@ -169,6 +169,15 @@ pub struct AllocatorConfig {
     /// rounds; docs/benchmarks.md). Read by backends that map pages on a
     /// device (`alloc-cuda`); the simulated device ignores it.
     pub unmap_worker: bool,
+    /// With `unmap_free_pages`: after this many bytes freed in a growable
+    /// segment since its last mark, the free that passes it records a mark
+    /// (an event on the segment's stream), so that the pages freed before
+    /// it are known idle once the GPU passes it (`idle_mark_mb`, ours; 0,
+    /// the default: marks only where pages are unmapped or mapped). Where
+    /// pages move rarely (under a memory budget) the last mark may be a
+    /// step old, and a growth then finds most free pages of other streams
+    /// busy and maps new memory instead of reusing them.
+    pub idle_mark: u64,
     /// With expandable segments and `policy:pytorch-bfc`: learn the layout
     /// of a repeating step and place later steps' blocks as planned, so that
     /// the same addresses serve the same requests every step and, with
@@ -255,6 +264,7 @@ impl Default for AllocatorConfig {
             unmap_free_pages: false,
             unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             unmap_worker: false,
+            idle_mark: 0,
             plan_layout: false,
             first_fit: None,
             idle_slab_limit: None,
@@ -428,6 +438,10 @@ impl AllocatorConfig {
                     PageLayout::uniform(mb << 20)
                 };
             }
+            "idle_mark_mb" => {
+                set.mark = true;
+                cfg.idle_mark = p.mebibytes(&key)?;
+            }
             "unmap_worker" => {
                 set.worker = true;
                 cfg.unmap_worker = p.boolean(&key)?;
@@ -595,6 +609,13 @@ impl AllocatorConfig {
                 "needs unmap_free_pages:True (the budget decides when that mode unmaps pages)",
             ));
         }
+        if set.mark && !cfg.unmap_free_pages {
+            return Err(invalid(
+                "idle_mark_mb",
+                &(cfg.idle_mark >> 20).to_string(),
+                "needs unmap_free_pages:True (it dates the pages that mode unmaps)",
+            ));
+        }
         if set.worker && !cfg.unmap_free_pages {
             return Err(invalid(
                 "unmap_worker",
@@ -612,6 +633,7 @@ impl AllocatorConfig {
         Explicit {
             page: self.unmap_pages != default.unmap_pages,
             worker: self.unmap_worker != default.unmap_worker,
+            mark: self.idle_mark != default.idle_mark,
         }
     }
 
@@ -630,6 +652,8 @@ struct Explicit {
     page: bool,
     /// `unmap_worker`.
     worker: bool,
+    /// `idle_mark_mb`.
+    mark: bool,
 }
 
 /// `v` as a whole number written in decimal digits only: no sign, space,
@@ -980,6 +1004,22 @@ mod tests {
         assert_eq!(AllocatorConfig::default().per_process_memory_fraction, None);
         for bad in ["-0.1", "1.5", "half", "NaN"] {
             let e = AllocatorConfig::parse(&format!("per_process_memory_fraction:{bad}"));
+            assert!(e.is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn idle_mark_mb_is_off_by_default_and_needs_unmap_free_pages() {
+        let on = "expandable_segments:true,unmap_free_pages:true";
+        assert_eq!(AllocatorConfig::parse(on).unwrap().idle_mark, 0);
+        let c = AllocatorConfig::parse(&format!("{on},idle_mark_mb:512")).unwrap();
+        assert_eq!(c.idle_mark, 512 * MIB);
+        assert_eq!(crate::EngineOptions::from(&c).idle_mark, 512 * MIB);
+        assert_eq!(c.with_settings("idle_mark_mb:0").unwrap().idle_mark, 0);
+        let e = AllocatorConfig::parse("expandable_segments:true,idle_mark_mb:64").unwrap_err();
+        assert!(e.to_string().contains("unmap_free_pages"), "{e}");
+        for bad in ["-1", "half", "1.5"] {
+            let e = AllocatorConfig::parse(&format!("{on},idle_mark_mb:{bad}"));
             assert!(e.is_err(), "{bad} accepted");
         }
     }

@@ -43,6 +43,7 @@ pub use crate::types::MAX_REQUEST;
 use crate::types::{BlockId, CacheKey, SegmentId, StreamId};
 use event_queues::Users;
 use expandable::{passes_limit, reserved, Lent};
+use growable::SegmentKey;
 use growable_segments::GrowableSegments;
 pub(crate) use live_table::LiveTable;
 pub use settings::EngineOptions;
@@ -142,12 +143,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         let caps = policy.capabilities();
         let heap = Heap::new(caps.oversize_threshold);
         let granularity = memory.virtual_memory().map_or(0, |vm| vm.granularity());
-        let segments = GrowableSegments::new(
+        let mut segments = GrowableSegments::new(
             granularity,
             options.expandable_segments && caps.supports_growth,
             options.unmap_free_pages,
             options.unmap_pages,
         );
+        segments.set_idle_mark(options.idle_mark);
         Engine {
             policy,
             memory,
@@ -196,6 +198,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         // construction ([`Engine::expandable_fallback`]).
         self.segments
             .set_expandable(wanted.expandable_segments && self.caps.supports_growth);
+        self.segments.set_idle_mark(wanted.idle_mark);
         self.order.set_options(
             wanted.stream_wait_reuse,
             wanted.graph_capture_record_stream_reuse,
@@ -901,7 +904,9 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     #[inline]
     fn return_to_cache<const COUNT_NOW: bool>(&mut self, id: BlockId) {
         if self.segments.recycles_pages() {
-            self.segments.freed(&self.heap, id);
+            if let Some(key) = self.segments.freed(&self.heap, id) {
+                self.end_idle_epoch(key);
+            }
         }
         if COUNT_NOW {
             self.heap.set_state_counted_now(id, BlockState::Free, 0);
@@ -909,6 +914,18 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             self.heap.set_state(id, BlockState::Free, 0);
         }
         self.policy.insert_free(&mut self.heap, id);
+    }
+
+    /// `idle_mark_mb`: enough was freed in the growable segment `key` since
+    /// its last mark to record another, so that what was freed so far is
+    /// known idle once the GPU passes it. A mark that cannot be recorded
+    /// (the backend's event calls failed) is not needed for correctness:
+    /// those pages only stay busy, as without the option.
+    #[cold]
+    #[inline(never)]
+    fn end_idle_epoch(&mut self, key: SegmentKey) {
+        let (segments, mut cx) = self.lend();
+        let _ = segments.mark_epoch(&mut cx, &key);
     }
 
     /// Blocks whose events are all done go back to the cache, in order.

@@ -378,3 +378,41 @@ fn a_held_level_waits_for_busy_pages_only_at_a_new_allocated_peak() {
         common::drain(&mut e, [pin.addr, c.addr]);
     }
 }
+
+#[test]
+fn marks_after_frees_let_another_stream_reuse_pages_the_gpu_is_done_with() {
+    // Stream 0 frees 200 MiB and its GPU work finishes; stream 1 then asks
+    // 210 MiB (a new allocated peak of 230 MiB, the level 1.03 x that).
+    // Without `idle_mark_mb` no mark followed the free: the pages count as
+    // busy, the level never waits, and the heap grows past it to 430 MiB.
+    // With it the free ended its epoch with a mark, which the finished work
+    // completed: the pages are unmapped and reused with no wait.
+    let level = 1.03 * (230 * MIB) as f64;
+    for (marks, within) in [("", false), (",idle_mark_mb:64", true)] {
+        let config = with_budget(&format!("memory_budget_over_allocated:1.03{marks}"));
+        let mut e = engine(&config, 8 * GIB);
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.streams_mut().complete_stream(StreamId(0));
+        let b = e.malloc(210 * MIB, StreamId(1)).unwrap();
+        let s = e.stats();
+        let reserved = s.reserved_bytes.all.peak as f64;
+        assert_eq!(s.page_moves.stream_waits, 0, "{config}: {:?}", s.page_moves);
+        assert_eq!(e.streams().synchronizations, 0, "{config}");
+        if within {
+            assert!(
+                s.page_moves.pages_unmapped > 0,
+                "{config}: {:?}",
+                s.page_moves
+            );
+            // Within the level but for the rounding of the new segment's
+            // growth (PyTorch's steps: 220 MiB for the 210 MiB request).
+            assert!(reserved <= level + (8 * MIB) as f64, "{config}: {reserved}");
+        } else {
+            assert!(reserved >= (430 * MIB) as f64, "{config}: {reserved}");
+        }
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, b.addr]);
+    }
+}

@@ -117,6 +117,7 @@ pub const OUR_KEYS: &[&str] = &[
     "unmap_free_pages",
     "unmap_page_mb",
     "unmap_worker",
+    "idle_mark_mb",
     "plan_layout",
     "first_fit_mb",
     "idle_slab_limit_mb",

@@ -127,6 +127,9 @@ pub struct UnmapFreePages {
     /// Unmap moved pages' old addresses on a worker thread
     /// (`unmap_worker`).
     pub worker: bool,
+    /// Bytes freed in a growable segment after which a free records a mark
+    /// on its stream (`idle_mark_mb`; 0: marks only where pages move).
+    pub idle_mark: u64,
     /// Below this budget the heap grows without unmapping
     /// (`memory_budget_mb`, `memory_budget_fraction`).
     pub budget: Option<MemoryBudget>,
@@ -137,6 +140,7 @@ impl Default for UnmapFreePages {
         UnmapFreePages {
             pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             worker: false,
+            idle_mark: 0,
             budget: None,
         }
     }
@@ -376,6 +380,7 @@ impl Config {
             cfg.unmap_free_pages = true;
             cfg.unmap_pages = unmap.pages;
             cfg.unmap_worker = unmap.worker;
+            cfg.idle_mark = unmap.idle_mark;
             cfg.memory_budget = unmap.budget;
         }
         match &self.policy {
@@ -482,6 +487,7 @@ impl AllocatorConfig {
                 unmap: unmap.then_some(UnmapFreePages {
                     pages: self.unmap_pages,
                     worker: self.unmap_worker,
+                    idle_mark: self.idle_mark,
                     budget: self.memory_budget,
                 }),
             },

@@ -521,7 +521,11 @@ impl<E> GrowableSegments<E> {
     /// pages freed so far become idle once the GPU passes it. Called at
     /// unmap rounds and after mappings, the moments around which later
     /// rounds look for idle pages.
-    fn mark_epoch(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) -> Result<(), AllocError> {
+    pub(super) fn mark_epoch(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        key: &SegmentKey,
+    ) -> Result<(), AllocError> {
         if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(());
         }

@@ -56,6 +56,9 @@ pub(super) struct GrowableSegments<E> {
     /// pages mapped ([`Reclaim::kept_mapped`](crate::Reclaim::kept_mapped)),
     /// at most a share of the peak.
     kept_growth: u64,
+    /// Bytes freed in a segment after which a free ends its epoch with a
+    /// mark (`idle_mark_mb`); `u64::MAX` when off.
+    mark_every: u64,
 }
 
 impl<E> GrowableSegments<E> {
@@ -78,7 +81,14 @@ impl<E> GrowableSegments<E> {
             recycles,
             large_pages,
             kept_growth: 0,
+            mark_every: u64::MAX,
         }
+    }
+
+    /// A free ends its segment's epoch with a mark once `bytes` were freed
+    /// in it since the last one (`idle_mark_mb`; 0: never).
+    pub(super) fn set_idle_mark(&mut self, bytes: u64) {
+        self.mark_every = if bytes == 0 { u64::MAX } else { bytes };
     }
 
     /// Whether segments grow.
@@ -386,18 +396,20 @@ impl<E> GrowableSegments<E> {
 
     /// `unmap_free_pages`: stamps the pages under the block `id` of the
     /// heap, about to become free, with the current epoch, and lists its
-    /// segment as holding free mapped pages.
-    pub(super) fn freed(&mut self, heap: &Heap, id: BlockId) {
+    /// segment as holding free mapped pages. Returns the segment's key when
+    /// its epoch is due to end with a mark ([`Self::set_idle_mark`]).
+    #[inline]
+    pub(super) fn freed(&mut self, heap: &Heap, id: BlockId) -> Option<SegmentKey> {
         let b = heap.block(id);
         let seg = heap.segment(b.segment);
         if !seg.expandable {
-            return;
+            return None;
         }
         let key = (seg.key(), seg.pool);
-        if let Some(g) = self.segments.get_mut(&key) {
-            g.idle.freed(b.addr, b.addr + b.size);
-            self.free_pages.note(key);
-        }
+        let g = self.segments.get_mut(&key)?;
+        let due = g.idle.freed(b.addr, b.addr + b.size, self.mark_every);
+        self.free_pages.note(key);
+        due.then_some(key)
     }
 
     /// Every growable segment's invariants ([`Growable::check`]; `paused`

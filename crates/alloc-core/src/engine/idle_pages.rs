@@ -46,6 +46,8 @@ pub(super) struct IdlePages<E> {
     /// Old mappings of detached pages: `(start, bytes, epoch)`, droppable
     /// once `epoch` is idle.
     detached: Vec<(u64, u64, u64)>,
+    /// Bytes freed since the last mark.
+    freed_since_mark: u64,
 }
 
 impl<E> IdlePages<E> {
@@ -58,6 +60,7 @@ impl<E> IdlePages<E> {
             marks: VecDeque::new(),
             idle_through: 0,
             detached: Vec::new(),
+            freed_since_mark: 0,
         }
     }
 
@@ -76,11 +79,20 @@ impl<E> IdlePages<E> {
     }
 
     /// A block over `[lo, hi)` became free now: every page it touches.
-    /// Inline, and the growth of the stamps out of line: every free under
-    /// `unmap_free_pages` comes here, and its register saves cost more
-    /// than the stamp.
+    /// Returns whether `mark_every` bytes (or more) were freed since the
+    /// last mark: the epoch is then due to end. Inline, and the growth of
+    /// the stamps out of line: every free under `unmap_free_pages` comes
+    /// here, and its register saves cost more than the stamp.
     #[inline]
-    pub(super) fn freed(&mut self, lo: u64, hi: u64) {
+    pub(super) fn freed(&mut self, lo: u64, hi: u64, mark_every: u64) -> bool {
+        self.stamp(lo, hi);
+        self.freed_since_mark += hi - lo;
+        self.freed_since_mark >= mark_every
+    }
+
+    /// Stamps every page `[lo, hi)` touches with the current epoch.
+    #[inline]
+    fn stamp(&mut self, lo: u64, hi: u64) {
         let pages = self.pages(lo, hi);
         if self.freed_in.len() < pages.end {
             self.grow_stamps(pages.end);
@@ -100,7 +112,7 @@ impl<E> IdlePages<E> {
     /// GPU still uses elsewhere: busy as of now).
     pub(super) fn mapped(&mut self, lo: u64, hi: u64, reused_busy: bool) {
         if reused_busy {
-            return self.freed(lo, hi);
+            return self.stamp(lo, hi);
         }
         let pages = self.pages(lo, hi);
         let end = pages.end.min(self.freed_in.len());
@@ -180,6 +192,7 @@ impl<E> IdlePages<E> {
     pub(super) fn end_epoch(&mut self, mark: E, number: u64) {
         self.marks.push_back((self.epoch, number, mark));
         self.epoch += 1;
+        self.freed_since_mark = 0;
     }
 
     /// The oldest outstanding mark.
@@ -261,7 +274,7 @@ mod tests {
         };
         let big = 2u64 << 30;
         let mut p: IdlePages<u8> = IdlePages::new(pages);
-        p.freed(big + MIB, big + 2 * MIB); // inside the first 4 MiB page
+        p.freed(big + MIB, big + 2 * MIB, u64::MAX); // inside the first 4 MiB page
         assert!(!p.is_idle(big), "the page's start is stamped too");
         assert!(p.is_idle(big + 4 * MIB) && p.is_idle(big - 2 * MIB));
         let runs = [(big - 2 * MIB, 10 * MIB)];
@@ -278,15 +291,31 @@ mod tests {
     }
 
     #[test]
+    fn an_epoch_is_due_to_end_once_enough_bytes_were_freed_in_it() {
+        let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
+        assert!(!p.freed(0, 30, 50), "30 of 50 bytes");
+        assert!(p.freed(30, 50, 50), "50 of 50");
+        assert!(p.freed(50, 60, 50), "still due until a mark ends the epoch");
+        p.end_epoch(1, 0);
+        assert!(!p.freed(60, 70, 50), "counted again from the mark");
+        assert!(!p.freed(0, 1000, u64::MAX), "never due when off");
+        // A mapping of memory other work may still use stamps without counting.
+        let mut q: IdlePages<u8> = IdlePages::new(uniform(0, 10));
+        q.mapped(0, 100, true);
+        assert!(!q.is_idle(0));
+        assert!(!q.freed(0, 10, 20));
+    }
+
+    #[test]
     fn pages_become_idle_when_a_later_mark_completes() {
         // Pages of 10 bytes from address 100: page i is [100 + 10i, 110 + 10i).
         let mut p: IdlePages<u32> = IdlePages::new(uniform(100, 10));
         let page = |i: u64| 100 + 10 * i;
         assert!(p.is_idle(page(3)), "never used");
-        p.freed(page(2) + 3, page(3) + 5); // touches pages 2 and 3
+        p.freed(page(2) + 3, page(3) + 5, u64::MAX); // touches pages 2 and 3
         assert!(!p.is_idle(page(2)) && !p.is_idle(page(3)) && p.is_idle(page(4)));
         p.end_epoch(7, 0); // mark of epoch 1
-        p.freed(page(4), page(5)); // epoch 2
+        p.freed(page(4), page(5), u64::MAX); // epoch 2
         assert_eq!(p.oldest_mark(), Some(&7));
         assert_eq!(p.oldest_mark_done(), Some(7));
         assert!(
@@ -294,12 +323,12 @@ mod tests {
             "freed before the mark"
         );
         assert!(!p.is_idle(page(4)), "freed after it");
-        p.freed(page(2), page(3)); // used and freed again: busy again
+        p.freed(page(2), page(3), u64::MAX); // used and freed again: busy again
         assert!(!p.is_idle(page(2)));
         let done: Vec<u32> = p.waited().collect();
         assert!(done.is_empty());
         assert!(p.is_idle(page(2)) && p.is_idle(page(4)));
-        p.freed(page(4), page(5));
+        p.freed(page(4), page(5), u64::MAX);
         assert!(
             !p.is_idle(page(4)),
             "a free after the wait is in a new epoch"
@@ -329,9 +358,9 @@ mod tests {
     #[test]
     fn detached_runs_become_droppable_with_the_epoch_of_their_last_free() {
         let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
-        p.freed(0, 20); // epoch 1
+        p.freed(0, 20, u64::MAX); // epoch 1
         p.end_epoch(1, 0);
-        p.freed(30, 40); // epoch 2
+        p.freed(30, 40, u64::MAX); // epoch 2
         p.detached(0, 20);
         p.detached(30, 40);
         p.detached(50, 60); // never used: droppable at once
@@ -360,9 +389,9 @@ mod tests {
     #[test]
     fn a_detached_run_waits_for_the_last_free_of_any_of_its_pages() {
         let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 10));
-        p.freed(0, 10); // page 0 in epoch 1
+        p.freed(0, 10, u64::MAX); // page 0 in epoch 1
         p.end_epoch(1, 0);
-        p.freed(10, 20); // page 1 in epoch 2
+        p.freed(10, 20, u64::MAX); // page 1 in epoch 2
         p.end_epoch(2, 0);
         p.detached(0, 20); // one run over both
         assert_eq!(p.detached_epoch_in(0, 10), Some(2));
@@ -390,7 +419,7 @@ mod tests {
             p.is_idle(0) && p.is_idle(25),
             "idle once the mark completed"
         );
-        p.freed(0, 10);
+        p.freed(0, 10, u64::MAX);
         p.mapped(0, 10, false);
         assert!(p.is_idle(0), "fresh memory is unused");
     }
@@ -399,8 +428,8 @@ mod tests {
     fn runs_split_by_idleness() {
         let base = 1000;
         let mut p: IdlePages<()> = IdlePages::new(uniform(base, 10));
-        p.freed(base + 10, base + 20); // page 1 busy
-        p.freed(base + 40, base + 60); // pages 4, 5 busy
+        p.freed(base + 10, base + 20, u64::MAX); // page 1 busy
+        p.freed(base + 40, base + 60, u64::MAX); // pages 4, 5 busy
         let (idle, busy) = p.split_runs(&[(base, 3 * 10), (base + 40, 30)]);
         assert_eq!(idle, vec![(base, 10), (base + 20, 10), (base + 60, 10)]);
         assert_eq!(busy, vec![(base + 10, 10), (base + 40, 20)]);

@@ -35,6 +35,9 @@ pub struct EngineOptions {
     /// worker thread: the backend reads it at creation, the engine keeps it
     /// to refuse a change at run time.
     pub unmap_worker: bool,
+    /// With `unmap_free_pages`, the bytes freed in a growable segment after
+    /// which a free records a mark (`idle_mark_mb`; 0: off).
+    pub idle_mark: u64,
     /// During a capture, reuse a block freed while other streams used it
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
@@ -63,6 +66,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_free_pages: cfg.unmap_free_pages,
             unmap_pages: cfg.unmap_pages,
             unmap_worker: cfg.unmap_worker,
+            idle_mark: cfg.idle_mark,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
             memory_budget: cfg.memory_budget,
         }
@@ -81,6 +85,7 @@ impl From<&Config> for EngineOptions {
             unmap_free_pages: unmap.is_some(),
             unmap_pages: unmap.map_or_else(|| UnmapFreePages::default().pages, |u| u.pages),
             unmap_worker: unmap.is_some_and(|u| u.worker),
+            idle_mark: unmap.map_or(0, |u| u.idle_mark),
             graph_capture_record_stream_reuse: cfg.engine.graph_capture_record_stream_reuse,
             memory_budget: unmap.and_then(|u| u.budget),
         }
