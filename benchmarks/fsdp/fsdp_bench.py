@@ -88,9 +88,7 @@ SETTINGS = {
     # by default).
     "ours-bound": ({}, "bound"),
     "ours-multi-stream": ({}, "multi-stream"),
-    # The same level held by host waits at the allocations that raise the allocated peak.
-    "ours-multi-stream-held": ({}, "multi-stream,memory_budget_over_allocated_held:1.03"),
-    # The level with a mark recorded after every 512 MiB freed in a segment (idle_mark_mb).
+    # The same: multi-stream sets idle_mark_mb:512 (the name of its first rounds with marks).
     "ours-multi-stream-marked": ({}, "multi-stream,idle_mark_mb:512"),
     "ours-budget": ({}, "budget"),
 }

@@ -400,7 +400,6 @@ def enable(config=None, so_path=None, bridge=None):
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
         ``unmap_worker``, ``idle_mark_mb``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``,
         ``memory_budget_mb``, ``memory_budget_fraction``, ``memory_budget_over_allocated``,
-        ``memory_budget_over_allocated_held``,
         ``engine_per_stream`` for threads allocating on their own streams, with
         ``engine_per_thread`` for threads sharing one);
         or a setting's name, alone or followed by options that override it

@@ -9,10 +9,6 @@
 //! reserved peak: a heap a few percent above
 //! what it holds grows without moving a page, and pages move only where the
 //! peak rule alone would have grown it further.
-//! `memory_budget_over_allocated_held` is the same level held: where an
-//! allocation raises the allocated peak (a few steps of a long run), the
-//! host may wait for streams whose free pages the GPU is still using
-//! rather than grow past it.
 
 /// A memory budget as configured.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,12 +24,6 @@ pub enum MemoryBudget {
     /// reach it, and the device is not asked for its free memory (a mapping
     /// the device refuses reclaims as under any setting).
     OverAllocated(f64),
-    /// The same multiple, held (`memory_budget_over_allocated_held`): at an
-    /// allocation that raises the allocated peak the host may wait for
-    /// streams whose free pages the GPU is still using, as at a shortage,
-    /// instead of growing past the level; at every other allocation it
-    /// never waits.
-    OverAllocatedHeld(f64),
 }
 
 impl MemoryBudget {
@@ -46,9 +36,7 @@ impl MemoryBudget {
         match *self {
             MemoryBudget::Bytes(bytes) => bytes.min(capacity),
             MemoryBudget::Fraction(f) => scaled(capacity, f).min(capacity),
-            MemoryBudget::OverAllocated(f) | MemoryBudget::OverAllocatedHeld(f) => {
-                scaled(allocated_peak, f).min(capacity)
-            }
+            MemoryBudget::OverAllocated(f) => scaled(allocated_peak, f).min(capacity),
         }
     }
 
@@ -57,17 +45,7 @@ impl MemoryBudget {
     /// pass it, and the device's free memory counts as a budget too. A
     /// multiple of the allocated peak is a bound on waste, not a shortage.
     pub fn is_shortage(&self) -> bool {
-        !matches!(
-            self,
-            MemoryBudget::OverAllocated(_) | MemoryBudget::OverAllocatedHeld(_)
-        )
-    }
-
-    /// Whether the host may wait for streams at a level that is not a
-    /// shortage when the allocation being served raises the allocated peak
-    /// (`memory_budget_over_allocated_held`).
-    pub fn holds_at_new_peak(&self) -> bool {
-        matches!(self, MemoryBudget::OverAllocatedHeld(_))
+        !matches!(self, MemoryBudget::OverAllocated(_))
     }
 
     /// The configuration key and value that set this budget.
@@ -76,9 +54,6 @@ impl MemoryBudget {
             MemoryBudget::Bytes(bytes) => ("memory_budget_mb", (bytes >> 20).to_string()),
             MemoryBudget::Fraction(f) => ("memory_budget_fraction", f.to_string()),
             MemoryBudget::OverAllocated(f) => ("memory_budget_over_allocated", f.to_string()),
-            MemoryBudget::OverAllocatedHeld(f) => {
-                ("memory_budget_over_allocated_held", f.to_string())
-            }
         }
     }
 }

@@ -221,9 +221,7 @@ pub struct AllocatorConfig {
     /// memory-fraction limit and the device's free memory count as budgets
     /// too. Or `memory_budget_over_allocated`, a multiple of the allocated
     /// peak counting the allocation being served (never below the reserved
-    /// peak, no host waits), or `memory_budget_over_allocated_held`, the
-    /// same held by host waits at allocations that raise the allocated
-    /// peak. `None` (the
+    /// peak, no host waits). `None` (the
     /// default): pages move whenever reserved memory would pass its earlier
     /// peak ([`crate::budget`]).
     pub memory_budget: Option<MemoryBudget>,
@@ -502,13 +500,9 @@ impl AllocatorConfig {
                 let f = p.number(&key, |f| f > 0.0 && f <= 1.0, "above 0.0, up to 1.0")?;
                 cfg.memory_budget = Some(MemoryBudget::Fraction(f));
             }
-            "memory_budget_over_allocated" | "memory_budget_over_allocated_held" => {
+            "memory_budget_over_allocated" => {
                 let f = p.number(&key, |f| (1.0..=16.0).contains(&f), "from 1.0 to 16.0")?;
-                cfg.memory_budget = Some(if key == "memory_budget_over_allocated" {
-                    MemoryBudget::OverAllocated(f)
-                } else {
-                    MemoryBudget::OverAllocatedHeld(f)
-                });
+                cfg.memory_budget = Some(MemoryBudget::OverAllocated(f));
             }
             _ => {
                 return Err(ConfigError::UnknownKey {
@@ -947,17 +941,6 @@ mod tests {
         // After the `budget` setting, it takes the budget's place.
         let c = AllocatorConfig::parse("budget,memory_budget_over_allocated:1.05").unwrap();
         assert_eq!(c.memory_budget, Some(MemoryBudget::OverAllocated(1.05)));
-        let c =
-            AllocatorConfig::parse("multi-stream,memory_budget_over_allocated_held:1.03").unwrap();
-        let held = c.memory_budget.expect("a budget");
-        assert_eq!(held, MemoryBudget::OverAllocatedHeld(1.03));
-        assert!(held.holds_at_new_peak() && !held.is_shortage());
-        assert_eq!(
-            held.key_value(),
-            ("memory_budget_over_allocated_held", "1.03".to_string())
-        );
-        let e = AllocatorConfig::parse("memory_budget_over_allocated_held:0.5").unwrap_err();
-        assert!(e.to_string().contains("from 1.0 to 16.0"), "{e}");
         for bad in ["0.99", "17", "x", "nan"] {
             let e = AllocatorConfig::parse(&format!("{base},memory_budget_over_allocated:{bad}"))
                 .unwrap_err();

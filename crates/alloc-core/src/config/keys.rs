@@ -124,7 +124,6 @@ pub const OUR_KEYS: &[&str] = &[
     "memory_budget_mb",
     "memory_budget_fraction",
     "memory_budget_over_allocated",
-    "memory_budget_over_allocated_held",
     "engine_per_stream",
     "engine_per_thread",
 ];

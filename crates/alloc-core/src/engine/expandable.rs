@@ -316,13 +316,9 @@ impl<E> GrowableSegments<E> {
             return Ok(false);
         }
         // At a budget that is a shortage the host waits for streams whose
-        // free pages the GPU may still use rather than pass it; at a held
-        // level over the allocated peak, only for an allocation that raises
-        // that peak; otherwise it never waits.
-        let raises = allocated_peak > allocated_mark;
-        let wait = cx
-            .budget
-            .is_some_and(|b| b.is_shortage() || (b.holds_at_new_peak() && raises));
+        // free pages the GPU may still use rather than pass it; otherwise
+        // it never waits.
+        let wait = cx.budget.is_some_and(|b| b.is_shortage());
         let mut detached =
             self.unmap_free_pages(cx, keep, &mut deficit, Some(mover), true, wait)?;
         if deficit > 0 && self.keeps_pages_mapped(cx) {
