@@ -997,7 +997,6 @@ mod tests {
         assert_eq!(AllocatorConfig::parse(on).unwrap().idle_mark, 0);
         let c = AllocatorConfig::parse(&format!("{on},idle_mark_mb:512")).unwrap();
         assert_eq!(c.idle_mark, 512 * MIB);
-        assert_eq!(crate::EngineOptions::from(&c).idle_mark, 512 * MIB);
         assert_eq!(c.with_settings("idle_mark_mb:0").unwrap().idle_mark, 0);
         let e = AllocatorConfig::parse("expandable_segments:true,idle_mark_mb:64").unwrap_err();
         assert!(e.to_string().contains("unmap_free_pages"), "{e}");

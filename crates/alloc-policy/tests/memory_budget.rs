@@ -7,7 +7,7 @@
 
 mod common;
 
-use alloc_core::{StreamId, GIB, MIB};
+use alloc_core::{AllocatorConfig, StreamId, GIB, MIB};
 use common::{engine, SimEngine};
 
 /// `unmap_free_pages` with 2 MiB pages, to which a budget is added.
@@ -346,9 +346,18 @@ fn marks_after_frees_let_another_stream_reuse_pages_the_gpu_is_done_with() {
     // With it the free ended its epoch with a mark, which the finished work
     // completed: the pages are unmapped and reused with no wait.
     let level = 1.03 * (230 * MIB) as f64;
-    for (marks, within) in [("", false), (",idle_mark_mb:64", true)] {
-        let config = with_budget(&format!("memory_budget_over_allocated:1.03{marks}"));
-        let mut e = engine(&config, 8 * GIB);
+    let without = with_budget("memory_budget_over_allocated:1.03");
+    for (marks, within, at_run_time) in [
+        ("", false, false),
+        (",idle_mark_mb:64", true, false),
+        (",idle_mark_mb:64", true, true),
+    ] {
+        let config = format!("{without}{marks}");
+        let mut e = engine(if at_run_time { &without } else { &config }, 8 * GIB);
+        if at_run_time {
+            e.reconfigure(&AllocatorConfig::parse(&config).unwrap())
+                .unwrap();
+        }
         let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
         let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
         e.free(a.addr).unwrap();

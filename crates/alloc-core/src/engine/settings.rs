@@ -161,4 +161,17 @@ mod tests {
         assert_eq!(after.garbage_collection_threshold, Some(0.5));
         assert!(!after.expandable_segments);
     }
+
+    #[test]
+    fn the_idle_mark_reaches_the_engine_from_both_views_and_may_change() {
+        let text = "expandable_segments:True,unmap_free_pages:True,idle_mark_mb:512";
+        let flat = options(text);
+        assert_eq!(flat.idle_mark, 512 << 20);
+        let checked = EngineOptions::from(&Config::parse(text).unwrap());
+        assert_eq!(checked.idle_mark, 512 << 20);
+        assert_eq!(options("expandable_segments:True").idle_mark, 0);
+        // Marks change when pages are known idle, not how segments are made.
+        let off = options("expandable_segments:True,unmap_free_pages:True");
+        assert!(flat.check_change(&off).is_ok());
+    }
 }
