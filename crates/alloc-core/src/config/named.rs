@@ -87,7 +87,7 @@ pub const MULTI_STREAM: NamedSetting = NamedSetting {
 pub const BUDGET: NamedSetting = NamedSetting {
     name: "budget",
     config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,\
-             memory_budget_fraction:1",
+             idle_mark_mb:512,memory_budget_fraction:1",
     cost: "as expandable below the budget; at it, driver calls to move free 16 MiB pages",
 };
 
