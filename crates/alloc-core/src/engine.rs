@@ -916,16 +916,13 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.policy.insert_free(&mut self.heap, id);
     }
 
-    /// `idle_mark_mb`: enough was freed in the growable segment `key` since
-    /// its last mark to record another, so that what was freed so far is
-    /// known idle once the GPU passes it. A mark that cannot be recorded
-    /// (the backend's event calls failed) is not needed for correctness:
-    /// those pages only stay busy, as without the option.
+    /// `idle_mark_mb`: a mark for the frees of the growable segment `key`
+    /// ([`GrowableSegments::mark_after_frees`]), out of the free's line.
     #[cold]
     #[inline(never)]
     fn end_idle_epoch(&mut self, key: SegmentKey) {
         let (segments, mut cx) = self.lend();
-        let _ = segments.mark_epoch(&mut cx, &key);
+        segments.mark_after_frees(&mut cx, &key);
     }
 
     /// Blocks whose events are all done go back to the cache, in order.

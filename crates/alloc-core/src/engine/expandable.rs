@@ -512,16 +512,25 @@ impl<E> GrowableSegments<E> {
         Ok(())
     }
 
+    /// `idle_mark_mb`: enough was freed in the growable segment `key` since
+    /// its last mark to end its epoch with another, so that what was freed
+    /// so far is known idle once the GPU passes it. The count starts again
+    /// whether or not a mark could be recorded (the segment has all the
+    /// marks it may keep outstanding, or the backend's event calls failed):
+    /// those pages only stay busy longer, as without the option, and the
+    /// frees that follow do not try again one by one.
+    pub(super) fn mark_after_frees(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) {
+        self.get_mut(key).idle.restart_free_count();
+        let _ = self.mark_epoch(cx, key);
+    }
+
     /// `unmap_free_pages`: ends the epoch of the growable segment `key` with
     /// a mark on its stream (unless too many are outstanding), so that the
     /// pages freed so far become idle once the GPU passes it. Called at
     /// unmap rounds and after mappings, the moments around which later
-    /// rounds look for idle pages.
-    pub(super) fn mark_epoch(
-        &mut self,
-        cx: &mut Lent<'_, E>,
-        key: &SegmentKey,
-    ) -> Result<(), AllocError> {
+    /// rounds look for idle pages, and after frees
+    /// ([`GrowableSegments::mark_after_frees`]).
+    fn mark_epoch(&mut self, cx: &mut Lent<'_, E>, key: &SegmentKey) -> Result<(), AllocError> {
         if !self.recycles_pages() || cx.pools.capture_underway() {
             return Ok(());
         }

@@ -187,6 +187,11 @@ impl<E> IdlePages<E> {
         self.marks.len() < MAX_MARKS
     }
 
+    /// Counts the bytes freed from zero again (see [`IdlePages::freed`]).
+    pub(super) fn restart_free_count(&mut self) {
+        self.freed_since_mark = 0;
+    }
+
     /// Ends the current epoch with `mark`, recorded on the stream now as
     /// the `number`th mark of the allocator.
     pub(super) fn end_epoch(&mut self, mark: E, number: u64) {
@@ -298,6 +303,9 @@ mod tests {
         assert!(p.freed(50, 60, 50), "still due until a mark ends the epoch");
         p.end_epoch(1, 0);
         assert!(!p.freed(60, 70, 50), "counted again from the mark");
+        assert!(p.freed(0, 40, 50));
+        p.restart_free_count(); // a mark that could not be recorded
+        assert!(!p.freed(40, 50, 50), "counted again from the attempt");
         assert!(!p.freed(0, 1000, u64::MAX), "never due when off");
         // A mapping of memory other work may still use stamps without counting.
         let mut q: IdlePages<u8> = IdlePages::new(uniform(0, 10));
