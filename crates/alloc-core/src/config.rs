@@ -588,34 +588,31 @@ impl AllocatorConfig {
                 "plan_layout needs pages of one size (unmap_page_mb:4 or 8, say)",
             ));
         }
-        if set.page && !cfg.unmap_free_pages {
-            return Err(invalid(
-                "unmap_page_mb",
-                &unmap_page_value(&cfg.unmap_pages),
-                "needs unmap_free_pages:True (it sizes the pages that mode moves)",
-            ));
-        }
-        if let (Some(budget), false) = (cfg.memory_budget, cfg.unmap_free_pages) {
-            let (key, value) = budget.key_value();
-            return Err(invalid(
-                key,
-                &value,
-                "needs unmap_free_pages:True (the budget decides when that mode unmaps pages)",
-            ));
-        }
-        if set.mark && !cfg.unmap_free_pages {
-            return Err(invalid(
-                "idle_mark_mb",
-                &(cfg.idle_mark >> 20).to_string(),
-                "needs unmap_free_pages:True (it dates the pages that mode unmaps)",
-            ));
-        }
-        if set.worker && !cfg.unmap_free_pages {
-            return Err(invalid(
-                "unmap_worker",
-                if cfg.unmap_worker { "true" } else { "false" },
-                "needs unmap_free_pages:True (it places the unmaps that mode makes)",
-            ));
+        if !cfg.unmap_free_pages {
+            // The options that mean something only in that mode, in the
+            // order they are reported: key, value as set, what it does there.
+            let set_without_it = [
+                set.page.then(|| {
+                    let pages = unmap_page_value(&cfg.unmap_pages);
+                    ("unmap_page_mb", pages, "it sizes the pages that mode moves")
+                }),
+                cfg.memory_budget.map(|budget| {
+                    let (key, value) = budget.key_value();
+                    (key, value, "the budget decides when that mode unmaps pages")
+                }),
+                set.mark.then(|| {
+                    let mb = (cfg.idle_mark >> 20).to_string();
+                    ("idle_mark_mb", mb, "it dates the pages that mode unmaps")
+                }),
+                set.worker.then(|| {
+                    let on = cfg.unmap_worker.to_string();
+                    ("unmap_worker", on, "it places the unmaps that mode makes")
+                }),
+            ];
+            if let Some((key, value, why)) = set_without_it.into_iter().flatten().next() {
+                let reason = format!("needs unmap_free_pages:True ({why})");
+                return Err(invalid(key, &value, &reason));
+            }
         }
         Ok(())
     }

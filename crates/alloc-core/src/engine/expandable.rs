@@ -301,8 +301,8 @@ impl<E> GrowableSegments<E> {
         // allowance (reserved stays within the level of the peak it reaches).
         let stats = &cx.heap.ledger.stats;
         let allocated_now = stats.all_current(Quantity::AllocatedBytes).max(0) as u64;
-        let allocated_mark = stats.allocated_mark() as u64;
-        let allocated_peak = allocated_mark.max(allocated_now.saturating_add(adds));
+        let allocated_peak =
+            (stats.allocated_mark() as u64).max(allocated_now.saturating_add(adds));
         let mut deficit = ReclaimInputs {
             budget: cx.budget,
             capacity: cx.memory.capacity(),
