@@ -88,8 +88,11 @@ SETTINGS = {
     # by default).
     "ours-bound": ({}, "bound"),
     "ours-multi-stream": ({}, "multi-stream"),
-    # The same: multi-stream sets idle_mark_mb:512 (the name of its first rounds with marks).
-    "ours-multi-stream-marked": ({}, "multi-stream,idle_mark_mb:512"),
+    # multi-stream before it lent idle blocks across streams (the name of its first rounds
+    # with marks).
+    "ours-multi-stream-marked": ({}, "stream_wait_reuse:true,expandable_segments:True,"
+                                     "unmap_free_pages:true,memory_budget_over_allocated:1.03,"
+                                     "idle_mark_mb:512"),
     "ours-budget": ({}, "budget"),
 }
 FSDP_VARIANTS = ("fsdp2", "fsdp1", "fsdp1-limit")

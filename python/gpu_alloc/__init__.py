@@ -398,7 +398,7 @@ def enable(config=None, so_path=None, bridge=None):
     config: configuration string in PYTORCH_CUDA_ALLOC_CONF syntax (``policy``,
         ``max_split_size_mb``, ``roundup_power2_divisions``, ``garbage_collection_threshold``,
         ``expandable_segments``, ``stream_wait_reuse``, ``unmap_free_pages``, ``unmap_page_mb``,
-        ``unmap_worker``, ``idle_mark_mb``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``,
+        ``unmap_worker``, ``idle_mark_mb``, ``lend_idle_blocks``, ``plan_layout``, ``first_fit_mb``, ``idle_slab_limit_mb``,
         ``memory_budget_mb``, ``memory_budget_fraction``, ``memory_budget_over_allocated``,
         ``engine_per_stream`` for threads allocating on their own streams, with
         ``engine_per_thread`` for threads sharing one);

@@ -178,6 +178,14 @@ pub struct AllocatorConfig {
     /// step old, and a growth then finds most free pages of other streams
     /// busy and maps new memory instead of reusing them.
     pub idle_mark: u64,
+    /// With `unmap_free_pages`: when a large allocation would take reserved
+    /// memory past its level (the reserved peak, a memory budget), a free
+    /// block of another stream's growable segment whose pages the GPU is
+    /// known to be done with serves it instead of pages moved to the
+    /// allocating stream's segment (`lend_idle_blocks`, ours; default
+    /// false). The block goes back to its own stream's cache once an event
+    /// recorded at its free on the borrowing stream has completed.
+    pub lend_idle_blocks: bool,
     /// With expandable segments and `policy:pytorch-bfc`: learn the layout
     /// of a repeating step and place later steps' blocks as planned, so that
     /// the same addresses serve the same requests every step and, with
@@ -263,6 +271,7 @@ impl Default for AllocatorConfig {
             unmap_pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             unmap_worker: false,
             idle_mark: 0,
+            lend_idle_blocks: false,
             plan_layout: false,
             first_fit: None,
             idle_slab_limit: None,
@@ -440,6 +449,7 @@ impl AllocatorConfig {
                 set.mark = true;
                 cfg.idle_mark = p.mebibytes(&key)?;
             }
+            "lend_idle_blocks" => cfg.lend_idle_blocks = p.boolean(&key)?,
             "unmap_worker" => {
                 set.worker = true;
                 cfg.unmap_worker = p.boolean(&key)?;
@@ -578,6 +588,15 @@ impl AllocatorConfig {
                 "needs expandable_segments:True (it places blocks in a growable segment)",
             ));
         }
+        if cfg.plan_layout && cfg.lend_idle_blocks {
+            // The plan places every block of a step at its own address; a
+            // block of another stream's segment would leave the plan.
+            return Err(invalid(
+                "lend_idle_blocks",
+                "true",
+                "plan_layout places every block itself: lend_idle_blocks does not go with it",
+            ));
+        }
         if cfg.plan_layout && cfg.unmap_free_pages && !cfg.unmap_pages.is_uniform() {
             // Busy pages move only to mappings of their own size: pages of
             // several sizes leave the plan's switch short of movable memory
@@ -607,6 +626,14 @@ impl AllocatorConfig {
                 set.worker.then(|| {
                     let on = cfg.unmap_worker.to_string();
                     ("unmap_worker", on, "it places the unmaps that mode makes")
+                }),
+                cfg.lend_idle_blocks.then(|| {
+                    let on = true.to_string();
+                    (
+                        "lend_idle_blocks",
+                        on,
+                        "it lends the pages that mode knows idle",
+                    )
                 }),
             ];
             if let Some((key, value, why)) = set_without_it.into_iter().flatten().next() {

@@ -27,6 +27,7 @@ mod free_page_index;
 mod growable;
 mod growable_segments;
 mod idle_pages;
+mod lending;
 pub(crate) mod live_table;
 mod settings;
 mod sleep;
@@ -150,6 +151,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
             options.unmap_pages,
         );
         segments.set_idle_mark(options.idle_mark);
+        segments.set_lending(options.lend_idle_blocks);
         Engine {
             policy,
             memory,
@@ -199,6 +201,7 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
         self.segments
             .set_expandable(wanted.expandable_segments && self.caps.supports_growth);
         self.segments.set_idle_mark(wanted.idle_mark);
+        self.segments.set_lending(wanted.lend_idle_blocks);
         self.order.set_options(
             wanted.stream_wait_reuse,
             wanted.graph_capture_record_stream_reuse,
@@ -396,11 +399,22 @@ impl<P: Policy, M: MemoryBackend, S: StreamBackend> Engine<P, M, S> {
     fn no_cached_block(&mut self, req: Request, whole: bool) -> Result<BlockId, AllocError> {
         let req = &req;
         let block = self.grow(req)?;
-        Ok(if whole {
+        let piece = if whole {
             block
         } else {
             self.policy.carve(&mut self.heap, block, req)
-        })
+        };
+        // A block lent by another stream's segment (`lend_idle_blocks`) is
+        // used by this stream as after `record_stream`: its free records an
+        // event here before its own stream's cache takes it back.
+        let b = self.heap.block(piece);
+        if b.stream != req.key.stream {
+            let addr = b.addr;
+            let stream = req.key.stream;
+            self.order
+                .record_use(&mut self.streams, &self.heap, piece, addr, stream, false)?;
+        }
+        Ok(piece)
     }
 
     /// Maps the pages under `piece`, the block for `req`; when there is no

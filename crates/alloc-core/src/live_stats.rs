@@ -869,6 +869,7 @@ mod tests {
             pages_mapped: 4,
             stream_waits: 5,
             host_ns: 6,
+            blocks_lent: 7,
         };
         live.reset_accumulated();
         let s = live.snapshot();

@@ -205,6 +205,10 @@ pub struct PageMoves {
     pub stream_waits: u64,
     /// Host nanoseconds spent in those maps, unmaps and waits.
     pub host_ns: u64,
+    /// Free blocks of another stream's growable segment, over pages the GPU
+    /// was done with, handed to a stream whose growth would have passed the
+    /// level instead of moving pages to it (`lend_idle_blocks`).
+    pub blocks_lent: u64,
 }
 
 /// Adds another engine's counts (the device's, from its engines': see
@@ -217,12 +221,13 @@ impl std::ops::AddAssign for PageMoves {
         self.pages_mapped += other.pages_mapped;
         self.stream_waits += other.stream_waits;
         self.host_ns += other.host_ns;
+        self.blocks_lent += other.blocks_lent;
     }
 }
 
 impl PageMoves {
     /// The counters as `(name, value)` pairs, named `page_moves.<field>`.
-    pub fn named(&self) -> [(&'static str, u64); 6] {
+    pub fn named(&self) -> [(&'static str, u64); 7] {
         [
             ("page_moves.rounds", self.rounds),
             ("page_moves.pages_unmapped", self.pages_unmapped),
@@ -230,6 +235,7 @@ impl PageMoves {
             ("page_moves.pages_mapped", self.pages_mapped),
             ("page_moves.stream_waits", self.stream_waits),
             ("page_moves.host_ns", self.host_ns),
+            ("page_moves.blocks_lent", self.blocks_lent),
         ]
     }
 }

@@ -148,7 +148,8 @@ int gpualloc_reset_accumulated_stats(int device);
 /* Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key
  * names ("allocated_bytes.all.current", "reserved_bytes.all.peak", ...), plus
  * "max_split_size" and our "page_moves.*" counters (what unmap_free_pages
- * moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns)
+ * moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns,
+ *               blocks_lent)
  * and "stream_ops.*" counters (what stream ordering asked of the driver: recorded,
  * queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used.
  * With GPUALLOC_TIME_CALLS=1 also "host_calls.*": the library's own malloc and free

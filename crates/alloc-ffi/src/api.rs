@@ -316,7 +316,8 @@ pub const API: &[ApiFn] = &[
         doc: "Statistics of `device` as a JSON object with torch.cuda.memory_stats()'s flat key\n\
               names (\"allocated_bytes.all.current\", \"reserved_bytes.all.peak\", ...), plus\n\
               \"max_split_size\" and our \"page_moves.*\" counters (what unmap_free_pages\n\
-              moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns)\n\
+              moved: rounds, pages_unmapped, busy_pages_reused, pages_mapped, stream_waits, host_ns,
+              blocks_lent)\n\
               and \"stream_ops.*\" counters (what stream ordering asked of the driver: recorded,\n\
               queried, host_waits, host_wait_ns, stream_waits), all zero for a device never used.\n\
               With GPUALLOC_TIME_CALLS=1 also \"host_calls.*\": the library's own malloc and free\n\

@@ -383,3 +383,111 @@ fn marks_after_frees_let_another_stream_reuse_pages_the_gpu_is_done_with() {
         common::drain(&mut e, [pin.addr, b.addr]);
     }
 }
+
+/// The level at 1.03 with marks after every 64 MiB freed, lending or not.
+fn level_with_marks(lend: bool) -> String {
+    let lend = if lend { ",lend_idle_blocks:True" } else { "" };
+    with_budget(&format!(
+        "memory_budget_over_allocated:1.03,idle_mark_mb:64{lend}"
+    ))
+}
+
+#[test]
+fn lending_serves_another_streams_idle_block_where_it_lies_instead_of_moving_pages() {
+    // Stream 0 frees 200 MiB and its GPU work finishes; stream 1 then asks
+    // 150 MiB, which a growth would take past the level (1.03 x 220 MiB).
+    // Without lending the pages move to stream 1's segment; with it the
+    // freed block serves stream 1 where it lies: no unmap, no map, no wait,
+    // reserved memory unchanged.
+    for lend in [false, true] {
+        let config = level_with_marks(lend);
+        let mut e = engine(&config, 8 * GIB);
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.streams_mut().complete_stream(StreamId(0));
+        let reserved = e.stats().reserved_bytes.all.current;
+        let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
+        let s = e.stats();
+        assert_eq!(b.stream, StreamId(1));
+        assert_eq!(s.page_moves.stream_waits, 0, "{config}");
+        assert_eq!(e.streams().synchronizations, 0, "{config}");
+        if lend {
+            assert_eq!(s.page_moves.blocks_lent, 1, "{config}: {:?}", s.page_moves);
+            assert_eq!(s.page_moves.pages_unmapped, 0, "{config}");
+            assert_eq!(s.page_moves.pages_mapped, 0, "{config}");
+            assert_eq!(b.addr, a.addr, "the lowest idle block that fits");
+            assert_eq!(s.reserved_bytes.all.current, reserved);
+        } else {
+            assert_eq!(s.page_moves.blocks_lent, 0);
+            assert!(s.page_moves.pages_unmapped > 0, "{:?}", s.page_moves);
+        }
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, b.addr]);
+    }
+}
+
+#[test]
+fn a_lent_block_goes_home_only_once_the_borrowing_streams_work_is_done() {
+    let mut e = engine(&level_with_marks(true), 8 * GIB);
+    let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    e.free(a.addr).unwrap();
+    e.streams_mut().complete_stream(StreamId(0));
+    let b = e.malloc(200 * MIB, StreamId(1)).unwrap();
+    assert_eq!(b.addr, a.addr);
+    // Freed on stream 1, whose work on it is still queued: stream 0 must
+    // not get it back yet (no stream order joins them).
+    e.free(b.addr).unwrap();
+    let early = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    assert_ne!(
+        early.addr, b.addr,
+        "reused before stream 1 was done with it"
+    );
+    e.free(early.addr).unwrap();
+    e.assert_valid();
+    // Once stream 1's event has completed the block is stream 0's again.
+    e.streams_mut().complete_all();
+    e.process_events().unwrap();
+    let devices = e.stats().num_device_alloc;
+    let again = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    assert_eq!(e.stats().num_device_alloc, devices, "served from the cache");
+    assert_eq!(again.stream, StreamId(0));
+    e.assert_valid();
+    common::drain(&mut e, [pin.addr, again.addr]);
+}
+
+#[test]
+fn blocks_the_gpu_may_still_use_are_not_lent() {
+    // No mark has completed since the free: stream 0's kernels may still
+    // touch the block, so stream 1 does not get it.
+    let mut e = engine(&level_with_marks(true), 8 * GIB);
+    let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    e.free(a.addr).unwrap();
+    let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
+    assert_eq!(e.stats().page_moves.blocks_lent, 0);
+    assert!(b.addr < a.addr || b.addr >= a.addr + 200 * MIB);
+    e.assert_valid();
+    common::drain(&mut e, [pin.addr, b.addr]);
+}
+
+#[test]
+fn lend_idle_blocks_needs_unmap_free_pages_and_refuses_plan_layout() {
+    let e = AllocatorConfig::parse("expandable_segments:True,lend_idle_blocks:True").unwrap_err();
+    assert!(e.to_string().contains("needs unmap_free_pages:True"), "{e}");
+    let with_plan = format!("{UNMAP},plan_layout:True,lend_idle_blocks:True");
+    let e = AllocatorConfig::parse(&with_plan).unwrap_err();
+    assert!(e.to_string().contains("plan_layout"), "{e}");
+    let on = AllocatorConfig::parse(&format!("{UNMAP},lend_idle_blocks:True")).unwrap();
+    assert!(on.lend_idle_blocks);
+    assert!(
+        on.typed()
+            .unwrap()
+            .engine
+            .segments
+            .unmap()
+            .unwrap()
+            .lend_idle
+    );
+}

@@ -236,7 +236,7 @@ mod tests {
         assert_eq!(
             at,
             "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,\
-             idle_mark_mb:512,memory_budget_mb:24576"
+             idle_mark_mb:512,lend_idle_blocks:True,memory_budget_mb:24576"
         );
         let cfg = alloc_core::AllocatorConfig::parse(&at).unwrap();
         assert_eq!(

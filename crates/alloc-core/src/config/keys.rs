@@ -118,6 +118,7 @@ pub const OUR_KEYS: &[&str] = &[
     "unmap_page_mb",
     "unmap_worker",
     "idle_mark_mb",
+    "lend_idle_blocks",
     "plan_layout",
     "first_fit_mb",
     "idle_slab_limit_mb",

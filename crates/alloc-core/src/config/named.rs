@@ -71,23 +71,28 @@ pub const STREAM_WAIT: NamedSetting = NamedSetting {
 /// the bytes the program holds with fewer page moves than `stream-wait`
 /// (docs/policies.md, "A budget over the allocated peak"). Pages move
 /// rarely, so a mark every 512 MiB freed keeps the knowledge of which free
-/// pages the GPU is done with fresh (`idle_mark_mb`).
+/// pages the GPU is done with fresh (`idle_mark_mb`), and a large block
+/// whose growth would pass the level takes another stream's free block the
+/// GPU is done with where it lies instead of moving pages
+/// (`lend_idle_blocks`).
 pub const MULTI_STREAM: NamedSetting = NamedSetting {
     name: "multi-stream",
     config: "stream_wait_reuse:True,expandable_segments:True,unmap_free_pages:True,\
-             memory_budget_over_allocated:1.03,idle_mark_mb:512",
+             memory_budget_over_allocated:1.03,idle_mark_mb:512,lend_idle_blocks:True",
     cost: "as stream-wait, but pages move only once reserved memory passes 1.03x the allocated \
-           peak",
+           peak, and other streams' idle free blocks serve first",
 };
 
 /// Expandable segments whose free pages are unmapped and reused only once
 /// reserved memory reaches a budget: by default the device's memory (or
 /// PyTorch's per-process memory fraction, where set), so pages move only
-/// under pressure (docs/policies.md, "A memory budget").
+/// under pressure (docs/policies.md, "A memory budget"); there, another
+/// stream's free block the GPU is done with serves a large request before
+/// pages move (`lend_idle_blocks`).
 pub const BUDGET: NamedSetting = NamedSetting {
     name: "budget",
     config: "expandable_segments:True,unmap_free_pages:True,unmap_page_mb:16,\
-             idle_mark_mb:512,memory_budget_fraction:1",
+             idle_mark_mb:512,lend_idle_blocks:True,memory_budget_fraction:1",
     cost: "as expandable below the budget; at it, driver calls to move free 16 MiB pages",
 };
 

@@ -130,6 +130,9 @@ pub struct UnmapFreePages {
     /// Bytes freed in a growable segment after which a free records a mark
     /// on its stream (`idle_mark_mb`; 0: marks only where pages move).
     pub idle_mark: u64,
+    /// Serve a large allocation that would pass the level with another
+    /// stream's free block over idle pages (`lend_idle_blocks`).
+    pub lend_idle: bool,
     /// Below this budget the heap grows without unmapping
     /// (`memory_budget_mb`, `memory_budget_fraction`).
     pub budget: Option<MemoryBudget>,
@@ -141,6 +144,7 @@ impl Default for UnmapFreePages {
             pages: PageLayout::uniform(DEFAULT_UNMAP_PAGE),
             worker: false,
             idle_mark: 0,
+            lend_idle: false,
             budget: None,
         }
     }
@@ -381,6 +385,7 @@ impl Config {
             cfg.unmap_pages = unmap.pages;
             cfg.unmap_worker = unmap.worker;
             cfg.idle_mark = unmap.idle_mark;
+            cfg.lend_idle_blocks = unmap.lend_idle;
             cfg.memory_budget = unmap.budget;
         }
         match &self.policy {
@@ -488,6 +493,7 @@ impl AllocatorConfig {
                     pages: self.unmap_pages,
                     worker: self.unmap_worker,
                     idle_mark: self.idle_mark,
+                    lend_idle: self.lend_idle_blocks,
                     budget: self.memory_budget,
                 }),
             },

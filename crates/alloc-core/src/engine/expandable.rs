@@ -17,6 +17,7 @@ use rustc_hash::FxHashSet;
 use super::free_page_index::Visits;
 use super::growable::Growable;
 use super::growable_segments::GrowableSegments;
+use super::lending::Lending;
 use crate::backend::{DetachPages, MemoryBackend, StreamBackend, VirtualMemory};
 use crate::budget::{MemoryBudget, ReclaimInputs};
 use crate::error::{AllocError, BackendError};
@@ -162,7 +163,13 @@ impl<E> GrowableSegments<E> {
         let free_tail = tail.is_some_and(|b| cx.heap.block(b).state == BlockState::Free);
         let mapped = grown.map_or(0, |(segment, _)| cx.heap.segment(segment).size);
         let mover = (req.key.stream, pages.size_at(mapped));
-        let reused_busy = self.make_room(cx, extra, tail, mover, req.size)?;
+        let deficit = self.growth_deficit(cx, extra, req.size);
+        if deficit > 0 && self.lending.may_borrow(req) && !tagged {
+            if let Some(block) = self.lend_idle_block(cx, req)? {
+                return Ok(Some(block));
+            }
+        }
+        let reused_busy = self.make_room(cx, deficit, tail, mover)?;
         if cx.would_pass_limit(extra) {
             return Ok(None);
         }
@@ -270,51 +277,28 @@ impl<E> GrowableSegments<E> {
         Ok(())
     }
 
-    /// `unmap_free_pages`: before mapping `needed` more bytes would raise
-    /// reserved memory above its peak, unmaps whole free pages of growable
-    /// segments (held private pools and `keep` excepted), highest addresses
-    /// first, until the mapping fits under the peak or none are left. Only
-    /// peak-raising mappings pay for it, so a steady state maps and unmaps
-    /// nothing. The range the policy keeps mapped gives up its pages last,
-    /// once its growth allowance
+    /// `unmap_free_pages`: before a mapping would take reserved memory
+    /// `deficit` bytes past its level ([`GrowableSegments::growth_deficit`]),
+    /// unmaps whole free pages of growable segments (held private pools and
+    /// `keep` excepted), highest addresses first, until the mapping fits
+    /// under the level or none are left. Only mappings past the level pay
+    /// for it, so a steady state maps and unmaps nothing. The range the
+    /// policy keeps mapped gives up its pages last, once its growth allowance
     /// ([`GrowableSegments::kept_allowance`]) is spent. `mover`
     /// is the real stream and page size of the mapping to come (the size of
-    /// its first page); `adds` the bytes the allocation it serves adds to
-    /// allocated memory. Returns whether busy pages were detached for it
+    /// its first page). Returns whether busy pages were detached for it
     /// ([`GrowableSegments::unmap_free_pages`]).
     pub(super) fn make_room(
         &mut self,
         cx: &mut Lent<'_, E>,
-        needed: u64,
+        mut deficit: u64,
         keep: Option<BlockId>,
         mover: (StreamId, u64),
-        adds: u64,
     ) -> Result<bool, AllocError> {
-        if !self.recycles_pages() || cx.pools.capture_underway() {
-            return Ok(false);
-        }
-        let peak = cx.heap.ledger.stats.reserved_mark() as u64;
-        let reserved = cx.reserved_bytes();
-        // The allocated peak once this allocation is counted: a level over
-        // the allocated peak rises with an allocation that raises the peak,
-        // so the heap grows with it instead of first moving the pages of its
-        // allowance (reserved stays within the level of the peak it reaches).
-        let stats = &cx.heap.ledger.stats;
-        let allocated_now = stats.all_current(Quantity::AllocatedBytes).max(0) as u64;
-        let allocated_peak =
-            (stats.allocated_mark() as u64).max(allocated_now.saturating_add(adds));
-        let mut deficit = ReclaimInputs {
-            budget: cx.budget,
-            capacity: cx.memory.capacity(),
-            peak,
-            allocated_peak,
-            reserved,
-            limit: cx.limit,
-        }
-        .deficit(needed, || cx.memory.free_bytes());
         if deficit == 0 {
             return Ok(false);
         }
+        let peak = cx.heap.ledger.stats.reserved_mark() as u64;
         // At a budget that is a shortage the host waits for streams whose
         // free pages the GPU may still use rather than pass it; otherwise
         // it never waits.
@@ -333,6 +317,80 @@ impl<E> GrowableSegments<E> {
             self.kept_grew(deficit.min(allowance));
         }
         Ok(detached)
+    }
+
+    /// The bytes by which mapping `needed` more would take reserved memory
+    /// past its level (the reserved peak, a memory budget, a budget over
+    /// the allocated peak); `adds` is what the allocation it serves adds to
+    /// allocated memory. 0 when the mapping fits, when pages are not
+    /// recycled, and during a capture (nothing may move then).
+    fn growth_deficit(&self, cx: &Lent<'_, E>, needed: u64, adds: u64) -> u64 {
+        if !self.recycles_pages() || cx.pools.capture_underway() {
+            return 0;
+        }
+        // The allocated peak once this allocation is counted: a level over
+        // the allocated peak rises with an allocation that raises the peak,
+        // so the heap grows with it instead of first moving the pages of its
+        // allowance (reserved stays within the level of the peak it reaches).
+        let stats = &cx.heap.ledger.stats;
+        let allocated_now = stats.all_current(Quantity::AllocatedBytes).max(0) as u64;
+        let allocated_peak =
+            (stats.allocated_mark() as u64).max(allocated_now.saturating_add(adds));
+        ReclaimInputs {
+            budget: cx.budget,
+            capacity: cx.memory.capacity(),
+            peak: stats.reserved_mark() as u64,
+            allocated_peak,
+            reserved: cx.reserved_bytes(),
+            limit: cx.limit,
+        }
+        .deficit(needed, || cx.memory.free_bytes())
+    }
+
+    /// `lend_idle_blocks`: a free block of another stream's growable segment
+    /// for `req` whose pages the GPU is done with ([`Lending::best_in`]),
+    /// carved in its own stream's cache (the rest stays there) and counted;
+    /// `None` when no segment has one. The caller records the borrowing
+    /// stream's use.
+    fn lend_idle_block(
+        &mut self,
+        cx: &mut Lent<'_, E>,
+        req: &Request,
+    ) -> Result<Option<BlockId>, AllocError> {
+        let mut best: Option<(u64, u64, SegmentKey, BlockId)> = None;
+        for key in self.keys() {
+            let cache = cx.heap.segment(self[&key].segment).key();
+            if !Lending::may_lend(&key, req) || !cx.pools.releasable(cache) {
+                continue;
+            }
+            // Marks completed since the last look make more pages idle.
+            self.poll_marks(cx, &key)?;
+            let Some(id) = Lending::best_in(cx.heap, &self[&key], req) else {
+                continue;
+            };
+            let b = cx.heap.block(id);
+            if best.is_none_or(|(size, addr, _, _)| (b.size, b.addr) < (size, addr)) {
+                best = Some((b.size, b.addr, key, id));
+            }
+        }
+        let Some((_, _, key, block)) = best else {
+            return Ok(None);
+        };
+        let own = Request {
+            key: cx.heap.block(block).key(),
+            ..*req
+        };
+        cx.policy.remove_free(cx.heap, block);
+        let piece = cx.policy.carve(cx.heap, block, &own);
+        let p = cx.heap.block(piece);
+        // The policy may hand out more than the request (a rest too small
+        // to split): all of it must be idle.
+        if !Lending::lendable(&self[&key], p.addr, p.addr + p.size) {
+            cx.policy.insert_free(cx.heap, piece); // merges the rest back
+            return Ok(None);
+        }
+        cx.heap.ledger.stats.page_moves.blocks_lent += 1;
+        Ok(Some(piece))
     }
 
     /// With `unmap_free_pages`: unmaps every free page of ours (`keep`'s
@@ -844,7 +902,8 @@ impl<E> GrowableSegments<E> {
         }
         let mover = (key.0.stream, plan.first_page());
         let adds = cx.heap.block(block).size;
-        let reused_busy = self.make_room(cx, plan.bytes(), Some(block), mover, adds)?;
+        let deficit = self.growth_deficit(cx, plan.bytes(), adds);
+        let reused_busy = self.make_room(cx, deficit, Some(block), mover)?;
         for (start, bytes) in plan.runs {
             if cx.would_pass_limit(bytes) {
                 return Ok(false);

@@ -17,6 +17,7 @@ use rustc_hash::FxHashMap;
 use super::empty_segments::EmptySegments;
 use super::free_page_index::FreePageIndex;
 use super::growable::{growth, Growable, SegmentKey};
+use super::lending::Lending;
 use crate::heap::{BlockState, Heap};
 use crate::page_layout::{PageLayout, RangePages};
 use crate::policy::KeptKeys;
@@ -59,6 +60,9 @@ pub(super) struct GrowableSegments<E> {
     /// Bytes freed in a segment after which a free ends its epoch with a
     /// mark (`idle_mark_mb`); `u64::MAX` when off.
     mark_every: u64,
+    /// Whether another stream's idle free blocks serve large requests whose
+    /// growth would pass the level (`lend_idle_blocks`).
+    pub(super) lending: Lending,
 }
 
 impl<E> GrowableSegments<E> {
@@ -82,6 +86,7 @@ impl<E> GrowableSegments<E> {
             large_pages,
             kept_growth: 0,
             mark_every: u64::MAX,
+            lending: Lending::default(),
         }
     }
 
@@ -89,6 +94,12 @@ impl<E> GrowableSegments<E> {
     /// in it since the last one (`idle_mark_mb`; 0: never).
     pub(super) fn set_idle_mark(&mut self, bytes: u64) {
         self.mark_every = if bytes == 0 { u64::MAX } else { bytes };
+    }
+
+    /// Another stream's idle free blocks serve large requests whose growth
+    /// would pass the level from now on if `on` (`lend_idle_blocks`).
+    pub(super) fn set_lending(&mut self, on: bool) {
+        self.lending = Lending::new(on);
     }
 
     /// Whether segments grow.

@@ -128,6 +128,16 @@ impl<E> IdlePages<E> {
             .is_none_or(|&e| e <= self.idle_through)
     }
 
+    /// Whether the GPU is known to be done with every page `[lo, hi)`
+    /// touches (pages never freed since they were mapped included).
+    pub(super) fn is_idle_range(&self, lo: u64, hi: u64) -> bool {
+        let pages = self.pages(lo, hi);
+        let end = pages.end.min(self.freed_in.len());
+        self.freed_in
+            .get(pages.start..end)
+            .is_none_or(|epochs| epochs.iter().all(|&e| e <= self.idle_through))
+    }
+
     /// The pages of `[lo, hi)` were detached: their old mapping stays until
     /// the epoch of their last free is idle.
     pub(super) fn detached(&mut self, lo: u64, hi: u64) {
@@ -293,6 +303,24 @@ mod tests {
         p.end_epoch(7, 0);
         p.oldest_mark_done();
         assert!(p.is_idle(big) && p.is_idle(big + 3 * MIB));
+    }
+
+    #[test]
+    fn a_range_is_idle_once_every_page_it_touches_is() {
+        const MIB: u64 = 1 << 20;
+        let mut p: IdlePages<u8> = IdlePages::new(uniform(0, 2 * MIB));
+        assert!(p.is_idle_range(0, 64 * MIB), "never freed since mapped");
+        p.freed(4 * MIB, 6 * MIB, u64::MAX);
+        p.end_epoch(1, 0);
+        p.freed(10 * MIB + 1, 11 * MIB, u64::MAX); // inside the page at 10 MiB
+        assert!(!p.is_idle_range(0, 8 * MIB), "the first free's mark is out");
+        p.oldest_mark_done();
+        assert!(p.is_idle_range(0, 10 * MIB));
+        assert!(
+            !p.is_idle_range(9 * MIB, 10 * MIB + 1),
+            "touches the later free's page"
+        );
+        assert!(p.is_idle_range(12 * MIB, 200 * MIB), "past the stamps");
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub struct EngineOptions {
     /// With `unmap_free_pages`, the bytes freed in a growable segment after
     /// which a free records a mark (`idle_mark_mb`; 0: off).
     pub idle_mark: u64,
+    /// With `unmap_free_pages`, serve a large allocation that would pass
+    /// the level with another stream's free block over idle pages
+    /// (`lend_idle_blocks`).
+    pub lend_idle_blocks: bool,
     /// During a capture, reuse a block freed while other streams used it
     /// once the capture's graph orders the allocating stream after those
     /// uses (needs a stream backend that reads the graph).
@@ -67,6 +71,7 @@ impl From<&AllocatorConfig> for EngineOptions {
             unmap_pages: cfg.unmap_pages,
             unmap_worker: cfg.unmap_worker,
             idle_mark: cfg.idle_mark,
+            lend_idle_blocks: cfg.lend_idle_blocks,
             graph_capture_record_stream_reuse: cfg.graph_capture_record_stream_reuse,
             memory_budget: cfg.memory_budget,
         }
@@ -86,6 +91,7 @@ impl From<&Config> for EngineOptions {
             unmap_pages: unmap.map_or_else(|| UnmapFreePages::default().pages, |u| u.pages),
             unmap_worker: unmap.is_some_and(|u| u.worker),
             idle_mark: unmap.map_or(0, |u| u.idle_mark),
+            lend_idle_blocks: unmap.is_some_and(|u| u.lend_idle),
             graph_capture_record_stream_reuse: cfg.engine.graph_capture_record_stream_reuse,
             memory_budget: unmap.and_then(|u| u.budget),
         }
