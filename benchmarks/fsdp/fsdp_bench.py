@@ -382,7 +382,8 @@ class AllocStats:
     COUNTERS = ("stream_ops.recorded", "stream_ops.queried", "stream_ops.host_waits",
                 "stream_ops.host_wait_ns", "stream_ops.stream_waits",
                 "page_moves.rounds", "page_moves.pages_unmapped", "page_moves.pages_mapped",
-                "page_moves.stream_waits", "page_moves.host_ns", "num_sync_all_streams")
+                "page_moves.stream_waits", "page_moves.host_ns", "page_moves.blocks_lent",
+                "num_sync_all_streams")
 
     def __init__(self, torch, device, gpu_alloc=None):
         self.torch, self.device, self.gpu_alloc = torch, device, gpu_alloc

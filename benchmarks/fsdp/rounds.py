@@ -63,7 +63,8 @@ BASELINE = fsdp_bench.BASELINE_SETTING
 COUNTERS = (("stream_ops.host_waits", "host waits"), ("stream_ops.host_wait_ns", "host wait us"),
             ("stream_ops.stream_waits", "stream waits"),
             ("page_moves.pages_unmapped", "pages unmapped"),
-            ("page_moves.pages_mapped", "pages mapped"), ("page_moves.host_ns", "move us"))
+            ("page_moves.pages_mapped", "pages mapped"), ("page_moves.host_ns", "move us"),
+            ("page_moves.blocks_lent", "blocks lent"))
 
 
 def csv(text):
