@@ -491,3 +491,39 @@ fn lend_idle_blocks_needs_unmap_free_pages_and_refuses_plan_layout() {
             .lend_idle
     );
 }
+
+#[test]
+fn a_block_freed_after_the_last_mark_is_lent_once_a_mark_recorded_then_shows_it_idle() {
+    // No marks after frees: the block stream 0 freed carries no mark yet.
+    // On a GPU that has run all its work (the GPU lag 0), the mark the
+    // lending records on stream 0 completes at once and the block serves
+    // stream 1 where it lies; without lending the same mark lets its pages
+    // move instead.
+    let level = with_budget("memory_budget_over_allocated:1.03");
+    for lend in [false, true] {
+        let config = if lend {
+            format!("{level},lend_idle_blocks:True")
+        } else {
+            level.clone()
+        };
+        let streams = alloc_core::SimStreams::with_gpu_lag(0);
+        let mut e = alloc_policy::testing::engine_with(&config, 8 * GIB, streams).unwrap();
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.streams_mut().tick();
+        let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
+        let moves = e.stats().page_moves;
+        assert_eq!(moves.stream_waits, 0, "{config}");
+        if lend {
+            assert_eq!(moves.blocks_lent, 1, "{config}: {moves:?}");
+            assert_eq!((moves.pages_unmapped, moves.pages_mapped), (0, 0));
+            assert_eq!(b.addr, a.addr);
+        } else {
+            assert_eq!(moves.blocks_lent, 0);
+            assert!(moves.pages_unmapped > 0, "{moves:?}");
+        }
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, b.addr]);
+    }
+}

@@ -365,7 +365,16 @@ impl<E> GrowableSegments<E> {
             }
             // Marks completed since the last look make more pages idle.
             self.poll_marks(cx, &key)?;
-            let Some(id) = Lending::best_in(cx.heap, &self[&key], req) else {
+            let mut found = Lending::best_in(cx.heap, &self[&key], req);
+            if found.is_none() && Lending::any_fits(cx.heap, &self[&key], req) {
+                // A block that fits was freed after the last mark: one now,
+                // which a stream that has gone quiet has passed at once (as
+                // an unmap walk would record before moving its pages).
+                self.mark_epoch(cx, &key)?;
+                self.poll_marks(cx, &key)?;
+                found = Lending::best_in(cx.heap, &self[&key], req);
+            }
+            let Some(id) = found else {
                 continue;
             };
             let b = cx.heap.block(id);

@@ -68,6 +68,24 @@ impl Lending {
         best.map(|(_, _, id)| id)
     }
 
+    /// Whether a free block of `g`'s segment of at least `req.size` bytes
+    /// lies over mapped pages, idle or not.
+    pub(super) fn any_fits<E>(heap: &Heap, g: &Growable<E>, req: &Request) -> bool {
+        let mut next = Some(heap.segment(g.segment).first);
+        while let Some(id) = next {
+            let b = heap.block(id);
+            next = b.next;
+            let (lo, hi) = (b.addr, b.addr + req.size);
+            if b.state == BlockState::Free
+                && b.size >= req.size
+                && !g.unmapped.any_in(g.pages().floor(lo), hi)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Whether every page of `g` under `[lo, hi)` is mapped and known idle.
     pub(super) fn lendable<E>(g: &Growable<E>, lo: u64, hi: u64) -> bool {
         !g.unmapped.any_in(g.pages().floor(lo), hi) && g.idle.is_idle_range(lo, hi)
