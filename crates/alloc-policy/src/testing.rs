@@ -94,6 +94,21 @@ pub fn configs() -> Vec<String> {
              memory_budget_mb:64"
                 .into(),
         );
+        // Pages moved only past 1.03x the allocated peak, marks after every
+        // MiB freed, and other streams' idle free blocks lent before pages
+        // move (the `multi-stream` setting, with small pages and marks).
+        all.push(
+            "policy:pytorch-bfc,stream_wait_reuse:true,expandable_segments:true,\
+             unmap_free_pages:true,unmap_page_mb:2,memory_budget_over_allocated:1.03,\
+             idle_mark_mb:1,lend_idle_blocks:true"
+                .into(),
+        );
+        // The same lending at a memory budget.
+        all.push(
+            "policy:pytorch-bfc,expandable_segments:true,unmap_free_pages:true,unmap_page_mb:2,\
+             idle_mark_mb:1,lend_idle_blocks:true,memory_budget_mb:64"
+                .into(),
+        );
         // Reuse during captures once the graph joins the other streams.
         all.push("policy:pytorch-bfc,graph_capture_record_stream_reuse:true".into());
     }

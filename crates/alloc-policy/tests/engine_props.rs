@@ -97,7 +97,7 @@ proptest! {
     fn device_totals_of_one_engine_are_its_own_statistics(
         ops in proptest::collection::vec(op(), 1..120),
     ) {
-        for config in configs() {
+        for config in publishing_configs() {
             one_engine_totals(&config, &ops).map_err(TestCaseError::fail)?;
         }
     }
@@ -110,7 +110,7 @@ proptest! {
         a in proptest::collection::vec(op(), 1..60),
         b in proptest::collection::vec(op(), 1..60),
     ) {
-        for config in configs() {
+        for config in publishing_configs() {
             two_engine_totals(&config, [&a, &b]).map_err(TestCaseError::fail)?;
         }
     }
@@ -174,6 +174,24 @@ fn step_op() -> impl Strategy<Value = Op> {
         1 => Just(Op::ProcessEvents),
         1 => stream().prop_map(|stream| Op::Launch { stream }),
     ]
+}
+
+/// The configurations an engine that publishes to device totals may run:
+/// all but a level over the allocated peak, which only an engine alone on
+/// its device keeps (a publish starts its peaks again: `LiveStats`'
+/// `allocated_mark`), and which an engine per stream refuses with the other
+/// settings whose decisions span streams.
+fn publishing_configs() -> Vec<String> {
+    configs()
+        .into_iter()
+        .filter(|c| {
+            let parsed = alloc_core::AllocatorConfig::parse(c).expect("test configs parse");
+            !matches!(
+                parsed.memory_budget,
+                Some(alloc_core::MemoryBudget::OverAllocated(_))
+            )
+        })
+        .collect()
 }
 
 /// The `plan_layout` settings the repeated steps run under.

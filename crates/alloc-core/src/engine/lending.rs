@@ -17,7 +17,7 @@
 //! This part chooses the block; the engine carves it and records the use.
 
 use super::growable::{Growable, SegmentKey};
-use crate::heap::{BlockState, Heap};
+use crate::heap::{Block, BlockState, Heap};
 use crate::policy::Request;
 use crate::types::{BlockId, Pool};
 
@@ -52,44 +52,38 @@ impl Lending {
     /// (lowest address among equals) of at least `req.size` bytes whose
     /// first `req.size` bytes lie over mapped pages the GPU is done with.
     pub(super) fn best_in<E>(heap: &Heap, g: &Growable<E>, req: &Request) -> Option<BlockId> {
-        let mut best: Option<(u64, u64, BlockId)> = None;
-        let mut next = Some(heap.segment(g.segment).first);
-        while let Some(id) = next {
-            let b = heap.block(id);
-            next = b.next;
-            let fits = b.state == BlockState::Free && b.size >= req.size;
-            if fits
-                && best.is_none_or(|(size, addr, _)| (b.size, b.addr) < (size, addr))
-                && Self::lendable(g, b.addr, b.addr + req.size)
-            {
-                best = Some((b.size, b.addr, id));
-            }
-        }
-        best.map(|(_, _, id)| id)
+        fitting(heap, g, req)
+            .filter(|(_, b)| Self::lendable(g, b.addr, b.addr + req.size))
+            .min_by_key(|(_, b)| (b.size, b.addr))
+            .map(|(id, _)| id)
     }
 
     /// Whether a free block of `g`'s segment of at least `req.size` bytes
     /// lies over mapped pages, idle or not.
     pub(super) fn any_fits<E>(heap: &Heap, g: &Growable<E>, req: &Request) -> bool {
-        let mut next = Some(heap.segment(g.segment).first);
-        while let Some(id) = next {
-            let b = heap.block(id);
-            next = b.next;
+        fitting(heap, g, req).any(|(_, b)| {
             let (lo, hi) = (b.addr, b.addr + req.size);
-            if b.state == BlockState::Free
-                && b.size >= req.size
-                && !g.unmapped.any_in(g.pages().floor(lo), hi)
-            {
-                return true;
-            }
-        }
-        false
+            !g.unmapped.any_in(g.pages().floor(lo), hi)
+        })
     }
 
     /// Whether every page of `g` under `[lo, hi)` is mapped and known idle.
     pub(super) fn lendable<E>(g: &Growable<E>, lo: u64, hi: u64) -> bool {
         !g.unmapped.any_in(g.pages().floor(lo), hi) && g.idle.is_idle_range(lo, hi)
     }
+}
+
+/// The free blocks of `g`'s segment of at least `req.size` bytes, in
+/// address order.
+fn fitting<'a, E>(
+    heap: &'a Heap,
+    g: &Growable<E>,
+    req: &'a Request,
+) -> impl Iterator<Item = (BlockId, &'a Block)> + 'a {
+    let first = Some(heap.segment(g.segment).first);
+    std::iter::successors(first, |&id| heap.block(id).next)
+        .map(|id| (id, heap.block(id)))
+        .filter(|(_, b)| b.state == BlockState::Free && b.size >= req.size)
 }
 
 #[cfg(test)]
