@@ -389,7 +389,8 @@ struct StreamDone {
 /// [`SimStreams::complete`], [`SimStreams::complete_stream`] or
 /// [`SimStreams::complete_all`] (or a host synchronize), or, with a GPU lag
 /// ([`SimStreams::with_gpu_lag`]), once the simulated GPU has caught up with
-/// the moment it was recorded.
+/// the moment it was recorded. A stream made to wait on an event not yet
+/// complete runs no further than the wait until that event completes.
 #[derive(Debug, Clone, Default)]
 pub struct SimStreams {
     next: u64,
@@ -418,6 +419,29 @@ pub struct SimStreams {
     gpu_at: Option<u64>,
     /// CUDA graph captures on these streams.
     capture: SimCapture,
+    /// Waits on events not complete when they were made, until those are.
+    waits_pending: Vec<PendingWait>,
+    /// Per stream, the id through which [`SimStreams::complete`] and
+    /// [`SimStreams::complete_stream`] completed its events, kept after
+    /// they are released (a pending wait may name one that is gone).
+    ran_through: FxHashMap<StreamId, u64>,
+}
+
+/// A wait made on an event not yet complete: a stream runs no further than
+/// such a wait, so its events recorded after it complete only once the
+/// waited one has (a host synchronize on them completes it too), as on a
+/// GPU.
+#[derive(Debug, Clone, Copy)]
+struct PendingWait {
+    /// The stream made to wait.
+    waiter: StreamId,
+    /// The last event id when the wait was made: the waiter's later events
+    /// follow it.
+    after: u64,
+    /// The waited event's stream, id and host clock.
+    on: StreamId,
+    event: u64,
+    at: u64,
 }
 
 impl SimStreams {
@@ -453,27 +477,82 @@ impl SimStreams {
         let Some(stream) = self.events.get(&event.0).map(|e| e.stream) else {
             return;
         };
-        if let Some(d) = self.done.get_mut(&stream) {
-            d.through = d.through.max(event.0);
+        self.ran_to(stream, event.0);
+    }
+
+    /// Completes every event recorded on `stream` (the stream ran dry), up
+    /// to a wait on an event not yet complete.
+    pub fn complete_stream(&mut self, stream: StreamId) {
+        self.ran_to(stream, self.next);
+    }
+
+    /// Completes the events that event `id` of `stream` waits for, and
+    /// theirs (a host synchronize on it waits for them).
+    fn run_waited(&mut self, stream: StreamId, id: u64) {
+        let waited: Vec<PendingWait> = self
+            .waits_pending
+            .iter()
+            .copied()
+            .filter(|w| w.waiter == stream && w.after < id)
+            .collect();
+        for w in waited {
+            self.run_waited(w.on, w.event);
+            self.ran_to(w.on, w.event);
         }
     }
 
-    /// Completes every event recorded on `stream` (the stream ran dry).
-    pub fn complete_stream(&mut self, stream: StreamId) {
+    /// `stream` ran through event `id`.
+    fn ran_to(&mut self, stream: StreamId, id: u64) {
         if let Some(d) = self.done.get_mut(&stream) {
-            d.through = self.next;
+            d.through = d.through.max(id);
         }
+        let ran = self.ran_through.entry(stream).or_default();
+        *ran = (*ran).max(id);
+        let gpu_at = self.gpu_at;
+        let pending = std::mem::take(&mut self.waits_pending);
+        self.waits_pending = pending
+            .iter()
+            .copied()
+            .filter(|w| !self.wait_done(w, &pending, gpu_at))
+            .collect();
+    }
+
+    /// Whether the event `w` waits on is complete (by the calls above, or
+    /// the GPU lag), its own stream's earlier pending waits included.
+    fn wait_done(&self, w: &PendingWait, pending: &[PendingWait], gpu_at: Option<u64>) -> bool {
+        let by_lag = gpu_at.is_some_and(|g| w.at <= g);
+        let ran = w.event <= self.all_through
+            || self.ran_through.get(&w.on).is_some_and(|&r| w.event <= r);
+        by_lag || (ran && self.waits_done(w.on, w.event, pending, gpu_at))
+    }
+
+    /// Whether every pending wait that event `id` of `stream` follows is
+    /// done.
+    fn waits_done(
+        &self,
+        stream: StreamId,
+        id: u64,
+        pending: &[PendingWait],
+        gpu_at: Option<u64>,
+    ) -> bool {
+        pending
+            .iter()
+            .filter(|w| w.waiter == stream && w.after < id)
+            .all(|w| self.wait_done(w, pending, gpu_at))
     }
 
     /// Completes every event.
     pub fn complete_all(&mut self) {
         self.all_through = self.next;
+        self.waits_pending.clear();
     }
 
     /// Whether the event `id` (of `e`) was completed by the calls above or
     /// a host synchronize (the GPU lag aside).
     fn completed(&self, id: u64, e: &SimEventState) -> bool {
-        id <= self.all_through || self.done.get(&e.stream).is_some_and(|d| id <= d.through)
+        let ran = self.done.get(&e.stream).is_some_and(|d| id <= d.through);
+        id <= self.all_through
+            || (ran && self.waits_done(e.stream, id, &self.waits_pending, self.gpu_at))
     }
 
     /// Pending (recorded, not complete, not released) events.
@@ -518,6 +597,10 @@ impl StreamBackend for SimStreams {
 
     fn synchronize(&mut self, event: &SimEvent) -> Result<(), BackendError> {
         self.synchronizations += 1;
+        // The host waits for what the event's work waited for as well.
+        if let Some(stream) = self.events.get(&event.0).map(|e| e.stream) {
+            self.run_waited(stream, event.0);
+        }
         self.complete(*event);
         if self.lag.is_some() {
             if let Some(e) = self.events.get(&event.0) {
@@ -533,6 +616,16 @@ impl StreamBackend for SimStreams {
                 BackendError::Other(format!("wait on released event {}", event.0))
             })?;
         self.waits.push((stream, *event, recorded_on));
+        let state = self.events[&event.0].clone();
+        if !self.completed(event.0, &state) && !self.gpu_at.is_some_and(|g| state.at <= g) {
+            self.waits_pending.push(PendingWait {
+                waiter: stream,
+                after: self.next,
+                on: recorded_on,
+                event: event.0,
+                at: state.at,
+            });
+        }
         Ok(())
     }
 
@@ -557,6 +650,33 @@ impl StreamBackend for SimStreams {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stream_runs_no_further_than_a_wait_on_work_not_done() {
+        let (a, b) = (StreamId(1), StreamId(2));
+        let mut s = SimStreams::new();
+        let on_b = s.record(b).unwrap();
+        let before = s.record(a).unwrap();
+        s.make_stream_wait(a, &on_b).unwrap();
+        s.release(on_b); // the wait outlives the event, as the engine's do
+        let after = s.record(a).unwrap();
+        s.complete_stream(a);
+        assert!(s.is_complete(&before).unwrap(), "queued before the wait");
+        assert!(!s.is_complete(&after).unwrap(), "b has not run its work");
+        s.complete_stream(b);
+        assert!(s.is_complete(&after).unwrap());
+        // A host synchronize on the later event waits for the waited one.
+        let on_b = s.record(b).unwrap();
+        s.make_stream_wait(a, &on_b).unwrap();
+        let later = s.record(a).unwrap();
+        s.synchronize(&later).unwrap();
+        assert!(s.is_complete(&on_b).unwrap() && s.is_complete(&later).unwrap());
+        // A wait on work already done holds nothing back.
+        s.make_stream_wait(a, &on_b).unwrap();
+        let last = s.record(a).unwrap();
+        s.complete_stream(a);
+        assert!(s.is_complete(&last).unwrap());
+    }
 
     #[test]
     fn memory_respects_capacity_and_checks_frees() {

@@ -11,7 +11,9 @@
 //! in order, so a marker completes once the work queued before the free is
 //! done): the engine's own events are not consulted. A block may be reused
 //! earlier only on a stream the engine made wait for an event recorded on
-//! the using stream after the marker.
+//! the using stream after the marker, or on the using stream itself (a
+//! block another stream's segment lends it, `lend_idle_blocks`), whose new
+//! work is queued after its old.
 //!
 //! During a CUDA graph capture, a block freed while other streams used it
 //! may be handed out again only if every use was recorded by a stream
@@ -136,10 +138,13 @@ impl Shadow {
             .filter(|r| r.start < end && start < r.end)
         {
             for &(stream, marker) in &r.markers {
+                // The using stream's own new work is queued after its old
+                // (a block lent back to a stream that used it before).
+                let own = stream == a.stream;
                 let waited = waits.iter().any(|&(waiter, ev, on)| {
                     waiter == a.stream && on == stream && ev.id() > marker.id()
                 });
-                if !waited {
+                if !own && !waited {
                     return Err(format!(
                         "block {start:#x}+{} on stream {} reuses {:#x}..{:#x} while stream \
                          {stream} may still use it",
