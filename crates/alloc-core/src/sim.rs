@@ -617,7 +617,7 @@ impl StreamBackend for SimStreams {
             })?;
         self.waits.push((stream, *event, recorded_on));
         let state = self.events[&event.0].clone();
-        if !self.completed(event.0, &state) && !self.gpu_at.is_some_and(|g| state.at <= g) {
+        if !self.completed(event.0, &state) && self.gpu_at.is_none_or(|g| state.at > g) {
             self.waits_pending.push(PendingWait {
                 waiter: stream,
                 after: self.next,
