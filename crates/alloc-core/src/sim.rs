@@ -508,37 +508,35 @@ impl SimStreams {
         }
         let ran = self.ran_through.entry(stream).or_default();
         *ran = (*ran).max(id);
-        let gpu_at = self.gpu_at;
         let pending = std::mem::take(&mut self.waits_pending);
         self.waits_pending = pending
             .iter()
             .copied()
-            .filter(|w| !self.wait_done(w, &pending, gpu_at))
+            .filter(|w| !self.wait_done(w, &pending))
             .collect();
     }
 
     /// Whether the event `w` waits on is complete (by the calls above, or
     /// the GPU lag), its own stream's earlier pending waits included.
-    fn wait_done(&self, w: &PendingWait, pending: &[PendingWait], gpu_at: Option<u64>) -> bool {
-        let by_lag = gpu_at.is_some_and(|g| w.at <= g);
+    fn wait_done(&self, w: &PendingWait, pending: &[PendingWait]) -> bool {
         let ran = w.event <= self.all_through
             || self.ran_through.get(&w.on).is_some_and(|&r| w.event <= r);
-        by_lag || (ran && self.waits_done(w.on, w.event, pending, gpu_at))
+        self.gpu_passed(w.at) || (ran && self.waits_done(w.on, w.event, pending))
     }
 
     /// Whether every pending wait that event `id` of `stream` follows is
     /// done.
-    fn waits_done(
-        &self,
-        stream: StreamId,
-        id: u64,
-        pending: &[PendingWait],
-        gpu_at: Option<u64>,
-    ) -> bool {
+    fn waits_done(&self, stream: StreamId, id: u64, pending: &[PendingWait]) -> bool {
         pending
             .iter()
             .filter(|w| w.waiter == stream && w.after < id)
-            .all(|w| self.wait_done(w, pending, gpu_at))
+            .all(|w| self.wait_done(w, pending))
+    }
+
+    /// With a GPU lag: whether the simulated GPU has run the work queued
+    /// up to host clock `at`.
+    fn gpu_passed(&self, at: u64) -> bool {
+        self.gpu_at.is_some_and(|g| at <= g)
     }
 
     /// Completes every event.
@@ -551,8 +549,7 @@ impl SimStreams {
     /// a host synchronize (the GPU lag aside).
     fn completed(&self, id: u64, e: &SimEventState) -> bool {
         let ran = self.done.get(&e.stream).is_some_and(|d| id <= d.through);
-        id <= self.all_through
-            || (ran && self.waits_done(e.stream, id, &self.waits_pending, self.gpu_at))
+        id <= self.all_through || (ran && self.waits_done(e.stream, id, &self.waits_pending))
     }
 
     /// Pending (recorded, not complete, not released) events.
@@ -588,10 +585,9 @@ impl StreamBackend for SimStreams {
     }
 
     fn is_complete(&mut self, event: &SimEvent) -> Result<bool, BackendError> {
-        let gpu_at = self.gpu_at;
         self.events
             .get(&event.0)
-            .map(|e| self.completed(event.0, e) || gpu_at.is_some_and(|g| e.at <= g))
+            .map(|e| self.completed(event.0, e) || self.gpu_passed(e.at))
             .ok_or_else(|| BackendError::Other(format!("query of released event {}", event.0)))
     }
 
@@ -611,19 +607,19 @@ impl StreamBackend for SimStreams {
     }
 
     fn make_stream_wait(&mut self, stream: StreamId, event: &SimEvent) -> Result<(), BackendError> {
-        let recorded_on =
-            self.events.get(&event.0).map(|e| e.stream).ok_or_else(|| {
-                BackendError::Other(format!("wait on released event {}", event.0))
-            })?;
+        let (recorded_on, at) = self
+            .events
+            .get(&event.0)
+            .map(|e| (e.stream, e.at))
+            .ok_or_else(|| BackendError::Other(format!("wait on released event {}", event.0)))?;
         self.waits.push((stream, *event, recorded_on));
-        let state = self.events[&event.0].clone();
-        if !self.completed(event.0, &state) && self.gpu_at.is_none_or(|g| state.at > g) {
+        if !self.is_complete(event)? {
             self.waits_pending.push(PendingWait {
                 waiter: stream,
                 after: self.next,
                 on: recorded_on,
                 event: event.0,
-                at: state.at,
+                at,
             });
         }
         Ok(())

@@ -394,7 +394,7 @@ impl<E> GrowableSegments<E> {
         let p = cx.heap.block(piece);
         // The policy may hand out more than the request (a rest too small
         // to split): all of it must be idle.
-        if !Lending::lendable(&self[&key], p.addr, p.addr + p.size) {
+        if !Lending::lendable(&self[&key], p.addr, p.size) {
             cx.policy.insert_free(cx.heap, piece); // merges the rest back
             return Ok(None);
         }

@@ -91,6 +91,12 @@ impl<E> Growable<E> {
         (self.pages.floor(addr), self.pages.ceil(addr + size))
     }
 
+    /// Whether every page that `[addr, addr + size)` touches is mapped.
+    pub(super) fn is_mapped(&self, addr: u64, size: u64) -> bool {
+        let (lo, hi) = self.covering(addr, size);
+        !self.unmapped.any_in(lo, hi)
+    }
+
     /// Runs `(start, bytes)` of the mapped pages of `[lo, hi)`.
     pub(super) fn mapped_runs(&self, lo: u64, hi: u64) -> Vec<(u64, u64)> {
         self.unmapped.gaps_in(lo, hi, &self.pages)

@@ -53,7 +53,7 @@ impl Lending {
     /// first `req.size` bytes lie over mapped pages the GPU is done with.
     pub(super) fn best_in<E>(heap: &Heap, g: &Growable<E>, req: &Request) -> Option<BlockId> {
         fitting(heap, g, req)
-            .filter(|(_, b)| Self::lendable(g, b.addr, b.addr + req.size))
+            .filter(|(_, b)| Self::lendable(g, b.addr, req.size))
             .min_by_key(|(_, b)| (b.size, b.addr))
             .map(|(id, _)| id)
     }
@@ -61,15 +61,13 @@ impl Lending {
     /// Whether a free block of `g`'s segment of at least `req.size` bytes
     /// lies over mapped pages, idle or not.
     pub(super) fn any_fits<E>(heap: &Heap, g: &Growable<E>, req: &Request) -> bool {
-        fitting(heap, g, req).any(|(_, b)| {
-            let (lo, hi) = (b.addr, b.addr + req.size);
-            !g.unmapped.any_in(g.pages().floor(lo), hi)
-        })
+        fitting(heap, g, req).any(|(_, b)| g.is_mapped(b.addr, req.size))
     }
 
-    /// Whether every page of `g` under `[lo, hi)` is mapped and known idle.
-    pub(super) fn lendable<E>(g: &Growable<E>, lo: u64, hi: u64) -> bool {
-        !g.unmapped.any_in(g.pages().floor(lo), hi) && g.idle.is_idle_range(lo, hi)
+    /// Whether every page of `g` under `[addr, addr + size)` is mapped and
+    /// known idle.
+    pub(super) fn lendable<E>(g: &Growable<E>, addr: u64, size: u64) -> bool {
+        g.is_mapped(addr, size) && g.idle.is_idle_range(addr, addr + size)
     }
 }
 
