@@ -7,7 +7,7 @@
 
 mod common;
 
-use alloc_core::{AllocatorConfig, StreamId, GIB, MIB};
+use alloc_core::{Allocation, AllocatorConfig, StreamId, GIB, MIB};
 use common::{engine, SimEngine};
 
 /// `unmap_free_pages` with 2 MiB pages, to which a budget is added.
@@ -337,6 +337,15 @@ fn an_allocation_that_raises_the_allocated_peak_raises_the_level_with_it() {
     }
 }
 
+/// Stream 0 holds 20 MiB and frees a 200 MiB block after it: the pinned
+/// block and the freed one.
+fn stream_zero_frees_200_mib(e: &mut SimEngine) -> (Allocation, Allocation) {
+    let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+    e.free(a.addr).unwrap();
+    (pin, a)
+}
+
 #[test]
 fn marks_after_frees_let_another_stream_reuse_pages_the_gpu_is_done_with() {
     // Stream 0 frees 200 MiB and its GPU work finishes; stream 1 then asks
@@ -358,9 +367,7 @@ fn marks_after_frees_let_another_stream_reuse_pages_the_gpu_is_done_with() {
             e.reconfigure(&AllocatorConfig::parse(&config).unwrap())
                 .unwrap();
         }
-        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
-        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
-        e.free(a.addr).unwrap();
+        let (pin, _) = stream_zero_frees_200_mib(&mut e);
         e.streams_mut().complete_stream(StreamId(0));
         let b = e.malloc(210 * MIB, StreamId(1)).unwrap();
         let s = e.stats();
@@ -402,9 +409,7 @@ fn lending_serves_another_streams_idle_block_where_it_lies_instead_of_moving_pag
     for lend in [false, true] {
         let config = level_with_marks(lend);
         let mut e = engine(&config, 8 * GIB);
-        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
-        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
-        e.free(a.addr).unwrap();
+        let (pin, a) = stream_zero_frees_200_mib(&mut e);
         e.streams_mut().complete_stream(StreamId(0));
         let reserved = e.stats().reserved_bytes.all.current;
         let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
@@ -430,9 +435,7 @@ fn lending_serves_another_streams_idle_block_where_it_lies_instead_of_moving_pag
 #[test]
 fn a_lent_block_goes_home_only_once_the_borrowing_streams_work_is_done() {
     let mut e = engine(&level_with_marks(true), 8 * GIB);
-    let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
-    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
-    e.free(a.addr).unwrap();
+    let (pin, a) = stream_zero_frees_200_mib(&mut e);
     e.streams_mut().complete_stream(StreamId(0));
     let b = e.malloc(200 * MIB, StreamId(1)).unwrap();
     assert_eq!(b.addr, a.addr);
@@ -462,9 +465,7 @@ fn blocks_the_gpu_may_still_use_are_not_lent() {
     // No mark has completed since the free: stream 0's kernels may still
     // touch the block, so stream 1 does not get it.
     let mut e = engine(&level_with_marks(true), 8 * GIB);
-    let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
-    let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
-    e.free(a.addr).unwrap();
+    let (pin, a) = stream_zero_frees_200_mib(&mut e);
     let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
     assert_eq!(e.stats().page_moves.blocks_lent, 0);
     assert!(b.addr < a.addr || b.addr >= a.addr + 200 * MIB);
@@ -508,9 +509,7 @@ fn a_block_freed_after_the_last_mark_is_lent_once_a_mark_recorded_then_shows_it_
         };
         let streams = alloc_core::SimStreams::with_gpu_lag(0);
         let mut e = alloc_policy::testing::engine_with(&config, 8 * GIB, streams).unwrap();
-        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
-        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
-        e.free(a.addr).unwrap();
+        let (pin, a) = stream_zero_frees_200_mib(&mut e);
         e.streams_mut().tick();
         let b = e.malloc(150 * MIB, StreamId(1)).unwrap();
         let moves = e.stats().page_moves;
