@@ -251,12 +251,18 @@ pub(crate) struct LiveStats {
     /// Whether `active` and `active_bytes` are updated themselves; when
     /// not, they follow `allocation` and `allocated_bytes`.
     apart: bool,
-    /// The most bytes reserved (both pools) since creation or the last
-    /// [`LiveStats::reset_peaks`]: what `unmap_free_pages` measures a new
-    /// mapping against. The statistics' own peak of reserved bytes is that
-    /// too, until an engine sharing its device hands its peaks over
-    /// ([`LiveStats::publish_to`]); this one stays.
+    /// The most bytes reserved (both pools) since creation: what
+    /// `unmap_free_pages` measures a new mapping against. The statistics'
+    /// own peak of reserved bytes is that too, until the program resets the
+    /// peaks (`reset_peak_memory_stats`) or an engine sharing its device
+    /// hands its peaks over ([`LiveStats::publish_to`]); this one stays, so
+    /// that the pages the allocator moves do not depend on when a program
+    /// reads its peaks.
     reserved_mark: i64,
+    /// The allocated peak (both pools) before the last
+    /// [`LiveStats::reset_peaks`]: [`LiveStats::allocated_mark`] is the
+    /// higher of it and the statistics' own peak since.
+    allocated_mark_before_reset: i64,
     /// What [`LiveStats::publish_to`] last published.
     published: Levels,
     /// The allocated totals of `allocation` and `allocated_bytes` when
@@ -358,21 +364,25 @@ impl LiveStats {
         self.reserved_mark = self.reserved_mark.max(all);
     }
 
-    /// The most bytes reserved since creation or the last reset of peaks,
-    /// whether or not the peaks were handed to device totals.
+    /// The most bytes reserved since creation, whatever peaks were reset
+    /// or handed to device totals since.
     #[inline]
     pub(crate) fn reserved_mark(&self) -> i64 {
         self.reserved_mark
     }
 
-    /// The most bytes allocated (both pools) since creation or the last
-    /// [`LiveStats::reset_peaks`]: what `memory_budget_over_allocated`
-    /// scales. Only an engine alone on its device keeps it (one that
-    /// publishes starts its peaks again at every publish), and only such an
-    /// engine moves pages.
+    /// The most bytes allocated (both pools) since creation: what
+    /// `memory_budget_over_allocated` scales, whatever peaks the program
+    /// reset since (a training loop that resets them every step to log
+    /// the step's peak would otherwise lower the level to that step's
+    /// start, and every growth past it would move pages). Only an engine
+    /// alone on its device keeps it (one that publishes starts its peaks
+    /// again at every publish), and only such an engine moves pages.
     #[inline]
     pub(crate) fn allocated_mark(&self) -> i64 {
-        self.counters.peaks[Quantity::AllocatedBytes as usize].all_peak
+        self.counters.peaks[Quantity::AllocatedBytes as usize]
+            .all_peak
+            .max(self.allocated_mark_before_reset)
     }
 
     /// The present value of both pools of `q` together.
@@ -576,9 +586,11 @@ impl LiveStats {
     }
 
     /// Makes every peak equal to its current value (`reset_peak_memory_stats`).
+    /// The marks that decide page moves ([`LiveStats::reserved_mark`],
+    /// [`LiveStats::allocated_mark`]) keep their values.
     pub(crate) fn reset_peaks(&mut self) {
+        self.allocated_mark_before_reset = self.allocated_mark();
         self.reset_counters(Counter::reset_peak);
-        self.reserved_mark = self.all_current(Quantity::ReservedBytes);
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
     }
@@ -817,6 +829,21 @@ mod tests {
         ]
         .map(|a| a.large_pool.current);
         assert_eq!(seen, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    }
+
+    #[test]
+    fn the_marks_that_decide_page_moves_outlive_a_reset_of_the_peaks() {
+        let mut live = LiveStats::default();
+        live.reserve(Pool::Large, 100);
+        live.allocated_bytes().increase(Pool::Large, 80);
+        live.allocated_bytes().decrease(Pool::Large, 60);
+        live.reset_peaks();
+        let s = live.snapshot();
+        assert_eq!(s.allocated_bytes.all.peak, 20);
+        assert_eq!((live.allocated_mark(), live.reserved_mark()), (80, 100));
+        // A new high after the reset raises the mark past the old one.
+        live.allocated_bytes().increase(Pool::Large, 70);
+        assert_eq!(live.allocated_mark(), 90);
     }
 
     #[test]

@@ -337,6 +337,70 @@ fn an_allocation_that_raises_the_allocated_peak_raises_the_level_with_it() {
     }
 }
 
+#[test]
+fn resetting_the_peaks_leaves_the_level_and_the_peak_rule_where_they_were() {
+    // Stream 0 holds 20 MiB behind a freed 100 MiB block whose GPU work is
+    // done (allocated peak 120 MiB, reserved 120 MiB); the program resets
+    // the statistics' peaks, as a loop that logs each step's peak does;
+    // stream 1 then asks 30 MiB. Under the level (1.5 x 120 MiB) the heap
+    // grows by it with no page moved, reset or not: the level scales the
+    // most ever allocated, not the peak since the reset (which would put it
+    // at 75 MiB and move 15 of stream 0's idle pages).
+    let level = with_budget("memory_budget_over_allocated:1.5,idle_mark_mb:64");
+    for reset in [false, true] {
+        let mut e = engine(&level, 8 * GIB);
+        let a = e.malloc(100 * MIB, StreamId(0)).unwrap();
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.streams_mut().complete_stream(StreamId(0));
+        if reset {
+            e.reset_peak_stats();
+            assert_eq!(e.stats().allocated_bytes.all.peak as u64, 20 * MIB);
+        }
+        let b = e.malloc(30 * MIB, StreamId(1)).unwrap();
+        let s = e.stats();
+        assert_eq!(
+            s.page_moves.pages_unmapped, 0,
+            "reset {reset}: {:?}",
+            s.page_moves
+        );
+        assert!(
+            s.reserved_bytes.all.current as u64 >= 150 * MIB,
+            "reset {reset}"
+        );
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, b.addr]);
+    }
+    // The peak rule (no budget): after `empty_cache` and a reset, memory
+    // grows back to the reserved peak of before (220 MiB) without moving
+    // pages, as it does without the reset.
+    for reset in [false, true] {
+        let mut e = engine(UNMAP, 8 * GIB);
+        let a = e.malloc(200 * MIB, StreamId(0)).unwrap();
+        let pin = e.malloc(20 * MIB, StreamId(0)).unwrap();
+        e.free(a.addr).unwrap();
+        e.streams_mut().complete_stream(StreamId(0));
+        e.empty_cache().unwrap();
+        if reset {
+            e.reset_peak_stats();
+        }
+        let b = e.malloc(40 * MIB, StreamId(0)).unwrap();
+        let c = e.malloc(40 * MIB, StreamId(0)).unwrap();
+        e.free(b.addr).unwrap();
+        e.streams_mut().complete_stream(StreamId(0));
+        let moved = e.stats().page_moves.pages_unmapped;
+        let d = e.malloc(50 * MIB, StreamId(0)).unwrap();
+        let s = e.stats();
+        assert_eq!(
+            s.page_moves.pages_unmapped, moved,
+            "reset {reset}: {:?}",
+            s.page_moves
+        );
+        e.assert_valid();
+        common::drain(&mut e, [pin.addr, c.addr, d.addr]);
+    }
+}
+
 /// Stream 0 holds 20 MiB and frees a 200 MiB block after it: the pinned
 /// block and the freed one.
 fn stream_zero_frees_200_mib(e: &mut SimEngine) -> (Allocation, Allocation) {
