@@ -22,7 +22,8 @@ const USAGE: &str = "usage: cargo xtask <command> [args]
 
 commands:
   replay [--all] [--json FILE] [--policy P]... [--plot FILE.svg] [--capacity-gib N]
-         [--fraction F] [--runs N] [--gpu-lag EVENTS] [--device N] [TRACE]...
+         [--fraction F] [--runs N] [--gpu-lag EVENTS] [--reset-peaks-every ALLOCS]
+         [--device N] [TRACE]...
       Which setting for each trace (default: the bundled traces/ and ../shared/traces;
       text .trace[.gz] or PyTorch snapshot pickles): PyTorch's default and expandable
       segments against ours, replayed on the simulated device; prints a summary with
@@ -37,7 +38,9 @@ commands:
       repetitions for the host ns/op (default 3 for the full table, 0 otherwise);
       --capacity-gib N: the simulated device's memory in GiB, decimals allowed
       (printed first); --fraction F: PyTorch's per-process memory fraction, in
-      [0, 1] (reserved memory limited to F of the device, as budget.py's budgets).
+      [0, 1] (reserved memory limited to F of the device, as budget.py's budgets);
+      --reset-peaks-every N: reset_peak_memory_stats after every N allocations, as
+      a loop that logs each step's peak does (N: a step's allocations).
   advise SNAPSHOT [--device N] [--json FILE] [--capacity-gib N] [--budget BYTES|NMiB|NGiB]
       Which setting for one workload: replays a torch.cuda.memory._dump_snapshot()
       pickle (or a trace file) under each setting and prints the recommendation,

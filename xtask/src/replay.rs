@@ -78,6 +78,14 @@ pub fn parse(args: &[String]) -> Result<Args, String> {
             Long("gpu-lag") => {
                 out.opts.gpu_lag = Some(p.value().map_err(text)?.parse().map_err(text)?);
             }
+            Long("reset-peaks-every") => {
+                let value = p.value().map_err(text)?;
+                let text = value.to_string_lossy();
+                let every = text.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("--reset-peaks-every {text:?}: expected a number of allocations above 0")
+                })?;
+                out.opts.reset_peaks_every = Some(every);
+            }
             Value(path) => out.traces.push(path.into()),
             other => return Err(other.unexpected().to_string()),
         }

@@ -13,12 +13,14 @@
 #![forbid(unsafe_code)]
 
 pub mod advise;
+pub mod peak_resets;
 pub mod replay;
 pub mod settings;
 pub mod steps;
 pub mod trace;
 
 pub use advise::{advise, advise_at, parse_budget, Advice, Outcome};
+pub use peak_resets::{PeakResets, Peaks};
 pub use replay::{
     device_for, replay, sim_engine, ReplayError, ReplayOptions, ReplayReport, ReplayRun,
 };

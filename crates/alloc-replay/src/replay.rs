@@ -11,6 +11,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::peak_resets::{PeakResets, Peaks};
 use crate::trace::{Trace, TraceEvent};
 
 /// Capacity of the simulated device: an H100 80GB as PyTorch sees it.
@@ -120,6 +121,11 @@ pub struct ReplayOptions {
     /// in `[0, 1]`: reserved memory is limited to this share of the device,
     /// and a budget (the `budget` setting) reclaims at it.
     pub memory_fraction: Option<f64>,
+    /// Resets the statistics' peaks (`reset_peak_memory_stats`) after every
+    /// this many allocations, as a loop that logs each step's peak does
+    /// ([`PeakResets`]); `None` or 0: never. The report's peaks stay the
+    /// trace's.
+    pub reset_peaks_every: Option<u64>,
 }
 
 impl Default for ReplayOptions {
@@ -129,6 +135,7 @@ impl Default for ReplayOptions {
             timed_runs: 3,
             gpu_lag: None,
             memory_fraction: None,
+            reset_peaks_every: None,
         }
     }
 }
@@ -172,7 +179,7 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
     let mut timeline = Vec::new();
     // Found once, outside the timed passes.
     let completions = late_completions(trace);
-    let engine = run_events(trace, &completions, config, opts, Some(&mut timeline))?;
+    let (engine, resets) = run_events(trace, &completions, config, opts, Some(&mut timeline))?;
     let mut best = f64::INFINITY;
     for _ in 0..opts.timed_runs {
         let start = Instant::now();
@@ -183,8 +190,9 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
     }
     let s = engine.stats();
     let ops = trace.events.len() as u64;
-    let peak_requested = s.requested_bytes.all.peak as u64;
-    let peak_reserved = s.reserved_bytes.all.peak as u64;
+    let peaks = resets.map_or_else(|| Peaks::of(&s), |r| r.peaks(&s));
+    let peak_requested = peaks.requested;
+    let peak_reserved = peaks.reserved;
     let policy = if config.is_empty() || config == format!("policy:{}", engine.policy().name()) {
         engine.policy().name().to_string()
     } else {
@@ -196,7 +204,7 @@ pub fn replay(trace: &Trace, config: &str, opts: &ReplayOptions) -> Result<Repla
             policy,
             ops,
             peak_requested_bytes: peak_requested,
-            peak_allocated_bytes: s.allocated_bytes.all.peak as u64,
+            peak_allocated_bytes: peaks.allocated,
             peak_reserved_bytes: peak_reserved,
             reserved_over_requested: peak_reserved as f64 / peak_requested.max(1) as f64,
             device_allocs: s.num_device_alloc,
@@ -304,14 +312,16 @@ impl<'a> AwaitingFrees<'a> {
 
 /// Runs every event through a fresh engine. Frees of ids never allocated
 /// (made before recording began) are skipped; an allocation that runs out of
-/// memory is counted and its later free skipped.
+/// memory is counted and its later free skipped. With
+/// [`ReplayOptions::reset_peaks_every`], also the resets, returned with the
+/// peaks they hid.
 fn run_events(
     trace: &Trace,
     completions: &FxHashMap<usize, usize>,
     config: &str,
     opts: &ReplayOptions,
     mut timeline: Option<&mut Vec<(u64, u64, u64)>>,
-) -> Result<SimEngine, ReplayError> {
+) -> Result<(SimEngine, Option<PeakResets>), ReplayError> {
     let streams = opts
         .gpu_lag
         .map_or_else(SimStreams::new, SimStreams::with_gpu_lag);
@@ -330,17 +340,24 @@ fn run_events(
     live.reserve(1024);
     let mut awaiting = AwaitingFrees::new(completions);
     let mut last = (0, 0);
+    let mut resets = opts.reset_peaks_every.and_then(PeakResets::every);
     for (index, event) in trace.events.iter().enumerate() {
         let result = match *event {
             TraceEvent::Alloc { id, size, stream } => {
-                match engine.malloc(size.max(1), StreamId(stream)) {
+                let result = match engine.malloc(size.max(1), StreamId(stream)) {
                     Ok(a) => {
                         live.insert(id, a.addr);
                         Ok(())
                     }
                     Err(AllocError::OutOfMemory(_)) => Ok(()),
                     Err(e) => Err(e),
+                };
+                if let Some(r) = resets.as_mut() {
+                    if r.after_allocation(|| engine.stats()) {
+                        engine.reset_peak_stats();
+                    }
                 }
+                result
             }
             TraceEvent::Free { id, .. } => match live.remove(&id) {
                 Some(addr) => awaiting
@@ -370,5 +387,5 @@ fn run_events(
             }
         }
     }
-    Ok(engine)
+    Ok((engine, resets))
 }
