@@ -76,11 +76,6 @@ impl PeakResets {
     pub fn peaks(&self, stats: &Stats) -> Peaks {
         self.before.max(Peaks::of(stats))
     }
-
-    /// Resets made so far.
-    pub fn resets(&self) -> u64 {
-        self.allocations / self.every
-    }
 }
 
 #[cfg(test)]
@@ -103,7 +98,6 @@ mod tests {
             .map(|_| r.after_allocation(|| stats(0, 0, 0)))
             .collect();
         assert_eq!(due, [false, false, true, false, false, true, false]);
-        assert_eq!(r.resets(), 2);
     }
 
     #[test]

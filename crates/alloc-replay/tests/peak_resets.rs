@@ -38,23 +38,16 @@ fn resets_of_the_peaks_change_neither_the_page_moves_nor_the_reported_peaks() {
     assert_eq!(plain.pages_moved, 0, "{plain:?}");
     assert_eq!(plain.peak_allocated_bytes, 120 * MIB);
     // A reset after every allocation, and after the third of each four.
+    let figures = |r: &ReplayReport| {
+        (
+            r.pages_moved,
+            r.peak_allocated_bytes,
+            r.peak_reserved_bytes,
+            r.peak_requested_bytes,
+        )
+    };
     for every in [1, 3] {
         let reset = run(Some(every));
-        assert_eq!(
-            reset.pages_moved, plain.pages_moved,
-            "every {every}: {reset:?}"
-        );
-        assert_eq!(
-            reset.peak_allocated_bytes, plain.peak_allocated_bytes,
-            "every {every}"
-        );
-        assert_eq!(
-            reset.peak_reserved_bytes, plain.peak_reserved_bytes,
-            "every {every}"
-        );
-        assert_eq!(
-            reset.peak_requested_bytes, plain.peak_requested_bytes,
-            "every {every}"
-        );
+        assert_eq!(figures(&reset), figures(&plain), "every {every}: {reset:?}");
     }
 }
