@@ -9,7 +9,8 @@
 //! 2. Each setting scores its peak reserved plus a charge for the pages it
 //!    moves: every page moved per step costs [`MOVE_WEIGHT`] of PyTorch's
 //!    best peak (a setting that moves 100 pages a step must save more than
-//!    4% to be chosen). Steps come from the trace's repetition
+//!    4% to be chosen), [`MULTI_STREAM_MOVE_WEIGHT`] on a trace of several
+//!    allocating streams ([`move_weight`]). Steps come from the trace's repetition
 //!    ([`estimate_steps`]); a trace that does not repeat counts as one step,
 //!    which charges its moves in full.
 //! 3. The lowest score wins; on a tie, fewer page moves, then the earlier
@@ -35,6 +36,31 @@ use crate::trace::Trace;
 /// 0.00031 to 0.00060 pick 16 MiB pages on both, over 8 MiB pages and over
 /// PyTorch's expandable segments; this one lies inside.
 pub const MOVE_WEIGHT: f64 = 0.0004;
+
+/// Fraction of PyTorch's best peak that one page moved per step weighs on a
+/// trace where more than one stream allocates (FSDP and other multi-stream
+/// training).
+///
+/// Calibrated on FSDP2 over the fake process group on two H200s
+/// (`docs/benchmarks.md`, 2026-11-30, 19 rounds side by side with PyTorch):
+/// 2.85 pages of 16 MiB moved a step cost 2.0% of the mean step against
+/// PyTorch's (the steps that moved none ran at 0.990x, all steps at
+/// 1.011x), 0.7% of the step a page, against at most 0.018% a page for
+/// GPT-2 training on the H100 that [`MOVE_WEIGHT`] was set on: about 40
+/// times as much, so 40 times the weight. A step that moves pages on
+/// several streams' GPU costs far more than its driver calls.
+pub const MULTI_STREAM_MOVE_WEIGHT: f64 = 0.016;
+
+/// The weight of one page moved per step on a trace whose allocations come
+/// from `streams` streams: [`MOVE_WEIGHT`], or [`MULTI_STREAM_MOVE_WEIGHT`]
+/// for more than one.
+pub fn move_weight(streams: usize) -> f64 {
+    if streams > 1 {
+        MULTI_STREAM_MOVE_WEIGHT
+    } else {
+        MOVE_WEIGHT
+    }
+}
 
 /// Host time of one page move on an H100 (unmap, map, set access; measured
 /// with `benchmarks/vmm_cost`, `docs/policies.md`), for the cost in words.
@@ -72,6 +98,9 @@ pub struct Advice {
     pub capacity_bytes: u64,
     /// Steps found in the trace's repetition; `None`: costs are per trace.
     pub steps: Option<StepEstimate>,
+    /// What one page moved per step weighs, as a fraction of PyTorch's best
+    /// peak ([`move_weight`] of the trace's streams).
+    pub move_weight: f64,
     /// One per setting, in [`SETTINGS`](crate::settings::SETTINGS) order.
     pub outcomes: Vec<Outcome>,
     /// Index of PyTorch's best setting in `outcomes`.
@@ -134,6 +163,7 @@ impl Advice {
             .min(peak_of(&crate::settings::PYTORCH_EXPANDABLE))
             .max(1) as f64;
         let per_step = steps.map_or(1.0, |s| s.steps.max(1) as f64);
+        let weight = move_weight(trace.stream_count());
         let outcomes: Vec<Outcome> = runs
             .into_iter()
             .map(|(setting, report)| {
@@ -144,7 +174,7 @@ impl Advice {
                     pages_moved_per_step: moves,
                     vs_pytorch_default: peak / default_peak,
                     vs_pytorch_best: peak / best_peak,
-                    score_bytes: peak + moves * MOVE_WEIGHT * best_peak,
+                    score_bytes: peak + moves * weight * best_peak,
                     report,
                 }
             })
@@ -172,6 +202,7 @@ impl Advice {
                 .collect(),
             capacity_bytes: capacity,
             steps,
+            move_weight: weight,
             outcomes,
             pytorch_best,
             recommended,
@@ -360,9 +391,14 @@ impl Advice {
         out.push_str(&wrap(
             &format!(
                 "rule: the lowest peak reserved, each page moved per step charged {}% of \
-                 PyTorch's best peak \
+                 PyTorch's best peak{} \
                  (https://github.com/gpu-alloc/gpu-alloc/blob/main/docs/advise.md)",
-                MOVE_WEIGHT * 100.0
+                self.move_weight * 100.0,
+                if self.streams > 1 {
+                    " (several streams allocate: a page moved costs them more)"
+                } else {
+                    ""
+                }
             ),
             "  ",
         ));
@@ -551,6 +587,26 @@ mod tests {
         for bad in ["", "0", "-1", "24 GB", "lots", "99999999999GiB"] {
             assert!(parse_budget(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_page_moved_weighs_more_where_several_streams_allocate() {
+        // unmap16 saves 2% of PyTorch's best for 2 pages moved (per trace):
+        // worth it on one stream (2 x 0.04% of the peak), not on several
+        // (2 x 1.6%), where PyTorch's expandable segments win.
+        let runs = [(0, 1200, 0), (1, 1000, 0), (2, 980, 2)];
+        let one = advice(&runs);
+        assert_eq!(one.move_weight, MOVE_WEIGHT);
+        assert_eq!(one.recommendation().setting, SETTINGS[2]);
+        let two_streams = crate::trace::parse_text("two", "a 1 1024 0\na 2 1024 7\n").unwrap();
+        let runs = runs
+            .iter()
+            .map(|&(i, peak, moved)| (SETTINGS[i], report(peak, moved)))
+            .collect();
+        let several = Advice::new(&two_streams, 1 << 30, runs);
+        assert_eq!(several.move_weight, MULTI_STREAM_MOVE_WEIGHT);
+        assert_eq!(several.recommendation().setting, PYTORCH_EXPANDABLE);
+        assert!(several.to_text().contains("several streams allocate"));
     }
 
     #[test]
