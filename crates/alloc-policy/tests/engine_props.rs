@@ -115,6 +115,17 @@ proptest! {
         }
     }
 
+    /// The statistics' peaks reset after every operation (as a loop that
+    /// logs each step's peak resets them) change none of the allocator's
+    /// decisions, under every configuration: the same blocks and segments,
+    /// operation by operation, and the same pages moved.
+    #[test]
+    fn resetting_the_peaks_changes_no_decision(ops in proptest::collection::vec(op(), 1..120)) {
+        for config in configs() {
+            same_decisions_with_resets(&config, &ops).map_err(TestCaseError::fail)?;
+        }
+    }
+
     /// A random step repeated: the layout plan learns it, plans it and
     /// places later steps by the plan, under the same checks.
     #[cfg(feature = "pytorch-bfc")]
@@ -125,6 +136,42 @@ proptest! {
             run(config, 64 << 30, &ops).map_err(TestCaseError::fail)?;
         }
     }
+}
+
+/// Runs `ops` on two engines for `config`, the second with its peaks reset
+/// after every operation, and compares their snapshots and page moves
+/// after each one.
+fn same_decisions_with_resets(config: &str, ops: &[Op]) -> Result<(), String> {
+    let mut plain = Run::new(config, 64 << 30, SimStreams::new())?;
+    let mut reset = Run::new(config, 64 << 30, SimStreams::new())?;
+    // The counts of page moves, without the host time they took.
+    let moves = |r: &Run| {
+        let m = r.engine().stats().page_moves;
+        (
+            m.rounds,
+            m.pages_unmapped,
+            m.busy_pages_reused,
+            m.pages_mapped,
+            m.stream_waits,
+            m.blocks_lent,
+        )
+    };
+    for (i, op) in ops.iter().enumerate() {
+        plain.step(op)?;
+        reset.step(op)?;
+        reset.engine_mut().reset_peak_stats();
+        if plain.engine().snapshot() != reset.engine().snapshot() || moves(&plain) != moves(&reset)
+        {
+            return Err(format!(
+                "{config}: after operation {i} ({op:?}) the engine whose peaks were reset \
+                 decided otherwise: moves {:?} against {:?}",
+                moves(&reset),
+                moves(&plain)
+            ));
+        }
+    }
+    plain.finish()?;
+    reset.finish()
 }
 
 /// Device capacities near the top of `u64`.
