@@ -283,12 +283,18 @@ impl Advice {
         format!(
             "{} pages of {page} MiB unmapped and mapped again over the trace ({per}): about \
              {millis:.1} ms of driver calls {} on an H100 ({H100_MICROS_PER_PAGE_MOVE:.0} us a \
-             page), on the host while the GPU works through queued kernels",
+             page), {}",
             r.report.pages_moved,
             if self.steps.is_some() {
                 "a step"
             } else {
                 "for the whole trace"
+            },
+            if self.streams > 1 {
+                "and where several streams allocate a step that moves pages costs the GPU more \
+                 than those calls (docs/advise.md)"
+            } else {
+                "on the host while the GPU works through queued kernels"
             },
         )
     }
