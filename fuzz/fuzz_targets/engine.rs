@@ -101,6 +101,27 @@ enum Device {
 }
 
 impl Setting {
+    /// Whether the parser takes this setting: a named one always; a
+    /// composed one unless it gives its policy an option of another's
+    /// (growable segments to buddy or size classes, a slab limit to any
+    /// policy but size classes), which the parser refuses, naming both.
+    fn parses(&self) -> bool {
+        match self {
+            Setting::Named(_) => true,
+            Setting::Composed {
+                policy,
+                growth,
+                idle_slab_limit,
+                ..
+            } => {
+                let grows = !matches!(growth, Growth::Segments);
+                let bfc = matches!(policy, Base::PytorchBfc);
+                let slabs = matches!(policy, Base::SizeClass);
+                (bfc || !grows) && (slabs || idle_slab_limit.is_none())
+            }
+        }
+    }
+
     fn config(&self) -> String {
         match self {
             Setting::Named(i) => {
@@ -189,10 +210,16 @@ fuzz_target!(|case: Case| {
     let streams = case
         .gpu_lag
         .map_or_else(SimStreams::new, |lag| SimStreams::with_gpu_lag(lag.into()));
-    let cfg = AllocatorConfig::parse(&config).unwrap_or_else(|e| panic!("{config}: {e}"));
-    // Settings a policy does not support (growth for buddy and size
-    // classes, slab limits for the others) are refused when the policy is
-    // built: nothing to run.
+    let parsed = AllocatorConfig::parse(&config);
+    if !case.setting.parses() {
+        assert!(
+            parsed.is_err(),
+            "{config}: a policy given another policy's option was accepted"
+        );
+        return;
+    }
+    let cfg = parsed.unwrap_or_else(|e| panic!("{config}: {e}"));
+    // Whatever else a policy refuses when it is built: nothing to run.
     if AnyPolicy::from_config(&cfg).is_err() {
         return;
     }
