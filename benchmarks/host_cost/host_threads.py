@@ -122,20 +122,40 @@ def parse_size(text):
 
 
 def parse_workload(spec):
-    """'pair:SIZE' or 'mixed:LO:HI:LIVE' -> dict (sizes in bytes, with a label)."""
+    """'pair:SIZE', 'pair0:SIZE' or 'mixed:LO:HI:LIVE' -> dict (sizes in bytes, with a
+    label). pair0: pairs of SIZE taking turns with pairs of 0 bytes, the calls of each
+    timed apart (the allocator's share of the path; runs_zero_pairs says where)."""
     parts = spec.split(":")
-    if parts[0] == "pair" and len(parts) == 2:
+    if parts[0] in ("pair", "pair0") and len(parts) == 2:
         size = parse_size(parts[1])
-        return {"spec": "pair:%d" % size, "mixed": False, "size": size, "lo": 0, "hi": 0,
-                "max_live": 0, "label": "%s pair" % human(size)}
+        zero = parts[0] == "pair0"
+        if zero and size == 0:
+            raise ValueError("pair0:SIZE needs SIZE > 0: " + spec)
+        return {"spec": "%s:%d" % (parts[0], size), "mixed": False, "size": size, "lo": 0,
+                "hi": 0, "max_live": 0, "with_zero": zero,
+                "label": "%s pair%s" % (human(size), ", 0 B pairs between" if zero else "")}
     if parts[0] == "mixed" and len(parts) == 4:
         lo, hi, live = parse_size(parts[1]), parse_size(parts[2]), int(parts[3])
         if not 0 < lo <= hi or live < 1:
             raise ValueError("mixed:LO:HI:LIVE needs 0 < LO <= HI and LIVE >= 1: " + spec)
         return {"spec": "mixed:%d:%d:%d" % (lo, hi, live), "mixed": True, "size": 0, "lo": lo,
-                "hi": hi, "max_live": live,
+                "hi": hi, "max_live": live, "with_zero": False,
                 "label": "mixed %s..%s, %d live" % (human(lo), human(hi), live)}
-    raise ValueError("a workload is pair:SIZE or mixed:LO:HI:LIVE, not " + spec)
+    raise ValueError("a workload is pair:SIZE, pair0:SIZE or mixed:LO:HI:LIVE, not " + spec)
+
+
+# mt_loops.h's Phase: alloc and free of the workload's size, then of 0 bytes.
+PHASES = 4
+
+
+def runs_zero_pairs(process, kind):
+    """Whether a path times pair0 workloads: those whose 0-byte request returns something to
+    free without asking the allocator for memory, at::empty in PyTorch's own process and in
+    the bridge's (a tensor of no bytes: PyTorch's allocator and the bridge hand out nothing
+    for it), and the null allocator. raw_alloc, cudaMallocAsync and the C library return NULL
+    for 0 bytes, and PyTorch's pluggable wrapper passes 0 bytes on to the library and
+    records what it returns, so pair0 leaves them out."""
+    return kind == "null" or (kind == "empty" and process not in PLUGGABLE)
 
 
 def human(n):
@@ -187,6 +207,8 @@ def run_cells(args, process, timers, log=print):
     for rep in range(args.repeats):
         for i, (w, streams, devs) in enumerate(plan(args)):
             for name, _, kind, _ in rotate(paths, rep + i):
+                if w["with_zero"] and not runs_zero_pairs(process, kind):
+                    continue
                 r = timers[kind](w, streams, devs)
                 cell = {"path": name, "process": process_label(args, process), "repeat": rep,
                         "workload": w["label"],
@@ -378,7 +400,7 @@ def child(args):
 
     def native(kind):
         return lambda w, streams, devs: ext.cell(
-            kind, w["mixed"], w["size"], w["lo"], w["hi"], w["max_live"], devs,
+            kind, w["mixed"], w["size"], w["lo"], w["hi"], w["max_live"], w["with_zero"], devs,
             streams == "shared", args.window, warm_calls(w), args.sample_every)
 
     timers = {k: native(k) for k in ("torch", "async", "so", "null", "empty")}
@@ -436,9 +458,15 @@ def rust_argv(args):
     """gpu_bench --threads's command line for this plan."""
     argv = [args.gpu_bench, "--window", str(args.window), "--repeats", str(args.repeats),
             "--sample-every", str(args.sample_every)]
-    for w in args.workloads:
+    for w in rust_workloads(args):
         argv += ["--workload", w["spec"], "--warm", str(warm_calls(w))]
     return argv + shape_argv(args)
+
+
+def rust_workloads(args):
+    """The workloads gpu_bench --threads runs: all but pair0's (its paths return nothing
+    for 0 bytes)."""
+    return [w for w in args.workloads if not w["with_zero"]]
 
 
 def shape_argv(args):
@@ -551,7 +579,7 @@ def cpu_child(args):
     lib.mt_error.restype = ctypes.c_char_p
     lib.mt_clock_pair_ns.restype = ctypes.c_double
     lib.mt_cell.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_int64] * 4 + [
-        ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_double,
+        ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_double,
         ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_double)]
 
     def ok(rc):
@@ -564,15 +592,19 @@ def cpu_child(args):
 
     def timer(backend):
         def run(w, streams, devs):
-            out = (ctypes.c_double * 8)()
+            out = (ctypes.c_double * (8 + 2 * PHASES))()
             ok(lib.mt_cell(backend, int(w["mixed"]), w["size"], w["lo"], w["hi"], w["max_live"],
-                           len(devs), (ctypes.c_int * len(devs))(*devs), int(streams == "shared"),
-                           args.window, warm_calls(w), args.sample_every, out))
+                           int(w["with_zero"]), len(devs), (ctypes.c_int * len(devs))(*devs),
+                           int(streams == "shared"), args.window, warm_calls(w),
+                           args.sample_every, out))
             keys = ["calls", "wall_ns", "p50_ns", "p99_ns", "p999_ns", "max_ns", "samples",
                     "failed_threads"]
             r = dict(zip(keys, out))
             for k in ("calls", "samples", "failed_threads"):
                 r[k] = int(r[k])
+            if w["with_zero"]:
+                r["phase_p50_ns"] = list(out[8:8 + PHASES])
+                r["phase_samples"] = [int(x) for x in out[8 + PHASES:8 + 2 * PHASES]]
             r["error"] = lib.mt_error().decode() if r["failed_threads"] else ""
             return r
         return run
@@ -684,11 +716,12 @@ def targets(cells, summary, paths):
             lines.append("%s / %s, %s, %s streams, %d threads: %.2f%s (target >= %.0f: %s)" % (
                 ours, TORCH_RAW, k[0], k[1], k[2], r[0], "" if r[2] else "*", need,
                 "met" if r[0] >= need else "NOT met"))
+    zero = zero_pair_workloads(cells)
     for ours, ref in ((BRIDGE_EMPTY, AT_EMPTY), (PLUGGABLE_EMPTY, AT_EMPTY),
                       ("torch.empty (Python) via bridge", PY_EMPTY)):
         if ours not in names or ref not in names:
             continue
-        for k in sorted({k[1:] for k in summary if k[0] == ours},
+        for k in sorted({k[1:] for k in summary if k[0] == ours and k[1] not in zero},
                         key=lambda k: (order_of(cells, k[0]), k[1], k[2], k[3])):
             r = ratio_to(cells, ours, ref, k)
             if r is not None:
@@ -696,7 +729,98 @@ def targets(cells, summary, paths):
                              "(target >= 2, per-op cost at most half: %s)" % (
                                  ours, ref, k[0], k[1], k[2], k[3], r[0], "" if r[2] else "*",
                                  "met" if r[0] >= 2 else "NOT met"))
+    shares = call_shares(cells)
+    for k in sorted({k[1:] for k in shares if k[0] == BRIDGE_EMPTY},
+                    key=lambda k: (order_of(cells, k[0]), k[1], k[2], k[3])):
+        ours, theirs = shares[(BRIDGE_EMPTY,) + k], shares.get((AT_EMPTY,) + k)
+        if theirs is None or theirs["share"] is None or ours["share"] is None:
+            continue
+        r = share_ratio(ours["share"], theirs["share"])
+        lines.append("the allocator's share of an at::empty call, bridge / PyTorch's, %s, %s "
+                     "streams, %d threads, %d devices: %.0f / %.0f ns = %s (target <= 0.5: %s)" % (
+                         k[0], k[1], k[2], k[3], ours["share"], theirs["share"],
+                         "n/a" if r is None else "%.2f" % r,
+                         "met" if r is not None and r <= 0.5 else "NOT met"))
     return lines
+
+
+def zero_pair_workloads(cells):
+    """The workload labels of pair0 cells (their throughput mixes two sizes)."""
+    return {c["workload"] for c in cells if "phase_p50_ns" in c}
+
+
+def call_shares(cells):
+    """(path, workload, streams, threads, devices) of each pair0 cell -> the median over
+    the repeats of each phase's median ns ("phases": alloc, free, alloc of 0 bytes, free of
+    0 bytes), the path's ns a call ("call": the mean of its alloc and free) and the
+    allocator's share of it ("share": the call less the zero-byte call of the same loop;
+    None where a phase had no sample)."""
+    groups = {}
+    for c in cells:
+        if "phase_p50_ns" in c:
+            groups.setdefault((c["path"],) + key(c), []).append(c)
+    out = {}
+    for k, cs in groups.items():
+        phases = []
+        for i in range(PHASES):
+            got = [c["phase_p50_ns"][i] for c in cs if c["phase_samples"][i] > 0]
+            phases.append(statistics.median(got) if got else None)
+        whole = None if None in phases else (phases[0] + phases[1]) / 2
+        out[k] = {"phases": phases, "call": whole,
+                  "share": None if whole is None else whole - (phases[2] + phases[3]) / 2}
+    return out
+
+
+def share_ratio(ours, theirs):
+    """Our share over theirs, None when theirs is not above 0 (nothing to compare with)."""
+    return ours / theirs if theirs > 0 else None
+
+
+# The share section's paths and column names: PyTorch's at::empty, the bridge's, and over
+# the null driver the null allocator (whose share is the loop's noise).
+SHARE_PATHS = ((AT_EMPTY, "PyTorch"), (BRIDGE_EMPTY, "bridge"), ("null (loop cost)", "null"))
+SHARE_NOTE = (
+    "ns: the median over the repeats of each call's median latency (the sampled calls), "
+    "the alloc and the free of one pair averaged; share: that less the same for the 0-byte "
+    "pairs run in turn in the same loop, the part of a call that is its allocator's (a 0-byte "
+    "at::empty takes the path's every step but the allocator's). Each path's share comes "
+    "from its own loop, so process drift moves the share only as much as it moves the "
+    "allocator; the two at::empty paths still ran in two processes.")
+
+
+def share_table(cells):
+    """The allocator's share of a call on each pair0 path, a row per cell key, with the
+    bridge's over PyTorch's ("" without pair0 cells)."""
+    shares = call_shares(cells)
+    if not shares:
+        return ""
+    present = [(p, n) for p, n in SHARE_PATHS if any(k[0] == p for k in shares)]
+    keys = sorted({k[1:] for k in shares},
+                  key=lambda k: (order_of(cells, k[0]), k[1], k[3], k[2]))
+    head = ["workload", "streams", "threads", "devices"]
+    for _, n in present:
+        head += ["%s ns" % n, "%s share ns" % n]
+    both = {AT_EMPTY, BRIDGE_EMPTY} <= {p for p, _ in present}
+    if both:
+        head.append("bridge share / PyTorch's")
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+
+    def fmt(ns):
+        return "n/a" if ns is None else "%.0f" % ns
+
+    for k in keys:
+        row = [k[0], k[1], str(k[2]), str(k[3])]
+        for p, _ in present:
+            got = shares.get((p,) + k, {})
+            row += [fmt(got.get("call")), fmt(got.get("share"))]
+        if both:
+            a, b = shares.get((BRIDGE_EMPTY,) + k), shares.get((AT_EMPTY,) + k)
+            r = None
+            if a and b and a["share"] is not None and b["share"] is not None:
+                r = share_ratio(a["share"], b["share"])
+            row.append("n/a" if r is None else "%.2f" % r)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 # The floor section's paths after the floor itself: (path, column name).
@@ -775,6 +899,10 @@ def report(cells, paths, devices_mode, info):
     f = floor_table(cells, summary, devices_mode)
     if f:
         out += ["", "### The floor of the at::empty path", "", f, "", FLOOR_NOTE]
+    z = share_table(cells)
+    if z:
+        out += ["", "### The allocator's share of a call, against 0-byte pairs in the same loop",
+                "", z, "", SHARE_NOTE]
     t = targets(cells, summary, paths)
     if t:
         out += ["", "### Targets (issue 37)", ""] + ["- " + line for line in t]
@@ -844,6 +972,9 @@ def parse_args(argv=None):
             "stream" if m == "device" else m for m in args.rust_engines))
     if args.sample_every < 1 or args.repeats < 1 or args.window <= 0:
         ap.error("--sample-every and --repeats are at least 1, --window above 0")
+    if any(w["with_zero"] for w in args.workloads) and args.sample_every % 2 == 0:
+        ap.error("a pair0 workload needs an odd --sample-every: its four calls (alloc and "
+                 "free of each size) are then sampled in turn")
     if args.so is None:
         args.so = first_file([os.path.join(BUNDLE, "liballoc_ffi.so"),
                               os.environ.get("GPUALLOC_SO"),
@@ -898,7 +1029,7 @@ def main(argv=None):
                 # what is measured so far survives a run stopped before its end
                 save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
         env = None
-    if not args.no_rust:
+    if not args.no_rust and rust_workloads(args):
         if os.path.isfile(args.gpu_bench):
             cells += run_rust(args, env)
         else:

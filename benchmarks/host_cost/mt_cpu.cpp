@@ -98,11 +98,12 @@ double mt_clock_pair_ns() { return mt::clock_pair_ns(); }
 
 // One cell: backend 0 = the loaded .so, 1 = the null allocator.
 // device_of_thread[t] is thread t's device; shared: all threads of a device
-// on its first stream. out: calls, wall ns, p50, p99, p99.9, max ns,
-// samples, failed threads.
+// on its first stream; with_zero: pairs of 0 bytes between (mt_loops.h).
+// out (MT_OUT values): calls, wall ns, p50, p99, p99.9, max ns, samples,
+// failed threads, then with_zero's median and sample count of each phase.
 int mt_cell(int backend, int mixed, int64_t size, int64_t lo, int64_t hi, int64_t max_live,
-            int threads, const int* device_of_thread, int shared, double window_s,
-            int64_t warm_calls, int64_t sample_every, double* out) {
+            int with_zero, int threads, const int* device_of_thread, int shared,
+            double window_s, int64_t warm_calls, int64_t sample_every, double* out) {
   if (backend == 0 && !ext_alloc) return error("mt_load first");
   std::vector<int> devs(device_of_thread, device_of_thread + threads);
   for (int t = 0; t < threads; t++) {
@@ -116,6 +117,7 @@ int mt_cell(int backend, int mixed, int64_t size, int64_t lo, int64_t hi, int64_
   c.w.lo = lo;
   c.w.hi = hi;
   c.w.max_live = max_live;
+  c.w.with_zero = with_zero != 0;
   c.threads = threads;
   c.window_s = window_s;
   c.warm_calls = warm_calls;
@@ -127,8 +129,12 @@ int mt_cell(int backend, int mixed, int64_t size, int64_t lo, int64_t hi, int64_
     return Pluggable{a, f, d, streams[(size_t)d][(size_t)mt::stream_index(devs, t, shared != 0)]};
   };
   mt::Result r = mt::run<Pluggable>(c, make);
-  double v[8] = {(double)r.calls, r.wall_ns, r.p50_ns, r.p99_ns, r.p999_ns,
-                 r.max_ns, (double)r.samples, (double)r.failed_threads};
+  double v[8 + 2 * mt::PHASES] = {(double)r.calls, r.wall_ns, r.p50_ns, r.p99_ns, r.p999_ns,
+                                  r.max_ns, (double)r.samples, (double)r.failed_threads};
+  for (int k = 0; k < mt::PHASES; k++) {
+    v[8 + k] = r.phase_p50_ns[k];
+    v[8 + mt::PHASES + k] = (double)r.phase_samples[k];
+  }
   std::memcpy(out, v, sizeof v);
   if (r.failed_threads) last_error = r.error;
   return 0;

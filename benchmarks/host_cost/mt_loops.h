@@ -11,6 +11,13 @@
 // round timed with steady_clock (two clock reads on sampled calls only, so
 // the loop's own cost stays low); a failed round's calls are not counted. Aggregate calls/s = all threads' calls / (last thread's
 // stop - start).
+//
+// With `with_zero`, pairs of `size` take turns with pairs of 0 bytes, and the
+// sampled calls are kept apart by phase (alloc and free of each size): the
+// zero pairs run the same path without its allocator (PyTorch's allocators
+// and the bridge hand out no memory for 0 bytes), so the difference of the
+// medians is the allocator's share of the path, measured in one loop, in one
+// process, at one moment.
 #pragma once
 
 #include <algorithm>
@@ -36,7 +43,11 @@ struct Workload {
   int64_t lo = 512;     // mixed: log-uniform sizes in [lo, hi]
   int64_t hi = 1 << 20;
   int64_t max_live = 1000;  // mixed: live blocks per thread at most
+  bool with_zero = false;   // pairs only: pairs of 0 bytes in between
 };
+
+// The calls of a pair workload with zero pairs between, in the order they run.
+enum Phase { ALLOC = 0, FREE = 1, ALLOC_ZERO = 2, FREE_ZERO = 3, PHASES = 4 };
 
 // One cell's parameters.
 struct Cell {
@@ -55,6 +66,10 @@ struct Result {
   double wall_ns = 0;
   double p50_ns = 0, p99_ns = 0, p999_ns = 0, max_ns = 0;
   uint64_t samples = 0;
+  // With Workload::with_zero: the median of each Phase's samples, and how
+  // many it had (an even sample_every would leave phases without any).
+  double phase_p50_ns[PHASES] = {0, 0, 0, 0};
+  uint64_t phase_samples[PHASES] = {0, 0, 0, 0};
   int failed_threads = 0;
   std::string error;  // first failure's message
 };
@@ -83,6 +98,7 @@ struct ThreadOut {
   uint64_t calls = 0;
   clk::time_point end;
   std::vector<uint32_t> lat;
+  std::vector<uint8_t> phase;  // with_zero: each sample's Phase
   bool failed = false;
   std::string error;
 };
@@ -104,12 +120,16 @@ class Driver {
   // One alloc or free; false when the allocator returned NULL.
   inline bool call() {
     if (!w_.mixed) {
+      last_ = next_;
+      next_ = w_.with_zero ? (next_ + 1) % PHASES : (next_ + 1) % 2;
+      size_t n = last_ >= ALLOC_ZERO ? 0 : (size_t)w_.size;
       if (held_) {
-        b_.release(held_, (size_t)w_.size);
+        b_.release(held_, n);
         held_ = nullptr;
         return true;
       }
-      held_ = b_.alloc((size_t)w_.size);
+      held_ = b_.alloc(n);
+      held_size_ = n;
       return held_ != nullptr;
     }
     bool do_alloc = live_.empty() || ((int64_t)live_.size() < w_.max_live && rng_.uniform() < 0.5);
@@ -127,9 +147,12 @@ class Driver {
     return true;
   }
 
+  // The Phase of the last pair call.
+  int last_phase() const { return last_; }
+
   // Frees whatever is still held.
   void drain() {
-    if (held_) b_.release(held_, (size_t)w_.size);
+    if (held_) b_.release(held_, held_size_);
     held_ = nullptr;
     for (auto& x : live_) b_.release(x.first, x.second);
     live_.clear();
@@ -140,6 +163,8 @@ class Driver {
   Workload w_;
   Rng rng_;
   void* held_ = nullptr;
+  size_t held_size_ = 0;
+  int next_ = ALLOC, last_ = ALLOC;
   std::vector<std::pair<void*, size_t>> live_;
   double log_lo_ = 0, log_span_ = 0;
 };
@@ -166,6 +191,7 @@ void worker(const std::function<B(int)>& make, int t, const Cell& c, Shared& sh,
       }
     }
     out.lat.reserve((size_t)c.max_samples);
+    if (c.w.with_zero) out.phase.reserve((size_t)c.max_samples);
     sh.ready.fetch_add(1);
     counted = true;
     while (!sh.go.load(std::memory_order_acquire)) std::this_thread::yield();
@@ -183,6 +209,7 @@ void worker(const std::function<B(int)>& make, int t, const Cell& c, Shared& sh,
       if ((int64_t)out.lat.size() < c.max_samples) {
         auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(z - a).count();
         out.lat.push_back((uint32_t)std::min<int64_t>(ns, UINT32_MAX));
+        if (c.w.with_zero) out.phase.push_back((uint8_t)d.last_phase());
       }
       calls += (uint64_t)c.sample_every;
     } while (!sh.stop.load(std::memory_order_relaxed));
@@ -226,7 +253,7 @@ Result run(const Cell& c, const std::function<B(int)>& make) {
   for (auto& t : ts) t.join();
 
   Result r;
-  std::vector<uint32_t> all;
+  std::vector<uint32_t> all, by_phase[PHASES];
   clk::time_point last = sh.t0;
   for (auto& o : outs) {
     if (o.failed) {
@@ -236,6 +263,12 @@ Result run(const Cell& c, const std::function<B(int)>& make) {
     r.calls += o.calls;
     last = std::max(last, o.end);
     all.insert(all.end(), o.lat.begin(), o.lat.end());
+    for (size_t i = 0; i < o.phase.size(); i++) by_phase[o.phase[i]].push_back(o.lat[i]);
+  }
+  for (int k = 0; k < PHASES; k++) {
+    std::sort(by_phase[k].begin(), by_phase[k].end());
+    r.phase_p50_ns[k] = quantile(by_phase[k], 0.50);
+    r.phase_samples[k] = by_phase[k].size();
   }
   r.wall_ns = std::chrono::duration<double, std::nano>(last - sh.t0).count();
   std::sort(all.begin(), all.end());

@@ -120,8 +120,8 @@ void make_streams(int devices, int n) {
 }
 
 py::dict cell(const std::string& kind_name, bool mixed, int64_t size, int64_t lo, int64_t hi,
-              int64_t max_live, std::vector<int> device_of_thread, bool shared, double window_s,
-              int64_t warm_calls, int64_t sample_every) {
+              int64_t max_live, bool with_zero, std::vector<int> device_of_thread, bool shared,
+              double window_s, int64_t warm_calls, int64_t sample_every) {
   Kind kind = parse_kind(kind_name);
   if (kind == SO && !ext_alloc) throw std::runtime_error("load_so first");
   int threads = (int)device_of_thread.size();
@@ -137,6 +137,7 @@ py::dict cell(const std::string& kind_name, bool mixed, int64_t size, int64_t lo
   c.w.lo = lo;
   c.w.hi = hi;
   c.w.max_live = max_live;
+  c.w.with_zero = with_zero;
   c.threads = threads;
   c.window_s = window_s;
   c.warm_calls = warm_calls;
@@ -168,6 +169,10 @@ py::dict cell(const std::string& kind_name, bool mixed, int64_t size, int64_t lo
   out["p999_ns"] = r.p999_ns;
   out["max_ns"] = r.max_ns;
   out["samples"] = r.samples;
+  if (with_zero) {
+    out["phase_p50_ns"] = std::vector<double>(r.phase_p50_ns, r.phase_p50_ns + mt::PHASES);
+    out["phase_samples"] = std::vector<uint64_t>(r.phase_samples, r.phase_samples + mt::PHASES);
+  }
   out["failed_threads"] = r.failed_threads;
   out["error"] = r.error;
   return out;

@@ -71,9 +71,46 @@ class ThreadsPlanTest(unittest.TestCase):
         self.assertEqual(w["label"], "mixed 512 B..1 MiB, 1000 live")
         self.assertEqual(ht.parse_workload("pair:8M")["label"], "8 MiB pair")
         self.assertEqual(ht.parse_workload("pair:1000")["label"], "1000 B pair")
-        for bad in ("pair", "mixed:1M:512:10", "mixed:512:1M:0", "triple:1"):
+        for bad in ("pair", "mixed:1M:512:10", "mixed:512:1M:0", "triple:1", "pair0:0"):
             with self.assertRaises(ValueError):
                 ht.parse_workload(bad)
+
+    def test_zero_pairs_parse_and_need_an_odd_sample_every(self):
+        w = ht.parse_workload("pair0:512")
+        self.assertEqual((w["spec"], w["size"], w["with_zero"], w["mixed"]),
+                         ("pair0:512", 512, True, False))
+        self.assertEqual(w["label"], "512 B pair, 0 B pairs between")
+        self.assertFalse(ht.parse_workload("pair:512")["with_zero"])
+        self.assertFalse(ht.parse_workload("mixed:512:1M:10")["with_zero"])
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull), \
+                self.assertRaises(SystemExit):
+            ht.parse_args(["--so", __file__, "--workloads", "pair0:512", "--sample-every", "8"])
+        ht.parse_args(["--so", __file__, "--workloads", "pair:512", "--sample-every", "8"])
+
+    def test_zero_pairs_run_where_a_zero_byte_request_returns_something_to_free(self):
+        self.assertTrue(ht.runs_zero_pairs("native", "empty"))
+        self.assertTrue(ht.runs_zero_pairs("bridge", "empty"))
+        self.assertTrue(ht.runs_zero_pairs("cpu", "null"))
+        for process, kind in (("pluggable-null", "empty"), ("pluggable-gpualloc", "empty"),
+                              ("native", "torch"), ("native", "async"), ("native", "so"),
+                              ("native", "python"), ("bridge", "torch")):
+            self.assertFalse(ht.runs_zero_pairs(process, kind), (process, kind))
+        args = ht.parse_args(["--so", __file__, "--threads", "1", "--streams", "own",
+                              "--workloads", "pair:512,pair0:512", "--repeats", "1"])
+        timed = []
+
+        def timer(kind):
+            def run(w, streams, devs):
+                timed.append((kind, w["spec"]))
+                return {"calls": 1, "wall_ns": 1.0, "p50_ns": 1, "p99_ns": 1}
+            return run
+
+        ht.run_cells(args, "native", {k: timer(k) for k in
+                                      ("torch", "async", "so", "null", "empty", "python")})
+        self.assertEqual(sorted(k for k, spec in timed if spec == "pair0:512"), ["empty", "null"])
+        self.assertEqual(len([1 for _, spec in timed if spec == "pair:512"]), 6)
+        self.assertEqual(ht.rust_workloads(args), [ht.parse_workload("pair:512")])
+        self.assertNotIn("pair0:512", ht.rust_argv(args))
 
     def test_plan_and_rotation(self):
         args = ht.parse_args(["--so", __file__, "--threads", "1,8", "--workloads", "pair:512"])
@@ -203,6 +240,67 @@ class ThreadsReportTest(unittest.TestCase):
         text = ht.report(cells, ht.PATHS, True, {"gpu": "test"})
         self.assertIn("### at::empty via bridge (bridge process)", text)
         self.assertIn("| workload | streams | devices |", text)
+
+
+def zero_cell(path, process, repeat, phases, threads=1, samples=(9, 9, 9, 9)):
+    """A pair0 cell whose four phases' medians are `phases` (alloc, free, alloc of 0 bytes,
+    free of 0 bytes)."""
+    c = cell(path, process, repeat, 1, threads=threads, workload="512 B pair, 0 B pairs between")
+    c.update(phase_p50_ns=list(phases), phase_samples=list(samples))
+    return c
+
+
+class ZeroPairsShareTest(unittest.TestCase):
+    def cells(self):
+        return [
+            # PyTorch's at::empty: a call 1000 ns, of which 400 its allocator's
+            zero_cell(ht.AT_EMPTY, "native", 0, (1200, 800, 700, 500)),
+            zero_cell(ht.AT_EMPTY, "native", 1, (1300, 900, 800, 600)),
+            # through the bridge: 700 ns, of which 150 (a third of PyTorch's share)
+            zero_cell(ht.BRIDGE_EMPTY, "bridge", 0, (800, 600, 600, 500)),
+            zero_cell(ht.BRIDGE_EMPTY, "bridge", 1, (800, 600, 600, 500)),
+            # at 2 threads the bridge's share is 300 against PyTorch's 400: not half
+            zero_cell(ht.AT_EMPTY, "native", 0, (1200, 800, 700, 500), threads=2),
+            zero_cell(ht.BRIDGE_EMPTY, "bridge", 0, (1100, 700, 700, 500), threads=2),
+            # a phase without samples gives no share
+            zero_cell(ht.BRIDGE_EMPTY, "bridge", 0, (0, 600, 600, 500), threads=4,
+                      samples=(0, 9, 9, 9)),
+            zero_cell(ht.AT_EMPTY, "native", 0, (1200, 800, 700, 500), threads=4),
+        ]
+
+    def test_the_share_is_the_call_less_the_zero_byte_call_of_the_same_loop(self):
+        shares = ht.call_shares(self.cells())
+        k = ("512 B pair, 0 B pairs between", "own", 1, 1)
+        # medians over the repeats: 1250, 850, 750, 550
+        self.assertEqual(shares[(ht.AT_EMPTY,) + k]["phases"], [1250, 850, 750, 550])
+        self.assertEqual(shares[(ht.AT_EMPTY,) + k]["call"], 1050)
+        self.assertEqual(shares[(ht.AT_EMPTY,) + k]["share"], 400)
+        self.assertEqual(shares[(ht.BRIDGE_EMPTY,) + k]["share"], 150)
+        four = (ht.BRIDGE_EMPTY, "512 B pair, 0 B pairs between", "own", 4, 1)
+        self.assertIsNone(shares[four]["share"])
+        self.assertIsNone(ht.share_ratio(100, 0))
+
+    def test_the_table_and_the_target(self):
+        cells = self.cells()
+        table = ht.share_table(cells).splitlines()
+        self.assertIn("bridge share / PyTorch's", table[0])
+        self.assertEqual(table[2], "| 512 B pair, 0 B pairs between | own | 1 | 1 | 1050 | 400 | "
+                                   "700 | 150 | 0.38 |")
+        self.assertEqual(table[3], "| 512 B pair, 0 B pairs between | own | 2 | 1 | 1000 | 400 | "
+                                   "900 | 300 | 0.75 |")
+        self.assertEqual(table[4], "| 512 B pair, 0 B pairs between | own | 4 | 1 | 1000 | 400 | "
+                                   "n/a | n/a | n/a |")
+        lines = [l for l in ht.targets(cells, ht.summarize(cells), ht.PATHS) if "share" in l]
+        self.assertEqual(len(lines), 2)
+        self.assertTrue(lines[0].endswith("1 threads, 1 devices: 150 / 400 ns = 0.38 "
+                                          "(target <= 0.5: met)"), lines[0])
+        self.assertTrue(lines[1].endswith("= 0.75 (target <= 0.5: NOT met)"), lines[1])
+        # a pair0 cell's throughput mixes two sizes: no throughput target is read from it
+        self.assertFalse(any("per-op cost at most half" in l
+                             for l in ht.targets(cells, ht.summarize(cells), ht.PATHS)))
+        text = ht.report(cells, ht.PATHS, False, {})
+        self.assertIn("### The allocator's share of a call, against 0-byte pairs", text)
+        self.assertEqual(ht.share_table([cell(ht.AT_EMPTY, "native", 0, 4)]), "")
 
 
 class PluggablePlanTest(unittest.TestCase):
@@ -767,6 +865,19 @@ class NullDriverEndToEndTest(unittest.TestCase):
                          {p[0] for p in ht.NULL_DRIVER_PATHS})
         self.assertIn("### gpualloc CudaAllocator (Rust) (rust process)", got["report"])
         self.assertIn("| mixed 512 B..64 KiB, 50 live | shared | 3 |", got["report"])
+
+    def test_zero_pairs_through_the_loops(self):
+        got = self.run_script("--threads", "1,2", "--streams", "own", "--workloads",
+                              "pair0:512", "--no-rust")
+        # only the null allocator takes 0 bytes: 2 repeats x 2 thread counts
+        self.check_cells(got, 2 * 2)
+        for c in got["cells"]:
+            self.assertEqual(c["path"], "null (loop cost)")
+            # every phase sampled (an odd --sample-every), about a quarter of the samples each
+            self.assertEqual(sum(c["phase_samples"]), c["samples"])
+            self.assertTrue(all(n >= c["samples"] // 4 - c["threads"]
+                                for n in c["phase_samples"]), c)
+        self.assertIn("| null ns | null share ns |", got["report"])
 
     def test_one_thread_per_device(self):
         got = self.run_script("--devices", "1,2")
