@@ -99,7 +99,7 @@ double mt_clock_pair_ns() { return mt::clock_pair_ns(); }
 // One cell: backend 0 = the loaded .so, 1 = the null allocator.
 // device_of_thread[t] is thread t's device; shared: all threads of a device
 // on its first stream; with_zero: pairs of 0 bytes between (mt_loops.h).
-// out (MT_OUT values): calls, wall ns, p50, p99, p99.9, max ns, samples,
+// out (8 + 2 x mt::PHASES values): calls, wall ns, p50, p99, p99.9, max ns, samples,
 // failed threads, then with_zero's median and sample count of each phase.
 int mt_cell(int backend, int mixed, int64_t size, int64_t lo, int64_t hi, int64_t max_live,
             int with_zero, int threads, const int* device_of_thread, int shared,

@@ -120,16 +120,13 @@ class Driver {
   // One alloc or free; false when the allocator returned NULL.
   inline bool call() {
     if (!w_.mixed) {
-      last_ = next_;
-      next_ = w_.with_zero ? (next_ + 1) % PHASES : (next_ + 1) % 2;
-      size_t n = last_ >= ALLOC_ZERO ? 0 : (size_t)w_.size;
+      if (w_.with_zero) return zero_pair_call();
       if (held_) {
-        b_.release(held_, n);
+        b_.release(held_, (size_t)w_.size);
         held_ = nullptr;
         return true;
       }
-      held_ = b_.alloc(n);
-      held_size_ = n;
+      held_ = b_.alloc((size_t)w_.size);
       return held_ != nullptr;
     }
     bool do_alloc = live_.empty() || ((int64_t)live_.size() < w_.max_live && rng_.uniform() < 0.5);
@@ -147,23 +144,36 @@ class Driver {
     return true;
   }
 
-  // The Phase of the last pair call.
+  // The Phase of the last call (with_zero).
   int last_phase() const { return last_; }
 
   // Frees whatever is still held.
   void drain() {
-    if (held_) b_.release(held_, held_size_);
+    if (held_) b_.release(held_, w_.with_zero && last_ == ALLOC_ZERO ? 0 : (size_t)w_.size);
     held_ = nullptr;
     for (auto& x : live_) b_.release(x.first, x.second);
     live_.clear();
   }
 
  private:
+  // One call of a pair workload with zero pairs between: the phases in turn.
+  bool zero_pair_call() {
+    last_ = next_;
+    next_ = (next_ + 1) % PHASES;
+    size_t n = last_ >= ALLOC_ZERO ? 0 : (size_t)w_.size;
+    if (last_ == FREE || last_ == FREE_ZERO) {
+      b_.release(held_, n);
+      held_ = nullptr;
+      return true;
+    }
+    held_ = b_.alloc(n);
+    return held_ != nullptr;
+  }
+
   B& b_;
   Workload w_;
   Rng rng_;
   void* held_ = nullptr;
-  size_t held_size_ = 0;
   int next_ = ALLOC, last_ = ALLOC;
   std::vector<std::pair<void*, size_t>> live_;
   double log_lo_ = 0, log_span_ = 0;
