@@ -732,13 +732,13 @@ def targets(cells, summary, paths):
     shares = call_shares(cells)
     for k in sorted({k[1:] for k in shares if k[0] == BRIDGE_EMPTY},
                     key=lambda k: (order_of(cells, k[0]), k[1], k[2], k[3])):
-        ours, theirs = shares[(BRIDGE_EMPTY,) + k], shares.get((AT_EMPTY,) + k)
-        if theirs is None or theirs["share"] is None or ours["share"] is None:
+        both = bridge_over_pytorch(shares, k)
+        if both is None:
             continue
-        r = share_ratio(ours["share"], theirs["share"])
+        ours, theirs, r = both
         lines.append("the allocator's share of an at::empty call, bridge / PyTorch's, %s, %s "
                      "streams, %d threads, %d devices: %.0f / %.0f ns = %s (target <= 0.5: %s)" % (
-                         k[0], k[1], k[2], k[3], ours["share"], theirs["share"],
+                         k[0], k[1], k[2], k[3], ours, theirs,
                          "n/a" if r is None else "%.2f" % r,
                          "met" if r is not None and r <= 0.5 else "NOT met"))
     return lines
@@ -774,6 +774,15 @@ def call_shares(cells):
 def share_ratio(ours, theirs):
     """Our share over theirs, None when theirs is not above 0 (nothing to compare with)."""
     return ours / theirs if theirs > 0 else None
+
+
+def bridge_over_pytorch(shares, k):
+    """For cell key k of call_shares: (the bridge's share, PyTorch's, share_ratio of the
+    two), or None unless both paths have a share there."""
+    a, b = shares.get((BRIDGE_EMPTY,) + k), shares.get((AT_EMPTY,) + k)
+    if not a or not b or a["share"] is None or b["share"] is None:
+        return None
+    return a["share"], b["share"], share_ratio(a["share"], b["share"])
 
 
 # The share section's paths and column names: PyTorch's at::empty, the bridge's, and over
@@ -814,10 +823,7 @@ def share_table(cells):
             got = shares.get((p,) + k, {})
             row += [fmt(got.get("call")), fmt(got.get("share"))]
         if both:
-            a, b = shares.get((BRIDGE_EMPTY,) + k), shares.get((AT_EMPTY,) + k)
-            r = None
-            if a and b and a["share"] is not None and b["share"] is not None:
-                r = share_ratio(a["share"], b["share"])
+            r = (bridge_over_pytorch(shares, k) or (None, None, None))[2]
             row.append("n/a" if r is None else "%.2f" % r)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
