@@ -54,12 +54,18 @@ pub const MULTI_STREAM_MOVE_WEIGHT: f64 = 0.016;
 /// The weight of one page moved per step on a trace whose allocations come
 /// from `streams` streams: [`MOVE_WEIGHT`], or [`MULTI_STREAM_MOVE_WEIGHT`]
 /// for more than one.
-pub fn move_weight(streams: usize) -> f64 {
-    if streams > 1 {
+pub fn move_weight(streams: u64) -> f64 {
+    if several(streams) {
         MULTI_STREAM_MOVE_WEIGHT
     } else {
         MOVE_WEIGHT
     }
+}
+
+/// Whether a trace of `streams` allocating streams is weighed, and its cost
+/// told, as multi-stream training ([`move_weight`]).
+fn several(streams: u64) -> bool {
+    streams > 1
 }
 
 /// Host time of one page move on an H100 (unmap, map, set access; measured
@@ -163,7 +169,8 @@ impl Advice {
             .min(peak_of(&crate::settings::PYTORCH_EXPANDABLE))
             .max(1) as f64;
         let per_step = steps.map_or(1.0, |s| s.steps.max(1) as f64);
-        let weight = move_weight(trace.stream_count());
+        let streams = trace.stream_count() as u64;
+        let weight = move_weight(streams);
         let outcomes: Vec<Outcome> = runs
             .into_iter()
             .map(|(setting, report)| {
@@ -193,7 +200,7 @@ impl Advice {
         Advice {
             trace: trace.name.clone(),
             allocations: trace.alloc_count() as u64,
-            streams: trace.stream_count() as u64,
+            streams,
             notes: trace
                 .header
                 .iter()
@@ -290,7 +297,7 @@ impl Advice {
             } else {
                 "for the whole trace"
             },
-            if self.streams > 1 {
+            if several(self.streams) {
                 "and where several streams allocate a step that moves pages costs the GPU more \
                  than those calls (docs/advise.md)"
             } else {
@@ -400,7 +407,7 @@ impl Advice {
                  PyTorch's best peak{} \
                  (https://github.com/gpu-alloc/gpu-alloc/blob/main/docs/advise.md)",
                 self.move_weight * 100.0,
-                if self.streams > 1 {
+                if several(self.streams) {
                     " (several streams allocate: a page moved costs them more)"
                 } else {
                     ""
