@@ -7,7 +7,7 @@
 
 mod common;
 
-use alloc_core::{Allocation, AllocatorConfig, StreamId, GIB, MIB};
+use alloc_core::{Allocation, AllocatorConfig, Stats, StreamId, GIB, MIB};
 use common::{engine, SimEngine};
 
 /// `unmap_free_pages` with 2 MiB pages, to which a budget is added.
@@ -15,6 +15,16 @@ const UNMAP: &str = "expandable_segments:True,unmap_free_pages:True,unmap_page_m
 
 fn with_budget(budget: &str) -> String {
     format!("{UNMAP},{budget}")
+}
+
+/// Asserts that `stats` count `pages` pages unmapped, naming the case
+/// (`what`) and every page-move counter when they do not.
+fn assert_unmapped(stats: &Stats, pages: u64, what: impl std::fmt::Display) {
+    assert_eq!(
+        stats.page_moves.pages_unmapped, pages,
+        "{what}: {:?}",
+        stats.page_moves
+    );
 }
 
 /// A step that raises its largest request on two streams, freeing each
@@ -322,11 +332,7 @@ fn an_allocation_that_raises_the_allocated_peak_raises_the_level_with_it() {
         e.free(a.addr).unwrap();
         let b = e.malloc(80 * MIB, StreamId(0)).unwrap();
         let s = e.stats();
-        assert_eq!(
-            s.page_moves.pages_unmapped, moved,
-            "{budget}: {:?}",
-            s.page_moves
-        );
+        assert_unmapped(&s, moved, budget);
         if moved == 0 {
             assert_eq!(s.page_moves.rounds, 0, "{:?}", s.page_moves);
             assert_eq!(s.reserved_bytes.all.current as u64, 140 * MIB);
@@ -359,11 +365,7 @@ fn resetting_the_peaks_leaves_the_level_and_the_peak_rule_where_they_were() {
         }
         let b = e.malloc(30 * MIB, StreamId(1)).unwrap();
         let s = e.stats();
-        assert_eq!(
-            s.page_moves.pages_unmapped, 0,
-            "reset {reset}: {:?}",
-            s.page_moves
-        );
+        assert_unmapped(&s, 0, format_args!("reset {reset}"));
         assert!(
             s.reserved_bytes.all.current as u64 >= 150 * MIB,
             "reset {reset}"
@@ -391,11 +393,7 @@ fn resetting_the_peaks_leaves_the_level_and_the_peak_rule_where_they_were() {
         let moved = e.stats().page_moves.pages_unmapped;
         let d = e.malloc(50 * MIB, StreamId(0)).unwrap();
         let s = e.stats();
-        assert_eq!(
-            s.page_moves.pages_unmapped, moved,
-            "reset {reset}: {:?}",
-            s.page_moves
-        );
+        assert_unmapped(&s, moved, format_args!("reset {reset}"));
         e.assert_valid();
         common::drain(&mut e, [pin.addr, c.addr, d.addr]);
     }
