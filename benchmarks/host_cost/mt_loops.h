@@ -149,18 +149,21 @@ class Driver {
 
   // Frees whatever is still held.
   void drain() {
-    if (held_) b_.release(held_, w_.with_zero && last_ == ALLOC_ZERO ? 0 : (size_t)w_.size);
+    if (held_) b_.release(held_, size_of(last_));
     held_ = nullptr;
     for (auto& x : live_) b_.release(x.first, x.second);
     live_.clear();
   }
 
  private:
+  // The bytes of a pair call in `phase` (a plain pair's calls stay in ALLOC).
+  size_t size_of(int phase) const { return phase >= ALLOC_ZERO ? 0 : (size_t)w_.size; }
+
   // One call of a pair workload with zero pairs between: the phases in turn.
   bool zero_pair_call() {
     last_ = next_;
     next_ = (next_ + 1) % PHASES;
-    size_t n = last_ >= ALLOC_ZERO ? 0 : (size_t)w_.size;
+    size_t n = size_of(last_);
     if (last_ == FREE || last_ == FREE_ZERO) {
       b_.release(held_, n);
       held_ = nullptr;
