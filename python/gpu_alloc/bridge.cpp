@@ -41,6 +41,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bridge_api.h"
+#include "bridge_free_hint.h"
 #include "bridge_history.h"
 #include "bridge_ipc.h"
 #include "bridge_settings.h"
@@ -728,6 +729,7 @@ class Bridge : public CUDAAllocator {
   // Served: history and profiler records of a new block.
   void* handed_out(void* ptr, size_t size, c10::DeviceIndex device, cudaStream_t stream,
                    MempoolId_t pool) {
+    free_hint::on_alloc(device);
     if (history.watching()) {
       history.on_alloc(device, ptr, size, stream, pool);
     }
@@ -816,9 +818,10 @@ void bridge_delete(void* ptr) {
   profiled.on_free(ptr);
   // The device is a hint: the library finds the owning device itself. A
   // failed free is reported by the library on stderr (a deleter must not throw).
-  int device = -1;
-  (void)cudaGetDevice(&device);
+  int device = free_hint::for_free();
   if (history.watching()) {
+    // The trace names the thread's current device.
+    (void)cudaGetDevice(&device);
     history.on_free(ptr, static_cast<c10::DeviceIndex>(device));  // before another thread can reuse ptr
   }
   api.free(ptr, 0, device, nullptr);

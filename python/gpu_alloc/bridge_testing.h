@@ -1,5 +1,7 @@
 // Test hooks the bridge module exports: PyTorch offers no Python call for
-// allocator trace trackers, so the GPU scenario attaches one from here.
+// allocator trace trackers, so the GPU scenario attaches one from here; and
+// a thread's free device hint (bridge_free_hint.h) can be set wrong, as
+// another device's allocation would leave it.
 // attach_counting_tracker() goes through the public
 // c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker, that is to
 // whichever allocator PyTorch has installed (the bridge, once enabled).
@@ -14,6 +16,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <pybind11/pybind11.h>
 
+#include "bridge_free_hint.h"
 #include "bridge_history.h"
 
 namespace gpu_alloc_bridge::test_hooks {
@@ -58,6 +61,10 @@ inline void bind(pybind11::module_& m) {
         "Attach (once) an allocator trace tracker counting entries by action");
   m.def("tracker_counts", &tracker_counts, "The counting tracker's {action: count}");
   m.def("reset_tracker_counts", &reset_tracker_counts, "Zero the counting tracker's counts");
+  m.def("set_free_hint", [](int device) { free_hint::device = device; },
+        "Set the device this thread's frees name to the library (a wrong one: the test of "
+        "the library's own search); -1: ask the runtime at the next free");
+  m.def("free_hint", [] { return free_hint::device; }, "This thread's free device hint");
 }
 
 }  // namespace gpu_alloc_bridge::test_hooks

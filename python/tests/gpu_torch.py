@@ -490,6 +490,51 @@ def scenario_profiler_shows_the_allocator():
         ops["gpualloc::free"].self_cpu_time_total / ops["gpualloc::free"].count)
 
 
+def scenario_free_device_hint():
+    """A free names to the library the device of its thread's last allocation
+    (bridge_free_hint.h), asking the runtime only on a thread that has allocated nothing.
+    A hint left wrong (as an allocation on another device leaves it, or naming a device
+    this process never used) still frees the block on its own device, and a thread that
+    never allocated frees what another made."""
+    import threading
+
+    gpu_alloc, torch = enabled()
+    bridge = gpu_alloc._bridge
+    keep = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    device = torch.cuda.current_device()
+    check(bridge.free_hint() == device,
+          "after an allocation the hint is its device %d, not %d" % (device, bridge.free_hint()))
+    base = torch.cuda.memory_allocated()
+    for wrong in (device + 1, 63):
+        t = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+        bridge.set_free_hint(wrong)
+        del t
+        check(torch.cuda.memory_allocated() == base,
+              "a free named device %d: %d bytes still allocated over %d"
+              % (wrong, torch.cuda.memory_allocated(), base))
+    made = [torch.empty(MIB * (k + 1), dtype=torch.uint8, device="cuda") for k in range(4)]
+    seen = []
+
+    def free_them():
+        seen.append(bridge.free_hint())
+        made.clear()
+        seen.append(bridge.free_hint())
+
+    worker = threading.Thread(target=free_them)
+    worker.start()
+    worker.join()
+    check(seen == [-1, device], "the freeing thread's hint went %s, not [-1, %d]" % (seen, device))
+    check(torch.cuda.memory_allocated() == base, "a thread that never allocated left %d bytes"
+          % (torch.cuda.memory_allocated() - base))
+    stats = gpu_alloc.memory_stats()
+    check(stats["allocation.all.current"] == 1, "one live block (keep), not %d"
+          % stats["allocation.all.current"])
+    del keep
+    return "frees under hints %d and 63 and from a thread that never allocated: none left" % (
+        device + 1)
+
+
 def scenario_engine_per_stream():
     """engine_per_stream:True under PyTorch: four threads, each on its own stream, train a
     small model and free tensors the others made; the statistics are the device's (equal
