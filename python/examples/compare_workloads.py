@@ -513,6 +513,53 @@ def verdict(ratios, target=STEP_TARGET):
     return "undecided (~%d rounds)" % max(need, len(ratios) + 1)
 
 
+def median_interval(ratios):
+    """(median, low, high): the median of per-round ratios with a distribution-free
+    interval of at least 95% coverage, the order statistics k + 1 and n - k of the sorted
+    ratios for the largest k with P(Binomial(n, 1/2) <= k) <= 0.025. A round whose whole
+    process ran slow (the host, not the allocator: every step of it slower alike) moves
+    the geometric mean and widens its t interval, where it moves the median by one place.
+    None with fewer than six rounds (no such k)."""
+    n = len(ratios)
+    below, k = 0.0, -1
+    while True:
+        below += math.comb(n, k + 1) / 2.0 ** n
+        if below > 0.025:
+            break
+        k += 1
+    if k < 0:
+        return None
+    ordered = sorted(ratios)
+    return statistics.median(ordered), ordered[k], ordered[n - k - 1]
+
+
+def median_verdict(ratios, target=STEP_TARGET):
+    """'within' when the median's interval lies at or below `target`, 'above' when it lies
+    above, 'undecided' across it; '-' with too few rounds for an interval."""
+    interval = median_interval(ratios)
+    if interval is None:
+        return "-"
+    _, low, high = interval
+    return "within" if high <= target else "above" if low > target else "undecided"
+
+
+def pooled(runs_by_file):
+    """The results of several calls as one set of rounds: each file's round k (untagged
+    is 1) becomes round offset + k, the offset being the rounds of the files before it,
+    so that repeat_summary pairs each run with its own round's reference."""
+    out, offset = [], 0
+    for results in runs_by_file:
+        most = 0
+        for r in results:
+            base, tag = split_tag(r.get("alloc", ""))
+            k = int(tag) if tag.isdigit() else 1
+            most = max(most, k)
+            n = offset + k
+            out.append(dict(r, alloc=base if n == 1 else "%s#%d" % (base, n)))
+        offset += most
+    return out
+
+
 def repeat_summary(results, ref_alloc=REF_ALLOC):
     """Markdown lines summarising settings run more than once ('#tag' rounds): every
     round's median step, and its ratio to the ref_alloc run of the same round (the run
@@ -542,11 +589,15 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
            "which counts the slow steps the median leaves out; its geometric mean over the "
            "rounds with a 95%% t interval, and whether that interval lies within the %.2f "
            "target, above it, or across it, with about how many rounds at the same spread "
-           "would decide):" % (ref_alloc, ref_alloc, STEP_TARGET), "",
+           "would decide; then the median of the mean-step ratios with its distribution-free "
+           "95%% interval (order statistics, six rounds or more), which a whole slow process "
+           "moves by one place only, and its verdict):" % (ref_alloc, ref_alloc, STEP_TARGET),
+           "",
            "| workload | allocator | rounds | step ms per round | ratio per round | median ratio "
            "| best / best | mean-step ratio per round | median mean-step ratio "
-           "| mean-step ratio, 95%% interval | vs %.2f |" % STEP_TARGET,
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| mean-step ratio, 95%% interval | vs %.2f | median's 95%% interval "
+           "| vs %.2f by the median |" % (STEP_TARGET, STEP_TARGET),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w, base in repeated:
         runs = rounds[(w, base)]
         ref = rounds.get((w, ref_alloc), {})
@@ -556,7 +607,8 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
         mine, ref_means = means[(w, base)], means.get((w, ref_alloc), {})
         mean_ratios = [mine[t] / ref_means[t] for t in tags if t in mine and ref_means.get(t)]
         interval = ratio_interval(mean_ratios)
-        out.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        by_median = median_interval(mean_ratios)
+        out.append("| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             w, base, len(tags), " / ".join("%.2f" % runs[t] for t in tags),
             " / ".join("%.3f" % x for x in ratios) or "-",
             "%.3f" % statistics.median(ratios) if ratios else "-",
@@ -564,7 +616,9 @@ def repeat_summary(results, ref_alloc=REF_ALLOC):
             " / ".join("%.3f" % x for x in mean_ratios) or "-",
             "%.3f" % statistics.median(mean_ratios) if mean_ratios else "-",
             "%.3f (%.3f-%.3f)" % interval if interval else "-",
-            verdict(mean_ratios) if base != ref_alloc else "-"))
+            verdict(mean_ratios) if base != ref_alloc else "-",
+            "%.3f-%.3f" % by_median[1:] if by_median else "-",
+            median_verdict(mean_ratios) if base != ref_alloc else "-"))
     return out
 
 
@@ -1308,11 +1362,16 @@ def main(argv=None):
                     help="gpualloc runs time the library's own malloc and free calls "
                          "(GPUALLOC_TIME_CALLS=1): the report gives their time per timed step "
                          "and its share of the step, which bounds what the allocator adds")
-    ap.add_argument("--from-json", metavar="FILE", help="only print the table of an earlier run's JSON")
+    ap.add_argument("--from-json", metavar="FILE[,FILE...]",
+                    help="only print the table of an earlier run's JSON; several files "
+                         "(comma-separated) are pooled, their rounds numbered on")
     args = ap.parse_args(argv)
     if args.from_json:
-        with open(args.from_json) as f:
-            sys.stdout.write(make_table(json.load(f)))
+        files = []
+        for path in args.from_json.split(","):
+            with open(path) as f:
+                files.append(json.load(f))
+        sys.stdout.write(make_table(files[0] if len(files) == 1 else pooled(files)))
         return 0
     workloads = _pick(args.workloads, DEFAULT_WORKLOADS, WORKLOADS)
     allocs = _pick(args.allocs, DEFAULT_ALLOCS, DEFAULT_ALLOCS)

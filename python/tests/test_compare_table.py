@@ -277,9 +277,57 @@ class IntervalTest(unittest.TestCase):
                         run("gpualloc" + tag, [ours], 0, G, G, FP)]
         rows = {line.split(" | ")[1]: line for line in cw.repeat_summary(results)
                 if line.startswith("| w1 ")}
-        self.assertTrue(rows["gpualloc"].endswith("| within |"), rows["gpualloc"])
+        # Three rounds: within by the t interval; too few for the median's interval.
+        self.assertTrue(rows["gpualloc"].endswith("| within | - | - |"), rows["gpualloc"])
         self.assertIn("| 1.003 (", rows["gpualloc"])
-        self.assertTrue(rows["torch"].endswith("| 1.000 (1.000-1.000) | - |"), rows["torch"])
+        self.assertTrue(rows["torch"].endswith("| 1.000 (1.000-1.000) | - | - | - |"),
+                        rows["torch"])
+
+    def test_the_median_interval_is_order_statistics(self):
+        self.assertIsNone(cw.median_interval([1.0] * 5))  # P(B(5) <= 0) = 1/32 > 0.025
+        # Six rounds: k = 0 (1/64 <= 0.025; 7/64 is not): the extremes.
+        self.assertEqual(cw.median_interval([1.03, 0.98, 1.0, 1.01, 0.99, 1.02]),
+                         (1.005, 0.98, 1.03))
+        # 38 rounds: k = 12 (P(B(38) <= 12) = 0.0168, <= 13 is 0.0362): the 13th and 26th.
+        ratios = [1.0 + i / 1000.0 for i in range(38)]
+        median, low, high = cw.median_interval(ratios)
+        self.assertAlmostEqual(median, 1.0185)
+        self.assertEqual((low, high), (ratios[12], ratios[25]))
+        # One whole slow process moves the median's interval by one place at most.
+        slow = ratios[:-1] + [1.5]
+        self.assertEqual(cw.median_interval(slow)[1:], (ratios[12], ratios[25]))
+
+    def test_the_verdict_by_the_median(self):
+        self.assertEqual(cw.median_verdict([1.0, 1.005, 0.995, 1.0, 1.01, 0.99]), "within")
+        self.assertEqual(cw.median_verdict([1.05, 1.06, 1.055, 1.05, 1.03, 1.04]), "above")
+        self.assertEqual(cw.median_verdict([0.99, 1.05, 1.00, 1.04, 1.0, 1.03]), "undecided")
+        self.assertEqual(cw.median_verdict([1.0] * 5), "-")
+        # Two slow processes out of twelve leave the median within; the t interval is not.
+        ratios = [1.0, 1.005, 0.995, 1.002, 0.998, 1.001, 0.999, 1.003, 0.997, 1.0, 1.25, 1.3]
+        self.assertEqual(cw.median_verdict(ratios), "within")
+        self.assertTrue(cw.verdict(ratios).startswith("undecided"), cw.verdict(ratios))
+
+    def test_files_pool_into_rounds_numbered_on(self):
+        first = [run("torch", [10.0], 0, G, G, FP), run("gpualloc", [10.0], 0, G, G, FP),
+                 run("gpualloc#2", [22.0], 0, G, G, FP), run("torch#2", [20.0], 0, G, G, FP)]
+        second = [run("torch", [10.0], 0, G, G, FP), run("gpualloc", [10.5], 0, G, G, FP)]
+        got = [r["alloc"] for r in cw.pooled([first, second])]
+        self.assertEqual(got, ["torch", "gpualloc", "gpualloc#2", "torch#2", "torch#3",
+                               "gpualloc#3"])
+        rows = {line.split(" | ")[1]: line for line in cw.repeat_summary(cw.pooled([first, second]))
+                if line.startswith("| w1 ")}
+        self.assertIn("| 1.000 / 1.100 / 1.050 |", rows["gpualloc"])
+        with tempfile.TemporaryDirectory() as d:
+            paths = []
+            for k, results in enumerate((first, second)):
+                paths.append(os.path.join(d, "r%d.json" % k))
+                with open(paths[-1], "w") as f:
+                    json.dump(results, f)
+            script = os.path.join(os.path.dirname(HERE), "examples", "compare_workloads.py")
+            p = subprocess.run([sys.executable, script, "--from-json", ",".join(paths)],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("| w1 | gpualloc | 3 |", p.stdout)
 
 
 class MovesTest(unittest.TestCase):
