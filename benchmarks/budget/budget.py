@@ -470,6 +470,8 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
             if ok:
                 row["moves_per_step"] = best["per_step"]
         out["budgets"].append(row)
+        # What a timeout would otherwise lose: the budgets finished so far.
+        print("PARTIAL " + json.dumps(out), flush=True)
         moved = row.get("moves_per_step") or {}
         print("%s %s budget %.2f GiB: batch %s, %s %s/s%s" % (
             workload, alloc, budget / GIB, row["batch"], rate and round(rate), unit,

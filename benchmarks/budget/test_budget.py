@@ -122,6 +122,26 @@ class BudgetTests(unittest.TestCase):
         self.assertIn("+: 4 times the reference batch ran too", table)
         self.assertNotIn("+: ", budget.make_table([result("torch", 30, 800.0, 9 * GIB)]))
 
+    def test_a_child_out_of_time_keeps_the_budgets_it_finished(self):
+        # A child that finished one budget, printed it, and hung in the next.
+        done = result("gpualloc:budget", 9, 1100.0, 9 * GIB)
+        code = ("import json, sys, time\n"
+                "print('PARTIAL ' + json.dumps(%r), flush=True)\n"
+                "time.sleep(60)\n" % (done,))
+        res = budget.cw.child_result([sys.executable, "-c", code], dict(os.environ), 3,
+                                     "llama_varlen_train", "gpualloc:budget")
+        self.assertEqual(res["error"], "timeout after 3 s")
+        self.assertEqual(res["budgets"], done["budgets"])
+        table = budget.make_table([result("torch", 8, 1000.0, 9 * GIB), res])
+        self.assertIn("| gpualloc:budget | 1 | 9 | 1100 tokens |", table)
+        self.assertIn("- FAILED llama_varlen_train / gpualloc:budget / round 1: timeout after "
+                      "3 s", table)
+        # Nothing printed (or a line cut off): the error alone, as before.
+        self.assertIsNone(budget.cw.last_partial(b""))
+        self.assertIsNone(budget.cw.last_partial(b'PARTIAL {"budg'))
+        self.assertEqual(budget.cw.last_partial(b'x\nPARTIAL {"a": 1}\nPARTIAL {"a": 2}\n'),
+                         {"a": 2})
+
     def test_old_json_without_rounds_still_renders(self):
         # A JSON of one pass, as written before rounds: no round field, cumulative page
         # moves only, and the calibration run without budgets.

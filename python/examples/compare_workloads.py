@@ -1259,7 +1259,9 @@ def run_child(workload, alloc, args, gpu, cpus):
 def child_result(cmd, env, timeout, workload, alloc, cpus=None, gpu=None):
     """Runs a child that ends its output with a `RESULT <json>` line, pinned to `cpus` and
     seeing only GPU `gpu` (None: neither changed): that JSON, or a dict whose `error` says
-    how the child ended; with its `proc_s`, and its `cpus` and `gpu` where given."""
+    how the child ended; with its `proc_s`, and its `cpus` and `gpu` where given. A child
+    that ran out of time keeps what its last `PARTIAL <json>` line said it had finished,
+    with the error beside it."""
     if gpu is not None:
         env = dict(env, CUDA_VISIBLE_DEVICES=str(gpu))
     t0 = time.perf_counter()
@@ -1272,14 +1274,29 @@ def child_result(cmd, env, timeout, workload, alloc, cpus=None, gpu=None):
         else:
             res = {"workload": workload, "alloc": alloc, "rc": p.returncode,
                    "error": "rc %s: %s" % (p.returncode, (p.stderr or p.stdout)[-1500:])}
-    except subprocess.TimeoutExpired:  # run() killed the child
-        res = {"workload": workload, "alloc": alloc, "error": "timeout after %g s" % timeout}
+    except subprocess.TimeoutExpired as e:  # run() killed the child
+        res = last_partial(e.stdout) or {"workload": workload, "alloc": alloc}
+        res["error"] = "timeout after %g s" % timeout
     res["proc_s"] = round(time.perf_counter() - t0, 2)
     if cpus:
         res["cpus"] = cpus
     if gpu is not None:
         res["gpu"] = gpu
     return res
+
+
+def last_partial(stdout):
+    """The JSON of the last `PARTIAL <json>` line of a child's output (bytes or text, as
+    a timeout leaves it), or None."""
+    if not stdout:
+        return None
+    if isinstance(stdout, bytes):
+        stdout = stdout.decode(errors="replace")
+    lines = [l for l in stdout.splitlines() if l.startswith("PARTIAL ")]
+    try:
+        return json.loads(lines[-1][len("PARTIAL "):]) if lines else None
+    except ValueError:  # cut off mid-line
+        return None
 
 
 def report_run(res):
