@@ -8,7 +8,10 @@
 // allocator's share of at::empty, measured"). So each thread remembers the
 // device of its last allocation through the bridge, and asks the runtime only
 // for its first free when it has allocated nothing (autograd's threads free
-// what others made).
+// what others made). A thread that allocates on several devices names the last
+// one; a free of another device's block then costs the library's search (one
+// lookup under each other device's lock), as a free named with the thread's
+// current device did whenever that was not the block's.
 
 #pragma once
 
