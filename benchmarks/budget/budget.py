@@ -46,6 +46,10 @@ i-th of the round's order on GPU i and the i-th of --cpus's ';'-separated lists 
 `apart:N`, lists of N physical cores that share none), so that the rates of one round
 see the same host; each result records its `gpu`.
 
+--no-limit-rates: after each round, PyTorch's default runs every batch the round's
+allocators fitted with no budget at all; a table gives each cell's share of that rate at
+its batch, and per budget the most that fitting a larger batch can give.
+
 Writes DIR/budget.json and DIR/budget.md (default $OUT or /tmp); --from-json re-renders.
 """
 import argparse
@@ -426,6 +430,17 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
         counters = TimedCounters(lambda: moves_counters(gpu_alloc.memory_stats()))
     out = {"workload": workload, "alloc": alloc, "unit": unit, "device_total": total,
            "torch": torch.__version__, "device": torch.cuda.get_device_name(), "budgets": []}
+    if isinstance(budgets, dict):  # --no-limit-rates: each batch with no budget at all
+        out["no_limit"] = []
+        for batch in budgets["batches"]:
+            ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup,
+                                               passes)
+            out["no_limit"].append({"batch": batch, "ok": ok, "rate": rate,
+                                    "mean_step_ms": mean_ms, "error": err})
+            print("PARTIAL " + json.dumps(out), flush=True)
+        del out["budgets"]
+        print("RESULT " + json.dumps(out), flush=True)
+        return
     if not budgets:  # calibration: the reference batch with no budget
         ok, rate, mean_ms, err = run_batch(torch, step, reset, reference, steps, warmup, passes)
         out.update(ok=ok, rate=rate, mean_step_ms=mean_ms, error=err, batch=reference,
@@ -559,6 +574,73 @@ def summarize(results, ref="torch"):
     return rows
 
 
+def fitted_batches(results):
+    """The batches the results' allocators fitted at any budget, ascending."""
+    return sorted({b["batch"] for r in results for b in r.get("budgets") or []
+                   if b.get("batch")})
+
+
+def no_limit_rates(results):
+    """{(workload, round): {batch: rate}} of the --no-limit-rates runs (PyTorch's default,
+    no budget), the batches that ran."""
+    out = {}
+    for r in results:
+        for b in r.get("no_limit") or []:
+            if b.get("ok") and b.get("rate"):
+                out.setdefault((r["workload"], r.get("round", 1)), {})[b["batch"]] = b["rate"]
+    return out
+
+
+def no_limit_lines(results, rows, ref="torch", threshold=1.2):
+    """With --no-limit-rates: per workload, budget and allocator, the mean over rounds of
+    the rate with no limit at the batch the allocator fitted (PyTorch's default, the same
+    round) and the mean of the allocator's rate over it; then per budget the most any
+    allocator could give: the no-limit rate at the largest batch fitted there over `ref`'s
+    rate, the mean over rounds. Empty without such runs."""
+    free = no_limit_rates(results)
+    if not free:
+        return []
+    table = cells(results)
+    lines = ["", "Against the rate with no limit at the same batch (PyTorch's default, no "
+             "budget, the same round): what any allocator could reach at that batch, and "
+             "the share of it each reached; then, per budget, the no-limit rate at the "
+             "largest batch any allocator fitted over %s's rate there: the most that fitting "
+             "a larger batch can give at that budget (rounds' mean):" % ref, "",
+             "| workload | budget GiB | allocator | batch | rate, mean | no-limit rate at "
+             "its batch, mean | share of it |", "|---|---|---|---|---|---|---|"]
+    reach = {}
+    for row in rows:
+        key = (row["workload"], row["budget"], row["alloc"])
+        bounds, shares = [], []
+        for rnd, (_, b) in sorted(table[key].items()):
+            bound = free.get((row["workload"], rnd), {}).get(b.get("batch"))
+            if bound:
+                bounds.append(bound)
+                if b.get("rate"):
+                    shares.append(b["rate"] / bound)
+        lines.append("| %s | %.2f | %s | %s | %s | %s | %s |" % (
+            row["workload"], row["budget"] / GIB, row["alloc"], batch_text(row["batches"]),
+            _fmt(row["rate_mean"], "%.0f"), _fmt(_mean(bounds), "%.0f"),
+            _fmt(_mean(shares), "%.3f")))
+        reach.setdefault((row["workload"], row["budget"]), []).append(row)
+    for (w, budget), cell_rows in reach.items():
+        ratios = []
+        for rnd in sorted({k for r in cell_rows for k in r["batches"]}):
+            fitted = [table[(w, budget, r["alloc"])][rnd][1] for r in cell_rows
+                      if rnd in table[(w, budget, r["alloc"])]]
+            largest = max((b.get("batch") or 0 for b in fitted), default=0)
+            ref_b = table.get((w, budget, ref), {}).get(rnd)
+            bound = free.get((w, rnd), {}).get(largest)
+            if bound and ref_b and ref_b[1].get("rate"):
+                ratios.append(bound / ref_b[1]["rate"])
+        mean = _mean(ratios)
+        if mean is not None:
+            lines.append("- %s at %.2f GiB: a larger batch can give at most %.2fx %s's rate "
+                         "(%s %.1fx)" % (w, budget / GIB, mean, ref,
+                                         ">=" if mean >= threshold else "<", threshold))
+    return lines
+
+
 def batch_text(batches):
     """The largest batch over rounds: '8', 'none', or '7-8' when the rounds disagree."""
     values = list(batches.values())
@@ -644,6 +726,7 @@ def make_table(results):
         lines += ["", "+: %d times the reference batch ran too, the largest tried: the budget "
                   "did not bind." % CEILING]
     lines += [""] + workload_summary(rows)
+    lines += no_limit_lines(results, rows)
     lines += host_call_lines(results)
     failed = ["- FAILED %s / %s / round %s: %s" % (
         r.get("workload"), r.get("alloc"), r.get("round", 1),
@@ -778,6 +861,10 @@ def main(argv=None):
     ap.add_argument("--time-calls", action="store_true",
                     help="gpualloc children time the library's own malloc and free calls "
                          "(GPUALLOC_TIME_CALLS=1): per timed step in the table")
+    ap.add_argument("--no-limit-rates", action="store_true",
+                    help="after each round, PyTorch's default runs every batch an allocator "
+                         "fitted with no budget at all: the rate any allocator could reach at "
+                         "that batch, and how much of it each reached (a table of its own)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -826,7 +913,14 @@ def main(argv=None):
             w, cal["peak_allocated"] / GIB, cal["peak_reserved"] / GIB, cal["batch"],
             ", ".join("%.2f" % (b / GIB) for b in budgets)), flush=True)
         for rnd in range(1, args.rounds + 1):
-            for res in run_round(w, allocs, rnd, budgets, args):
+            done = run_round(w, allocs, rnd, budgets, args)
+            if args.no_limit_rates:
+                batches = fitted_batches(done)
+                if batches:
+                    done.append(run_child(w, "torch", {"batches": batches}, args.steps,
+                                          args.timeout, args.cpus[0] if args.cpus else None,
+                                          gpu=0 if args.side_by_side else None))
+            for res in done:
                 res["round"] = rnd
                 results.append(res)
                 if res.get("error"):

@@ -289,6 +289,45 @@ class BudgetTests(unittest.TestCase):
             ("torch", 0), ("torch", 1), ("gpualloc:budget", 1), ("gpualloc:budget", 2),
             ("torch", 2)])
 
+    def test_no_limit_rates_run_the_fitted_batches_after_each_round(self):
+        calls = []
+        fitted = {"torch": 6, "gpualloc:budget": 8}
+
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
+                       snapshot=None, gpu=None):
+            calls.append((alloc, budgets))
+            if isinstance(budgets, dict):  # no limit: rate 100 a sequence of the batch
+                return {"workload": workload, "alloc": alloc, "unit": "tokens",
+                        "device": "d", "no_limit": [
+                            {"batch": b, "ok": True, "rate": 100.0 * b} for b in
+                            budgets["batches"]]}
+            res = child_result(workload, alloc, budgets, GIB)
+            for b in res.get("budgets", []):
+                b["batch"] = fitted[alloc]
+                b["rate"] = {"torch": 500.0, "gpualloc:budget": 720.0}[alloc]
+            return res
+
+        saved = main_with(fake_child, ["llama_varlen_train", "torch,gpualloc:budget",
+                                       "--rounds", "2", "--shares", "0.5",
+                                       "--no-limit-rates"])
+        # After each round's two children, one no-limit child of the batches they fitted.
+        self.assertEqual([c for c in calls if isinstance(c[1], dict)],
+                         [("torch", {"batches": [6, 8]})] * 2)
+        self.assertEqual([(r["alloc"], r["round"], "no_limit" in r) for r in saved[1:4]],
+                         [("torch", 1, False), ("gpualloc:budget", 1, False),
+                          ("torch", 1, True)])
+        table = budget.make_table(saved)
+        # gpualloc at batch 8: 720 of 800 with no limit; torch at 6: 500 of 600.
+        self.assertIn("| llama_varlen_train | 2.00 | gpualloc:budget | 8 | 720 | 800 | 0.900 |",
+                      table)
+        self.assertIn("| llama_varlen_train | 2.00 | torch | 6 | 500 | 600 | 0.833 |", table)
+        # The most a larger batch gives there: 800 (batch 8, no limit) over torch's 500.
+        self.assertIn("- llama_varlen_train at 2.00 GiB: a larger batch can give at most "
+                      "1.60x torch's rate (>= 1.2x)", table)
+        # The no-limit runs add no row to the main table.
+        self.assertEqual(table.count("| llama_varlen_train | 2.00 | torch | 2 |"), 1)
+        self.assertEqual(budget.no_limit_lines(saved[:3], budget.summarize(saved[:3])), [])
+
     def test_side_by_side_needs_a_cpu_list_an_allocator(self):
         with contextlib.redirect_stderr(io.StringIO()):
             with self.assertRaises(SystemExit):
