@@ -15,6 +15,7 @@
 
 #pragma once
 
+#include <c10/macros/Macros.h>
 #include <cuda_runtime_api.h>
 
 namespace gpu_alloc_bridge::free_hint {
@@ -27,7 +28,7 @@ inline void on_alloc(int d) { device = d; }
 
 // The device to name for a free on this thread.
 inline int for_free() {
-  if (__builtin_expect(device >= 0, 1)) {
+  if (C10_LIKELY(device >= 0)) {
     return device;
   }
   int d = 0;
