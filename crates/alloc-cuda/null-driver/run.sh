@@ -16,7 +16,8 @@
 #     (null_driver_faults.rs), the C library's call times
 #     (null_driver_call_times.rs) and its engines per stream
 #     (null_driver_per_stream.rs) and per stream and thread
-#     (null_driver_per_thread.rs) (.ci/run runs them).
+#     (null_driver_per_thread.rs), and frees that name another device
+#     (null_driver_devices.rs) (.ci/run runs them).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
@@ -42,6 +43,7 @@ if [ "${1:-}" = "--tests" ]; then
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_call_times -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_per_stream -- --ignored
   GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_per_thread -- --ignored
+  GPUALLOC_NULL_DRIVER=1 cargo test --workspace --test null_driver_devices -- --ignored
   exit 0
 fi
 

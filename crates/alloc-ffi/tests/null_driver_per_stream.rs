@@ -95,6 +95,11 @@ fn an_engine_per_stream_serves_the_c_library() {
     // A pointer no engine holds is an error, not a crash.
     gpualloc_free(0x1000 as *mut c_void, 0, 0, null_mut());
     assert!(common::last_error().contains("not allocated by gpualloc"));
+    // A free naming a device without engines finds the block where it lives.
+    let p = gpualloc_malloc(MIB, 0, PER_THREAD);
+    assert!(!p.is_null(), "{}", common::last_error());
+    gpualloc_free(p, 0, 5, null_mut());
+    assert_eq!(common::stats(0)["allocated_bytes.all.current"], 0);
 
     // The snapshot has every engine's segments.
     let text = gpualloc_snapshot_text(0);
