@@ -40,6 +40,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python", "examples"))
+import compare_workloads as cw  # noqa: E402  (the interval of per-round ratios)
 BUNDLE = os.path.join(REPO, "gpu-bundle", "host_cost")
 
 TORCH_RAW = "torch raw_alloc"
@@ -730,17 +732,21 @@ def targets(cells, summary, paths):
                                  ours, ref, k[0], k[1], k[2], k[3], r[0], "" if r[2] else "*",
                                  "met" if r[0] >= 2 else "NOT met"))
     shares = call_shares(cells)
+    per_round = round_ratios(cells)
     for k in sorted({k[1:] for k in shares if k[0] == BRIDGE_EMPTY},
                     key=lambda k: (order_of(cells, k[0]), k[1], k[2], k[3])):
         both = bridge_over_pytorch(shares, k)
         if both is None:
             continue
         ours, theirs, r = both
-        lines.append("the allocator's share of an at::empty call, bridge / PyTorch's, %s, %s "
-                     "streams, %d threads, %d devices: %.0f / %.0f ns = %s (target <= 0.5: %s)" % (
-                         k[0], k[1], k[2], k[3], ours, theirs,
-                         "n/a" if r is None else "%.2f" % r,
-                         "met" if r is not None and r <= 0.5 else "NOT met"))
+        line = ("the allocator's share of an at::empty call, bridge / PyTorch's, %s, %s "
+                "streams, %d threads, %d devices: %.0f / %.0f ns = %s (target <= 0.5: %s)" % (
+                    k[0], k[1], k[2], k[3], ours, theirs, "n/a" if r is None else "%.2f" % r,
+                    "met" if r is not None and r <= 0.5 else "NOT met"))
+        v = rounds_verdict(per_round.get(k, []))
+        if v is not None:
+            line += "; per process round %s: %s" % v
+        lines.append(line)
     return lines
 
 
@@ -797,6 +803,40 @@ SHARE_NOTE = (
     "allocator; the two at::empty paths still ran in two processes.")
 
 
+def process_rounds(cells):
+    """The --process-rounds numbers the pair0 cells ran in, ascending (1 without any)."""
+    return sorted({c.get("process_round", 1) for c in cells if "phase_p50_ns" in c})
+
+
+def round_ratios(cells):
+    """With several process rounds: cell key -> the bridge's share over PyTorch's in each
+    round both had one (each round's shares from its own processes, which ran next to
+    each other); {} with one round."""
+    rounds = process_rounds(cells)
+    if len(rounds) < 2:
+        return {}
+    out = {}
+    for r in rounds:
+        shares = call_shares([c for c in cells if c.get("process_round", 1) == r])
+        for k in {k[1:] for k in shares if k[0] == BRIDGE_EMPTY}:
+            both = bridge_over_pytorch(shares, k)
+            if both is not None and both[2] is not None and both[2] > 0:
+                out.setdefault(k, []).append(both[2])
+    return out
+
+
+def rounds_verdict(ratios, target=0.5):
+    """(the rounds' ratios as text: their geometric mean and its 95% t interval, as
+    compare_workloads.ratio_interval takes it; whether that interval lies at or below
+    `target`: met, NOT met above it, else undecided), or None under two rounds."""
+    interval = cw.ratio_interval(ratios)
+    if interval is None:
+        return None
+    mean, low, high = interval
+    verdict = "met" if high <= target else "NOT met" if low > target else "undecided"
+    return "%.2f (%.2f-%.2f) over %d process rounds" % (mean, low, high, len(ratios)), verdict
+
+
 def share_table(cells):
     """The allocator's share of a call on each pair0 path, a row per cell key, with the
     bridge's over PyTorch's ("" without pair0 cells)."""
@@ -810,8 +850,11 @@ def share_table(cells):
     for _, n in present:
         head += ["%s ns" % n, "%s share ns" % n]
     both = {AT_EMPTY, BRIDGE_EMPTY} <= {p for p, _ in present}
+    per_round = round_ratios(cells) if both else {}
     if both:
         head.append("bridge share / PyTorch's")
+    if per_round:
+        head += ["per process round", "geometric mean (95%)"]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
 
     def fmt(ns):
@@ -825,6 +868,11 @@ def share_table(cells):
         if both:
             r = (bridge_over_pytorch(shares, k) or (None, None, None))[2]
             row.append("n/a" if r is None else "%.2f" % r)
+        if per_round:
+            got = per_round.get(k, [])
+            row.append(" / ".join("%.2f" % x for x in got) or "n/a")
+            v = rounds_verdict(got)
+            row.append("n/a" if v is None else v[0].split(" over ")[0])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -952,6 +1000,9 @@ def parse_args(argv=None):
     ap.add_argument("--path-per-process", action="store_true",
                     help="each of PyTorch's C++ paths (raw_alloc, at::empty) in a process of "
                     "its own, the other paths of its process in another")
+    ap.add_argument("--process-rounds", type=int, default=1, metavar="N",
+                    help="run the GPU processes N times, rotated: the share table then gives "
+                    "the bridge's share over PyTorch's per round and their interval")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--child", choices=("native", "bridge", "cpu") + tuple(PLUGGABLE),
                     help=argparse.SUPPRESS)
@@ -976,6 +1027,8 @@ def parse_args(argv=None):
                      "layouts build one CudaAllocator each, which refuses it")
         args.rust_engines = list(dict.fromkeys(
             "stream" if m == "device" else m for m in args.rust_engines))
+    if args.process_rounds < 1:
+        ap.error("--process-rounds is at least 1")
     if args.sample_every < 1 or args.repeats < 1 or args.window <= 0:
         ap.error("--sample-every and --repeats are at least 1, --window above 0")
     if any(w["with_zero"] for w in args.workloads) and args.sample_every % 2 == 0:
@@ -1024,16 +1077,20 @@ def main(argv=None):
         null_so = None
         if "pluggable-null" in processes(args):
             null_so = build_null_pluggable(args.out, largest_request(args.workloads))
-        for which in processes(args):
-            for kinds in child_runs(args, which):
-                extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
-                if kinds is not None:
-                    extra += ["--kinds", ",".join(kinds)]
-                got = run_child(args, which, extra=extra)
-                cells += got["cells"]
-                info.update(got["info"])
-                # what is measured so far survives a run stopped before its end
-                save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
+        for rnd in range(1, args.process_rounds + 1):
+            # each round its processes rotated, so that following another falls on each
+            for which in rotate(processes(args), rnd - 1):
+                for kinds in child_runs(args, which):
+                    extra = ["--null-pluggable", null_so] if which == "pluggable-null" else []
+                    if kinds is not None:
+                        extra += ["--kinds", ",".join(kinds)]
+                    got = run_child(args, which, extra=extra)
+                    for c in got["cells"]:
+                        c["process_round"] = rnd
+                    cells += got["cells"]
+                    info.update(got["info"])
+                    # what is measured so far survives a run stopped before its end
+                    save(args, argv, {"info": info, "cells": cells, "partial": True}, t0)
         env = None
     if not args.no_rust and rust_workloads(args):
         if os.path.isfile(args.gpu_bench):

@@ -3,6 +3,7 @@ GPU), and host_threads.py end to end over the null driver (the C library and gpu
 --threads of a cargo build; skipped when none is built, unless GPUALLOC_TESTS_REQUIRE_TOOLS=1):
 python3 benchmarks/host_cost/test_host_cost.py"""
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -301,6 +302,52 @@ class ZeroPairsShareTest(unittest.TestCase):
         text = ht.report(cells, ht.PATHS, False, {})
         self.assertIn("### The allocator's share of a call, against 0-byte pairs", text)
         self.assertEqual(ht.share_table([cell(ht.AT_EMPTY, "native", 0, 4)]), "")
+
+
+class ProcessRoundsTest(unittest.TestCase):
+    def cells(self, bridge_shares):
+        """One cell of each path a process round: PyTorch's share 400 ns each round, the
+        bridge's as given."""
+        out = []
+        for rnd, share in enumerate(bridge_shares, 1):
+            for c in (zero_cell(ht.AT_EMPTY, "native", 0, (1200, 800, 700, 500)),
+                      zero_cell(ht.BRIDGE_EMPTY, "bridge", 0,
+                                (600 + share, 600 + share, 600, 600))):
+                c["process_round"] = rnd
+                out.append(c)
+        return out
+
+    def test_each_round_pairs_its_own_processes_and_the_interval_decides(self):
+        # The bridge's share 160, 180, 200 ns: 0.40, 0.45, 0.50 of PyTorch's.
+        cells = self.cells([160, 180, 200])
+        k = ("512 B pair, 0 B pairs between", "own", 1, 1)
+        self.assertEqual([round(r, 2) for r in ht.round_ratios(cells)[k]], [0.4, 0.45, 0.5])
+        table = ht.share_table(cells).splitlines()
+        self.assertTrue(table[0].endswith("| per process round | geometric mean (95%) |"))
+        self.assertIn("| 0.45 | 0.40 / 0.45 / 0.50 | 0.45 (", table[2])
+        line = [l for l in ht.targets(cells, ht.summarize(cells), ht.PATHS) if "share" in l][0]
+        # Three rounds spread 0.40-0.50: the interval reaches past 0.5.
+        self.assertIn("; per process round 0.45 (", line)
+        self.assertTrue(line.endswith("over 3 process rounds: undecided"), line)
+        tight = self.cells([160, 164, 168, 162, 166])
+        line = [l for l in ht.targets(tight, ht.summarize(tight), ht.PATHS) if "share" in l][0]
+        self.assertTrue(line.endswith("over 5 process rounds: met"), line)
+        wide = self.cells([400, 410, 390])
+        line = [l for l in ht.targets(wide, ht.summarize(wide), ht.PATHS) if "share" in l][0]
+        self.assertTrue(line.endswith("over 3 process rounds: NOT met"), line)
+        # One round (no process_round, as before): no per-round columns or verdict.
+        one = ZeroPairsShareTest().cells()
+        self.assertEqual(ht.round_ratios(one), {})
+        self.assertNotIn("per process round", ht.share_table(one))
+
+    def test_the_option_and_the_rotation(self):
+        args = ht.parse_args(["--so", __file__, "--workloads", "pair0:512", "--process-rounds",
+                              "3", "--no-python", "--no-pluggable"])
+        self.assertEqual(args.process_rounds, 3)
+        self.assertEqual(ht.rotate(ht.processes(args), 1), ["bridge", "native"])
+        with contextlib.redirect_stderr(io.StringIO()):
+            with self.assertRaises(SystemExit):
+                ht.parse_args(["--so", __file__, "--process-rounds", "0"])
 
 
 class PluggablePlanTest(unittest.TestCase):
