@@ -743,9 +743,10 @@ def targets(cells, summary, paths):
                 "streams, %d threads, %d devices: %.0f / %.0f ns = %s (target <= 0.5: %s)" % (
                     k[0], k[1], k[2], k[3], ours, theirs, "n/a" if r is None else "%.2f" % r,
                     "met" if r is not None and r <= 0.5 else "NOT met"))
-        v = rounds_verdict(per_round.get(k, []))
+        got = per_round.get(k, [])
+        v = rounds_verdict(got)
         if v is not None:
-            line += "; per process round %s: %s" % v
+            line += "; per process round %s over %d process rounds: %s" % (v[0], len(got), v[1])
         lines.append(line)
     return lines
 
@@ -811,7 +812,8 @@ def process_rounds(cells):
 def round_ratios(cells):
     """With several process rounds: cell key -> the bridge's share over PyTorch's in each
     round both had one (each round's shares from its own processes, which ran next to
-    each other); {} with one round."""
+    each other); {} with one round. A round whose ratio is not above 0 (the bridge's share
+    lost in the loop's noise) is left out: the interval is taken on logarithms."""
     rounds = process_rounds(cells)
     if len(rounds) < 2:
         return {}
@@ -826,15 +828,16 @@ def round_ratios(cells):
 
 
 def rounds_verdict(ratios, target=0.5):
-    """(the rounds' ratios as text: their geometric mean and its 95% t interval, as
-    compare_workloads.ratio_interval takes it; whether that interval lies at or below
-    `target`: met, NOT met above it, else undecided), or None under two rounds."""
+    """The rounds' ratios' geometric mean and its 95% t interval (as
+    compare_workloads.ratio_interval takes it) as text, and whether that interval lies at
+    or below `target` (met), above it (NOT met) or across it (undecided); None under two
+    rounds."""
     interval = cw.ratio_interval(ratios)
     if interval is None:
         return None
     mean, low, high = interval
     verdict = "met" if high <= target else "NOT met" if low > target else "undecided"
-    return "%.2f (%.2f-%.2f) over %d process rounds" % (mean, low, high, len(ratios)), verdict
+    return "%.2f (%.2f-%.2f)" % (mean, low, high), verdict
 
 
 def share_table(cells):
@@ -872,7 +875,7 @@ def share_table(cells):
             got = per_round.get(k, [])
             row.append(" / ".join("%.2f" % x for x in got) or "n/a")
             v = rounds_verdict(got)
-            row.append("n/a" if v is None else v[0].split(" over ")[0])
+            row.append("n/a" if v is None else v[0])
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
