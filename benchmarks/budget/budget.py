@@ -429,7 +429,7 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
     if kind == "gpualloc":
         counters = TimedCounters(lambda: moves_counters(gpu_alloc.memory_stats()))
     out = {"workload": workload, "alloc": alloc, "unit": unit, "device_total": total,
-           "torch": torch.__version__, "device": torch.cuda.get_device_name(), "budgets": []}
+           "torch": torch.__version__, "device": torch.cuda.get_device_name()}
     if isinstance(budgets, dict):  # --no-limit-rates: each batch with no budget at all
         out["no_limit"] = []
         for batch in budgets["batches"]:
@@ -438,9 +438,9 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
             out["no_limit"].append({"batch": batch, "ok": ok, "rate": rate,
                                     "mean_step_ms": mean_ms, "error": err})
             print("PARTIAL " + json.dumps(out), flush=True)
-        del out["budgets"]
         print("RESULT " + json.dumps(out), flush=True)
         return
+    out["budgets"] = []
     if not budgets:  # calibration: the reference batch with no budget
         ok, rate, mean_ms, err = run_batch(torch, step, reset, reference, steps, warmup, passes)
         out.update(ok=ok, rate=rate, mean_step_ms=mean_ms, error=err, batch=reference,
