@@ -818,11 +818,13 @@ void bridge_delete(void* ptr) {
   profiled.on_free(ptr);
   // The device is a hint: the library finds the owning device itself. A
   // failed free is reported by the library on stderr (a deleter must not throw).
-  int device = free_hint::for_free();
+  int device = -1;
   if (history.watching()) {
     // The trace names the thread's current device.
     (void)cudaGetDevice(&device);
     history.on_free(ptr, static_cast<c10::DeviceIndex>(device));  // before another thread can reuse ptr
+  } else {
+    device = free_hint::for_free();
   }
   api.free(ptr, 0, device, nullptr);
 }
