@@ -23,7 +23,8 @@ How one (workload, allocator) is measured, in a process of its own:
      fails or CEILING (4) times the reference runs too (`capped`: the budget did not
      bind). The first step
      takes the longest sequence of the run, so that a batch that cannot fit fails at
-     once. An out-of-memory error frees the step's tensors, empties the cache and moves
+     once (--probe-steps N: the search runs on the first N steps alone, then the batch
+     found runs in full, stepping down the ladder while it fails). An out-of-memory error frees the step's tensors, empties the cache and moves
      to the next smaller batch. The largest batch whose steps all
      run is the answer; its throughput is the work of the steps after the warm-up over
      their time (a mean, not a median: throughput follows the mean). ViT's steps run
@@ -318,12 +319,41 @@ def batches_above(reference):
     return list(range(2 * reference + quarter, CEILING * reference + 1, quarter))
 
 
-def largest_batch(reference, run):
+# The children read --probe-steps here (their command line is the driver's own protocol).
+PROBE_ENV = "BUDGET_PROBE_STEPS"
+
+
+def largest_batch(reference, run, probe=None):
     """The largest batch that runs: `run(batch)` -> (ok, result) for batches from twice the
     reference down (batches_from) until one runs; if the first one, twice the reference,
     runs, then upward (batches_above) until one fails. Returns (batch, its result, the
     batches tried as (batch, ok, result), capped): batch 0 and result None when none
-    ran; capped when CEILING times the reference ran too (the budget did not bind)."""
+    ran; capped when CEILING times the reference ran too (the budget did not bind).
+
+    With `probe` (batch -> (ok, result), a shorter run) the same search runs on probes;
+    then the batch the probes found, and below it each smaller batch of the ladder until
+    one runs, is `run` in full: the same answer wherever a batch that fails its run fails
+    its probe too, and no more than one full run where the probes are right. A probe's
+    entry in `tried` has `"probe": True` in its result."""
+    if probe is None:
+        return _search(reference, run)
+    found, _, tried, capped = _search(reference, lambda b: _marked_probe(probe, b))
+    ladder = sorted(set(batches_from(reference) + batches_above(reference)), reverse=True)
+    for batch in [b for b in ladder if b <= found]:
+        ok, result = run(batch)
+        tried.append((batch, ok, result))
+        if ok:
+            return batch, result, tried, capped and batch == found
+    return 0, None, tried, False
+
+
+def _marked_probe(probe, batch):
+    ok, result = probe(batch)
+    return ok, dict(result, probe=True)
+
+
+def _search(reference, run):
+    """largest_batch's search over `run` alone."""
     tried = []
     for batch in batches_from(reference):
         ok, result = run(batch)
@@ -424,6 +454,7 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
     total = torch.cuda.mem_get_info()[1]
     reference, default_steps, passes, warmup, unit = WORKLOADS[workload]
     steps = steps or default_steps
+    probe_steps = min(int(os.environ.get(PROBE_ENV, "0") or 0), steps)
     step, reset = globals()[workload](torch, steps)
     counters = None
     if kind == "gpualloc":
@@ -462,12 +493,19 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
             return ok, {"rate": rate, "mean_step_ms": mean_ms, "error": err,
                         "per_step": per_step}
 
-        batch, best, tried, capped = largest_batch(reference, run)
+        def probe(batch):
+            ok, _, _, err = run_batch(torch, step, reset, batch, probe_steps, 0)
+            return ok, {"error": err}
+
+        batch, best, tried, capped = largest_batch(reference, run,
+                                                   probe if probe_steps else None)
         ok = best is not None
         rate = best["rate"] if ok else None
         mean_ms = best["mean_step_ms"] if ok else None
         row = {"budget": budget, "batch": batch, "rate": rate, "mean_step_ms": mean_ms,
-               "tried": [{"batch": b, "ok": k, "error": r["error"]} for b, k, r in tried],
+               "tried": [dict({"batch": b, "ok": k, "error": r["error"]},
+                              **({"probe": True} if r.get("probe") else {}))
+                         for b, k, r in tried],
                "capped": capped,
                "peak_reserved": torch.cuda.max_memory_reserved(),
                "peak_allocated": torch.cuda.max_memory_allocated()}
@@ -865,6 +903,11 @@ def main(argv=None):
                     help="after each round, PyTorch's default runs every batch an allocator "
                          "fitted with no budget at all: the rate any allocator could reach at "
                          "that batch, and how much of it each reached (a table of its own)")
+    ap.add_argument("--probe-steps", type=int, default=0, metavar="N",
+                    help="search each budget's largest batch with runs of the first N steps "
+                         "of the schedule (the longest first), then run the batch found in "
+                         "full, stepping down while it fails: the same batch in far less "
+                         "time where steps are long (gpt2_generate: 1)")
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp"))
     ap.add_argument("--from-json", metavar="FILE")
     args = ap.parse_args(argv)
@@ -874,6 +917,9 @@ def main(argv=None):
         return 0
     if args.time_calls:
         os.environ["GPUALLOC_TIME_CALLS"] = "1"  # the children inherit it
+    if args.probe_steps < 0:
+        ap.error("--probe-steps must be at least 0 (0: every batch tried runs in full)")
+    os.environ[PROBE_ENV] = str(args.probe_steps)
     if args.rounds < 0:
         ap.error("--rounds must be at least 0 (0: the calibration alone)")
     shares = [float(s) for s in args.shares.split(",")]

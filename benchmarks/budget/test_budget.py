@@ -113,6 +113,43 @@ class BudgetTests(unittest.TestCase):
                          (3, False, {"rate": 3.0}), (2, False, {"rate": 2.0}),
                          (1, False, {"rate": 1.0})], False))
 
+    def test_probes_search_and_one_full_run_confirms(self):
+        def fits(limit, seen, tag):
+            def go(batch):
+                seen.append((tag, batch))
+                return batch <= limit, {"rate": float(batch), "error": None}
+            return go
+
+        # The probes find 144 (160 fails): one full run, at 144.
+        seen = []
+        batch, res, tried, capped = budget.largest_batch(
+            64, fits(150, seen, "run"), fits(150, seen, "probe"))
+        self.assertEqual((batch, res["rate"], capped), (144, 144.0, False))
+        self.assertEqual(seen, [("probe", 128), ("probe", 144), ("probe", 160), ("run", 144)])
+        self.assertEqual([(b, k, bool(r.get("probe"))) for b, k, r in tried],
+                         [(128, True, True), (144, True, True), (160, False, True),
+                          (144, True, False)])
+        # A batch whose probe runs but whose full run fails: down the ladder in full
+        # runs, the answer the full search gives.
+        seen = []
+        batch, res, tried, capped = budget.largest_batch(
+            64, fits(130, seen, "run"), fits(150, seen, "probe"))
+        self.assertEqual((batch, capped), (128, False))
+        self.assertEqual(seen[-2:], [("run", 144), ("run", 128)])
+        self.assertEqual(batch, budget.largest_batch(64, fits(130, [], "run"))[0])
+        # Below the reference: down by eighths, from the probe's answer on.
+        seen = []
+        batch, _, _, _ = budget.largest_batch(8, fits(11, seen, "run"), fits(13, seen, "probe"))
+        self.assertEqual(batch, 11)
+        self.assertEqual([b for t, b in seen if t == "run"], [13, 12, 11])
+        # Capped only if the full run at the ceiling runs; nothing runs: batch 0.
+        b, _, _, capped = budget.largest_batch(8, fits(10**6, [], "run"), fits(10**6, [], "p"))
+        self.assertEqual((b, capped), (32, True))
+        b, _, _, capped = budget.largest_batch(8, fits(31, [], "run"), fits(10**6, [], "p"))
+        self.assertEqual((b, capped), (30, False))
+        self.assertEqual(budget.largest_batch(8, fits(0, [], "run"), fits(3, [], "p"))[:2],
+                         (0, None))
+
     def test_a_budget_that_did_not_bind_is_marked(self):
         capped = result("gpualloc:budget", 32, 900.0, 9 * GIB)
         capped["budgets"][0]["capped"] = True
@@ -264,6 +301,26 @@ class BudgetTests(unittest.TestCase):
             ("torch", 0), ("torch", 1), ("gpualloc:budget", 1), ("gpualloc:budget", 2),
             ("torch", 2)])
         self.assertTrue(saved_results[0]["calibration"])
+
+    def test_probe_steps_reach_the_children_through_their_environment(self):
+        seen = []
+
+        def fake_child(workload, alloc, budgets, steps, timeout, cpus=None, profile=0,
+                       snapshot=None, gpu=None):
+            seen.append(os.environ.get(budget.PROBE_ENV))
+            return child_result(workload, alloc, budgets, GIB)
+
+        saved = os.environ.get(budget.PROBE_ENV)
+        try:
+            main_with(fake_child, ["gpt2_generate", "torch", "--probe-steps", "1",
+                                   "--shares", "0.5"])
+            self.assertEqual(seen, ["1", "1"])
+            main_with(fake_child, ["gpt2_generate", "torch", "--shares", "0.5"])
+            self.assertEqual(seen[2:], ["0", "0"])
+        finally:
+            os.environ.pop(budget.PROBE_ENV, None)
+            if saved is not None:
+                os.environ[budget.PROBE_ENV] = saved
 
     def test_side_by_side_runs_a_round_at_once_each_on_its_gpu_and_cpus(self):
         calls, lock = [], threading.Lock()
