@@ -239,6 +239,21 @@ void pool_segment_free(void* ptr, size_t /*size*/, int device, void* allocator) 
   }
 }
 
+// `work()` as an op of its own named `name` (its host time in a profile, inside
+// the op that allocates) while any RecordFunction callback is on, as PyTorch's
+// dispatcher runs an op; otherwise one check, without making a RecordFunction
+// (whose construction and virtual destruction are calls into libtorch).
+template <class Work>
+auto as_op(const char* name, Work&& work) -> decltype(work()) {
+  auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+  if (C10_UNLIKELY(callbacks.has_value())) {
+    at::RecordFunction guard(std::move(*callbacks));
+    at::detail::record_function_with_scope(guard, name, std::vector<c10::IValue>());
+    return work();
+  }
+  return work();
+}
+
 class Bridge : public CUDAAllocator {
  public:
   // ---------------------------------------------------------------- memory
@@ -739,11 +754,12 @@ class Bridge : public CUDAAllocator {
     return ptr;
   }
 
+  // Under torch.profiler the allocator's own time is an op of its own.
   void* alloc_on(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
-    // Under torch.profiler the allocator's own time is an op of its own
-    // (gpualloc::malloc, inside the op that allocates); otherwise one
-    // thread-local check.
-    RECORD_FUNCTION("gpualloc::malloc", std::vector<c10::IValue>());
+    return as_op("gpualloc::malloc", [&] { return alloc_served(size, device, stream); });
+  }
+
+  void* alloc_served(size_t size, c10::DeviceIndex device, cudaStream_t stream) {
     if (C10_UNLIKELY(!caching_.load(std::memory_order_relaxed))) {
       return uncached.allocate(size);
     }
@@ -810,11 +826,16 @@ class Bridge : public CUDAAllocator {
   std::vector<std::pair<c10::DeviceIndex, MempoolId_t>> oom_pools_;
 };
 
+void free_served(void* ptr);
+
 void bridge_delete(void* ptr) {
   if (ptr == nullptr || uncached.free(ptr)) {
     return;
   }
-  RECORD_FUNCTION("gpualloc::free", std::vector<c10::IValue>());
+  as_op("gpualloc::free", [ptr] { free_served(ptr); });
+}
+
+void free_served(void* ptr) {
   profiled.on_free(ptr);
   // The device is a hint: the library finds the owning device itself. A
   // failed free is reported by the library on stderr (a deleter must not throw).
