@@ -464,10 +464,14 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
     if isinstance(budgets, dict):  # --no-limit-rates: each batch with no budget at all
         out["no_limit"] = []
         for batch in budgets["batches"]:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
             ok, rate, mean_ms, err = run_batch(torch, step, reset, batch, steps, warmup,
                                                passes)
             out["no_limit"].append({"batch": batch, "ok": ok, "rate": rate,
-                                    "mean_step_ms": mean_ms, "error": err})
+                                    "mean_step_ms": mean_ms, "error": err,
+                                    "peak_allocated": torch.cuda.max_memory_allocated(),
+                                    "peak_reserved": torch.cuda.max_memory_reserved()})
             print("PARTIAL " + json.dumps(out), flush=True)
         print("RESULT " + json.dumps(out), flush=True)
         return
@@ -618,15 +622,57 @@ def fitted_batches(results):
                    if b.get("batch")})
 
 
-def no_limit_rates(results):
+def next_batch(reference, batch):
+    """The batch the search would try next above `batch` (largest_batch's ladder), or None
+    above the ladder's top."""
+    above = [b for b in batches_from(reference) + batches_above(reference) if b > batch]
+    return min(above) if above else None
+
+
+def no_limit_batches(workload, results):
+    """The batches a --no-limit-rates run takes: each batch fitted, and the next one of the
+    ladder above it (whose allocated peak says whether any allocator could fit it)."""
+    fitted = fitted_batches(results)
+    nexts = [next_batch(WORKLOADS[workload][0], b) for b in fitted]
+    return sorted(set(fitted) | {b for b in nexts if b})
+
+
+def no_limit_rates(results, key="rate"):
     """{(workload, round): {batch: rate}} of the --no-limit-rates runs (PyTorch's default,
-    no budget), the batches that ran."""
+    no budget), the batches that ran; `key` "peak_allocated": their allocated peaks."""
     out = {}
     for r in results:
         for b in r.get("no_limit") or []:
-            if b.get("ok") and b.get("rate"):
-                out.setdefault((r["workload"], r.get("round", 1)), {})[b["batch"]] = b["rate"]
+            if b.get("ok") and b.get(key):
+                out.setdefault((r["workload"], r.get("round", 1)), {})[b["batch"]] = b[key]
     return out
+
+
+def next_batch_lines(results, rows):
+    """Per budget, the allocated peak with no limit of the next batch above the largest any
+    allocator fitted there: above the budget, no allocator can fit that batch (what it
+    hands out at once exceeds the budget), so the largest fitted is the most any can."""
+    peaks = no_limit_rates(results, "peak_allocated")
+    table = cells(results)
+    lines, seen = [], set()
+    for row in rows:
+        w, budget = row["workload"], row["budget"]
+        if (w, budget) in seen:
+            continue
+        seen.add((w, budget))
+        allocs = [r["alloc"] for r in rows if r["workload"] == w and r["budget"] == budget]
+        for rnd in sorted({k for a in allocs for k in table[(w, budget, a)]}):
+            largest = max((table[(w, budget, a)][rnd][1].get("batch") or 0 for a in allocs
+                           if rnd in table[(w, budget, a)]), default=0)
+            nxt = next_batch(WORKLOADS[w][0], largest) if w in WORKLOADS and largest else None
+            peak = peaks.get((w, rnd), {}).get(nxt)
+            if peak:
+                lines.append("- %s at %.2f GiB, round %d: batch %d (the next above the largest "
+                             "fitted, %d) allocates %.2f GiB with no limit: %s" % (
+                                 w, budget / GIB, rnd, nxt, largest, peak / GIB,
+                                 "above the budget, no allocator fits it" if peak > budget
+                                 else "within the budget, an allocator could fit it"))
+    return lines
 
 
 def no_limit_lines(results, rows, ref="torch", threshold=1.2):
@@ -676,7 +722,7 @@ def no_limit_lines(results, rows, ref="torch", threshold=1.2):
             lines.append("- %s at %.2f GiB: a larger batch can give at most %.2fx %s's rate "
                          "(%s %.1fx)" % (w, budget / GIB, mean, ref,
                                          ">=" if mean >= threshold else "<", threshold))
-    return lines
+    return lines + next_batch_lines(results, rows)
 
 
 def batch_text(batches):
@@ -961,7 +1007,7 @@ def main(argv=None):
         for rnd in range(1, args.rounds + 1):
             done = run_round(w, allocs, rnd, budgets, args)
             if args.no_limit_rates:
-                batches = fitted_batches(done)
+                batches = no_limit_batches(w, done)
                 if batches:
                     done.append(run_child(w, "torch", {"batches": batches}, args.steps,
                                           args.timeout, args.cpus[0] if args.cpus else None,

@@ -356,8 +356,8 @@ class BudgetTests(unittest.TestCase):
             if isinstance(budgets, dict):  # no limit: rate 100 a sequence of the batch
                 return {"workload": workload, "alloc": alloc, "unit": "tokens",
                         "device": "d", "no_limit": [
-                            {"batch": b, "ok": True, "rate": 100.0 * b} for b in
-                            budgets["batches"]]}
+                            {"batch": b, "ok": True, "rate": 100.0 * b,
+                             "peak_allocated": b * GIB // 4} for b in budgets["batches"]]}
             res = child_result(workload, alloc, budgets, GIB)
             for b in res.get("budgets", []):
                 b["batch"] = fitted[alloc]
@@ -367,9 +367,10 @@ class BudgetTests(unittest.TestCase):
         saved = main_with(fake_child, ["llama_varlen_train", "torch,gpualloc:budget",
                                        "--rounds", "2", "--shares", "0.5",
                                        "--no-limit-rates"])
-        # After each round's two children, one no-limit child of the batches they fitted.
+        # After each round's two children, one no-limit child of the batches they fitted
+        # and the next batch of the ladder above each.
         self.assertEqual([c for c in calls if isinstance(c[1], dict)],
-                         [("torch", {"batches": [6, 8]})] * 2)
+                         [("torch", {"batches": [6, 7, 8, 9]})] * 2)
         self.assertEqual([(r["alloc"], r["round"], "no_limit" in r) for r in saved[1:4]],
                          [("torch", 1, False), ("gpualloc:budget", 1, False),
                           ("torch", 1, True)])
@@ -381,9 +382,32 @@ class BudgetTests(unittest.TestCase):
         # The most a larger batch gives there: 800 (batch 8, no limit) over torch's 500.
         self.assertIn("- llama_varlen_train at 2.00 GiB: a larger batch can give at most "
                       "1.60x torch's rate (>= 1.2x)", table)
+        # Batch 9, the next above the largest fitted (8), allocates 9/4 GiB with no limit:
+        # above the 2 GiB budget, so no allocator could fit it.
+        self.assertIn("- llama_varlen_train at 2.00 GiB, round 1: batch 9 (the next above the "
+                      "largest fitted, 8) allocates 2.25 GiB with no limit: above the budget, "
+                      "no allocator fits it", table)
         # The no-limit runs add no row to the main table.
         self.assertEqual(table.count("| llama_varlen_train | 2.00 | torch | 2 |"), 1)
         self.assertEqual(budget.no_limit_lines(saved[:3], budget.summarize(saved[:3])), [])
+
+    def test_the_next_batch_follows_the_search_ladder(self):
+        self.assertEqual(budget.next_batch(8, 6), 7)
+        self.assertEqual(budget.next_batch(64, 112), 120)  # eighths below twice the reference
+        self.assertEqual(budget.next_batch(64, 128), 144)  # quarters above it
+        self.assertIsNone(budget.next_batch(64, 256))  # the ladder's top
+        self.assertEqual(budget.no_limit_batches("gpt2_generate", [
+            result("torch", 80, 1.0, GIB), result("gpualloc:budget", 224, 1.0, GIB)]),
+            [80, 88, 224, 240])
+        # Within the budget: an allocator could fit it.
+        rows = [result("torch", 6, 500.0, 2 * GIB, budget=2 * GIB, rnd=1)]
+        rows.append({"workload": "llama_varlen_train", "alloc": "torch", "round": 1,
+                     "no_limit": [{"batch": 7, "ok": True, "rate": 1.0,
+                                   "peak_allocated": GIB}]})
+        self.assertEqual(budget.next_batch_lines(rows, budget.summarize(rows)), [
+            "- llama_varlen_train at 2.00 GiB, round 1: batch 7 (the next above the largest "
+            "fitted, 6) allocates 1.00 GiB with no limit: within the budget, an allocator "
+            "could fit it"])
 
     def test_side_by_side_needs_a_cpu_list_an_allocator(self):
         with contextlib.redirect_stderr(io.StringIO()):
