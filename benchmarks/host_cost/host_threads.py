@@ -403,14 +403,16 @@ def child(args):
     def native(kind):
         return lambda w, streams, devs: ext.cell(
             kind, w["mixed"], w["size"], w["lo"], w["hi"], w["max_live"], w["with_zero"], devs,
-            streams == "shared", args.window, warm_calls(w), args.sample_every)
+            streams == "shared", args.window, warm_calls(w), args.sample_every,
+            not args.unbound_threads)
 
     timers = {k: native(k) for k in ("torch", "async", "so", "null", "empty")}
     timers["python"] = lambda w, streams, devs: python_cell(torch, w, devs, streams, args)
     cells = run_cells(args, args.child, timers, log=lambda m: print(m, file=sys.stderr))
     info = {"torch": torch.__version__, "cuda": torch.version.cuda,
             "gpu": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(),
-            "clock_pair_ns": ext.clock_pair_ns()}
+            "clock_pair_ns": ext.clock_pair_ns(),
+            "threads_bind_context": not args.unbound_threads}
     print("RESULT " + json.dumps({"cells": cells, "info": info}), flush=True)
 
 
@@ -451,6 +453,8 @@ def common_argv(args):
     argv += shape_argv(args)
     if args.no_python:
         argv.append("--no-python")
+    if args.unbound_threads:
+        argv.append("--unbound-threads")
     if args.null_driver:
         argv.append("--null-driver")
     return argv
@@ -987,6 +991,11 @@ def parse_args(argv=None):
     ap.add_argument("--window", type=float, default=0.08, help="seconds per cell")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sample-every", type=int, default=31, help="time every Nth call")
+    ap.add_argument("--unbound-threads", action="store_true",
+                    help="the C++ threads of the GPU processes do not make their device's "
+                         "primary context current (cudaSetDevice) before their loop: "
+                         "PyTorch's path then finds no current context on every runtime call, "
+                         "each a driver lock (the cells of 2026-11-30 and before)")
     ap.add_argument("--no-python", action="store_true", help="leave out the Python threads")
     ap.add_argument("--no-rust", action="store_true", help="leave out gpu_bench --threads")
     ap.add_argument("--rust-engines", default="device",
