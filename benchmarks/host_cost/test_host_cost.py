@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -622,6 +623,76 @@ int cudaMalloc(void** p, size_t n) {
   return 0;
 }
 """
+
+
+LOCKED_LOOP = r"""
+#include <pthread.h>
+#include <stdio.h>
+static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
+static long count;
+static long unshared;
+__attribute__((noinline)) void take_the_shared_lock(void) {
+  pthread_mutex_lock(&m);
+  for (volatile int i = 0; i < 200; i++) {}
+  count++;
+  pthread_mutex_unlock(&m);
+}
+static void* work(void* arg) {
+  pthread_mutex_t own = PTHREAD_MUTEX_INITIALIZER;
+  for (int i = 0; i < 20000; i++) {
+    take_the_shared_lock();
+    pthread_mutex_lock(&own);  /* never contended */
+    unshared++;
+    pthread_mutex_unlock(&own);
+  }
+  return arg;
+}
+int main(void) {
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) pthread_create(&t[i], 0, work, 0);
+  for (int i = 0; i < 4; i++) pthread_join(t[i], 0);
+  printf("%ld\n", count);
+  return 0;
+}
+"""
+
+
+class LockWaitsTest(unittest.TestCase):
+    """lock_waits.c (LD_PRELOAD) over a program whose four threads share one mutex."""
+
+    def test_the_contended_lock_is_named_by_its_caller(self):
+        import subprocess
+
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            if os.environ.get("GPUALLOC_TESTS_REQUIRE_TOOLS") == "1":
+                self.fail("needs cc")
+            self.skipTest("needs cc")
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        so, prog = os.path.join(d, "lock_waits.so"), os.path.join(d, "loop")
+        with open(prog + ".c", "w") as f:
+            f.write(LOCKED_LOOP)
+        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", so,
+                        os.path.join(HERE, "lock_waits.c"), "-ldl", "-lpthread"], check=True)
+        subprocess.run([cc, "-O1", "-rdynamic", "-o", prog, prog + ".c", "-lpthread"], check=True)
+        env = dict(os.environ, LD_PRELOAD=so, LOCK_WAITS_DIR=d)
+        r = subprocess.run([prog], env=env, capture_output=True, text=True, check=True)
+        self.assertEqual(r.stdout.strip(), "80000")  # the mutex still excludes
+        reports = [f for f in os.listdir(d) if f.startswith("lock_waits.")
+                   and f.endswith(".txt")]
+        self.assertEqual(len(reports), 1)
+        with open(os.path.join(d, reports[0])) as f:
+            text = f.read()
+        waited, free = (int(n) for n in re.match(r"locks waited for (\d+), found free (\d+)",
+                                                   text).groups())
+        self.assertEqual(waited + free, 160000)  # every lock seen, each once
+        # Four threads on one mutex 80,000 times wait at times (on one core too: a
+        # thread preempted inside holds it); the per-thread mutexes never wait.
+        self.assertGreater(waited, 0)
+        first = text.split("\n== ")[1].splitlines()
+        self.assertIn("take_the_shared_lock+0x", first[1])
+        self.assertNotIn("work", first[1])
 
 
 class CacheLinesTest(unittest.TestCase):
