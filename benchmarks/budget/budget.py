@@ -24,8 +24,9 @@ How one (workload, allocator) is measured, in a process of its own:
      bind). The first step
      takes the longest sequence of the run, so that a batch that cannot fit fails at
      once (--probe-steps N: the search runs on the first N steps alone, then the batch
-     found runs in full, stepping down the ladder while it fails). An out-of-memory error frees the step's tensors, empties the cache and moves
-     to the next smaller batch. The largest batch whose steps all
+     found runs in full, stepping down the ladder while it fails). An out-of-memory
+     error frees the step's tensors, empties the cache and moves to the next smaller
+     batch. The largest batch whose steps all
      run is the answer; its throughput is the work of the steps after the warm-up over
      their time (a mean, not a median: throughput follows the mean). ViT's steps run
      twice and the second pass is timed (cuDNN plans each new batch size once).
