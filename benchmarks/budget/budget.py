@@ -324,6 +324,11 @@ def batches_above(reference):
 PROBE_ENV = "BUDGET_PROBE_STEPS"
 
 
+def ladder(reference):
+    """Every batch the search may try (batches_from and batches_above), ascending."""
+    return sorted(set(batches_from(reference) + batches_above(reference)))
+
+
 def largest_batch(reference, run, probe=None):
     """The largest batch that runs: `run(batch)` -> (ok, result) for batches from twice the
     reference down (batches_from) until one runs; if the first one, twice the reference,
@@ -339,8 +344,7 @@ def largest_batch(reference, run, probe=None):
     if probe is None:
         return _search(reference, run)
     found, _, tried, capped = _search(reference, lambda b: _marked_probe(probe, b))
-    ladder = sorted(set(batches_from(reference) + batches_above(reference)), reverse=True)
-    for batch in [b for b in ladder if b <= found]:
+    for batch in reversed([b for b in ladder(reference) if b <= found]):
         ok, result = run(batch)
         tried.append((batch, ok, result))
         if ok:
@@ -508,8 +512,8 @@ def child(workload, alloc, budgets, steps, profile=0, snapshot=None):
         rate = best["rate"] if ok else None
         mean_ms = best["mean_step_ms"] if ok else None
         row = {"budget": budget, "batch": batch, "rate": rate, "mean_step_ms": mean_ms,
-               "tried": [dict({"batch": b, "ok": k, "error": r["error"]},
-                              **({"probe": True} if r.get("probe") else {}))
+               "tried": [{"batch": b, "ok": k, "error": r["error"],
+                          **({"probe": True} if r.get("probe") else {})}
                          for b, k, r in tried],
                "capped": capped,
                "peak_reserved": torch.cuda.max_memory_reserved(),
@@ -626,8 +630,7 @@ def fitted_batches(results):
 def next_batch(reference, batch):
     """The batch the search would try next above `batch` (largest_batch's ladder), or None
     above the ladder's top."""
-    above = [b for b in batches_from(reference) + batches_above(reference) if b > batch]
-    return min(above) if above else None
+    return next((b for b in ladder(reference) if b > batch), None)
 
 
 def no_limit_batches(workload, results):
@@ -649,22 +652,33 @@ def no_limit_rates(results, key="rate"):
     return out
 
 
+def by_budget(rows):
+    """The allocators of each (workload, budget) of summarize's rows, in the rows' order."""
+    out = {}
+    for row in rows:
+        out.setdefault((row["workload"], row["budget"]), []).append(row["alloc"])
+    return out
+
+
+def largest_fitted(table, workload, budget, allocs):
+    """{round: the largest batch any of `allocs` fitted at `budget` in that round}
+    (0 where none fitted), from cells(results)."""
+    out = {}
+    for a in allocs:
+        for rnd, (_, b) in table[(workload, budget, a)].items():
+            out[rnd] = max(out.get(rnd, 0), b.get("batch") or 0)
+    return dict(sorted(out.items()))
+
+
 def next_batch_lines(results, rows):
     """Per budget, the allocated peak with no limit of the next batch above the largest any
     allocator fitted there: above the budget, no allocator can fit that batch (what it
     hands out at once exceeds the budget), so the largest fitted is the most any can."""
     peaks = no_limit_rates(results, "peak_allocated")
     table = cells(results)
-    lines, seen = [], set()
-    for row in rows:
-        w, budget = row["workload"], row["budget"]
-        if (w, budget) in seen:
-            continue
-        seen.add((w, budget))
-        allocs = [r["alloc"] for r in rows if r["workload"] == w and r["budget"] == budget]
-        for rnd in sorted({k for a in allocs for k in table[(w, budget, a)]}):
-            largest = max((table[(w, budget, a)][rnd][1].get("batch") or 0 for a in allocs
-                           if rnd in table[(w, budget, a)]), default=0)
+    lines = []
+    for (w, budget), allocs in by_budget(rows).items():
+        for rnd, largest in largest_fitted(table, w, budget, allocs).items():
             nxt = next_batch(WORKLOADS[w][0], largest) if w in WORKLOADS and largest else None
             peak = peaks.get((w, rnd), {}).get(nxt)
             if peak:
@@ -693,7 +707,6 @@ def no_limit_lines(results, rows, ref="torch", threshold=1.2):
              "a larger batch can give at that budget (rounds' mean):" % ref, "",
              "| workload | budget GiB | allocator | batch | rate, mean | no-limit rate at "
              "its batch, mean | share of it |", "|---|---|---|---|---|---|---|"]
-    reach = {}
     for row in rows:
         key = (row["workload"], row["budget"], row["alloc"])
         bounds, shares = [], []
@@ -707,13 +720,9 @@ def no_limit_lines(results, rows, ref="torch", threshold=1.2):
             row["workload"], row["budget"] / GIB, row["alloc"], batch_text(row["batches"]),
             _fmt(row["rate_mean"], "%.0f"), _fmt(_mean(bounds), "%.0f"),
             _fmt(_mean(shares), "%.3f")))
-        reach.setdefault((row["workload"], row["budget"]), []).append(row)
-    for (w, budget), cell_rows in reach.items():
+    for (w, budget), allocs in by_budget(rows).items():
         ratios = []
-        for rnd in sorted({k for r in cell_rows for k in r["batches"]}):
-            fitted = [table[(w, budget, r["alloc"])][rnd][1] for r in cell_rows
-                      if rnd in table[(w, budget, r["alloc"])]]
-            largest = max((b.get("batch") or 0 for b in fitted), default=0)
+        for rnd, largest in largest_fitted(table, w, budget, allocs).items():
             ref_b = table.get((w, budget, ref), {}).get(rnd)
             bound = free.get((w, rnd), {}).get(largest)
             if bound and ref_b and ref_b[1].get("rate"):
