@@ -145,15 +145,12 @@ py::dict cell(const std::string& kind_name, bool mixed, int64_t size, int64_t lo
   std::function<Backend(int)> make = [&](int t) {
     int d = device_of_thread[(size_t)t];
     cudaStream_t s = streams[(size_t)d][(size_t)mt::stream_index(device_of_thread, t, shared)];
-    c10::cuda::set_device((c10::DeviceIndex)d);
-    if (bind_context) {
-      // c10's set_device skips cudaSetDevice when cudaGetDevice already names the device,
-      // which a new thread's does for device 0: the thread then has no current context,
-      // and every runtime call of PyTorch's path (cudaGetDevice in each DeviceGuard) takes
-      // a driver lock to find one. A thread that has launched a kernel has its context;
-      // cudaSetDevice makes it current here.
-      check(cudaSetDevice(d), "cudaSetDevice");
-    }
+    // Unforced, c10's set_device skips cudaSetDevice when cudaGetDevice already names the
+    // device, which a new thread's does for device 0: the thread then has no current
+    // context, and every runtime call of PyTorch's path (cudaGetDevice in each
+    // DeviceGuard) takes a driver lock to find one. A thread that has launched a kernel
+    // has its context; forced, set_device calls cudaSetDevice, which makes it current.
+    c10::cuda::set_device((c10::DeviceIndex)d, /*force=*/bind_context);
     c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromExternal(s, (c10::DeviceIndex)d));
     Backend b{kind, d, s, kind == NUL ? null_malloc : ext_alloc, kind == NUL ? null_free : ext_free,
               at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, (c10::DeviceIndex)d))};
